@@ -1,0 +1,83 @@
+// The ops a model forward is written against. One implementation per device: cpu/ is
+// the f32 reference, cuda/ the fast path. Activations live on the backend's device in
+// its compute dtype (f32 on the CPU); weights stay in their checkpoint dtype.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace hsx {
+
+enum class Activation { kSilu, kGeluTanh };
+
+// One sequence's slice of a packed batch: its new tokens are rows [q_start, q_start + q_len)
+// and sit at the end of its ctx_len-token context, whose KV lives in the cache blocks
+// listed in block_table (token p at slot block_table[p / block_size] * block_size + p % block_size).
+struct SequenceSlice {
+  int32_t q_start = 0;
+  int32_t q_len = 0;
+  int32_t ctx_len = 0;
+  std::vector<int32_t> block_table;
+};
+
+struct AttentionParams {
+  float scale = 1.0f;
+  int32_t sliding_window = 0;  // 0: full causal; w: query at p sees keys in (p - w, p]
+  float softcap = 0.0f;        // 0: none; c: scores become c * tanh(scores / c)
+  int32_t block_size = 16;
+};
+
+// Rotary embedding of the first rotary_dims of each head (rotate-half pairing within
+// them); inv_freq has rotary_dims / 2 entries, a zero entry leaves its pair unrotated.
+struct RopeTable {
+  Tensor inv_freq;  // f32 [rotary_dims / 2], on the backend's device
+  int32_t rotary_dims = 0;
+};
+
+// Expert weights of one MoE layer, each a list with one tensor per expert.
+struct MoeWeights {
+  std::vector<Tensor> gate, up, down;  // [I, H], [I, H], [H, I]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual DType compute_dtype() const = 0;
+  virtual std::string name() const = 0;
+
+  // Memory.
+  virtual Tensor Empty(DType dtype, Shape shape) = 0;
+  virtual Tensor Upload(const Tensor& host) = 0;
+  virtual Tensor Download(const Tensor& t) = 0;  // to host, same dtype
+  virtual void Copy(const Tensor& src, Tensor& dst) = 0;  // same shape and dtype
+  virtual void Synchronize() {}
+
+  // Ops. Shapes: x [T, K] rows of activations; ids/positions/slots int32 [T].
+  virtual void Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) = 0;
+  virtual void Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) = 0;  // y = x w^T + b
+  // y = x / rms(x) * (w or 1 + w or 1), over the last dimension; y may alias x.
+  virtual void RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) = 0;
+  virtual void Add(Tensor& acc, const Tensor& x) = 0;           // acc += x
+  virtual void Multiply(Tensor& acc, const Tensor& x) = 0;      // acc *= x
+  virtual void Scale(Tensor& x, float s) = 0;
+  virtual void ScaleByTensor(Tensor& x, const Tensor& scalar) = 0;  // x *= scalar[0]
+  virtual void Softcap(Tensor& x, float cap) = 0;
+  virtual void Activate(Tensor& x, Activation act) = 0;
+  virtual void GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) = 0;
+  virtual void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) = 0;  // x [T, heads, D]
+  virtual void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) = 0;
+  virtual void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                         const std::vector<SequenceSlice>& seqs, const AttentionParams& params, Tensor& out) = 0;
+  virtual void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) = 0;
+  // out [T, w] = x[:, begin : begin + w] for x [T, C].
+  virtual void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) = 0;
+  // Softmax router over experts, top_k, optional renormalization; out = sum of weighted expert MLPs.
+  virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
+                      bool renormalize, Activation act, Tensor& out) = 0;
+};
+
+}  // namespace hsx

@@ -1,0 +1,305 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "util/thread_pool.h"
+
+namespace hsx {
+namespace {
+
+ThreadPool& Pool() { return ThreadPool::Global(); }
+
+// A small float vector (norm weight, bias, scalar) as f32.
+std::vector<float> ToF32(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  ConvertToF32(t.dtype(), t.raw(), v.data(), v.size());
+  return v;
+}
+
+int64_t Rows(const Tensor& t) { return t.numel() / t.size(-1); }
+
+float Gelu(float x) {
+  const float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(kAlpha * (x + 0.044715f * x * x * x)));
+}
+float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+float Apply(Activation act, float x) { return act == Activation::kSilu ? Silu(x) : Gelu(x); }
+
+// Runs f(begin, end) over [0, n) items of `cost` floats each, split across the pool
+// only when the total is large enough to pay for waking it.
+template <class F>
+void ForEach(int64_t n, F&& f, int64_t cost = 1) {
+  if (n * cost < (1 << 15)) {
+    f(0, n);
+    return;
+  }
+  Pool().ParallelFor(n, f);
+}
+
+}  // namespace
+
+void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
+  assert(src.nbytes() == dst.nbytes());
+  std::memcpy(dst.raw(), src.raw(), src.nbytes());
+}
+
+void CpuBackend::Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) {
+  const int64_t h = table.size(1);
+  const size_t row_bytes = static_cast<size_t>(h) * DTypeSize(table.dtype());
+  const int32_t* id = ids.data<int32_t>();
+  float* o = out.data<float>();
+  for (int64_t t = 0; t < ids.numel(); ++t) {
+    ConvertToF32(table.dtype(), table.data<char>() + id[t] * row_bytes, o + t * h, static_cast<size_t>(h));
+    if (scale != 1.0f) {
+      for (int64_t i = 0; i < h; ++i) o[t * h + i] *= scale;
+    }
+  }
+}
+
+void CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const int64_t m = Rows(x), k = x.size(-1), n = w.size(0);
+  assert(w.size(1) == k && y.numel() == m * n);
+  if (m == 0) return;
+  const float* a = x.data<float>();
+  float* c = y.data<float>();
+  if (w.dtype() == DType::kF32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, k, w.data<float>(), k, 0.0f, c, n);
+  } else {
+    // Convert a panel of weight rows to f32 (about 4 MiB) and multiply it; the
+    // conversion is O(n k) against the GEMM's O(m n k).
+    const int64_t panel = std::max<int64_t>(16, std::min<int64_t>(n, (1 << 20) / k));
+    std::vector<float> wf(static_cast<size_t>(panel * k));
+    const size_t esize = DTypeSize(w.dtype());
+    for (int64_t r0 = 0; r0 < n; r0 += panel) {
+      const int64_t rows = std::min(panel, n - r0);
+      Pool().ParallelFor(rows, [&](int64_t b, int64_t e) {
+        ConvertToF32(w.dtype(), w.data<char>() + (r0 + b) * k * esize, wf.data() + b * k, static_cast<size_t>((e - b) * k));
+      });
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, rows, k, 1.0f, a, k, wf.data(), k, 0.0f, c + r0, n);
+    }
+  }
+  if (bias != nullptr) {
+    const std::vector<float> b = ToF32(*bias);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * n + j] += b[j];
+  }
+}
+
+void CpuBackend::RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) {
+  const int64_t d = x.size(-1);
+  std::vector<float> weight(static_cast<size_t>(d), 1.0f);
+  if (w != nullptr) {
+    weight = ToF32(*w);
+    if (one_plus_weight)
+      for (float& v : weight) v += 1.0f;
+  }
+  const float* in = x.data<float>();
+  float* out = y.data<float>();
+  ForEach(Rows(x), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = in + r * d;
+      float ss = 0.0f;
+      for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
+      for (int64_t i = 0; i < d; ++i) out[r * d + i] = xr[i] * inv * weight[i];
+    }
+  }, d);
+}
+
+void CpuBackend::Add(Tensor& acc, const Tensor& x) {
+  float* a = acc.data<float>();
+  const float* b = x.data<float>();
+  ForEach(acc.numel(), [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) a[i] += b[i];
+  });
+}
+
+void CpuBackend::Multiply(Tensor& acc, const Tensor& x) {
+  float* a = acc.data<float>();
+  const float* b = x.data<float>();
+  ForEach(acc.numel(), [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) a[i] *= b[i];
+  });
+}
+
+void CpuBackend::Scale(Tensor& x, float s) {
+  float* a = x.data<float>();
+  ForEach(x.numel(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) a[i] *= s;
+  });
+}
+
+void CpuBackend::ScaleByTensor(Tensor& x, const Tensor& scalar) { Scale(x, ToF32(scalar)[0]); }
+
+void CpuBackend::Softcap(Tensor& x, float cap) {
+  float* a = x.data<float>();
+  ForEach(x.numel(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) a[i] = cap * std::tanh(a[i] / cap);
+  });
+}
+
+void CpuBackend::Activate(Tensor& x, Activation act) {
+  float* a = x.data<float>();
+  ForEach(x.numel(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) a[i] = Apply(act, a[i]);
+  });
+}
+
+void CpuBackend::GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
+  const float* g = gate.data<float>();
+  const float* u = up.data<float>();
+  float* o = out.data<float>();
+  ForEach(out.numel(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) o[i] = Apply(act, g[i]) * u[i];
+  });
+}
+
+void CpuBackend::Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) {
+  const int64_t tokens = x.size(0), heads = x.size(1), d = x.size(2), half = rope.rotary_dims / 2;
+  const float* inv_freq = rope.inv_freq.data<float>();
+  const int32_t* pos = positions.data<int32_t>();
+  float* data = x.data<float>();
+  Pool().ParallelFor(tokens, [&](int64_t b, int64_t e) {
+    std::vector<float> cos(static_cast<size_t>(half)), sin(static_cast<size_t>(half));
+    for (int64_t t = b; t < e; ++t) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(pos[t]) * inv_freq[i];
+        cos[i] = std::cos(angle);
+        sin[i] = std::sin(angle);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = data + (t * heads + h) * d;
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = v[i], x2 = v[i + half];
+          v[i] = x1 * cos[i] - x2 * sin[i];
+          v[i + half] = x2 * cos[i] + x1 * sin[i];
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+  const int64_t k_row = k.numel() / k.size(0), v_row = v.numel() / v.size(0);
+  const int32_t* slot = slots.data<int32_t>();
+  for (int64_t t = 0; t < k.size(0); ++t) {
+    std::memcpy(k_cache.data<float>() + slot[t] * k_row, k.data<float>() + t * k_row, k_row * 4);
+    std::memcpy(v_cache.data<float>() + slot[t] * v_row, v.data<float>() + t * v_row, v_row * 4);
+  }
+}
+
+void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                           const std::vector<SequenceSlice>& seqs, const AttentionParams& params, Tensor& out) {
+  const int64_t num_heads = q.size(1), d = q.size(2);
+  const int64_t kv_heads = k_cache.size(1), dv = v_cache.size(2);
+  const int64_t group = num_heads / kv_heads;
+  struct Task { int32_t seq, head, begin, end; };
+  constexpr int32_t kQueriesPerTask = 16;
+  std::vector<Task> tasks;
+  for (int32_t s = 0; s < static_cast<int32_t>(seqs.size()); ++s)
+    for (int32_t h = 0; h < num_heads; ++h)
+      for (int32_t i = 0; i < seqs[s].q_len; i += kQueriesPerTask)
+        tasks.push_back({s, h, i, std::min(seqs[s].q_len, i + kQueriesPerTask)});
+
+  Pool().ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    for (int64_t ti = b; ti < e; ++ti) {
+      const Task& task = tasks[ti];
+      const SequenceSlice& seq = seqs[task.seq];
+      const int64_t kvh = task.head / group;
+      auto slot = [&](int64_t p) {
+        return static_cast<int64_t>(seq.block_table[p / params.block_size]) * params.block_size + p % params.block_size;
+      };
+      for (int32_t i = task.begin; i < task.end; ++i) {
+        const int64_t row = seq.q_start + i;
+        const int64_t pos = seq.ctx_len - seq.q_len + i;
+        const int64_t lo = params.sliding_window > 0 ? std::max<int64_t>(0, pos - params.sliding_window + 1) : 0;
+        const float* qv = q.data<float>() + (row * num_heads + task.head) * d;
+        scores.resize(static_cast<size_t>(pos - lo + 1));
+        float max_score = -INFINITY;
+        for (int64_t j = lo; j <= pos; ++j) {
+          const float* kv = k_cache.data<float>() + (slot(j) * kv_heads + kvh) * d;
+          float dot = 0.0f;
+          for (int64_t c = 0; c < d; ++c) dot += qv[c] * kv[c];
+          float s = dot * params.scale;
+          if (params.softcap > 0.0f) s = params.softcap * std::tanh(s / params.softcap);
+          scores[j - lo] = s;
+          max_score = std::max(max_score, s);
+        }
+        float sum = 0.0f;
+        for (float& s : scores) sum += (s = std::exp(s - max_score));
+        float* o = out.data<float>() + (row * num_heads + task.head) * dv;
+        std::fill(o, o + dv, 0.0f);
+        for (int64_t j = lo; j <= pos; ++j) {
+          const float p = scores[j - lo] / sum;
+          const float* vv = v_cache.data<float>() + (slot(j) * kv_heads + kvh) * dv;
+          for (int64_t c = 0; c < dv; ++c) o[c] += p * vv[c];
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) {
+  const int64_t width = x.numel() / x.size(0);
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(out.data<float>() + i * width, x.data<float>() + rows[i] * width, width * 4);
+}
+
+void CpuBackend::SliceColumns(const Tensor& x, int64_t begin, Tensor& out) {
+  const int64_t cols = x.size(-1), width = out.size(-1);
+  for (int64_t t = 0; t < x.size(0); ++t)
+    std::memcpy(out.data<float>() + t * width, x.data<float>() + t * cols + begin, width * 4);
+}
+
+void CpuBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
+                        bool renormalize, Activation act, Tensor& out) {
+  const int64_t tokens = x.size(0), hidden = x.size(1), num_experts = router_logits.size(1);
+  // Route: softmax over experts, keep the top_k (ties to the lower index), renormalize.
+  std::vector<std::vector<std::pair<int32_t, float>>> assigned(static_cast<size_t>(num_experts));
+  const float* logits = router_logits.data<float>();
+  std::vector<float> prob(static_cast<size_t>(num_experts));
+  std::vector<int32_t> order(static_cast<size_t>(num_experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* l = logits + t * num_experts;
+    const float mx = *std::max_element(l, l + num_experts);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < num_experts; ++e) sum += (prob[e] = std::exp(l[e] - mx));
+    for (float& p : prob) p /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return prob[a] > prob[b]; });
+    float kept = 0.0f;
+    for (int k = 0; k < top_k; ++k) kept += prob[order[k]];
+    for (int k = 0; k < top_k; ++k)
+      assigned[order[k]].push_back({static_cast<int32_t>(t), renormalize ? prob[order[k]] / kept : prob[order[k]]});
+  }
+  std::fill(out.data<float>(), out.data<float>() + out.numel(), 0.0f);
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const auto& routed = assigned[e];
+    if (routed.empty()) continue;
+    const int64_t n = static_cast<int64_t>(routed.size()), inter = experts.gate[e].size(0);
+    std::vector<int32_t> rows(routed.size());
+    for (size_t i = 0; i < routed.size(); ++i) rows[i] = routed[i].first;
+    Tensor xe = Empty(DType::kF32, {n, hidden});
+    Tensor g = Empty(DType::kF32, {n, inter}), u = Empty(DType::kF32, {n, inter}), y = Empty(DType::kF32, {n, hidden});
+    GatherRows(x, rows, xe);
+    Linear(xe, experts.gate[e], nullptr, g);
+    Linear(xe, experts.up[e], nullptr, u);
+    GatedActivation(g, u, act, g);
+    Linear(g, experts.down[e], nullptr, y);
+    for (int64_t i = 0; i < n; ++i) {
+      float* o = out.data<float>() + rows[i] * hidden;
+      const float* yr = y.data<float>() + i * hidden;
+      for (int64_t c = 0; c < hidden; ++c) o[c] += routed[i].second * yr[c];
+    }
+  }
+}
+
+}  // namespace hsx

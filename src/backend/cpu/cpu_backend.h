@@ -1,0 +1,41 @@
+// The f32 reference backend: every op computes in f32 over checkpoint-dtype weights.
+// GEMMs convert weight panels to f32 on the fly and call OpenBLAS sgemm; the rest is
+// plain loops split over the global thread pool.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace hsx {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::kCPU; }
+  DType compute_dtype() const override { return DType::kF32; }
+  std::string name() const override { return "cpu"; }
+
+  Tensor Empty(DType dtype, Shape shape) override { return Tensor::Host(dtype, std::move(shape)); }
+  Tensor Upload(const Tensor& host) override { return host; }
+  Tensor Download(const Tensor& t) override { return t; }
+  void Copy(const Tensor& src, Tensor& dst) override;
+
+  void Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) override;
+  void Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
+  void RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) override;
+  void Add(Tensor& acc, const Tensor& x) override;
+  void Multiply(Tensor& acc, const Tensor& x) override;
+  void Scale(Tensor& x, float s) override;
+  void ScaleByTensor(Tensor& x, const Tensor& scalar) override;
+  void Softcap(Tensor& x, float cap) override;
+  void Activate(Tensor& x, Activation act) override;
+  void GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;
+  void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) override;
+  void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
+  void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const std::vector<SequenceSlice>& seqs,
+                 const AttentionParams& params, Tensor& out) override;
+  void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) override;
+  void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) override;
+  void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k, bool renormalize,
+              Activation act, Tensor& out) override;
+};
+
+}  // namespace hsx

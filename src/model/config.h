@@ -1,0 +1,80 @@
+// ModelConfig: everything the forward needs from a Hugging Face config.json, resolved
+// per layer. Architectures differ here, in data, far more than in code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "tensor/dtype.h"
+#include "util/status.h"
+
+namespace hsx {
+
+enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kGemma3, kGemma4 };
+
+struct RopeSpec {
+  enum class Type { kDefault, kLlama3, kProportional } type = Type::kDefault;
+  double theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  // llama3 frequency scaling.
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  double original_max_position_embeddings = 8192;
+};
+
+struct LayerSpec {
+  bool sliding = false;       // sliding-window attention (window = ModelConfig::sliding_window)
+  int head_dim = 0;
+  int num_kv_heads = 0;
+  bool k_eq_v = false;        // no v_proj: values are the keys (Gemma 4 full-attention layers)
+  int kv_source = -1;         // layer whose KV this layer reads (itself unless KV-shared)
+  bool moe = false;
+  RopeSpec rope;
+};
+
+struct ModelConfig {
+  std::string architecture;  // e.g. "Qwen3ForCausalLM"
+  Arch arch = Arch::kLlama;
+  DType dtype = DType::kBF16;
+
+  int hidden_size = 0, num_layers = 0, vocab_size = 0, intermediate_size = 0, num_heads = 0;
+  int max_position_embeddings = 0;
+  float rms_norm_eps = 1e-6f;
+  Activation activation = Activation::kSilu;
+  bool tie_word_embeddings = false;
+
+  // Architecture traits.
+  bool norm_one_plus_weight = false;  // Gemma 3: RMSNorm scales by (1 + w)
+  bool qkv_bias = false;              // Qwen2
+  bool qk_norm = false;               // Qwen3, Gemma
+  bool v_norm = false;                // Gemma 4: weightless RMSNorm on values
+  bool sandwich_norms = false;        // Gemma: norms after attention and MLP too
+  bool layer_scalar = false;          // Gemma 4: per-layer output scale
+  float embed_scale = 1.0f;           // Gemma: sqrt(hidden_size)
+  float attn_scale = 0.0f;            // 0: 1 / sqrt(head_dim)
+  float attn_softcap = 0.0f;
+  float final_softcap = 0.0f;
+  int sliding_window = 0;
+
+  // Mixture of experts (Qwen3-MoE).
+  int num_experts = 0, experts_per_token = 0, moe_intermediate_size = 0;
+  bool norm_topk_prob = true;
+
+  // Gemma 4 per-layer input embeddings (0: none).
+  int per_layer_input_size = 0;
+  int per_layer_vocab_size = 0;
+
+  std::vector<LayerSpec> layers;
+
+  int num_kv_layers() const;  // layers that own a KV cache (kv_source == self)
+  float attention_scale(int layer) const;
+};
+
+// Reads DIR/config.json (or a nested text_config). Errors name the file and field.
+Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
+Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source_name);
+
+// Published shapes for dummy-weight runs ("qwen3-8b", "llama-3.1-8b", ...).
+Result<ModelConfig> NamedModelConfig(const std::string& name);
+
+}  // namespace hsx

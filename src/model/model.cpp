@@ -1,0 +1,214 @@
+#include "model/model.h"
+
+#include <cmath>
+
+namespace hsx {
+
+std::vector<float> RopeInverseFrequencies(const RopeSpec& rope, int head_dim, int* rotary_dims) {
+  std::vector<float> inv_freq;
+  if (rope.type == RopeSpec::Type::kProportional) {
+    // Frequencies as for the whole head, but only the first partial_rotary_factor of
+    // each rotate-half pair set turns; the rest get frequency 0 (identity).
+    const int half = head_dim / 2;
+    const int rotated = static_cast<int>(rope.partial_rotary_factor * head_dim) / 2;
+    for (int i = 0; i < half; ++i)
+      inv_freq.push_back(i < rotated ? static_cast<float>(1.0 / std::pow(rope.theta, 2.0 * i / head_dim)) : 0.0f);
+    *rotary_dims = head_dim;
+    return inv_freq;
+  }
+  const int dims = static_cast<int>(head_dim * rope.partial_rotary_factor);
+  for (int i = 0; i < dims / 2; ++i) {
+    double f = 1.0 / std::pow(rope.theta, 2.0 * i / dims);
+    if (rope.type == RopeSpec::Type::kLlama3) {
+      const double low_wavelen = rope.original_max_position_embeddings / rope.low_freq_factor;
+      const double high_wavelen = rope.original_max_position_embeddings / rope.high_freq_factor;
+      const double wavelen = 2.0 * M_PI / f;
+      if (wavelen > low_wavelen) {
+        f /= rope.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (rope.original_max_position_embeddings / wavelen - rope.low_freq_factor) /
+                              (rope.high_freq_factor - rope.low_freq_factor);
+        f = (1.0 - smooth) * f / rope.factor + smooth * f;
+      }
+    }
+    inv_freq.push_back(static_cast<float>(f));
+  }
+  *rotary_dims = dims;
+  return inv_freq;
+}
+
+Model::Model(ModelConfig config, ModelWeights weights, Backend& backend)
+    : config_(std::move(config)), weights_(std::move(weights)), backend_(backend) {
+  for (const LayerSpec& l : config_.layers) {
+    RopeTable table;
+    const std::vector<float> f = RopeInverseFrequencies(l.rope, l.head_dim, &table.rotary_dims);
+    Tensor host = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
+    std::copy(f.begin(), f.end(), host.data<float>());
+    table.inv_freq = backend_.Upload(host);
+    rope_.push_back(table);
+  }
+}
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, Backend& backend) {
+  HSX_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  HSX_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(model_dir, config, backend));
+  return std::make_unique<Model>(std::move(config), std::move(weights), backend);
+}
+
+namespace {
+
+Tensor HostInts(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::Host(DType::kI32, {static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+}  // namespace
+
+// Gemma 4: a per-layer input for every token and layer, [T, L * P], from a second
+// embedding table plus a projection of the main embedding.
+Tensor Model::PerLayerInputs(const Tensor& ids, const Tensor& embeds) {
+  const int64_t t = ids.numel(), p = config_.per_layer_input_size, total = config_.num_layers * p;
+  const DType dt = backend_.compute_dtype();
+  Tensor per_layer = backend_.Empty(dt, {t, total});
+  backend_.Embed(weights_.embed_tokens_per_layer, ids, std::sqrt(static_cast<float>(p)), per_layer);
+  Tensor projected = backend_.Empty(dt, {t, total});
+  backend_.Linear(embeds, weights_.per_layer_model_projection, nullptr, projected);
+  backend_.Scale(projected, 1.0f / std::sqrt(static_cast<float>(config_.hidden_size)));
+  Tensor rows = projected.View({t * config_.num_layers, p});
+  backend_.RmsNorm(rows, &weights_.per_layer_projection_norm, config_.rms_norm_eps, false, rows);
+  backend_.Add(projected, per_layer);
+  backend_.Scale(projected, static_cast<float>(1.0 / std::sqrt(2.0)));
+  return projected;
+}
+
+void Model::AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const Tensor& slots,
+                           const ForwardBatch& batch, KVCache& cache, Tensor& out) {
+  const LayerSpec& spec = config_.layers[layer];
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t t = x.size(0), hd = spec.head_dim, nh = config_.num_heads, kvh = spec.num_kv_heads;
+  const DType dt = backend_.compute_dtype();
+  const float eps = config_.rms_norm_eps;
+  const bool one_plus = config_.norm_one_plus_weight;
+
+  Tensor q = backend_.Empty(dt, {t, nh, hd});
+  backend_.Linear(x, w.q_proj, w.q_bias.defined() ? &w.q_bias : nullptr, q);
+  if (config_.qk_norm) backend_.RmsNorm(q, &w.q_norm, eps, one_plus, q);
+  backend_.Rope(q, positions, rope_[layer]);
+
+  if (spec.kv_source == layer) {
+    Tensor k = backend_.Empty(dt, {t, kvh, hd});
+    backend_.Linear(x, w.k_proj, w.k_bias.defined() ? &w.k_bias : nullptr, k);
+    Tensor v = backend_.Empty(dt, {t, kvh, hd});
+    if (spec.k_eq_v) {
+      backend_.Copy(k, v);  // values are the raw keys, before the key norm and RoPE
+    } else {
+      backend_.Linear(x, w.v_proj, w.v_bias.defined() ? &w.v_bias : nullptr, v);
+    }
+    if (config_.qk_norm) backend_.RmsNorm(k, &w.k_norm, eps, one_plus, k);
+    if (config_.v_norm) backend_.RmsNorm(v, nullptr, eps, false, v);
+    backend_.Rope(k, positions, rope_[layer]);
+    backend_.StoreKV(k, v, slots, cache.k(layer), cache.v(layer));
+  }
+
+  AttentionParams params;
+  params.scale = config_.attention_scale(layer);
+  params.sliding_window = spec.sliding ? config_.sliding_window : 0;
+  params.softcap = config_.attn_softcap;
+  params.block_size = cache.block_size();
+  Tensor attn = backend_.Empty(dt, {t, nh, hd});
+  backend_.Attention(q, cache.k(layer), cache.v(layer), batch.seqs, params, attn);
+  backend_.Linear(attn.View({t, nh * hd}), w.o_proj, nullptr, out);
+}
+
+void Model::MlpBlock(int layer, const Tensor& x, Tensor& out) {
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t t = x.size(0);
+  const DType dt = backend_.compute_dtype();
+  if (config_.layers[layer].moe) {
+    Tensor router_logits = backend_.Empty(dt, {t, config_.num_experts});
+    backend_.Linear(x, w.router, nullptr, router_logits);
+    backend_.MoeMlp(x, router_logits, w.experts, config_.experts_per_token, config_.norm_topk_prob,
+                    config_.activation, out);
+    return;
+  }
+  Tensor gate = backend_.Empty(dt, {t, config_.intermediate_size});
+  Tensor up = backend_.Empty(dt, {t, config_.intermediate_size});
+  backend_.Linear(x, w.gate_proj, nullptr, gate);
+  backend_.Linear(x, w.up_proj, nullptr, up);
+  backend_.GatedActivation(gate, up, config_.activation, gate);
+  backend_.Linear(gate, w.down_proj, nullptr, out);
+}
+
+ForwardOutput Model::Forward(const ForwardBatch& batch, KVCache& cache, const std::vector<int>& capture_layers) {
+  const int64_t t = static_cast<int64_t>(batch.token_ids.size()), h = config_.hidden_size;
+  const DType dt = backend_.compute_dtype();
+  const float eps = config_.rms_norm_eps;
+  const bool one_plus = config_.norm_one_plus_weight;
+  const Tensor ids = backend_.Upload(HostInts(batch.token_ids));
+  const Tensor positions = backend_.Upload(HostInts(batch.positions));
+  const Tensor slots = backend_.Upload(HostInts(batch.slot_mapping));
+
+  ForwardOutput result;
+  result.captured = backend_.Empty(dt, {static_cast<int64_t>(capture_layers.size()), t, h});
+  size_t next_capture = 0;
+  auto capture = [&](int id, const Tensor& x) {
+    if (next_capture < capture_layers.size() && capture_layers[next_capture] == id) {
+      Tensor dst = result.captured.Rows(next_capture, next_capture + 1).View({t, h});
+      backend_.Copy(x, dst);
+      ++next_capture;
+    }
+  };
+
+  Tensor x = backend_.Empty(dt, {t, h});
+  backend_.Embed(weights_.embed_tokens, ids, config_.embed_scale, x);
+  Tensor per_layer_inputs;
+  if (config_.per_layer_input_size > 0) per_layer_inputs = PerLayerInputs(ids, x);
+
+  Tensor normed = backend_.Empty(dt, {t, h});
+  Tensor branch = backend_.Empty(dt, {t, h});
+  for (int i = 0; i < config_.num_layers; ++i) {
+    capture(i, x);
+    const LayerWeights& w = weights_.layers[i];
+    backend_.RmsNorm(x, &w.input_norm, eps, one_plus, normed);
+    AttentionBlock(i, normed, positions, slots, batch, cache, branch);
+    if (config_.sandwich_norms) {
+      backend_.RmsNorm(branch, &w.post_attention_norm, eps, one_plus, branch);
+      backend_.Add(x, branch);
+      backend_.RmsNorm(x, &w.pre_feedforward_norm, eps, one_plus, normed);
+    } else {
+      backend_.Add(x, branch);
+      backend_.RmsNorm(x, &w.post_attention_norm, eps, one_plus, normed);
+    }
+    MlpBlock(i, normed, branch);
+    if (config_.sandwich_norms) backend_.RmsNorm(branch, &w.post_feedforward_norm, eps, one_plus, branch);
+    backend_.Add(x, branch);
+    if (per_layer_inputs.defined()) {
+      const int64_t p = config_.per_layer_input_size;
+      Tensor gate = backend_.Empty(dt, {t, p});
+      backend_.Linear(x, w.per_layer_input_gate, nullptr, gate);
+      backend_.Activate(gate, config_.activation);
+      Tensor layer_input = backend_.Empty(dt, {t, p});
+      backend_.SliceColumns(per_layer_inputs, i * p, layer_input);
+      backend_.Multiply(gate, layer_input);
+      backend_.Linear(gate, w.per_layer_projection, nullptr, branch);
+      backend_.RmsNorm(branch, &w.post_per_layer_input_norm, eps, one_plus, branch);
+      backend_.Add(x, branch);
+    }
+    if (config_.layer_scalar) backend_.ScaleByTensor(x, w.layer_scalar);
+  }
+  capture(config_.num_layers, x);
+
+  if (!batch.logit_rows.empty()) {
+    const int64_t r = static_cast<int64_t>(batch.logit_rows.size());
+    Tensor rows = backend_.Empty(dt, {r, h});
+    backend_.GatherRows(x, batch.logit_rows, rows);
+    backend_.RmsNorm(rows, &weights_.final_norm, eps, one_plus, rows);
+    result.logits = backend_.Empty(DType::kF32, {r, config_.vocab_size});
+    backend_.Linear(rows, weights_.lm_head, nullptr, result.logits);
+    if (config_.final_softcap > 0.0f) backend_.Softcap(result.logits, config_.final_softcap);
+  }
+  return result;
+}
+
+}  // namespace hsx

@@ -1,0 +1,58 @@
+// A decoder-only transformer written once against the Backend ops; architectures
+// differ only through ModelConfig. Forward runs one packed batch (many sequences'
+// new tokens, no padding), writes their KV, taps requested layers and computes logits
+// for the rows that sample.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/weights.h"
+
+namespace hsx {
+
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;     // [T]
+  std::vector<int32_t> positions;     // [T]
+  std::vector<int32_t> slot_mapping;  // [T] KV cache slot each token writes
+  std::vector<SequenceSlice> seqs;
+  std::vector<int32_t> logit_rows;    // rows whose logits are wanted
+};
+
+struct ForwardOutput {
+  Tensor logits;    // [logit_rows, V] f32 on the backend's device
+  Tensor captured;  // [L, T, H] in compute dtype: the requested layer ids, ascending
+};
+
+class Model {
+ public:
+  Model(ModelConfig config, ModelWeights weights, Backend& backend);
+  static Result<std::unique_ptr<Model>> Load(const std::string& model_dir, Backend& backend);
+
+  const ModelConfig& config() const { return config_; }
+  Backend& backend() const { return backend_; }
+
+  // capture_layers: ascending, unique ids in [0, num_layers] (vLLM's convention: id i < N
+  // is the input of decoder layer i, id N the last layer's output before the final norm).
+  ForwardOutput Forward(const ForwardBatch& batch, KVCache& cache, const std::vector<int>& capture_layers);
+
+ private:
+  Tensor PerLayerInputs(const Tensor& ids, const Tensor& embeds);
+  void AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const Tensor& slots,
+                      const ForwardBatch& batch, KVCache& cache, Tensor& out);
+  void MlpBlock(int layer, const Tensor& x, Tensor& out);
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  Backend& backend_;
+  std::vector<RopeTable> rope_;  // per layer
+};
+
+// Rotary frequencies for one layer, as Hugging Face computes them.
+std::vector<float> RopeInverseFrequencies(const RopeSpec& rope, int head_dim, int* rotary_dims);
+
+}  // namespace hsx

@@ -1,0 +1,195 @@
+#include "model/weights.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "util/thread_pool.h"
+
+namespace hsx {
+namespace {
+
+enum class Init { kMatrix, kNorm, kScalar };
+
+// One expected checkpoint tensor: its name, its shape as the config implies, and where
+// it goes. Loading and dummy initialization both walk this one list.
+struct Slot {
+  std::string name;
+  Shape shape;
+  Tensor* dst;
+  Init init;
+};
+
+std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, const std::string& prefix) {
+  std::vector<Slot> s;
+  const int64_t h = c.hidden_size;
+  auto add = [&](const std::string& name, Shape shape, Tensor* dst, Init init = Init::kMatrix) {
+    s.push_back({prefix + name, std::move(shape), dst, init});
+  };
+  add("embed_tokens.weight", {c.vocab_size, h}, &w.embed_tokens);
+  add("norm.weight", {h}, &w.final_norm, Init::kNorm);
+  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, h}, &w.lm_head, Init::kMatrix});
+  if (c.per_layer_input_size > 0) {
+    const int64_t total = static_cast<int64_t>(c.num_layers) * c.per_layer_input_size;
+    add("embed_tokens_per_layer.weight", {c.per_layer_vocab_size, total}, &w.embed_tokens_per_layer);
+    add("per_layer_model_projection.weight", {total, h}, &w.per_layer_model_projection);
+    add("per_layer_projection_norm.weight", {c.per_layer_input_size}, &w.per_layer_projection_norm, Init::kNorm);
+  }
+  w.layers.resize(c.num_layers);
+  for (int i = 0; i < c.num_layers; ++i) {
+    const LayerSpec& spec = c.layers[i];
+    LayerWeights& l = w.layers[i];
+    const std::string p = "layers." + std::to_string(i) + ".";
+    const int64_t q_out = static_cast<int64_t>(c.num_heads) * spec.head_dim;
+    const int64_t kv_out = static_cast<int64_t>(spec.num_kv_heads) * spec.head_dim;
+    const bool owns_kv = spec.kv_source == i;
+    add(p + "input_layernorm.weight", {h}, &l.input_norm, Init::kNorm);
+    add(p + "post_attention_layernorm.weight", {h}, &l.post_attention_norm, Init::kNorm);
+    if (c.sandwich_norms) {
+      add(p + "pre_feedforward_layernorm.weight", {h}, &l.pre_feedforward_norm, Init::kNorm);
+      add(p + "post_feedforward_layernorm.weight", {h}, &l.post_feedforward_norm, Init::kNorm);
+    }
+    add(p + "self_attn.q_proj.weight", {q_out, h}, &l.q_proj);
+    add(p + "self_attn.o_proj.weight", {h, q_out}, &l.o_proj);
+    if (owns_kv) {
+      add(p + "self_attn.k_proj.weight", {kv_out, h}, &l.k_proj);
+      if (!spec.k_eq_v) add(p + "self_attn.v_proj.weight", {kv_out, h}, &l.v_proj);
+    }
+    if (c.qkv_bias) {
+      add(p + "self_attn.q_proj.bias", {q_out}, &l.q_bias, Init::kScalar);
+      if (owns_kv) {
+        add(p + "self_attn.k_proj.bias", {kv_out}, &l.k_bias, Init::kScalar);
+        if (!spec.k_eq_v) add(p + "self_attn.v_proj.bias", {kv_out}, &l.v_bias, Init::kScalar);
+      }
+    }
+    if (c.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {spec.head_dim}, &l.q_norm, Init::kNorm);
+      if (owns_kv) add(p + "self_attn.k_norm.weight", {spec.head_dim}, &l.k_norm, Init::kNorm);
+    }
+    if (spec.moe) {
+      const int64_t inter = c.moe_intermediate_size;
+      add(p + "mlp.gate.weight", {c.num_experts, h}, &l.router);
+      l.experts.gate.resize(c.num_experts);
+      l.experts.up.resize(c.num_experts);
+      l.experts.down.resize(c.num_experts);
+      for (int e = 0; e < c.num_experts; ++e) {
+        const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+        add(ep + "gate_proj.weight", {inter, h}, &l.experts.gate[e]);
+        add(ep + "up_proj.weight", {inter, h}, &l.experts.up[e]);
+        add(ep + "down_proj.weight", {h, inter}, &l.experts.down[e]);
+      }
+    } else {
+      add(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, &l.gate_proj);
+      add(p + "mlp.up_proj.weight", {c.intermediate_size, h}, &l.up_proj);
+      add(p + "mlp.down_proj.weight", {h, c.intermediate_size}, &l.down_proj);
+    }
+    if (c.layer_scalar) add(p + "layer_scalar", {1}, &l.layer_scalar, Init::kScalar);
+    if (c.per_layer_input_size > 0) {
+      add(p + "per_layer_input_gate.weight", {c.per_layer_input_size, h}, &l.per_layer_input_gate);
+      add(p + "per_layer_projection.weight", {h, c.per_layer_input_size}, &l.per_layer_projection);
+      add(p + "post_per_layer_input_norm.weight", {h}, &l.post_per_layer_input_norm, Init::kNorm);
+    }
+  }
+  return s;
+}
+
+// Name -> tensor over all shards of a checkpoint; each file is mapped once.
+Result<std::map<std::string, std::pair<Tensor, std::string>>> OpenCheckpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (fs::exists(index_path)) {
+    std::ifstream in(index_path);
+    const auto index = nlohmann::json::parse(in, nullptr, false);
+    if (index.is_discarded() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      return Error(index_path + ": expected a JSON object with a 'weight_map' object");
+    }
+    for (const auto& [name, file] : index["weight_map"].items()) {
+      if (!file.is_string()) return Error(index_path + ": weight_map['" + name + "'] is not a file name");
+      const std::string path = dir + "/" + file.get<std::string>();
+      if (std::find(files.begin(), files.end(), path) == files.end()) files.push_back(path);
+    }
+  } else if (fs::exists(dir + "/model.safetensors")) {
+    files.push_back(dir + "/model.safetensors");
+  } else {
+    return Error(dir + ": no model.safetensors or model.safetensors.index.json");
+  }
+  std::map<std::string, std::pair<Tensor, std::string>> all;
+  for (const auto& path : files) {
+    HSX_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
+    for (const auto& [name, t] : file.tensors()) all[name] = {t, path};
+  }
+  return all;
+}
+
+// Tied checkpoints may still carry an lm_head copy; untied ones must have it.
+void FinishTied(const ModelConfig& c, ModelWeights& w) {
+  if (c.tie_word_embeddings) w.lm_head = w.embed_tokens;
+}
+
+}  // namespace
+
+Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend) {
+  HSX_ASSIGN_OR_RETURN(auto tensors, OpenCheckpoint(model_dir));
+  // Multimodal checkpoints keep the language model under model.language_model.
+  const std::string prefix = tensors.count("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+  ModelWeights w;
+  for (const Slot& slot : Schema(config, w, prefix)) {
+    auto it = tensors.find(slot.name);
+    if (it == tensors.end()) {
+      return Error(model_dir + ": missing tensor '" + slot.name + "' (expected shape " + ShapeToString(slot.shape) + ")");
+    }
+    const Tensor& t = it->second.first;
+    if (t.shape() != slot.shape) {
+      return Error(it->second.second + ": tensor '" + slot.name + "' has shape " + ShapeToString(t.shape()) +
+                   ", but config.json implies " + ShapeToString(slot.shape));
+    }
+    if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16) {
+      return Error(it->second.second + ": tensor '" + slot.name + "' has dtype " + std::string(DTypeName(t.dtype())) +
+                   ", expected a float type (BF16, F16 or F32)");
+    }
+    *slot.dst = backend.Upload(t);
+  }
+  FinishTied(config, w);
+  return w;
+}
+
+ModelWeights DummyWeights(const ModelConfig& config, Backend& backend, uint64_t seed) {
+  ModelWeights w;
+  uint64_t index = 0;
+  for (const Slot& slot : Schema(config, w, "model.")) {
+    Tensor host = Tensor::Host(config.dtype, slot.shape);
+    const int64_t n = host.numel();
+    const float scale = slot.init == Init::kMatrix ? 1.0f / std::sqrt(static_cast<float>(slot.shape.back())) : 0.05f;
+    const float base = slot.init == Init::kNorm && !config.norm_one_plus_weight ? 1.0f : 0.0f;
+    const uint64_t tensor_seed = seed * 1000003u + index++;
+    // Uniform with the target std; chunks use independent streams so threads agree with one thread.
+    constexpr int64_t kChunk = 1 << 16;
+    ThreadPool::Global().ParallelFor((n + kChunk - 1) / kChunk, [&](int64_t b, int64_t e) {
+      std::vector<float> buf(kChunk);
+      for (int64_t chunk = b; chunk < e; ++chunk) {
+        std::mt19937_64 rng(tensor_seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(chunk));
+        std::uniform_real_distribution<float> uni(-1.7320508f * scale, 1.7320508f * scale);
+        const int64_t begin = chunk * kChunk, count = std::min(kChunk, n - begin);
+        for (int64_t i = 0; i < count; ++i) buf[i] = base + uni(rng);
+        ConvertFromF32(buf.data(), config.dtype, host.data<char>() + begin * DTypeSize(config.dtype), static_cast<size_t>(count));
+      }
+    });
+    *slot.dst = backend.Upload(host);
+  }
+  FinishTied(config, w);
+  return w;
+}
+
+int64_t CountParameters(const ModelConfig& config) {
+  ModelWeights unused;
+  int64_t n = 0;
+  for (const Slot& slot : Schema(config, unused, "model.")) n += ShapeNumel(slot.shape);
+  return n;
+}
+
+}  // namespace hsx

@@ -1,0 +1,41 @@
+// The tensors of a decoder-only model, found by their Hugging Face names, checked
+// against the config's shapes, and placed on the backend's device.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "tensor/safetensors.h"
+
+namespace hsx {
+
+struct LayerWeights {
+  Tensor input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
+  Tensor q_proj, k_proj, v_proj, o_proj;  // v_proj undefined when k_eq_v or KV-shared
+  Tensor q_bias, k_bias, v_bias;
+  Tensor q_norm, k_norm;
+  Tensor gate_proj, up_proj, down_proj;  // dense MLP
+  Tensor router;                         // MoE: [E, H]
+  MoeWeights experts;
+  Tensor layer_scalar;                   // Gemma 4: [1]
+  Tensor per_layer_input_gate, per_layer_projection, post_per_layer_input_norm;  // Gemma 4
+};
+
+struct ModelWeights {
+  Tensor embed_tokens, final_norm, lm_head;  // lm_head aliases embed_tokens when tied
+  Tensor embed_tokens_per_layer, per_layer_model_projection, per_layer_projection_norm;  // Gemma 4
+  std::vector<LayerWeights> layers;
+};
+
+enum class LoadFormat { kSafetensors, kDummy };
+
+// Loads DIR/model.safetensors or the shards listed in DIR/model.safetensors.index.json.
+Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend);
+// Random weights (fixed seed, std 1/sqrt(fan_in), norms near 1) in config.dtype.
+ModelWeights DummyWeights(const ModelConfig& config, Backend& backend, uint64_t seed = 0);
+// Parameters the config implies, counting tied tensors once.
+int64_t CountParameters(const ModelConfig& config);
+
+}  // namespace hsx

@@ -1,0 +1,45 @@
+#include "tensor/tensor.h"
+
+#include <cassert>
+#include <cstdlib>
+#include <cstring>
+
+namespace hsx {
+
+std::string ShapeToString(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+int64_t ShapeNumel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Tensor Tensor::Host(DType dtype, Shape shape) {
+  const size_t bytes = static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype);
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  std::memset(p, 0, rounded == 0 ? 64 : rounded);
+  std::shared_ptr<void> owner(p, std::free);
+  return Tensor(p, dtype, std::move(shape), Device::kCPU, std::move(owner));
+}
+
+Tensor Tensor::View(Shape shape) const {
+  assert(ShapeNumel(shape) == numel());
+  return Tensor(data_, dtype_, std::move(shape), device_, owner_);
+}
+
+Tensor Tensor::Rows(int64_t begin, int64_t end) const {
+  assert(dim() >= 1 && 0 <= begin && begin <= end && end <= shape_[0]);
+  int64_t row_elems = 1;
+  for (int d = 1; d < dim(); ++d) row_elems *= shape_[d];
+  Shape s = shape_;
+  s[0] = end - begin;
+  char* p = static_cast<char*>(data_) + begin * row_elems * static_cast<int64_t>(DTypeSize(dtype_));
+  return Tensor(p, dtype_, std::move(s), device_, owner_);
+}
+
+}  // namespace hsx
