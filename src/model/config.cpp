@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -236,6 +237,16 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     const bool fallback = c.arch == Arch::kGemma3 || c.arch == Arch::kGemma4;
     HSX_ASSIGN_OR_RETURN(c.tie_word_embeddings, Fields(root, source_name).Bool("tie_word_embeddings", fallback));
     HSX_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.Bool("tie_word_embeddings", c.tie_word_embeddings));
+  }
+
+  for (const json* src : {&j, &root}) {
+    if (!src->contains("eos_token_id") || (*src)["eos_token_id"].is_null()) continue;
+    const json& eos = (*src)["eos_token_id"];
+    if (eos.is_number_integer()) c.eos_token_ids = {eos.get<int32_t>()};
+    else if (eos.is_array() && std::all_of(eos.begin(), eos.end(), [](const json& e) { return e.is_number_integer(); }))
+      c.eos_token_ids = eos.get<std::vector<int32_t>>();
+    else return f.Fail("eos_token_id", "expected an integer or a list of integers");
+    break;
   }
 
   const bool gemma = c.arch == Arch::kGemma3 || c.arch == Arch::kGemma4;

@@ -42,6 +42,7 @@ struct ModelConfig {
   float rms_norm_eps = 1e-6f;
   Activation activation = Activation::kSilu;
   bool tie_word_embeddings = false;
+  std::vector<int32_t> eos_token_ids;
 
   // Architecture traits.
   bool norm_one_plus_weight = false;  // Gemma 3: RMSNorm scales by (1 + w)

@@ -1,0 +1,137 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/sampler.h"
+
+namespace hsx {
+namespace {
+
+int ResolveNumBlocks(const Model& model, const EngineConfig& c) {
+  if (c.num_blocks > 0) return c.num_blocks;
+  const size_t per_block = KVCache::BytesPerToken(model.config(), model.backend().compute_dtype()) * c.block_size;
+  return static_cast<int>(std::max<size_t>(1, c.kv_cache_bytes / per_block));
+}
+
+}  // namespace
+
+Engine::Engine(Model& model, EngineConfig config)
+    : model_(model),
+      config_(std::move(config)),
+      cache_(model.config(), model.backend(), ResolveNumBlocks(model, config_), config_.block_size),
+      blocks_(cache_.num_blocks(), config_.block_size),
+      scheduler_(config_.scheduler, blocks_) {
+  if (config_.max_model_len <= 0) config_.max_model_len = model.config().max_position_embeddings;
+}
+
+Status Engine::Add(Request request) {
+  const std::string who = "request '" + request.id + "'";
+  if (request.prompt.empty()) return Error(who + ": empty prompt (expected at least one token)");
+  const int vocab = model_.config().vocab_size;
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    const int32_t t = request.prompt[i];
+    if (t < 0 || t >= vocab) {
+      return Error(who + ": token id " + std::to_string(t) + " at position " + std::to_string(i) +
+                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  const int total = static_cast<int>(request.prompt.size()) + request.max_new_tokens;
+  if (total > config_.max_model_len) {
+    return Error(who + ": " + std::to_string(request.prompt.size()) + " prompt tokens + " +
+                 std::to_string(request.max_new_tokens) + " new tokens exceed max_model_len " +
+                 std::to_string(config_.max_model_len));
+  }
+  if (BlockManager::BlocksFor(total, config_.block_size) > blocks_.num_blocks()) {
+    return Error(who + ": " + std::to_string(total) + " tokens do not fit the KV cache (" +
+                 std::to_string(blocks_.num_blocks() * config_.block_size) + " token slots)");
+  }
+  auto seq = std::make_unique<Sequence>(std::move(request), arrivals_++);
+  if (seq->request().capture && !config_.capture_layers.empty()) {
+    const int64_t layers = static_cast<int64_t>(config_.capture_layers.size());
+    seq->hidden_states = Tensor::Host(config_.capture_dtype, {seq->prompt_len(), layers, model_.config().hidden_size});
+  }
+  scheduler_.Add(std::move(seq));
+  return {};
+}
+
+ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const {
+  ForwardBatch batch;
+  const int bs = config_.block_size;
+  for (const auto& [seq, n] : chunks) {
+    SequenceSlice slice;
+    slice.q_start = static_cast<int32_t>(batch.token_ids.size());
+    slice.q_len = n;
+    slice.ctx_len = seq->num_computed + n;
+    slice.block_table = seq->block_table;
+    for (int p = seq->num_computed; p < slice.ctx_len; ++p) {
+      batch.token_ids.push_back(seq->tokens()[p]);
+      batch.positions.push_back(p);
+      batch.slot_mapping.push_back(seq->block_table[p / bs] * bs + p % bs);
+    }
+    // Sample only where this chunk completes the sequence's known tokens.
+    if (slice.ctx_len == seq->num_tokens() && seq->wants_more_tokens()) {
+      batch.logit_rows.push_back(slice.q_start + n - 1);
+    }
+    batch.seqs.push_back(std::move(slice));
+  }
+  return batch;
+}
+
+// Copies each chunk's prompt rows out of the step's [L, T, H] capture into its
+// sequence's [prompt_len, L, H] buffer, converting to the output dtype.
+void Engine::StoreCaptured(const std::vector<ScheduledChunk>& chunks, const Tensor& captured) {
+  const int64_t layers = captured.size(0), total = captured.size(1), h = captured.size(2);
+  const size_t in_size = DTypeSize(captured.dtype());
+  std::vector<float> row(static_cast<size_t>(h));
+  int64_t start = 0;
+  for (const auto& [seq, n] : chunks) {
+    Tensor& dst = seq->hidden_states;
+    if (dst.defined()) {
+      const size_t out_size = DTypeSize(dst.dtype());
+      for (int i = 0; i < n; ++i) {
+        const int64_t pos = seq->num_computed + i;
+        if (pos >= seq->prompt_len()) break;
+        for (int64_t l = 0; l < layers; ++l) {
+          const char* src = captured.data<char>() + ((l * total) + start + i) * h * in_size;
+          char* out = dst.data<char>() + (pos * layers + l) * h * out_size;
+          if (captured.dtype() == dst.dtype()) {
+            std::memcpy(out, src, h * in_size);
+          } else {
+            ConvertToF32(captured.dtype(), src, row.data(), row.size());
+            ConvertFromF32(row.data(), dst.dtype(), out, row.size());
+          }
+        }
+      }
+    }
+    start += n;
+  }
+}
+
+std::vector<std::unique_ptr<Sequence>> Engine::Step() {
+  std::vector<std::unique_ptr<Sequence>> finished;
+  const std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
+  if (chunks.empty()) return finished;
+  const ForwardBatch batch = BuildBatch(chunks);
+  ForwardOutput out = model_.Forward(batch, cache_, config_.capture_layers);
+  if (!config_.capture_layers.empty()) StoreCaptured(chunks, model_.backend().Download(out.captured));
+  std::vector<int32_t> sampled;
+  if (out.logits.defined()) sampled = GreedySample(model_.backend().Download(out.logits));
+
+  ++stats_.steps;
+  stats_.tokens_computed += batch.token_ids.size();
+  size_t next_sample = 0;
+  for (const auto& [seq, n] : chunks) {
+    seq->num_computed += n;
+    if (seq->num_computed == seq->num_tokens() && seq->wants_more_tokens()) {
+      const int32_t token = sampled[next_sample++];
+      seq->Append(token);
+      const auto& stops = seq->request().stop_token_ids;
+      if (std::find(stops.begin(), stops.end(), token) != stops.end()) seq->Stop();
+    }
+    if (seq->num_computed >= seq->prompt_len() && !seq->wants_more_tokens()) finished.push_back(scheduler_.Finish(seq));
+  }
+  return finished;
+}
+
+}  // namespace hsx

@@ -1,0 +1,59 @@
+// The engine: a scheduler, a KV cache and a model. Add requests, call Step until there
+// is no work; each Step returns the sequences that finished in it. Every entry point
+// (extract, generate, later the server) drives this one loop.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+
+namespace hsx {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;
+  int block_size = 16;
+  int num_blocks = 0;                  // 0: from kv_cache_bytes
+  size_t kv_cache_bytes = 1ull << 30;
+  std::vector<int> capture_layers;     // ascending unique layer ids; empty: no capture
+  DType capture_dtype = DType::kBF16;
+  int max_model_len = 0;               // 0: the model's max_position_embeddings
+};
+
+struct EngineStats {
+  uint64_t steps = 0;
+  uint64_t tokens_computed = 0;
+};
+
+class Engine {
+ public:
+  Engine(Model& model, EngineConfig config);
+
+  // Validates and queues a request; an invalid one is rejected alone with a message
+  // that names it.
+  Status Add(Request request);
+  std::vector<std::unique_ptr<Sequence>> Step();
+  bool has_work() const { return scheduler_.has_work(); }
+  size_t num_unfinished() const { return scheduler_.num_waiting() + scheduler_.num_running(); }
+  uint64_t num_preemptions() const { return scheduler_.num_preemptions(); }
+
+  const EngineConfig& config() const { return config_; }
+  const EngineStats& stats() const { return stats_; }
+  const Model& model() const { return model_; }
+
+ private:
+  ForwardBatch BuildBatch(const std::vector<ScheduledChunk>& chunks) const;
+  void StoreCaptured(const std::vector<ScheduledChunk>& chunks, const Tensor& captured);
+
+  Model& model_;
+  EngineConfig config_;
+  KVCache cache_;
+  BlockManager blocks_;
+  Scheduler scheduler_;
+  EngineStats stats_;
+  uint64_t arrivals_ = 0;
+};
+
+}  // namespace hsx

@@ -1,0 +1,49 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+namespace hsx {
+
+void Scheduler::Preempt() {
+  std::unique_ptr<Sequence> victim = std::move(running_.back());
+  running_.pop_back();
+  blocks_.Release(*victim);
+  waiting_.push_front(std::move(victim));
+  ++preemptions_;
+}
+
+std::vector<ScheduledChunk> Scheduler::Schedule() {
+  std::vector<ScheduledChunk> chunks;
+  int budget = config_.max_num_batched_tokens;
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* seq = running_[i].get();
+    const int n = std::min(seq->num_tokens() - seq->num_computed, budget);
+    if (!blocks_.Reserve(*seq, seq->num_computed + n)) {
+      Preempt();  // frees the newest; if that was seq itself, the loop ends
+      continue;
+    }
+    chunks.push_back({seq, n});
+    budget -= n;
+    ++i;
+  }
+  while (!waiting_.empty() && budget > 0 && static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    Sequence* seq = waiting_.front().get();
+    const int n = std::min(seq->num_tokens() - seq->num_computed, budget);
+    if (!blocks_.Reserve(*seq, seq->num_computed + n)) break;
+    chunks.push_back({seq, n});
+    budget -= n;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  return chunks;
+}
+
+std::unique_ptr<Sequence> Scheduler::Finish(Sequence* seq) {
+  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == seq; });
+  std::unique_ptr<Sequence> done = std::move(*it);
+  running_.erase(it);
+  blocks_.Release(*done);
+  return done;
+}
+
+}  // namespace hsx

@@ -1,0 +1,51 @@
+// One request's life in the engine: its tokens, how many have KV in the cache, the
+// cache blocks it holds and the hidden-state rows captured so far.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace hsx {
+
+struct Request {
+  std::string id;
+  std::vector<int32_t> prompt;
+  int max_new_tokens = 0;  // 0: prefill only (extraction)
+  bool capture = true;     // keep hidden states of the prompt's tokens
+  std::vector<int32_t> stop_token_ids;  // generation ends after emitting one of these
+};
+
+class Sequence {
+ public:
+  Sequence(Request request, uint64_t arrival) : request_(std::move(request)), tokens_(request_.prompt), arrival_(arrival) {}
+
+  const std::string& id() const { return request_.id; }
+  const Request& request() const { return request_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  int num_tokens() const { return static_cast<int>(tokens_.size()); }
+  int prompt_len() const { return static_cast<int>(request_.prompt.size()); }
+  int num_generated() const { return num_tokens() - prompt_len(); }
+  std::vector<int32_t> generated() const { return {tokens_.begin() + prompt_len(), tokens_.end()}; }
+  uint64_t arrival() const { return arrival_; }
+
+  // Tokens whose KV is in the cache; the rest are computed by coming steps.
+  int num_computed = 0;
+  std::vector<int32_t> block_table;
+  // Host [prompt_len, L, H] in the output dtype, filled as prefill chunks run.
+  Tensor hidden_states;
+
+  bool wants_more_tokens() const { return !stopped_ && num_generated() < request_.max_new_tokens; }
+  void Append(int32_t token) { tokens_.push_back(token); }
+  void Stop() { stopped_ = true; }
+
+ private:
+  Request request_;
+  std::vector<int32_t> tokens_;
+  uint64_t arrival_;
+  bool stopped_ = false;
+};
+
+}  // namespace hsx
