@@ -1,1 +1,14 @@
-int main() { return 0; }
+// hsx: extract hidden states, generate, tokenize, inspect, bench.
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app("hsx: hidden-state extraction and speculative-decoding inference engine");
+  app.require_subcommand(1);
+  hsx::cli::RegisterExtract(app);
+  hsx::cli::RegisterGenerate(app);
+  hsx::cli::RegisterTokenize(app);
+  hsx::cli::RegisterInspect(app);
+  hsx::cli::RegisterBench(app);
+  CLI11_PARSE(app, argc, argv);
+  return hsx::cli::ExitCode();
+}

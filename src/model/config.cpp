@@ -141,7 +141,11 @@ Status ParseLayers(const Fields& f, ModelConfig& c) {
     types.assign(c.num_layers, "full_attention");
   }
 
-  HSX_ASSIGN_OR_RETURN(int head_dim, f.Int("head_dim", c.hidden_size / c.num_heads));
+  // Gemma 4 always ends on a full-attention layer (HF forces it).
+  if (c.arch == Arch::kGemma4) types.back() = "full_attention";
+  // Qwen3 configs without head_dim mean 128, not hidden_size / heads.
+  const bool qwen3 = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe;
+  HSX_ASSIGN_OR_RETURN(int head_dim, f.Int("head_dim", qwen3 ? 128 : c.hidden_size / c.num_heads));
   HSX_ASSIGN_OR_RETURN(int kv_heads, f.Int("num_key_value_heads", c.num_heads));
   HSX_ASSIGN_OR_RETURN(bool k_eq_v, f.Bool("attention_k_eq_v", false));
   HSX_ASSIGN_OR_RETURN(int shared, f.Int("num_kv_shared_layers", 0));
@@ -163,6 +167,12 @@ Status ParseLayers(const Fields& f, ModelConfig& c) {
       Fields pl((*per_layer)[std::to_string(i)], f.source() + ": per_layer_config." + std::to_string(i));
       HSX_ASSIGN_OR_RETURN(l.head_dim, pl.Int("head_dim", head_dim));
       HSX_ASSIGN_OR_RETURN(l.num_kv_heads, pl.Int("num_key_value_heads", kv_heads));
+    } else if (!per_layer && c.arch == Arch::kGemma4 && !l.sliding) {
+      // Hub configs give full-attention layers their own head dim (and, with k=v, KV heads).
+      HSX_ASSIGN_OR_RETURN(l.head_dim, f.Int("global_head_dim", 512));
+      if (k_eq_v) {
+        HSX_ASSIGN_OR_RETURN(l.num_kv_heads, f.Int("num_global_key_value_heads", kv_heads));
+      }
     }
     if (l.head_dim <= 0 || l.num_kv_heads <= 0 || c.num_heads % l.num_kv_heads != 0) {
       return f.Fail("num_key_value_heads", "layer " + std::to_string(i) + ": need head_dim > 0 and num_attention_heads (" +
@@ -276,11 +286,12 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   c.embed_scale = gemma ? std::sqrt(static_cast<float>(c.hidden_size)) : 1.0f;
   c.v_norm = c.arch == Arch::kGemma4;
   c.layer_scalar = c.arch == Arch::kGemma4;
+  // HF 5.17's Gemma 3 parses attn_logit_softcapping but never applies it; match the reference.
   HSX_ASSIGN_OR_RETURN(double softcap, f.Number("attn_logit_softcapping", 0.0));
-  c.attn_softcap = static_cast<float>(softcap);
+  c.attn_softcap = c.arch == Arch::kGemma3 ? 0.0f : static_cast<float>(softcap);
   HSX_ASSIGN_OR_RETURN(double final_softcap, f.Number("final_logit_softcapping", 0.0));
   c.final_softcap = static_cast<float>(final_softcap);
-  HSX_ASSIGN_OR_RETURN(c.sliding_window, f.Int("sliding_window", 0));
+  HSX_ASSIGN_OR_RETURN(c.sliding_window, f.Int("sliding_window", c.arch == Arch::kGemma4 ? 512 : 0));
   if (c.arch == Arch::kGemma3) {
     HSX_ASSIGN_OR_RETURN(double qpas, f.Number("query_pre_attn_scalar"));
     c.attn_scale = static_cast<float>(1.0 / std::sqrt(qpas));
@@ -290,7 +301,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     if (moe_block) return f.Fail("enable_moe_block", "Gemma 4 MoE blocks are not supported yet");
     HSX_ASSIGN_OR_RETURN(bool double_wide, f.Bool("use_double_wide_mlp", false));
     if (double_wide) return f.Fail("use_double_wide_mlp", "double-wide MLPs are not supported yet");
-    HSX_ASSIGN_OR_RETURN(c.per_layer_input_size, f.Int("hidden_size_per_layer_input", 0));
+    HSX_ASSIGN_OR_RETURN(c.per_layer_input_size, f.Int("hidden_size_per_layer_input", 256));
     HSX_ASSIGN_OR_RETURN(c.per_layer_vocab_size, f.Int("vocab_size_per_layer_input", c.vocab_size));
   }
   if (c.arch == Arch::kQwen2 || c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe) {

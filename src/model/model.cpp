@@ -4,6 +4,11 @@
 
 namespace hsx {
 
+// 1 / theta^(k / dims) in f32 arithmetic, as torch computes it (bit-exact frequencies).
+static float TorchInvFreq(double theta, int k, int dims) {
+  return 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(k) / static_cast<float>(dims));
+}
+
 std::vector<float> RopeInverseFrequencies(const RopeSpec& rope, int head_dim, int* rotary_dims) {
   std::vector<float> inv_freq;
   if (rope.type == RopeSpec::Type::kProportional) {
@@ -11,14 +16,13 @@ std::vector<float> RopeInverseFrequencies(const RopeSpec& rope, int head_dim, in
     // each rotate-half pair set turns; the rest get frequency 0 (identity).
     const int half = head_dim / 2;
     const int rotated = static_cast<int>(rope.partial_rotary_factor * head_dim) / 2;
-    for (int i = 0; i < half; ++i)
-      inv_freq.push_back(i < rotated ? static_cast<float>(1.0 / std::pow(rope.theta, 2.0 * i / head_dim)) : 0.0f);
+    for (int i = 0; i < half; ++i) inv_freq.push_back(i < rotated ? TorchInvFreq(rope.theta, 2 * i, head_dim) : 0.0f);
     *rotary_dims = head_dim;
     return inv_freq;
   }
   const int dims = static_cast<int>(head_dim * rope.partial_rotary_factor);
   for (int i = 0; i < dims / 2; ++i) {
-    double f = 1.0 / std::pow(rope.theta, 2.0 * i / dims);
+    double f = TorchInvFreq(rope.theta, 2 * i, dims);
     if (rope.type == RopeSpec::Type::kLlama3) {
       const double low_wavelen = rope.original_max_position_embeddings / rope.low_freq_factor;
       const double high_wavelen = rope.original_max_position_embeddings / rope.high_freq_factor;

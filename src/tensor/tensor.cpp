@@ -1,6 +1,10 @@
 #include "tensor/tensor.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cassert>
+#include <new>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,12 +23,22 @@ int64_t ShapeNumel(const Shape& shape) {
 }
 
 Tensor Tensor::Host(DType dtype, Shape shape) {
-  const size_t bytes = static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype);
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  std::memset(p, 0, rounded == 0 ? 64 : rounded);
-  std::shared_ptr<void> owner(p, std::free);
-  return Tensor(p, dtype, std::move(shape), Device::kCPU, std::move(owner));
+  const size_t bytes = std::max<size_t>(64, static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype));
+  std::shared_ptr<void> owner;
+  if (bytes >= (1u << 20)) {
+    // Large buffers (KV caches, captures) come from mmap: zeroed pages, committed only when touched.
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    owner = std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });
+  } else {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) throw std::bad_alloc();
+    std::memset(p, 0, rounded);
+    owner = std::shared_ptr<void>(p, std::free);
+  }
+  void* data = owner.get();
+  return Tensor(data, dtype, std::move(shape), Device::kCPU, std::move(owner));
 }
 
 Tensor Tensor::View(Shape shape) const {

@@ -1,0 +1,18 @@
+// The per-request output file, in vLLM's hidden-state extraction format:
+// hidden_states [T, L, H] (layers in ascending id order) and token_ids [T] int64.
+#pragma once
+
+#include <string>
+
+#include "engine/sequence.h"
+#include "util/status.h"
+
+namespace hsx {
+
+// Request ids name files, so they must stay a plain file name inside the output dir.
+Status ValidateRequestId(const std::string& id);
+
+// Writes <dir>/<id>.safetensors atomically; returns its path.
+Result<std::string> WriteHiddenStatesFile(const std::string& dir, const Sequence& seq);
+
+}  // namespace hsx

@@ -1,0 +1,134 @@
+// hsx bench: end-to-end extraction throughput on synthetic prompts, next to this
+// machine's f32 GEMM throughput measured in the same run. Prints JSON lines.
+#include <cblas.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/extract.h"
+
+namespace hsx::cli {
+namespace {
+
+struct BenchOptions {
+  ExtractOptions extract;
+  int num_prompts = 16;
+  double median_len = 256;
+  int min_len = 32, max_len = 1024;
+  uint64_t seed = 0;
+};
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+// sgemm GFLOP/s on an [m, k] x [k, n] product, best of a few runs.
+double SgemmGflops(int64_t m, int64_t n, int64_t k) {
+  std::vector<float> a(m * k, 0.5f), b(n * k, 0.25f), c(m * n);
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
+    best = std::max(best, 2.0 * m * n * k / Seconds(t0) / 1e9);
+  }
+  return best;
+}
+
+int RunBench(BenchOptions o) {
+  CpuBackend backend;
+  auto model = LoadModel(o.extract.model, backend);  // for shapes only; extract loads its own
+  if (!model.ok()) return Fail("bench", model.status());
+  const ModelConfig& c = (*model)->config();
+
+  // Lognormal prompt lengths around the median, clipped, fixed seed; random token ids.
+  std::mt19937_64 rng(o.seed);
+  std::lognormal_distribution<double> len_dist(std::log(o.median_len), 0.6);
+  std::uniform_int_distribution<int> tok_dist(0, c.vocab_size - 1);
+  const std::string dir = o.extract.output.empty() ? (std::filesystem::temp_directory_path() / "hsx-bench").string() : o.extract.output;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/out");
+  o.extract.input = dir + "/prompts.jsonl";
+  o.extract.output = dir + "/out";
+  o.extract.quiet = true;
+  int64_t total_tokens = 0;
+  {
+    std::ofstream prompts(o.extract.input);
+    for (int i = 0; i < o.num_prompts; ++i) {
+      const int len = std::clamp(static_cast<int>(len_dist(rng)), o.min_len, o.max_len);
+      std::vector<int32_t> ids(len);
+      for (auto& t : ids) t = tok_dist(rng);
+      prompts << nlohmann::json{{"id", "b" + std::to_string(i)}, {"token_ids", ids}}.dump() << "\n";
+      total_tokens += len;
+    }
+  }
+  model->reset();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = RunExtract(o.extract);
+  const double seconds = Seconds(t0);
+  if (rc != 0) return rc;
+
+  // Forward FLOPs per token: 2 per weight used (no LM head when extracting) plus attention
+  // (QK^T and PV over on average half the context).
+  const int64_t params = CountParameters(c) - static_cast<int64_t>(c.vocab_size) * c.hidden_size *
+                                                  (c.tie_word_embeddings ? 1 : 2);
+  int64_t active = params;
+  if (c.num_experts > 0) {
+    active -= static_cast<int64_t>(c.num_layers) * 3 * c.hidden_size * c.moe_intermediate_size *
+              (c.num_experts - c.experts_per_token);
+  }
+  const double mean_len = static_cast<double>(total_tokens) / o.num_prompts;
+  double attn_flops = 0;
+  for (const LayerSpec& l : c.layers) attn_flops += 2.0 * 2.0 * c.num_heads * l.head_dim * (mean_len / 2);
+  const double flops_per_token = 2.0 * active + attn_flops;
+  const double tok_s = total_tokens / seconds;
+  const double gemm = SgemmGflops(std::min<int64_t>(o.extract.max_num_batched_tokens, total_tokens),
+                                  c.num_experts > 0 ? c.moe_intermediate_size : c.intermediate_size, c.hidden_size);
+  auto line = [](const nlohmann::json& j) { std::printf("%s\n", j.dump().c_str()); };
+  line({{"metric", "extract_tokens_per_s"}, {"value", tok_s}, {"model", o.extract.model.model}, {"prompts", o.num_prompts},
+        {"tokens", total_tokens}, {"seconds", seconds}, {"layers", o.extract.layers}});
+  line({{"metric", "sgemm_gflops"}, {"value", gemm}, {"what", "OpenBLAS f32 GEMM, the backend's own kernel, same run"}});
+  line({{"metric", "extract_gflops"}, {"value", tok_s * flops_per_token / 1e9}, {"flops_per_token", flops_per_token}});
+  line({{"metric", "fraction_of_sgemm"}, {"value", tok_s * flops_per_token / 1e9 / gemm}});
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+
+void RegisterBench(CLI::App& root) {
+  auto o = std::make_shared<BenchOptions>();
+  o->extract.layers = "";
+  CLI::App* app = root.add_subcommand("bench", "Extraction throughput on synthetic prompts vs this machine's GEMM");
+  o->extract.model.Register(*app);
+  app->add_option("--layers", o->extract.layers, "Layer ids to capture (default: 2, N/2, N-3, N)");
+  app->add_option("--num-prompts", o->num_prompts);
+  app->add_option("--median-len", o->median_len, "Median prompt length (lognormal)");
+  app->add_option("--min-len", o->min_len);
+  app->add_option("--max-len", o->max_len);
+  app->add_option("--max-num-batched-tokens", o->extract.max_num_batched_tokens);
+  app->add_option("--dir", o->extract.output, "Scratch directory (removed afterwards)");
+  app->callback([o] {
+    if (o->extract.layers.empty()) {
+      CpuBackend backend;
+      auto config = std::filesystem::is_directory(o->extract.model.model) ? LoadModelConfig(o->extract.model.model)
+                                                                           : NamedModelConfig(o->extract.model.model);
+      if (!config.ok()) {
+        ExitCode() = Fail("bench", config.status());
+        return;
+      }
+      const int n = config->num_layers;
+      o->extract.layers = std::to_string(std::min(2, n)) + "," + std::to_string(n / 2) + "," +
+                          std::to_string(std::max(0, n - 3)) + "," + std::to_string(n);
+    }
+    ExitCode() = RunBench(*o);
+  });
+}
+
+}  // namespace hsx::cli

@@ -1,0 +1,132 @@
+#include "cli/common.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+namespace hsx::cli {
+
+void ModelOptions::Register(CLI::App& app) {
+  app.add_option("--model", model, "Hugging Face model directory, or a named config (qwen3-8b, ...) with --load-format dummy")
+      ->required();
+  app.add_option("--load-format", load_format, "auto | safetensors | dummy (random weights from the config)")
+      ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
+}
+
+Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend) {
+  if (options.load_format != "dummy") return Model::Load(options.model, backend);
+  ModelConfig config;
+  if (std::filesystem::is_directory(options.model)) {
+    HSX_ASSIGN_OR_RETURN(config, LoadModelConfig(options.model));
+  } else {
+    HSX_ASSIGN_OR_RETURN(config, NamedModelConfig(options.model));
+  }
+  ModelWeights weights = DummyWeights(config, backend);
+  return std::make_unique<Model>(std::move(config), std::move(weights), backend);
+}
+
+Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model) {
+  const std::string path = model + "/tokenizer.json";
+  if (!std::filesystem::exists(path)) return std::optional<Tokenizer>();
+  HSX_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(path));
+  return std::optional<Tokenizer>(std::move(tokenizer));
+}
+
+Result<PromptReader> PromptReader::Open(const std::string& path, const Tokenizer* tokenizer) {
+  PromptReader r;
+  r.path_ = path;
+  r.in_ = std::make_unique<std::ifstream>(path);
+  if (!*r.in_) return Error(path + ": cannot open input");
+  r.tokenizer_ = tokenizer;
+  return r;
+}
+
+int64_t PromptReader::CountLines(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) n += line.find_first_not_of(" \t\r") != std::string::npos;
+  return n;
+}
+
+std::optional<PromptLine> PromptReader::Next() {
+  std::string text;
+  while (std::getline(*in_, text)) {
+    ++line_;
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    PromptLine p;
+    p.line = line_;
+    const std::string where = path_ + ":" + std::to_string(line_);
+    auto fail = [&](const std::string& why) {
+      p.error = Error(where + ": " + why);
+      return p;
+    };
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded()) return fail("malformed JSON (expected one object per line)");
+    if (!j.is_object()) return fail("expected a JSON object, got " + std::string(j.type_name()));
+    if (!j.contains("id")) return fail("missing field 'id'");
+    if (j["id"].is_string()) p.id = j["id"].get<std::string>();
+    else if (j["id"].is_number_integer()) p.id = std::to_string(j["id"].get<int64_t>());
+    else return fail("field 'id' must be a string or an integer");
+    if (j.contains("token_ids")) {
+      const auto& ids = j["token_ids"];
+      if (!ids.is_array()) return fail("field 'token_ids' must be a list of integers");
+      for (const auto& t : ids) {
+        if (!t.is_number_integer()) return fail("field 'token_ids' must be a list of integers");
+        const int64_t v = t.get<int64_t>();
+        if (v < INT32_MIN || v > INT32_MAX) return fail("token id " + std::to_string(v) + " is out of range");
+        p.token_ids.push_back(static_cast<int32_t>(v));
+      }
+    } else if (j.contains("prompt")) {
+      if (!j["prompt"].is_string()) return fail("field 'prompt' must be a string");
+      if (tokenizer_ == nullptr) return fail("has 'prompt' text but the model has no tokenizer.json; give 'token_ids'");
+      auto ids = tokenizer_->Encode(j["prompt"].get<std::string>());
+      if (!ids.ok()) return fail("field 'prompt': " + ids.status().message());
+      p.token_ids = std::move(ids).value();
+    } else {
+      return fail("expected field 'token_ids' (list of integers) or 'prompt' (string)");
+    }
+    return p;
+  }
+  return std::nullopt;
+}
+
+Progress::Progress(std::string label, int64_t total)
+    : label_(std::move(label)), total_(total), start_(std::chrono::steady_clock::now()), last_(start_),
+      tty_(::isatty(STDERR_FILENO) != 0) {}
+
+static std::string Clock(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", static_cast<long>(s / 3600), static_cast<long>(s / 60 % 60),
+                static_cast<long>(s % 60));
+  return buf;
+}
+
+void Progress::Update(int64_t done, int64_t tokens, bool force) {
+  const auto now = std::chrono::steady_clock::now();
+  const double since_last = std::chrono::duration<double>(now - last_).count();
+  if (!force && since_last < (tty_ ? 0.5 : 10.0)) return;
+  last_ = now;
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double rate = elapsed > 0 ? tokens / elapsed : 0;
+  const double eta = done > 0 && total_ > done ? elapsed * (total_ - done) / done : 0;
+  std::fprintf(stderr, "%s[%s] %ld/%ld requests, %.0f tok/s, elapsed %s, ETA %s%s", tty_ ? "\r" : "", label_.c_str(),
+               static_cast<long>(done), static_cast<long>(total_), rate, Clock(elapsed).c_str(), Clock(eta).c_str(),
+               tty_ ? "" : "\n");
+}
+
+void Progress::Finish(int64_t done, int64_t tokens) {
+  Update(done, tokens, true);
+  if (tty_) std::fprintf(stderr, "\n");
+}
+
+int Fail(const std::string& command, const Status& status) {
+  // On a terminal, first clear the progress line this may interrupt.
+  std::fprintf(stderr, "%shsx %s: error: %s\n", ::isatty(STDERR_FILENO) ? "\r\033[K" : "", command.c_str(),
+               status.message().c_str());
+  return 1;
+}
+
+}  // namespace hsx::cli

@@ -1,0 +1,70 @@
+// What the subcommands share: model loading options, the JSONL prompt reader and the
+// progress line.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace hsx::cli {
+
+struct ModelOptions {
+  std::string model;                 // a model directory, or a named config with dummy weights
+  std::string load_format = "auto";  // auto | safetensors | dummy
+  void Register(CLI::App& app);
+};
+
+Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend);
+// DIR/tokenizer.json when it exists; nullopt otherwise (and for named configs).
+Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model);
+
+// One JSONL line: {"id": .., "token_ids": [..]} or {"id": .., "prompt": ".."}.
+struct PromptLine {
+  int line = 0;
+  std::string id;
+  std::vector<int32_t> token_ids;
+  Status error;  // this line alone failed; the rest goes on
+};
+
+class PromptReader {
+ public:
+  static Result<PromptReader> Open(const std::string& path, const Tokenizer* tokenizer);
+  // The next non-blank line, or nullopt at the end of the file.
+  std::optional<PromptLine> Next();
+  // Non-blank lines in the file (a quick first pass, for progress and ETA).
+  static int64_t CountLines(const std::string& path);
+
+ private:
+  std::string path_;
+  std::unique_ptr<std::ifstream> in_;
+  const Tokenizer* tokenizer_ = nullptr;
+  int line_ = 0;
+};
+
+// Requests done, tokens/s and ETA on stderr: redrawn in place on a terminal, a line
+// every 10 s otherwise.
+class Progress {
+ public:
+  Progress(std::string label, int64_t total);
+  void Update(int64_t done, int64_t tokens, bool force = false);
+  void Finish(int64_t done, int64_t tokens);
+
+ private:
+  std::string label_;
+  int64_t total_;
+  std::chrono::steady_clock::time_point start_, last_;
+  bool tty_;
+};
+
+int Fail(const std::string& command, const Status& status);
+
+}  // namespace hsx::cli

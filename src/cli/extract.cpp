@@ -1,0 +1,177 @@
+// hsx extract: hidden states of chosen layers for every prompt of a JSONL file, one
+// <id>.safetensors per request, a manifest line per file, resumable.
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "backend/cpu/cpu_backend.h"
+#include "capture/hidden_states_file.h"
+#include "capture/writer_pool.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/extract.h"
+#include "engine/engine.h"
+#include "util/atomic_file.h"
+
+namespace hsx::cli {
+namespace {
+
+Result<std::vector<int>> ParseLayerIds(const std::string& text, int num_layers) {
+  std::vector<int> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0') return Error("--layers: '" + item + "' is not an integer (expected e.g. 2,18,33,36)");
+    if (v < 0 || v > num_layers) {
+      return Error("--layers: layer id " + item + " is out of range [0, " + std::to_string(num_layers) + "] for this " +
+                   std::to_string(num_layers) + "-layer model");
+    }
+    if (std::find(ids.begin(), ids.end(), v) != ids.end()) return Error("--layers: layer id " + item + " is given twice");
+    ids.push_back(static_cast<int>(v));
+  }
+  if (ids.empty()) return Error("--layers: expected at least one layer id");
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+Status PrepareOutputDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    return Error("--output " + dir + ": cannot create directory: " + (ec ? ec.message() : "a file is in the way"));
+  }
+  const std::string probe = dir + "/.hsx-write-probe";
+  Status s = WriteFileAtomic(probe, {"ok"});
+  if (!s.ok()) return Error("--output " + dir + ": not writable: " + s.message());
+  std::filesystem::remove(probe, ec);
+  return {};
+}
+
+// Ids already written by an earlier run; a torn last line (a crash mid-append) is ignored.
+std::unordered_set<std::string> ReadManifest(const std::string& path) {
+  std::unordered_set<std::string> ids;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("id") && j["id"].is_string()) ids.insert(j["id"].get<std::string>());
+  }
+  return ids;
+}
+
+}  // namespace
+
+int RunExtract(const ExtractOptions& o) {
+  const char* cmd = "extract";
+  CpuBackend backend;
+  auto model = LoadModel(o.model, backend);
+  if (!model.ok()) return Fail(cmd, model.status());
+  const ModelConfig& config = (*model)->config();
+  auto layers = ParseLayerIds(o.layers, config.num_layers);
+  if (!layers.ok()) return Fail(cmd, layers.status());
+  DType dtype = config.dtype;
+  if (!o.dtype.empty()) {
+    auto parsed = ParseFloatDTypeName(o.dtype);
+    if (!parsed) return Fail(cmd, Error("--dtype: '" + o.dtype + "' is not one of float32, bfloat16, float16"));
+    dtype = *parsed;
+  }
+  auto tokenizer = LoadTokenizerIfPresent(o.model.model);
+  if (!tokenizer.ok()) return Fail(cmd, tokenizer.status());
+  auto reader = PromptReader::Open(o.input, tokenizer->has_value() ? &**tokenizer : nullptr);
+  if (!reader.ok()) return Fail(cmd, reader.status());
+  if (Status s = PrepareOutputDir(o.output); !s.ok()) return Fail(cmd, s);
+  // Absolute paths in the manifest, as vLLM reports them, so readers need not know our cwd.
+  const std::string out_dir = std::filesystem::absolute(o.output).lexically_normal().string();
+  const std::string manifest = out_dir + "/manifest.jsonl";
+  const std::unordered_set<std::string> already = ReadManifest(manifest);
+  EngineConfig ec;
+  ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+  ec.scheduler.max_num_seqs = o.max_num_seqs;
+  ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
+  ec.capture_layers = *layers;
+  ec.capture_dtype = dtype;
+  Engine engine(**model, ec);
+
+  std::atomic<int64_t> written{0}, failed{0}, tokens_done{0};
+  std::mutex out_mu;
+  auto report = [&](const Status& s) {
+    std::lock_guard<std::mutex> lock(out_mu);
+    failed += Fail(cmd, s);
+  };
+  Progress progress("hsx extract", PromptReader::CountLines(o.input) - static_cast<int64_t>(already.size()));
+  std::unordered_map<std::string, int> seen;  // id -> line, within this input
+  int64_t skipped = 0;
+  bool input_done = false;
+  const size_t max_in_flight = static_cast<size_t>(std::max(1, o.max_num_seqs)) * 2;
+  {
+    WriterPool writers(o.writer_threads, 16);
+    while (!input_done || engine.has_work()) {
+      while (!input_done && engine.num_unfinished() < max_in_flight) {
+        std::optional<PromptLine> p = reader->Next();
+        if (!p) {
+          input_done = true;
+          break;
+        }
+        if (!p->error.ok()) { report(p->error); continue; }
+        const std::string where = o.input + ":" + std::to_string(p->line) + ": ";
+        if (already.count(p->id)) { ++skipped; continue; }
+        if (auto [it, fresh] = seen.emplace(p->id, p->line); !fresh) {
+          report(Error(where + "duplicate id '" + p->id + "' (first on line " + std::to_string(it->second) + ")"));
+          continue;
+        }
+        if (Status s = ValidateRequestId(p->id); !s.ok()) { report(Error(where + s.message())); continue; }
+        Request r{p->id, std::move(p->token_ids), 0};
+        if (Status s = engine.Add(std::move(r)); !s.ok()) report(Error(where + s.message()));
+      }
+      for (auto& done : engine.Step()) {
+        std::shared_ptr<Sequence> seq(std::move(done));
+        writers.Submit([&, seq] {
+          auto path = WriteHiddenStatesFile(out_dir, *seq);
+          if (!path.ok()) return report(path.status());
+          const std::string line =
+              nlohmann::json{{"id", seq->id()}, {"path", *path}, {"num_tokens", seq->prompt_len()}}.dump();
+          std::lock_guard<std::mutex> lock(out_mu);
+          if (Status s = AppendLine(manifest, line); !s.ok()) {
+            failed += Fail(cmd, s);
+            return;
+          }
+          if (!o.quiet) std::printf("%s\n", line.c_str());
+          ++written;
+          tokens_done += seq->prompt_len();
+        });
+      }
+      progress.Update(written + failed, tokens_done);
+    }
+  }
+  progress.Finish(written + failed, tokens_done);
+  std::fflush(stdout);
+  if (!o.quiet) std::fprintf(stderr, "hsx extract: wrote %ld files to %s, skipped %ld already in the manifest, %ld failed\n",
+               static_cast<long>(written.load()), o.output.c_str(), static_cast<long>(skipped),
+               static_cast<long>(failed.load()));
+  return failed > 0 ? 1 : 0;
+}
+
+void RegisterExtract(CLI::App& root) {
+  auto o = std::make_shared<ExtractOptions>();
+  CLI::App* app = root.add_subcommand("extract", "Write the hidden states of chosen layers for every prompt");
+  o->model.Register(*app);
+  app->add_option("--layers", o->layers, "Layer ids, comma separated (vLLM convention: 0 = embeddings, N = last layer)")
+      ->required();
+  app->add_option("--input", o->input, "JSONL: {\"id\", \"token_ids\"} or {\"id\", \"prompt\"} per line")->required();
+  app->add_option("--output", o->output, "Output directory: <id>.safetensors and manifest.jsonl")->required();
+  app->add_option("--dtype", o->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's dtype)");
+  app->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Token budget per forward step");
+  app->add_option("--max-num-seqs", o->max_num_seqs, "Sequences per step at most");
+  app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");
+  app->add_option("--writer-threads", o->writer_threads, "File writer threads");
+  app->callback([o] { ExitCode() = RunExtract(*o); });
+}
+
+}  // namespace hsx::cli

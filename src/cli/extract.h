@@ -1,0 +1,22 @@
+// hsx extract, callable from other commands (bench runs the very same path).
+#pragma once
+
+#include <string>
+
+#include "cli/common.h"
+
+namespace hsx::cli {
+
+struct ExtractOptions {
+  ModelOptions model;
+  std::string layers, input, output, dtype;
+  int max_num_batched_tokens = 8192;
+  int max_num_seqs = 256;
+  double kv_cache_gib = 2.0;
+  int writer_threads = 2;
+  bool quiet = false;  // no per-file lines on stdout, no summary
+};
+
+int RunExtract(const ExtractOptions& options);
+
+}  // namespace hsx::cli

@@ -1,0 +1,73 @@
+// hsx generate: greedy continuations of JSONL prompts, one JSON line per request.
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "engine/engine.h"
+
+namespace hsx::cli {
+namespace {
+
+struct GenerateOptions {
+  ModelOptions model;
+  std::string input;
+  int max_tokens = 16;
+  bool ignore_eos = false;
+  double kv_cache_gib = 1.0;
+};
+
+int RunGenerate(const GenerateOptions& o) {
+  const char* cmd = "generate";
+  CpuBackend backend;
+  auto model = LoadModel(o.model, backend);
+  if (!model.ok()) return Fail(cmd, model.status());
+  auto tokenizer = LoadTokenizerIfPresent(o.model.model);
+  if (!tokenizer.ok()) return Fail(cmd, tokenizer.status());
+  const Tokenizer* tok = tokenizer->has_value() ? &**tokenizer : nullptr;
+  auto reader = PromptReader::Open(o.input, tok);
+  if (!reader.ok()) return Fail(cmd, reader.status());
+  EngineConfig ec;
+  ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
+  Engine engine(**model, ec);
+  int failed = 0;
+  while (std::optional<PromptLine> p = reader->Next()) {
+    Status s = p->error;
+    if (s.ok()) {
+      Request r{p->id, std::move(p->token_ids), o.max_tokens};
+      if (!o.ignore_eos) r.stop_token_ids = (*model)->config().eos_token_ids;
+      s = engine.Add(std::move(r));
+      if (!s.ok()) s = Error(o.input + ":" + std::to_string(p->line) + ": " + s.message());
+    }
+    if (!s.ok()) {
+      Fail(cmd, s);
+      ++failed;
+    }
+  }
+  while (engine.has_work()) {
+    for (const auto& seq : engine.Step()) {
+      nlohmann::json out = {{"id", seq->id()}, {"token_ids", seq->generated()}};
+      if (tok != nullptr) {
+        auto text = tok->Decode(seq->generated());
+        if (text.ok()) out["text"] = *text;
+      }
+      std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    }
+  }
+  return failed > 0 ? 1 : 0;
+}
+
+}  // namespace
+
+void RegisterGenerate(CLI::App& root) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* app = root.add_subcommand("generate", "Greedy generation for every prompt of a JSONL file");
+  o->model.Register(*app);
+  app->add_option("--input", o->input, "JSONL: {\"id\", \"token_ids\"} or {\"id\", \"prompt\"} per line")->required();
+  app->add_option("--max-tokens", o->max_tokens, "New tokens per request")->check(CLI::NonNegativeNumber);
+  app->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
+  app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");
+  app->callback([o] { ExitCode() = RunGenerate(*o); });
+}
+
+}  // namespace hsx::cli

@@ -1,0 +1,51 @@
+// Published shapes of common targets, for --load-format dummy runs that need no
+// checkpoint. Each is a config.json as the model's hub repository has it, trimmed to
+// the fields hsx reads, and goes through the same parser as a real one.
+#include <map>
+
+#include "model/config.h"
+
+namespace hsx {
+namespace {
+
+const std::map<std::string, const char*>& NamedConfigs() {
+  static const std::map<std::string, const char*> kConfigs = {
+      {"qwen3-0.6b", R"({"architectures": ["Qwen3ForCausalLM"], "dtype": "bfloat16", "hidden_size": 1024,
+        "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "intermediate_size": 3072, "vocab_size": 151936, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000, "max_position_embeddings": 40960, "tie_word_embeddings": true,
+        "eos_token_id": 151645})"},
+      {"qwen3-8b", R"({"architectures": ["Qwen3ForCausalLM"], "dtype": "bfloat16", "hidden_size": 4096,
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "intermediate_size": 12288, "vocab_size": 151936, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000, "max_position_embeddings": 40960, "tie_word_embeddings": false,
+        "eos_token_id": 151645})"},
+      {"llama-3.1-8b", R"({"architectures": ["LlamaForCausalLM"], "dtype": "bfloat16", "hidden_size": 4096,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+        "vocab_size": 128256, "hidden_act": "silu", "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, "tie_word_embeddings": false,
+        "eos_token_id": [128001, 128008, 128009]})"},
+      {"qwen3-30b-a3b", R"({"architectures": ["Qwen3MoeForCausalLM"], "dtype": "bfloat16", "hidden_size": 2048,
+        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+        "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+        "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000, "max_position_embeddings": 40960,
+        "tie_word_embeddings": false, "eos_token_id": 151645})"},
+  };
+  return kConfigs;
+}
+
+}  // namespace
+
+Result<ModelConfig> NamedModelConfig(const std::string& name) {
+  auto it = NamedConfigs().find(name);
+  if (it == NamedConfigs().end()) {
+    std::string known;
+    for (const auto& [k, v] : NamedConfigs()) known += (known.empty() ? "" : ", ") + k;
+    return Error("--model '" + name + "' is neither a model directory nor a named config (" + known + ")");
+  }
+  return ParseModelConfig(it->second, "named config " + name);
+}
+
+}  // namespace hsx

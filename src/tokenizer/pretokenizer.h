@@ -1,0 +1,115 @@
+// Text preparation before the BPE model, as tokenizer.json configures it: the normalizer
+// rewrites text, the pre-tokenizer cuts it into pieces that BPE encodes independently.
+#pragma once
+
+#ifndef PCRE2_CODE_UNIT_WIDTH
+#define PCRE2_CODE_UNIT_WIDTH 8
+#endif
+#include <pcre2.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "util/status.h"
+
+namespace hsx {
+
+struct Span {
+  size_t begin;
+  size_t end;
+};
+
+// A compiled PCRE2 pattern with Unicode semantics (\p{L}, \s, case folding), JIT-compiled when
+// available. Immutable after compilation, so one instance serves concurrent callers.
+class Regex {
+ public:
+  // `literal` matches `pattern` as plain text: tokenizer.json's {"String": ...} patterns.
+  static Result<Regex> Compile(const std::string& pattern, bool literal);
+
+  // Non-overlapping matches from left to right. An empty match right where the previous match
+  // ended is skipped, as HF's Oniguruma find_iter does. `text` must be valid UTF-8.
+  Result<std::vector<Span>> FindAll(std::string_view text) const;
+
+ private:
+  explicit Regex(std::shared_ptr<pcre2_code> code) : code_(std::move(code)) {}
+  std::shared_ptr<pcre2_code> code_;
+};
+
+// GPT-2's byte-level alphabet: every byte as a printable character, so that any text becomes
+// vocabulary symbols with no spaces or control characters in them.
+const std::array<std::string, 256>& ByteLevelCharOfByte();  // UTF-8 of the character
+std::optional<uint8_t> ByteLevelByteOfChar(char32_t c);
+
+// HF's tokenizer.json "normalizer": NFC/NFD/NFKC/NFKD, Replace, Prepend, Sequence or null.
+class TextNormalizer {
+ public:
+  // `where` is the field path used in errors, e.g. "normalizer".
+  static Result<TextNormalizer> FromJson(const nlohmann::json& config, const std::string& where);
+  // `text` must be valid UTF-8; the result is too.
+  Result<std::string> Apply(std::string text) const;
+
+ private:
+  struct UnicodeForm {
+    int utf8proc_options;
+  };
+  struct Replace {
+    Regex pattern;
+    std::string content;
+  };
+  struct Prepend {
+    std::string prefix;
+  };
+  using Step = std::variant<UnicodeForm, Replace, Prepend>;
+  static Status AddSteps(const nlohmann::json& config, const std::string& where,
+                         std::vector<Step>* steps);
+  std::vector<Step> steps_;
+};
+
+// A piece of text that BPE encodes on its own. `starts_text`: it begins where the input text
+// begins, which Metaspace's prepend_scheme "first" asks about.
+struct Piece {
+  std::string text;
+  bool starts_text;
+};
+
+// How a split keeps the matched delimiters (HF's SplitDelimiterBehavior).
+enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+// HF's tokenizer.json "pre_tokenizer": Split, ByteLevel, Metaspace, Sequence or null.
+class PreTokenizer {
+ public:
+  static Result<PreTokenizer> FromJson(const nlohmann::json& config, const std::string& where);
+  // Cuts one normalized, non-empty stretch of text into pieces; none of them is empty.
+  Result<std::vector<Piece>> Apply(std::string text, bool starts_text) const;
+
+ private:
+  struct Split {
+    Regex pattern;
+    SplitBehavior behavior;
+    bool invert;
+  };
+  struct ByteLevel {
+    bool add_prefix_space;
+    std::optional<Regex> gpt2_pattern;  // set when use_regex is true
+  };
+  enum class PrependScheme { kAlways, kFirst, kNever };
+  struct Metaspace {
+    std::string replacement;
+    PrependScheme prepend_scheme;
+    bool split;
+  };
+  using Step = std::variant<Split, ByteLevel, Metaspace>;
+  static Status AddSteps(const nlohmann::json& config, const std::string& where,
+                         std::vector<Step>* steps);
+  static Status ApplyStep(const Step& step, Piece piece, std::vector<Piece>* out);
+  std::vector<Step> steps_;
+};
+
+}  // namespace hsx

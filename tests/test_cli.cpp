@@ -1,0 +1,207 @@
+// The hsx binary end to end: extract writes files that read back as the goldens,
+// resumes from its manifest, and turns every kind of bad input into a one-line error
+// that names the line, while the good requests still finish.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace hsx {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CommandResult {
+  int exit_code;
+  std::string out, err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/hsx-cli-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  CommandResult Hsx(const std::string& args) {
+    const std::string out = dir_ + "/stdout", err = dir_ + "/stderr";
+    const int status = std::system((std::string(HSX_BINARY) + " " + args + " >" + out + " 2>" + err).c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, Slurp(out), Slurp(err)};
+  }
+
+  std::string WriteLines(const std::string& name, const std::vector<std::string>& lines) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream f(path);
+    for (const auto& l : lines) f << l << "\n";
+    return path;
+  }
+
+  std::string GoldenPrompts(const SafetensorsFile& golden) {
+    std::vector<std::string> lines;
+    for (int k = 0; k < 3; ++k) {
+      lines.push_back(nlohmann::json{{"id", "p" + std::to_string(k)},
+                                     {"token_ids", test::AsIds(golden.Get("prompt_" + std::to_string(k)).value())}}
+                          .dump());
+    }
+    return WriteLines("prompts.jsonl", lines);
+  }
+
+  std::string dir_;
+};
+
+TEST_F(CliTest, ExtractRoundTripMatchesGoldenForEveryModel) {
+  for (const std::string& name : test::FixtureModels()) {
+    SCOPED_TRACE(name);
+    SafetensorsFile golden = test::Golden(test::ModelDir(name) + "/golden.safetensors");
+    const int64_t layers_total = golden.Get("hidden_0")->size(1), h = golden.Get("hidden_0")->size(2);
+    const int n = static_cast<int>(layers_total) - 1;
+    const std::vector<int> layers = {0, 2, n};
+    const std::string out = dir_ + "/out-" + name;
+    CommandResult r = Hsx("extract --model " + test::ModelDir(name) + " --layers " + std::to_string(n) + ",0,2 --input " +
+                          GoldenPrompts(golden) + " --output " + out + " --dtype float32 --max-num-batched-tokens 64");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (int k = 0; k < 3; ++k) {
+      auto file = SafetensorsFile::Open(out + "/p" + std::to_string(k) + ".safetensors");
+      ASSERT_TRUE(file.ok()) << file.status().message();
+      const Tensor hs = file->Get("hidden_states").value(), ids = file->Get("token_ids").value();
+      const Tensor gold = golden.Get("hidden_" + std::to_string(k)).value();
+      const int64_t t = gold.size(0);
+      ASSERT_EQ(hs.shape(), (Shape{t, 3, h}));
+      EXPECT_EQ(hs.dtype(), DType::kF32);
+      EXPECT_EQ(ids.dtype(), DType::kI64);
+      EXPECT_EQ(test::AsIds(ids), test::AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
+      std::vector<float> mine = test::AsFloats(hs), ref;
+      const std::vector<float> all = test::AsFloats(gold);
+      for (int64_t i = 0; i < t; ++i)
+        for (int l : layers) ref.insert(ref.end(), all.begin() + (i * layers_total + l) * h, all.begin() + (i * layers_total + l + 1) * h);
+      EXPECT_LE(test::RelativeMaxError(mine, ref), 1e-4) << "prompt " << k;
+    }
+    // The manifest lists each file once, with its absolute path and token count.
+    std::ifstream manifest(out + "/manifest.jsonl");
+    std::string line;
+    int lines = 0;
+    while (std::getline(manifest, line)) {
+      const auto j = nlohmann::json::parse(line);
+      EXPECT_TRUE(fs::path(j["path"].get<std::string>()).is_absolute());
+      EXPECT_TRUE(fs::exists(j["path"].get<std::string>()));
+      ++lines;
+    }
+    EXPECT_EQ(lines, 3);
+  }
+}
+
+TEST_F(CliTest, ExtractDefaultsToCheckpointDtypeAndResumes) {
+  SafetensorsFile golden = test::Golden(test::ModelDir("llama") + "/golden.safetensors");
+  const std::string prompts = GoldenPrompts(golden), out = dir_ + "/out";
+  const std::string args = "extract --model " + test::ModelDir("llama") + " --layers 1,4 --input " + prompts + " --output " + out;
+  CommandResult first = Hsx(args);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  auto file = SafetensorsFile::Open(out + "/p2.safetensors");
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(file->Get("hidden_states")->dtype(), DType::kBF16);
+  // bf16 storage of f32 states: relative error within bf16 rounding.
+  const std::vector<float> all = test::AsFloats(golden.Get("hidden_2").value());
+  std::vector<float> ref;
+  for (int64_t i = 0; i < 130; ++i)
+    for (int l : {1, 4}) ref.insert(ref.end(), all.begin() + (i * 5 + l) * 64, all.begin() + (i * 5 + l + 1) * 64);
+  EXPECT_LE(test::RelativeMaxError(test::AsFloats(file->Get("hidden_states").value()), ref), 8e-3);
+
+  const auto mtime = fs::last_write_time(out + "/p2.safetensors");
+  CommandResult second = Hsx(args);
+  EXPECT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.err.find("wrote 0 files"), std::string::npos) << second.err;
+  EXPECT_NE(second.err.find("skipped 3 already in the manifest"), std::string::npos) << second.err;
+  EXPECT_EQ(fs::last_write_time(out + "/p2.safetensors"), mtime);
+}
+
+TEST_F(CliTest, BadLinesFailAloneWithLineNumbers) {
+  const std::string prompts = WriteLines(
+      "bad.jsonl", {R"({"id": "good", "token_ids": [1, 2, 3, 4]})", R"({bad json)", R"([1, 2])", R"({"token_ids": [1]})",
+                    R"({"id": "oov", "token_ids": [1, 512]})", R"({"id": "empty", "token_ids": []})",
+                    R"({"id": "neither"})", R"({"id": "types", "token_ids": ["a"]})", R"({"id": "good", "token_ids": [5]})",
+                    R"({"id": "../escape", "token_ids": [5]})", R"({"id": "a/b", "token_ids": [5]})",
+                    R"({"id": "text", "prompt": "no tokenizer here"})", "", R"({"id": 7, "token_ids": [9, 9]})"});
+  const std::string out = dir_ + "/out";
+  CommandResult r = Hsx("extract --model " + test::ModelDir("qwen3") + " --layers 0,4 --input " + prompts + " --output " + out);
+  EXPECT_EQ(r.exit_code, 1);
+  for (const char* expected : {"bad.jsonl:2: malformed JSON", "bad.jsonl:3: expected a JSON object",
+                               "bad.jsonl:4: missing field 'id'",
+                               "bad.jsonl:5: request 'oov': token id 512 at position 1 is outside the vocabulary [0, 512)",
+                               "bad.jsonl:6: request 'empty': empty prompt", "bad.jsonl:7: expected field 'token_ids'",
+                               "bad.jsonl:8: field 'token_ids' must be a list of integers",
+                               "bad.jsonl:9: duplicate id 'good' (first on line 1)", "bad.jsonl:10: request id '../escape'",
+                               "bad.jsonl:11: request id 'a/b' contains '/'", "bad.jsonl:12: has 'prompt' text but the model has no tokenizer.json",
+                               "wrote 2 files", "11 failed"}) {
+    EXPECT_NE(r.err.find(expected), std::string::npos) << "missing: " << expected << "\nstderr:\n" << r.err;
+  }
+  // Only the good requests' files and the manifest: no temp or partial files.
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(out)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"good.safetensors", "7.safetensors", "manifest.jsonl"}));
+  EXPECT_FALSE(fs::exists(dir_ + "/escape.safetensors"));
+}
+
+TEST_F(CliTest, BadLayersAndOutputFailBeforeAnyWork) {
+  const std::string prompts = WriteLines("p.jsonl", {R"({"id": "a", "token_ids": [1, 2]})"});
+  const std::string model = " --model " + test::ModelDir("qwen3") + " --input " + prompts;
+  struct Case { std::string args, expected; };
+  const std::string file_in_the_way = WriteLines("a-file", {"x"});
+  for (const Case& c : std::vector<Case>{
+           {"--layers 0,5 --output " + dir_ + "/o1", "--layers: layer id 5 is out of range [0, 4] for this 4-layer model"},
+           {"--layers 2,2 --output " + dir_ + "/o2", "--layers: layer id 2 is given twice"},
+           {"--layers 1,x --output " + dir_ + "/o3", "--layers: 'x' is not an integer"},
+           {"--layers -1 --output " + dir_ + "/o4", "out of range"},
+           {"--layers 1 --output " + file_in_the_way + "/sub", "cannot create directory"},
+           {"--layers 1 --output " + dir_ + "/o5 --dtype int8", "--dtype: 'int8' is not one of"},
+       }) {
+    CommandResult r = Hsx("extract" + model + " " + c.args);
+    EXPECT_EQ(r.exit_code, 1) << c.args;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/o1"));
+  CommandResult missing_input = Hsx("extract --model " + test::ModelDir("qwen3") + " --layers 1 --input " + dir_ +
+                                    "/nope.jsonl --output " + dir_ + "/o6");
+  EXPECT_EQ(missing_input.exit_code, 1);
+  EXPECT_NE(missing_input.err.find("nope.jsonl: cannot open input"), std::string::npos) << missing_input.err;
+}
+
+TEST_F(CliTest, GenerateMatchesGoldenGreedy) {
+  SafetensorsFile golden = test::Golden(test::ModelDir("gemma3") + "/golden.safetensors");
+  CommandResult r = Hsx("generate --model " + test::ModelDir("gemma3") + " --input " + GoldenPrompts(golden) +
+                        " --max-tokens 8 --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::stringstream lines(r.out);
+  std::string line;
+  int seen = 0;
+  while (std::getline(lines, line)) {
+    const auto j = nlohmann::json::parse(line);
+    const std::string id = j["id"].get<std::string>();
+    EXPECT_EQ(j["token_ids"].get<std::vector<int32_t>>(), test::AsIds(golden.Get("greedy_" + id.substr(1)).value())) << id;
+    ++seen;
+  }
+  EXPECT_EQ(seen, 3);
+}
+
+TEST_F(CliTest, InspectDescribesLayersAndRejectsUnknownModels) {
+  CommandResult r = Hsx("inspect --model " + test::ModelDir("gemma4_kvshare"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Gemma4ForCausalLM"), std::string::npos);
+  EXPECT_NE(r.out.find("7 full     head_dim 32   kv_heads 1   k=v kv-shared-from 5"), std::string::npos) << r.out;
+  CommandResult bad = Hsx("inspect --model no-such-model --load-format dummy");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("neither a model directory nor a named config"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace hsx
