@@ -1,0 +1,164 @@
+// Broken checkpoints: each gives one error naming the file and the field or tensor,
+// and what was expected.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/model.h"
+#include "test_util.h"
+
+namespace hsx {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CheckpointErrorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/hsx-ckpt-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    Reset();
+  }
+  // A fresh, writable copy of the qwen3 fixture checkpoint.
+  void Reset() {
+    for (const char* name : {"config.json", "model.safetensors"}) {
+      fs::copy_file(test::ModelDir("qwen3") + "/" + name, dir_ + "/" + name, fs::copy_options::overwrite_existing);
+      fs::permissions(dir_ + "/" + name, fs::perms::owner_write, fs::perm_options::add);
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string LoadError() {
+    CpuBackend backend;
+    auto model = Model::Load(dir_, backend);
+    EXPECT_FALSE(model.ok());
+    return model.ok() ? "" : model.status().message();
+  }
+
+  void EditConfig(const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(dir_ + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    edit(j);
+    std::ofstream(dir_ + "/config.json") << j.dump();
+  }
+
+  // Rewrites model.safetensors with an edited header and the original data.
+  void EditHeader(const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(dir_ + "/model.safetensors", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    uint64_t len;
+    std::memcpy(&len, bytes.data(), 8);
+    nlohmann::json header = nlohmann::json::parse(bytes.substr(8, len));
+    edit(header);
+    std::string text = header.dump();
+    const uint64_t new_len = text.size();
+    std::string out(8, '\0');
+    std::memcpy(out.data(), &new_len, 8);
+    std::ofstream(dir_ + "/model.safetensors", std::ios::binary) << out << text << bytes.substr(8 + len);
+  }
+
+  std::string dir_;
+};
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE((haystack).find(needle), std::string::npos) << "expected '" << (needle) << "' in: " << (haystack)
+
+TEST_F(CheckpointErrorTest, UnsupportedArchitecture) {
+  EditConfig([](auto& j) { j["architectures"] = {"MambaForCausalLM"}; });
+  const std::string e = LoadError();
+  EXPECT_CONTAINS(e, "config.json: field 'architectures': unsupported architecture 'MambaForCausalLM'");
+}
+
+TEST_F(CheckpointErrorTest, MissingAndIllTypedConfigFields) {
+  EditConfig([](auto& j) { j.erase("hidden_size"); });
+  EXPECT_CONTAINS(LoadError(), "config.json: field 'hidden_size': missing (expected an integer)");
+  EditConfig([](auto& j) { j["hidden_size"] = "64"; });
+  EXPECT_CONTAINS(LoadError(), "config.json: field 'hidden_size': is string, expected an integer");
+  EditConfig([](auto& j) {
+    j["hidden_size"] = 64;
+    j["num_key_value_heads"] = 3;
+  });
+  EXPECT_CONTAINS(LoadError(), "divisible by num_key_value_heads (3)");
+  EditConfig([](auto& j) {
+    j["num_key_value_heads"] = 2;
+    j["rope_parameters"]["rope_type"] = "yarn";
+  });
+  EXPECT_CONTAINS(LoadError(), "rope_parameters: field 'rope_type': unsupported 'yarn'");
+  std::ofstream(dir_ + "/config.json") << "{not json";
+  EXPECT_CONTAINS(LoadError(), "config.json: not a JSON object");
+}
+
+TEST_F(CheckpointErrorTest, TruncatedFile) {
+  fs::resize_file(dir_ + "/model.safetensors", 100000);
+  EXPECT_CONTAINS(LoadError(), "out of range: the data section holds");
+  fs::resize_file(dir_ + "/model.safetensors", 4);
+  EXPECT_CONTAINS(LoadError(), "too small to be a safetensors file");
+}
+
+TEST_F(CheckpointErrorTest, HeaderLengthPastEndOfFile) {
+  std::fstream f(dir_ + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  const uint64_t huge = 1ull << 40;
+  f.write(reinterpret_cast<const char*>(&huge), 8);
+  f.close();
+  EXPECT_CONTAINS(LoadError(), "model.safetensors: header length 1099511627776 runs past the end of the file");
+}
+
+TEST_F(CheckpointErrorTest, OffsetsOutOfRangeOrOverlapping) {
+  EditHeader([](auto& h) { h["model.norm.weight"]["data_offsets"] = {0, 128}; });
+  EXPECT_CONTAINS(LoadError(), "overlap in the data section");
+  Reset();
+  EditHeader([](auto& h) { h["model.norm.weight"]["data_offsets"] = {1ull << 30, (1ull << 30) + 128}; });
+  EXPECT_CONTAINS(LoadError(), "tensor 'model.norm.weight': data_offsets [1073741824, 1073741952] out of range");
+}
+
+TEST_F(CheckpointErrorTest, DtypeOrShapeDisagreeing) {
+  EditHeader([](auto& h) { h["model.norm.weight"]["shape"] = {32, 2}; });
+  EXPECT_CONTAINS(LoadError(), "tensor 'model.norm.weight' has shape [32, 2], but config.json implies [64]");
+  Reset();
+  EditHeader([](auto& h) { h["model.norm.weight"]["dtype"] = "F32"; });
+  EXPECT_CONTAINS(LoadError(), "tensor 'model.norm.weight': 128 bytes for shape [64] F32 (expected 256)");
+  Reset();
+  EditHeader([](auto& h) { h["model.norm.weight"]["dtype"] = "Q4_K"; });
+  EXPECT_CONTAINS(LoadError(), "unsupported dtype 'Q4_K'");
+  Reset();
+  EditHeader([](auto& h) {
+    h["model.norm.weight"]["dtype"] = "I32";
+    h["model.norm.weight"]["shape"] = {32};
+  });
+  EXPECT_CONTAINS(LoadError(), "'model.norm.weight' has shape [32], but config.json implies [64]");
+}
+
+TEST_F(CheckpointErrorTest, MissingTensorAndMissingFile) {
+  EditHeader([](auto& h) { h.erase("model.layers.3.mlp.up_proj.weight"); });
+  EXPECT_CONTAINS(LoadError(), "missing tensor 'model.layers.3.mlp.up_proj.weight' (expected shape [160, 64])");
+  fs::remove(dir_ + "/model.safetensors");
+  EXPECT_CONTAINS(LoadError(), "no model.safetensors or model.safetensors.index.json");
+}
+
+TEST_F(CheckpointErrorTest, ShardedCheckpointLoadsAndChecksItsIndex) {
+  // A two-shard copy of the fixture loads and gives the same logits as the single file.
+  SafetensorsFile whole = test::Golden(dir_ + "/model.safetensors");
+  std::vector<NamedTensor> a, b;
+  nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+  for (const auto& [name, t] : whole.tensors()) {
+    const bool first = name.find("layers.0.") != std::string::npos || name.find("layers.1.") != std::string::npos;
+    (first ? a : b).push_back({name, t});
+    index["weight_map"][name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  ASSERT_TRUE(WriteSafetensors(dir_ + "/model-00001-of-00002.safetensors", a).ok());
+  ASSERT_TRUE(WriteSafetensors(dir_ + "/model-00002-of-00002.safetensors", b).ok());
+  fs::remove(dir_ + "/model.safetensors");
+  std::ofstream(dir_ + "/model.safetensors.index.json") << index.dump();
+  CpuBackend backend;
+  auto model = Model::Load(dir_, backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  fs::remove(dir_ + "/model-00002-of-00002.safetensors");
+  EXPECT_CONTAINS(LoadError(), "model-00002-of-00002.safetensors: cannot open");
+}
+
+}  // namespace
+}  // namespace hsx
