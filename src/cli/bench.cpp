@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/extract.h"
@@ -41,10 +40,9 @@ double SgemmGflops(int64_t m, int64_t n, int64_t k) {
 }
 
 int RunBench(BenchOptions o) {
-  CpuBackend backend;
-  auto model = LoadModel(o.extract.model, backend);  // for shapes only; extract loads its own
-  if (!model.ok()) return Fail("bench", model.status());
-  const ModelConfig& c = (*model)->config();
+  auto config = LoadConfig(o.extract.model);
+  if (!config.ok()) return Fail("bench", config.status());
+  const ModelConfig& c = *config;
 
   // Lognormal prompt lengths around the median, clipped, fixed seed; random token ids.
   std::mt19937_64 rng(o.seed);
@@ -67,7 +65,6 @@ int RunBench(BenchOptions o) {
       total_tokens += len;
     }
   }
-  model->reset();
 
   const auto t0 = std::chrono::steady_clock::now();
   const int rc = RunExtract(o.extract);
@@ -116,9 +113,7 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--dir", o->extract.output, "Scratch directory (removed afterwards)");
   app->callback([o] {
     if (o->extract.layers.empty()) {
-      CpuBackend backend;
-      auto config = std::filesystem::is_directory(o->extract.model.model) ? LoadModelConfig(o->extract.model.model)
-                                                                           : NamedModelConfig(o->extract.model.model);
+      auto config = LoadConfig(o->extract.model);
       if (!config.ok()) {
         ExitCode() = Fail("bench", config.status());
         return;

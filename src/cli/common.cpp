@@ -14,14 +14,14 @@ void ModelOptions::Register(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
 }
 
+Result<ModelConfig> LoadConfig(const ModelOptions& options) {
+  if (std::filesystem::is_directory(options.model) || options.load_format != "dummy") return LoadModelConfig(options.model);
+  return NamedModelConfig(options.model);
+}
+
 Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend) {
   if (options.load_format != "dummy") return Model::Load(options.model, backend);
-  ModelConfig config;
-  if (std::filesystem::is_directory(options.model)) {
-    HSX_ASSIGN_OR_RETURN(config, LoadModelConfig(options.model));
-  } else {
-    HSX_ASSIGN_OR_RETURN(config, NamedModelConfig(options.model));
-  }
+  HSX_ASSIGN_OR_RETURN(ModelConfig config, LoadConfig(options));
   ModelWeights weights = DummyWeights(config, backend);
   return std::make_unique<Model>(std::move(config), std::move(weights), backend);
 }

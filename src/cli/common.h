@@ -23,6 +23,8 @@ struct ModelOptions {
   void Register(CLI::App& app);
 };
 
+// The config of a model directory, or of a named config when --model names one.
+Result<ModelConfig> LoadConfig(const ModelOptions& options);
 Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend);
 // DIR/tokenizer.json when it exists; nullopt otherwise (and for named configs).
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model);

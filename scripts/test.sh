@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds hsx with warnings as errors, and runs every test, then
+# runs the suite again under AddressSanitizer + UndefinedBehaviorSanitizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+jobs=$(nproc)
+cmake -S . -B build -G Ninja -DHSX_WERROR=ON >/dev/null
+cmake --build build -j "$jobs"
+ctest --test-dir build --output-on-failure -j "$jobs"
+cmake -S . -B build-asan -G Ninja -DHSX_WERROR=ON -DHSX_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build-asan -j "$jobs"
+ctest --test-dir build-asan --output-on-failure -j "$jobs"
