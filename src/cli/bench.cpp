@@ -66,10 +66,9 @@ int RunBench(BenchOptions o) {
     }
   }
 
-  const auto t0 = std::chrono::steady_clock::now();
-  const int rc = RunExtract(o.extract);
-  const double seconds = Seconds(t0);
-  if (rc != 0) return rc;
+  const ExtractResult run = RunExtract(o.extract);
+  if (run.exit_code != 0) return run.exit_code;
+  const double seconds = run.seconds;
 
   // Forward FLOPs per token: 2 per weight used (no LM head when extracting) plus attention
   // (QK^T and PV over on average half the context).

@@ -1,6 +1,7 @@
 // hsx extract: hidden states of chosen layers for every prompt of a JSONL file, one
 // <id>.safetensors per request, a manifest line per file, resumable.
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <filesystem>
 #include <mutex>
@@ -68,25 +69,25 @@ std::unordered_set<std::string> ReadManifest(const std::string& path) {
 
 }  // namespace
 
-int RunExtract(const ExtractOptions& o) {
+ExtractResult RunExtract(const ExtractOptions& o) {
   const char* cmd = "extract";
   CpuBackend backend;
   auto model = LoadModel(o.model, backend);
-  if (!model.ok()) return Fail(cmd, model.status());
+  if (!model.ok()) return {Fail(cmd, model.status())};
   const ModelConfig& config = (*model)->config();
   auto layers = ParseLayerIds(o.layers, config.num_layers);
-  if (!layers.ok()) return Fail(cmd, layers.status());
+  if (!layers.ok()) return {Fail(cmd, layers.status())};
   DType dtype = config.dtype;
   if (!o.dtype.empty()) {
     auto parsed = ParseFloatDTypeName(o.dtype);
-    if (!parsed) return Fail(cmd, Error("--dtype: '" + o.dtype + "' is not one of float32, bfloat16, float16"));
+    if (!parsed) return {Fail(cmd, Error("--dtype: '" + o.dtype + "' is not one of float32, bfloat16, float16"))};
     dtype = *parsed;
   }
   auto tokenizer = LoadTokenizerIfPresent(o.model.model);
-  if (!tokenizer.ok()) return Fail(cmd, tokenizer.status());
+  if (!tokenizer.ok()) return {Fail(cmd, tokenizer.status())};
   auto reader = PromptReader::Open(o.input, tokenizer->has_value() ? &**tokenizer : nullptr);
-  if (!reader.ok()) return Fail(cmd, reader.status());
-  if (Status s = PrepareOutputDir(o.output); !s.ok()) return Fail(cmd, s);
+  if (!reader.ok()) return {Fail(cmd, reader.status())};
+  if (Status s = PrepareOutputDir(o.output); !s.ok()) return {Fail(cmd, s)};
   // Absolute paths in the manifest, as vLLM reports them, so readers need not know our cwd.
   const std::string out_dir = std::filesystem::absolute(o.output).lexically_normal().string();
   const std::string manifest = out_dir + "/manifest.jsonl";
@@ -99,6 +100,7 @@ int RunExtract(const ExtractOptions& o) {
   ec.capture_dtype = dtype;
   Engine engine(**model, ec);
 
+  const auto start = std::chrono::steady_clock::now();
   std::atomic<int64_t> written{0}, failed{0}, tokens_done{0};
   std::mutex out_mu;
   auto report = [&](const Status& s) {
@@ -155,7 +157,8 @@ int RunExtract(const ExtractOptions& o) {
   if (!o.quiet) std::fprintf(stderr, "hsx extract: wrote %ld files to %s, skipped %ld already in the manifest, %ld failed\n",
                static_cast<long>(written.load()), o.output.c_str(), static_cast<long>(skipped),
                static_cast<long>(failed.load()));
-  return failed > 0 ? 1 : 0;
+  return {failed > 0 ? 1 : 0, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+          written.load(), tokens_done.load()};
 }
 
 void RegisterExtract(CLI::App& root) {
@@ -171,7 +174,7 @@ void RegisterExtract(CLI::App& root) {
   app->add_option("--max-num-seqs", o->max_num_seqs, "Sequences per step at most");
   app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");
   app->add_option("--writer-threads", o->writer_threads, "File writer threads");
-  app->callback([o] { ExitCode() = RunExtract(*o); });
+  app->callback([o] { ExitCode() = RunExtract(*o).exit_code; });
 }
 
 }  // namespace hsx::cli

@@ -17,6 +17,12 @@ struct ExtractOptions {
   bool quiet = false;  // no per-file lines on stdout, no summary
 };
 
-int RunExtract(const ExtractOptions& options);
+struct ExtractResult {
+  int exit_code = 0;
+  double seconds = 0;  // from the first request queued to the last file written (no model loading)
+  int64_t files = 0, tokens = 0;
+};
+
+ExtractResult RunExtract(const ExtractOptions& options);
 
 }  // namespace hsx::cli
