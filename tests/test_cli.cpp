@@ -193,6 +193,28 @@ TEST_F(CliTest, GenerateMatchesGoldenGreedy) {
   EXPECT_EQ(seen, 3);
 }
 
+TEST_F(CliTest, TokenizeMatchesGoldenIdsAndReportsBadLines) {
+  std::ifstream in(test::DataPath("tokenizers/bpe_llama3/golden_public.json"));
+  const auto golden = nlohmann::json::parse(in);
+  std::vector<std::string> lines;
+  for (const auto& c : golden["cases"]) lines.push_back(nlohmann::json{{"text", c["text"]}}.dump());
+  lines.push_back("{\"txt\": 1}");
+  CommandResult r = Hsx("tokenize --tokenizer " + test::DataPath("tokenizers/bpe_llama3/tokenizer.json") + " --input " +
+                        WriteLines("texts.jsonl", lines));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("texts.jsonl:" + std::to_string(lines.size()) + ": expected a string field 'text'"), std::string::npos)
+      << r.err;
+  std::stringstream out(r.out);
+  std::string line;
+  size_t i = 0;
+  while (std::getline(out, line)) {
+    ASSERT_LT(i, golden["cases"].size());
+    EXPECT_EQ(nlohmann::json::parse(line)["ids"], golden["cases"][i]["ids"]) << golden["cases"][i]["text"];
+    ++i;
+  }
+  EXPECT_EQ(i, golden["cases"].size());
+}
+
 TEST_F(CliTest, InspectDescribesLayersAndRejectsUnknownModels) {
   CommandResult r = Hsx("inspect --model " + test::ModelDir("gemma4_kvshare"));
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -195,56 +195,66 @@ void CpuBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, 
   }
 }
 
+// Per (sequence, KV head): gather its keys and values out of the paged cache once, then
+// for each query head and block of queries, S = Q K^T and O = softmax(S) V through sgemm
+// over just the key range the block can see (causal, sliding window).
 void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                            const std::vector<SequenceSlice>& seqs, const AttentionParams& params, Tensor& out) {
   const int64_t num_heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = k_cache.size(1), dv = v_cache.size(2);
-  const int64_t group = num_heads / kv_heads;
-  struct Task { int32_t seq, head, begin, end; };
-  constexpr int32_t kQueriesPerTask = 16;
-  std::vector<Task> tasks;
-  for (int32_t s = 0; s < static_cast<int32_t>(seqs.size()); ++s)
-    for (int32_t h = 0; h < num_heads; ++h)
-      for (int32_t i = 0; i < seqs[s].q_len; i += kQueriesPerTask)
-        tasks.push_back({s, h, i, std::min(seqs[s].q_len, i + kQueriesPerTask)});
-
-  Pool().ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t b, int64_t e) {
-    std::vector<float> scores;
-    for (int64_t ti = b; ti < e; ++ti) {
-      const Task& task = tasks[ti];
-      const SequenceSlice& seq = seqs[task.seq];
-      const int64_t kvh = task.head / group;
-      auto slot = [&](int64_t p) {
-        return static_cast<int64_t>(seq.block_table[p / params.block_size]) * params.block_size + p % params.block_size;
-      };
-      for (int32_t i = task.begin; i < task.end; ++i) {
-        const int64_t row = seq.q_start + i;
-        const int64_t pos = seq.ctx_len - seq.q_len + i;
-        const int64_t lo = params.sliding_window > 0 ? std::max<int64_t>(0, pos - params.sliding_window + 1) : 0;
-        const float* qv = q.data<float>() + (row * num_heads + task.head) * d;
-        scores.resize(static_cast<size_t>(pos - lo + 1));
-        float max_score = -INFINITY;
-        for (int64_t j = lo; j <= pos; ++j) {
-          const float* kv = k_cache.data<float>() + (slot(j) * kv_heads + kvh) * d;
-          float dot = 0.0f;
-          for (int64_t c = 0; c < d; ++c) dot += qv[c] * kv[c];
-          float s = dot * params.scale;
-          if (params.softcap > 0.0f) s = params.softcap * std::tanh(s / params.softcap);
-          scores[j - lo] = s;
-          max_score = std::max(max_score, s);
+  const int64_t group = num_heads / kv_heads, window = params.sliding_window;
+  constexpr int64_t kQueryBlock = 256;
+  std::vector<float> keys, values, scores;
+  for (const SequenceSlice& seq : seqs) {
+    const int64_t ctx = seq.ctx_len, first_pos = seq.ctx_len - seq.q_len;
+    const int64_t key_lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+    const int64_t n_keys = ctx - key_lo;
+    keys.resize(static_cast<size_t>(n_keys * d));
+    values.resize(static_cast<size_t>(n_keys * dv));
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      Pool().ParallelFor(n_keys, [&](int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j) {
+          const int64_t p = key_lo + j;
+          const int64_t slot = static_cast<int64_t>(seq.block_table[p / params.block_size]) * params.block_size + p % params.block_size;
+          std::memcpy(&keys[j * d], k_cache.data<float>() + (slot * kv_heads + g) * d, d * 4);
+          std::memcpy(&values[j * dv], v_cache.data<float>() + (slot * kv_heads + g) * dv, dv * 4);
         }
-        float sum = 0.0f;
-        for (float& s : scores) sum += (s = std::exp(s - max_score));
-        float* o = out.data<float>() + (row * num_heads + task.head) * dv;
-        std::fill(o, o + dv, 0.0f);
-        for (int64_t j = lo; j <= pos; ++j) {
-          const float p = scores[j - lo] / sum;
-          const float* vv = v_cache.data<float>() + (slot(j) * kv_heads + kvh) * dv;
-          for (int64_t c = 0; c < dv; ++c) o[c] += p * vv[c];
+      });
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        for (int64_t i0 = 0; i0 < seq.q_len; i0 += kQueryBlock) {
+          const int64_t rows = std::min<int64_t>(kQueryBlock, seq.q_len - i0);
+          const int64_t pos0 = first_pos + i0;
+          const int64_t lo = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0;
+          const int64_t hi = pos0 + rows;  // keys [lo, hi) cover the whole block
+          const int64_t n = hi - lo;
+          scores.resize(static_cast<size_t>(rows * n));
+          const float* qp = q.data<float>() + ((seq.q_start + i0) * num_heads + h) * d;
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, d, params.scale, qp, num_heads * d,
+                      &keys[(lo - key_lo) * d], d, 0.0f, scores.data(), n);
+          Pool().ParallelFor(rows, [&](int64_t b, int64_t e) {
+            for (int64_t r = b; r < e; ++r) {
+              float* row = &scores[r * n];
+              const int64_t pos = pos0 + r;
+              const int64_t first = (window > 0 ? std::max<int64_t>(lo, pos - window + 1) : lo) - lo;
+              const int64_t last = pos - lo;  // inclusive
+              float mx = -INFINITY;
+              for (int64_t j = first; j <= last; ++j) {
+                if (params.softcap > 0.0f) row[j] = params.softcap * std::tanh(row[j] / params.softcap);
+                mx = std::max(mx, row[j]);
+              }
+              float sum = 0.0f;
+              for (int64_t j = first; j <= last; ++j) sum += (row[j] = std::exp(row[j] - mx));
+              const float inv = 1.0f / sum;
+              for (int64_t j = 0; j < n; ++j) row[j] = (j >= first && j <= last) ? row[j] * inv : 0.0f;
+            }
+          });
+          float* op = out.data<float>() + ((seq.q_start + i0) * num_heads + h) * dv;
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, dv, n, 1.0f, scores.data(), n,
+                      &values[(lo - key_lo) * dv], dv, 0.0f, op, num_heads * dv);
         }
       }
     }
-  });
+  }
 }
 
 void CpuBackend::GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) {
