@@ -46,7 +46,7 @@ Status Engine::Add(Request request) {
     return Error(who + ": " + std::to_string(total) + " tokens do not fit the KV cache (" +
                  std::to_string(blocks_.num_blocks() * config_.block_size) + " token slots)");
   }
-  auto seq = std::make_unique<Sequence>(std::move(request), arrivals_++);
+  auto seq = std::make_unique<Sequence>(std::move(request));
   if (seq->request().capture && !config_.capture_layers.empty()) {
     const int64_t layers = static_cast<int64_t>(config_.capture_layers.size());
     seq->hidden_states = Tensor::Host(config_.capture_dtype, {seq->prompt_len(), layers, model_.config().hidden_size});

@@ -53,7 +53,6 @@ class Engine {
   BlockManager blocks_;
   Scheduler scheduler_;
   EngineStats stats_;
-  uint64_t arrivals_ = 0;
 };
 
 }  // namespace hsx

@@ -20,7 +20,7 @@ struct Request {
 
 class Sequence {
  public:
-  Sequence(Request request, uint64_t arrival) : request_(std::move(request)), tokens_(request_.prompt), arrival_(arrival) {}
+  explicit Sequence(Request request) : request_(std::move(request)), tokens_(request_.prompt) {}
 
   const std::string& id() const { return request_.id; }
   const Request& request() const { return request_; }
@@ -29,7 +29,6 @@ class Sequence {
   int prompt_len() const { return static_cast<int>(request_.prompt.size()); }
   int num_generated() const { return num_tokens() - prompt_len(); }
   std::vector<int32_t> generated() const { return {tokens_.begin() + prompt_len(), tokens_.end()}; }
-  uint64_t arrival() const { return arrival_; }
 
   // Tokens whose KV is in the cache; the rest are computed by coming steps.
   int num_computed = 0;
@@ -44,7 +43,6 @@ class Sequence {
  private:
   Request request_;
   std::vector<int32_t> tokens_;
-  uint64_t arrival_;
   bool stopped_ = false;
 };
 
