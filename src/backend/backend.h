@@ -23,6 +23,15 @@ struct SequenceSlice {
   std::vector<int32_t> block_table;
 };
 
+// A packed batch's sequences for attention: the host copy for the CPU backend, and the
+// same on the device (built once per forward by MakeAttentionBatch).
+struct AttentionBatch {
+  std::vector<SequenceSlice> seqs;
+  Tensor seq_info;      // int32 [S, 4] on the device: q_start, q_len, ctx_len, offset into block_tables
+  Tensor block_tables;  // int32, every sequence's block table, concatenated
+  int32_t max_q_len = 0;
+};
+
 struct AttentionParams {
   float scale = 1.0f;
   int32_t sliding_window = 0;  // 0: full causal; w: query at p sees keys in (p - w, p]
@@ -52,6 +61,10 @@ class Backend {
   // Memory.
   virtual Tensor Empty(DType dtype, Shape shape) = 0;
   virtual Tensor Upload(const Tensor& host) = 0;
+  // A checkpoint weight: the CPU keeps its dtype; a bf16 device converts f32/f16 to bf16.
+  virtual Tensor UploadWeight(const Tensor& host) { return Upload(host); }
+  // Fills a float tensor with uniform values in [lo, hi) from a seed (dummy weights).
+  virtual void FillUniform(Tensor& t, uint64_t seed, float lo, float hi) = 0;
   virtual Tensor Download(const Tensor& t) = 0;  // to host, same dtype
   virtual void Copy(const Tensor& src, Tensor& dst) = 0;  // same shape and dtype
   virtual void Synchronize() {}
@@ -71,7 +84,7 @@ class Backend {
   virtual void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) = 0;  // x [T, heads, D]
   virtual void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) = 0;
   virtual void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                         const std::vector<SequenceSlice>& seqs, const AttentionParams& params, Tensor& out) = 0;
+                         const AttentionBatch& batch, const AttentionParams& params, Tensor& out) = 0;
   virtual void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) = 0;
   // out [T, w] = x[:, begin : begin + w] for x [T, C].
   virtual void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) = 0;
@@ -79,5 +92,7 @@ class Backend {
   virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
                       bool renormalize, Activation act, Tensor& out) = 0;
 };
+
+AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> seqs);
 
 }  // namespace hsx

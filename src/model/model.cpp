@@ -69,6 +69,22 @@ Tensor HostInts(const std::vector<int32_t>& v) {
 
 }  // namespace
 
+AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> seqs) {
+  AttentionBatch batch;
+  std::vector<int32_t> info, tables;
+  for (const SequenceSlice& s : seqs) {
+    info.insert(info.end(), {s.q_start, s.q_len, s.ctx_len, static_cast<int32_t>(tables.size())});
+    tables.insert(tables.end(), s.block_table.begin(), s.block_table.end());
+    batch.max_q_len = std::max(batch.max_q_len, s.q_len);
+  }
+  if (backend.device() != Device::kCPU) {  // the CPU reads the host copy
+    batch.seq_info = backend.Upload(HostInts(info).View({static_cast<int64_t>(seqs.size()), 4}));
+    batch.block_tables = backend.Upload(HostInts(tables));
+  }
+  batch.seqs = std::move(seqs);
+  return batch;
+}
+
 // Gemma 4: a per-layer input for every token and layer, [T, L * P], from a second
 // embedding table plus a projection of the main embedding.
 Tensor Model::PerLayerInputs(const Tensor& ids, const Tensor& embeds) {
@@ -87,7 +103,7 @@ Tensor Model::PerLayerInputs(const Tensor& ids, const Tensor& embeds) {
 }
 
 void Model::AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const Tensor& slots,
-                           const ForwardBatch& batch, KVCache& cache, Tensor& out) {
+                           const AttentionBatch& batch, KVCache& cache, Tensor& out) {
   const LayerSpec& spec = config_.layers[layer];
   const LayerWeights& w = weights_.layers[layer];
   const int64_t t = x.size(0), hd = spec.head_dim, nh = config_.num_heads, kvh = spec.num_kv_heads;
@@ -121,7 +137,7 @@ void Model::AttentionBlock(int layer, const Tensor& x, const Tensor& positions, 
   params.softcap = config_.attn_softcap;
   params.block_size = cache.block_size();
   Tensor attn = backend_.Empty(dt, {t, nh, hd});
-  backend_.Attention(q, cache.k(layer), cache.v(layer), batch.seqs, params, attn);
+  backend_.Attention(q, cache.k(layer), cache.v(layer), batch, params, attn);
   backend_.Linear(attn.View({t, nh * hd}), w.o_proj, nullptr, out);
 }
 
@@ -152,6 +168,7 @@ ForwardOutput Model::Forward(const ForwardBatch& batch, KVCache& cache, const st
   const Tensor ids = backend_.Upload(HostInts(batch.token_ids));
   const Tensor positions = backend_.Upload(HostInts(batch.positions));
   const Tensor slots = backend_.Upload(HostInts(batch.slot_mapping));
+  const AttentionBatch attention_batch = MakeAttentionBatch(backend_, batch.seqs);
 
   ForwardOutput result;
   result.captured = backend_.Empty(dt, {static_cast<int64_t>(capture_layers.size()), t, h});
@@ -175,7 +192,7 @@ ForwardOutput Model::Forward(const ForwardBatch& batch, KVCache& cache, const st
     capture(i, x);
     const LayerWeights& w = weights_.layers[i];
     backend_.RmsNorm(x, &w.input_norm, eps, one_plus, normed);
-    AttentionBlock(i, normed, positions, slots, batch, cache, branch);
+    AttentionBlock(i, normed, positions, slots, attention_batch, cache, branch);
     if (config_.sandwich_norms) {
       backend_.RmsNorm(branch, &w.post_attention_norm, eps, one_plus, branch);
       backend_.Add(x, branch);

@@ -43,7 +43,7 @@ class Model {
  private:
   Tensor PerLayerInputs(const Tensor& ids, const Tensor& embeds);
   void AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const Tensor& slots,
-                      const ForwardBatch& batch, KVCache& cache, Tensor& out);
+                      const AttentionBatch& batch, KVCache& cache, Tensor& out);
   void MlpBlock(int layer, const Tensor& x, Tensor& out);
 
   ModelConfig config_;

@@ -6,9 +6,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <random>
 
-#include "util/thread_pool.h"
 
 namespace hsx {
 namespace {
@@ -152,7 +150,7 @@ Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig
       return Error(it->second.second + ": tensor '" + slot.name + "' has dtype " + std::string(DTypeName(t.dtype())) +
                    ", expected a float type (BF16, F16 or F32)");
     }
-    *slot.dst = backend.Upload(t);
+    *slot.dst = backend.UploadWeight(t);
   }
   FinishTied(config, w);
   return w;
@@ -162,24 +160,12 @@ ModelWeights DummyWeights(const ModelConfig& config, Backend& backend, uint64_t 
   ModelWeights w;
   uint64_t index = 0;
   for (const Slot& slot : Schema(config, w, "model.")) {
-    Tensor host = Tensor::Host(config.dtype, slot.shape);
-    const int64_t n = host.numel();
-    const float scale = slot.init == Init::kMatrix ? 1.0f / std::sqrt(static_cast<float>(slot.shape.back())) : 0.05f;
+    // Uniform with std 1/sqrt(fan_in) for matrices; norms near 1 (or near 0 for 1+w norms).
+    const float half_width = 1.7320508f * (slot.init == Init::kMatrix ? 1.0f / std::sqrt(static_cast<float>(slot.shape.back())) : 0.05f);
     const float base = slot.init == Init::kNorm && !config.norm_one_plus_weight ? 1.0f : 0.0f;
-    const uint64_t tensor_seed = seed * 1000003u + index++;
-    // Uniform with the target std; chunks use independent streams so threads agree with one thread.
-    constexpr int64_t kChunk = 1 << 16;
-    ThreadPool::Global().ParallelFor((n + kChunk - 1) / kChunk, [&](int64_t b, int64_t e) {
-      std::vector<float> buf(kChunk);
-      for (int64_t chunk = b; chunk < e; ++chunk) {
-        std::mt19937_64 rng(tensor_seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(chunk));
-        std::uniform_real_distribution<float> uni(-1.7320508f * scale, 1.7320508f * scale);
-        const int64_t begin = chunk * kChunk, count = std::min(kChunk, n - begin);
-        for (int64_t i = 0; i < count; ++i) buf[i] = base + uni(rng);
-        ConvertFromF32(buf.data(), config.dtype, host.data<char>() + begin * DTypeSize(config.dtype), static_cast<size_t>(count));
-      }
-    });
-    *slot.dst = backend.Upload(host);
+    Tensor t = backend.Empty(backend.device() == Device::kCPU ? config.dtype : backend.compute_dtype(), slot.shape);
+    backend.FillUniform(t, seed * 1000003u + index++, base - half_width, base + half_width);
+    *slot.dst = t;
   }
   FinishTied(config, w);
   return w;

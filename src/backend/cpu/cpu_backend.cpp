@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "util/thread_pool.h"
@@ -48,6 +49,23 @@ void ForEach(int64_t n, F&& f, int64_t cost = 1) {
 void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
   assert(src.nbytes() == dst.nbytes());
   std::memcpy(dst.raw(), src.raw(), src.nbytes());
+}
+
+void CpuBackend::FillUniform(Tensor& t, uint64_t seed, float lo, float hi) {
+  // Chunks draw from independent streams, so the result does not depend on the thread count.
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t n = t.numel();
+  const size_t esize = DTypeSize(t.dtype());
+  Pool().ParallelFor((n + kChunk - 1) / kChunk, [&](int64_t b, int64_t e) {
+    std::vector<float> buf(kChunk);
+    for (int64_t chunk = b; chunk < e; ++chunk) {
+      std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(chunk));
+      std::uniform_real_distribution<float> uni(lo, hi);
+      const int64_t begin = chunk * kChunk, count = std::min(kChunk, n - begin);
+      for (int64_t i = 0; i < count; ++i) buf[i] = uni(rng);
+      ConvertFromF32(buf.data(), t.dtype(), t.data<char>() + begin * esize, static_cast<size_t>(count));
+    }
+  });
 }
 
 void CpuBackend::Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) {
@@ -198,8 +216,9 @@ void CpuBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, 
 // Per (sequence, KV head): gather its keys and values out of the paged cache once, then
 // for each query head and block of queries, S = Q K^T and O = softmax(S) V through sgemm
 // over just the key range the block can see (causal, sliding window).
-void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                           const std::vector<SequenceSlice>& seqs, const AttentionParams& params, Tensor& out) {
+void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
+                           const AttentionParams& params, Tensor& out) {
+  const std::vector<SequenceSlice>& seqs = batch.seqs;
   const int64_t num_heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = k_cache.size(1), dv = v_cache.size(2);
   const int64_t group = num_heads / kv_heads, window = params.sliding_window;

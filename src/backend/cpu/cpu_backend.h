@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   Tensor Upload(const Tensor& host) override { return host; }
   Tensor Download(const Tensor& t) override { return t; }
   void Copy(const Tensor& src, Tensor& dst) override;
+  void FillUniform(Tensor& t, uint64_t seed, float lo, float hi) override;
 
   void Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) override;
   void Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
@@ -30,7 +31,7 @@ class CpuBackend final : public Backend {
   void GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;
   void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) override;
   void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
-  void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const std::vector<SequenceSlice>& seqs,
+  void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                  const AttentionParams& params, Tensor& out) override;
   void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) override;
   void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) override;
