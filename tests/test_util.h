@@ -3,14 +3,20 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "model/model.h"
 #include "tensor/safetensors.h"
 
 namespace hsx::test {
 
-inline std::string DataPath(const std::string& rel) { return std::string(HSX_TEST_DATA) + "/" + rel; }
+// HSX_TEST_DATA in the environment overrides the build-time path (binaries run elsewhere).
+inline std::string DataPath(const std::string& rel) {
+  const char* env = std::getenv("HSX_TEST_DATA");
+  return std::string(env != nullptr ? env : HSX_TEST_DATA) + "/" + rel;
+}
 inline std::string ModelDir(const std::string& name) { return DataPath("models/" + name); }
 
 inline const std::vector<std::string>& FixtureModels() {
@@ -46,6 +52,51 @@ inline double RelativeMaxError(const std::vector<float>& a, const std::vector<fl
     ref = std::max(ref, static_cast<double>(std::abs(b[i])));
   }
   return ref > 0 ? err / ref : err;
+}
+
+// The three golden prompts packed into one forward with every layer captured; returns,
+// per prompt, the hidden states as [T, N+1, H] (the goldens' layout) and logits [T, V].
+struct GoldenPrefill {
+  std::vector<std::vector<float>> hidden, logits;
+};
+
+inline GoldenPrefill RunGoldenPrefill(Model& model, const SafetensorsFile& golden) {
+  const ModelConfig& config = model.config();
+  constexpr int kBlock = 16;
+  KVCache cache(config, model.backend(), 32, kBlock);
+  ForwardBatch batch;
+  int next_block = 0;
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<int32_t> p = AsIds(golden.Get("prompt_" + std::to_string(k)).value());
+    SequenceSlice seq;
+    seq.q_start = static_cast<int32_t>(batch.token_ids.size());
+    seq.q_len = seq.ctx_len = static_cast<int32_t>(p.size());
+    for (size_t i = 0; i < p.size(); i += kBlock) seq.block_table.push_back(next_block++);
+    for (size_t i = 0; i < p.size(); ++i) {
+      batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()));
+      batch.token_ids.push_back(p[i]);
+      batch.positions.push_back(static_cast<int32_t>(i));
+      batch.slot_mapping.push_back(seq.block_table[i / kBlock] * kBlock + static_cast<int32_t>(i % kBlock));
+    }
+    batch.seqs.push_back(seq);
+  }
+  std::vector<int> all_layers;
+  for (int i = 0; i <= config.num_layers; ++i) all_layers.push_back(i);
+  ForwardOutput out = model.Forward(batch, cache, all_layers);
+  const std::vector<float> captured = AsFloats(model.backend().Download(out.captured));  // [L, T, H]
+  const std::vector<float> logits = AsFloats(model.backend().Download(out.logits));      // [T, V]
+  const int64_t h = config.hidden_size, layers = config.num_layers + 1, v = config.vocab_size;
+  const int64_t total = static_cast<int64_t>(batch.token_ids.size());
+  GoldenPrefill result;
+  for (const SequenceSlice& seq : batch.seqs) {
+    std::vector<float> hidden;
+    for (int64_t t = seq.q_start; t < seq.q_start + seq.q_len; ++t)
+      for (int64_t l = 0; l < layers; ++l)
+        hidden.insert(hidden.end(), captured.begin() + (l * total + t) * h, captured.begin() + (l * total + t + 1) * h);
+    result.hidden.push_back(std::move(hidden));
+    result.logits.emplace_back(logits.begin() + seq.q_start * v, logits.begin() + (seq.q_start + seq.q_len) * v);
+  }
+  return result;
 }
 
 }  // namespace hsx::test

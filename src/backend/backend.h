@@ -66,8 +66,13 @@ class Backend {
   // Fills a float tensor with uniform values in [lo, hi) from a seed (dummy weights).
   virtual void FillUniform(Tensor& t, uint64_t seed, float lo, float hi) = 0;
   virtual Tensor Download(const Tensor& t) = 0;  // to host, same dtype
+  // Host memory the device copies into fastest (pinned on CUDA), and a copy into it.
+  virtual Tensor HostBuffer(DType dtype, Shape shape) { return Tensor::Host(dtype, std::move(shape)); }
+  virtual void DownloadTo(const Tensor& t, Tensor& host) = 0;
   virtual void Copy(const Tensor& src, Tensor& dst) = 0;  // same shape and dtype
   virtual void Synchronize() {}
+  // Device memory held at the high-water mark; 0 where not tracked (host memory).
+  virtual size_t peak_memory_bytes() const { return 0; }
 
   // Ops. Shapes: x [T, K] rows of activations; ids/positions/slots int32 [T].
   virtual void Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) = 0;

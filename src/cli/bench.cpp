@@ -48,7 +48,9 @@ int RunBench(BenchOptions o) {
   std::mt19937_64 rng(o.seed);
   std::lognormal_distribution<double> len_dist(std::log(o.median_len), 0.6);
   std::uniform_int_distribution<int> tok_dist(0, c.vocab_size - 1);
-  const std::string dir = o.extract.output.empty() ? (std::filesystem::temp_directory_path() / "hsx-bench").string() : o.extract.output;
+  // With --dir the prompts stay there afterwards, so a baseline can run the same workload.
+  const bool keep_prompts = !o.extract.output.empty();
+  const std::string dir = keep_prompts ? o.extract.output : (std::filesystem::temp_directory_path() / "hsx-bench").string();
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir + "/out");
   o.extract.input = dir + "/prompts.jsonl";
@@ -67,6 +69,7 @@ int RunBench(BenchOptions o) {
   }
 
   const ExtractResult run = RunExtract(o.extract);
+  std::filesystem::remove_all(keep_prompts ? dir + "/out" : dir);
   if (run.exit_code != 0) return run.exit_code;
   const double seconds = run.seconds;
 
@@ -88,11 +91,12 @@ int RunBench(BenchOptions o) {
                                   c.num_experts > 0 ? c.moe_intermediate_size : c.intermediate_size, c.hidden_size);
   auto line = [](const nlohmann::json& j) { std::printf("%s\n", j.dump().c_str()); };
   line({{"metric", "extract_tokens_per_s"}, {"value", tok_s}, {"model", o.extract.model.model}, {"prompts", o.num_prompts},
-        {"tokens", total_tokens}, {"seconds", seconds}, {"layers", o.extract.layers}});
+        {"tokens", total_tokens}, {"seconds", seconds}, {"layers", o.extract.layers}, {"device", o.extract.model.device},
+        {"peak_device_gib", run.peak_device_bytes / double(1ull << 30)}, {"flops_per_token", flops_per_token}});
+  if (o.extract.model.device != "cpu") return 0;  // the device run reports its own ceilings (bench/)
   line({{"metric", "sgemm_gflops"}, {"value", gemm}, {"what", "OpenBLAS f32 GEMM, the backend's own kernel, same run"}});
   line({{"metric", "extract_gflops"}, {"value", tok_s * flops_per_token / 1e9}, {"flops_per_token", flops_per_token}});
   line({{"metric", "fraction_of_sgemm"}, {"value", tok_s * flops_per_token / 1e9 / gemm}});
-  std::filesystem::remove_all(dir);
   return 0;
 }
 
@@ -109,7 +113,9 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--min-len", o->min_len);
   app->add_option("--max-len", o->max_len);
   app->add_option("--max-num-batched-tokens", o->extract.max_num_batched_tokens);
-  app->add_option("--dir", o->extract.output, "Scratch directory (removed afterwards)");
+  app->add_option("--max-num-seqs", o->extract.max_num_seqs);
+  app->add_option("--kv-cache-gib", o->extract.kv_cache_gib);
+  app->add_option("--dir", o->extract.output, "Scratch directory; prompts.jsonl stays there afterwards");
   app->callback([o] {
     if (o->extract.layers.empty()) {
       auto config = LoadConfig(o->extract.model);

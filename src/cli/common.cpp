@@ -12,6 +12,7 @@ void ModelOptions::Register(CLI::App& app) {
       ->required();
   app.add_option("--load-format", load_format, "auto | safetensors | dummy (random weights from the config)")
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
+  app.add_option("--device", device, "cpu (f32 reference) or cuda[:N] (bf16)");
 }
 
 Result<ModelConfig> LoadConfig(const ModelOptions& options) {

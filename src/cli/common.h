@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/backend_factory.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -20,6 +20,7 @@ namespace hsx::cli {
 struct ModelOptions {
   std::string model;                 // a model directory, or a named config with dummy weights
   std::string load_format = "auto";  // auto | safetensors | dummy
+  std::string device = "cpu";        // cpu | cuda | cuda:N
   void Register(CLI::App& app);
 };
 

@@ -10,7 +10,6 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "backend/cpu/cpu_backend.h"
 #include "capture/hidden_states_file.h"
 #include "capture/writer_pool.h"
 #include "cli/commands.h"
@@ -71,8 +70,9 @@ std::unordered_set<std::string> ReadManifest(const std::string& path) {
 
 ExtractResult RunExtract(const ExtractOptions& o) {
   const char* cmd = "extract";
-  CpuBackend backend;
-  auto model = LoadModel(o.model, backend);
+  auto backend = MakeBackend(o.model.device);
+  if (!backend.ok()) return {Fail(cmd, backend.status())};
+  auto model = LoadModel(o.model, **backend);
   if (!model.ok()) return {Fail(cmd, model.status())};
   const ModelConfig& config = (*model)->config();
   auto layers = ParseLayerIds(o.layers, config.num_layers);
@@ -158,7 +158,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
                static_cast<long>(written.load()), o.output.c_str(), static_cast<long>(skipped),
                static_cast<long>(failed.load()));
   return {failed > 0 ? 1 : 0, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-          written.load(), tokens_done.load()};
+          written.load(), tokens_done.load(), (*backend)->peak_memory_bytes()};
 }
 
 void RegisterExtract(CLI::App& root) {

@@ -1,7 +1,6 @@
 // hsx generate: greedy continuations of JSONL prompts, one JSON line per request.
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/engine.h"
@@ -19,8 +18,9 @@ struct GenerateOptions {
 
 int RunGenerate(const GenerateOptions& o) {
   const char* cmd = "generate";
-  CpuBackend backend;
-  auto model = LoadModel(o.model, backend);
+  auto backend = MakeBackend(o.model.device);
+  if (!backend.ok()) return Fail(cmd, backend.status());
+  auto model = LoadModel(o.model, **backend);
   if (!model.ok()) return Fail(cmd, model.status());
   auto tokenizer = LoadTokenizerIfPresent(o.model.model);
   if (!tokenizer.ok()) return Fail(cmd, tokenizer.status());

@@ -1,12 +1,19 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/sampler.h"
+#include "util/thread_pool.h"
 
 namespace hsx {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 int ResolveNumBlocks(const Model& model, const EngineConfig& c) {
   if (c.num_blocks > 0) return c.num_blocks;
@@ -23,6 +30,13 @@ Engine::Engine(Model& model, EngineConfig config)
       blocks_(cache_.num_blocks(), config_.block_size),
       scheduler_(config_.scheduler, blocks_) {
   if (config_.max_model_len <= 0) config_.max_model_len = model.config().max_position_embeddings;
+}
+
+Engine::~Engine() {
+  if (profile_) {
+    std::fprintf(stderr, "hsx profile: engine forward %.2f s, capture download %.2f s, capture store %.2f s, %lu steps\n",
+                 profile_seconds_[0], profile_seconds_[1], profile_seconds_[2], static_cast<unsigned long>(stats_.steps));
+  }
 }
 
 Status Engine::Add(Request request) {
@@ -79,33 +93,43 @@ ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const
 }
 
 // Copies each chunk's prompt rows out of the step's [L, T, H] capture into its
-// sequence's [prompt_len, L, H] buffer, converting to the output dtype.
+// sequence's [prompt_len, L, H] buffer, converting to the output dtype; rows in parallel.
 void Engine::StoreCaptured(const std::vector<ScheduledChunk>& chunks, const Tensor& captured) {
   const int64_t layers = captured.size(0), total = captured.size(1), h = captured.size(2);
   const size_t in_size = DTypeSize(captured.dtype());
-  std::vector<float> row(static_cast<size_t>(h));
-  int64_t start = 0;
-  for (const auto& [seq, n] : chunks) {
-    Tensor& dst = seq->hidden_states;
-    if (dst.defined()) {
+  struct Row { Sequence* seq; int64_t pos; };
+  std::vector<Row> rows;
+  for (const auto& [seq, n] : chunks)
+    for (int i = 0; i < n; ++i) rows.push_back({seq, seq->num_computed + i});
+  ThreadPool::Global().ParallelFor(total, [&](int64_t b, int64_t e) {
+    std::vector<float> f32(static_cast<size_t>(h));
+    for (int64_t r = b; r < e; ++r) {
+      const auto [seq, pos] = rows[r];
+      Tensor& dst = seq->hidden_states;
+      if (!dst.defined() || pos >= seq->prompt_len()) continue;
       const size_t out_size = DTypeSize(dst.dtype());
-      for (int i = 0; i < n; ++i) {
-        const int64_t pos = seq->num_computed + i;
-        if (pos >= seq->prompt_len()) break;
-        for (int64_t l = 0; l < layers; ++l) {
-          const char* src = captured.data<char>() + ((l * total) + start + i) * h * in_size;
-          char* out = dst.data<char>() + (pos * layers + l) * h * out_size;
-          if (captured.dtype() == dst.dtype()) {
-            std::memcpy(out, src, h * in_size);
-          } else {
-            ConvertToF32(captured.dtype(), src, row.data(), row.size());
-            ConvertFromF32(row.data(), dst.dtype(), out, row.size());
-          }
+      for (int64_t l = 0; l < layers; ++l) {
+        const char* src = captured.data<char>() + (l * total + r) * h * in_size;
+        char* out = dst.data<char>() + (pos * layers + l) * h * out_size;
+        if (captured.dtype() == dst.dtype()) {
+          std::memcpy(out, src, h * in_size);
+        } else {
+          ConvertToF32(captured.dtype(), src, f32.data(), f32.size());
+          ConvertFromF32(f32.data(), dst.dtype(), out, f32.size());
         }
       }
     }
-    start += n;
+  });
+}
+
+// The step's capture lands in one pinned host buffer, grown when a step needs more.
+const Tensor& Engine::DownloadCaptured(const Tensor& captured) {
+  if (captured_host_.nbytes() < captured.nbytes()) {
+    captured_host_ = model_.backend().HostBuffer(captured.dtype(), {static_cast<int64_t>(captured.nbytes())});
   }
+  captured_view_ = Tensor(captured_host_.raw(), captured.dtype(), captured.shape(), Device::kCPU, nullptr);
+  model_.backend().DownloadTo(captured, captured_view_);
+  return captured_view_;
 }
 
 std::vector<std::unique_ptr<Sequence>> Engine::Step() {
@@ -113,8 +137,18 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   const std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
   if (chunks.empty()) return finished;
   const ForwardBatch batch = BuildBatch(chunks);
+  const auto t0 = Clock::now();
   ForwardOutput out = model_.Forward(batch, cache_, config_.capture_layers);
-  if (!config_.capture_layers.empty()) StoreCaptured(chunks, model_.backend().Download(out.captured));
+  if (profile_) model_.backend().Synchronize();
+  const auto t1 = Clock::now();
+  if (!config_.capture_layers.empty()) {
+    const Tensor& host = DownloadCaptured(out.captured);
+    const auto t2 = Clock::now();
+    StoreCaptured(chunks, host);
+    profile_seconds_[1] += Seconds(t1, t2);
+    profile_seconds_[2] += Seconds(t2, Clock::now());
+  }
+  profile_seconds_[0] += Seconds(t0, t1);
   std::vector<int32_t> sampled;
   if (out.logits.defined()) sampled = GreedySample(model_.backend().Download(out.logits));
 

@@ -3,6 +3,7 @@
 // (extract, generate, later the server) drives this one loop.
 #pragma once
 
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct EngineStats {
 class Engine {
  public:
   Engine(Model& model, EngineConfig config);
+  ~Engine();
 
   // Validates and queues a request; an invalid one is rejected alone with a message
   // that names it.
@@ -46,6 +48,7 @@ class Engine {
  private:
   ForwardBatch BuildBatch(const std::vector<ScheduledChunk>& chunks) const;
   void StoreCaptured(const std::vector<ScheduledChunk>& chunks, const Tensor& captured);
+  const Tensor& DownloadCaptured(const Tensor& captured);
 
   Model& model_;
   EngineConfig config_;
@@ -53,6 +56,10 @@ class Engine {
   BlockManager blocks_;
   Scheduler scheduler_;
   EngineStats stats_;
+  Tensor captured_host_, captured_view_;
+  // HSX_PROFILE=1: seconds in forward (synchronized), capture download, capture store.
+  bool profile_ = std::getenv("HSX_PROFILE") != nullptr;
+  double profile_seconds_[3] = {0, 0, 0};
 };
 
 }  // namespace hsx

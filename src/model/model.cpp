@@ -69,22 +69,6 @@ Tensor HostInts(const std::vector<int32_t>& v) {
 
 }  // namespace
 
-AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> seqs) {
-  AttentionBatch batch;
-  std::vector<int32_t> info, tables;
-  for (const SequenceSlice& s : seqs) {
-    info.insert(info.end(), {s.q_start, s.q_len, s.ctx_len, static_cast<int32_t>(tables.size())});
-    tables.insert(tables.end(), s.block_table.begin(), s.block_table.end());
-    batch.max_q_len = std::max(batch.max_q_len, s.q_len);
-  }
-  if (backend.device() != Device::kCPU) {  // the CPU reads the host copy
-    batch.seq_info = backend.Upload(HostInts(info).View({static_cast<int64_t>(seqs.size()), 4}));
-    batch.block_tables = backend.Upload(HostInts(tables));
-  }
-  batch.seqs = std::move(seqs);
-  return batch;
-}
-
 // Gemma 4: a per-layer input for every token and layer, [T, L * P], from a second
 // embedding table plus a projection of the main embedding.
 Tensor Model::PerLayerInputs(const Tensor& ids, const Tensor& embeds) {
@@ -182,7 +166,10 @@ ForwardOutput Model::Forward(const ForwardBatch& batch, KVCache& cache, const st
   };
 
   Tensor x = backend_.Empty(dt, {t, h});
-  backend_.Embed(weights_.embed_tokens, ids, config_.embed_scale, x);
+  // HF casts the embedding scale to the compute dtype first (sqrt(3072) = 55.43 is 55.5 in bf16).
+  float embed_scale = config_.embed_scale;
+  if (dt == DType::kBF16) embed_scale = BF16ToF32(F32ToBF16(embed_scale));
+  backend_.Embed(weights_.embed_tokens, ids, embed_scale, x);
   Tensor per_layer_inputs;
   if (config_.per_layer_input_size > 0) per_layer_inputs = PerLayerInputs(ids, x);
 

@@ -16,6 +16,7 @@ class CpuBackend final : public Backend {
   Tensor Empty(DType dtype, Shape shape) override { return Tensor::Host(dtype, std::move(shape)); }
   Tensor Upload(const Tensor& host) override { return host; }
   Tensor Download(const Tensor& t) override { return t; }
+  void DownloadTo(const Tensor& t, Tensor& host) override { Copy(t, host); }
   void Copy(const Tensor& src, Tensor& dst) override;
   void FillUniform(Tensor& t, uint64_t seed, float lo, float hi) override;
 

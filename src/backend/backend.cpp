@@ -1,0 +1,28 @@
+#include "backend/backend.h"
+
+#include <algorithm>
+
+namespace hsx {
+
+AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> seqs) {
+  AttentionBatch batch;
+  std::vector<int32_t> info, tables;
+  for (const SequenceSlice& s : seqs) {
+    info.insert(info.end(), {s.q_start, s.q_len, s.ctx_len, static_cast<int32_t>(tables.size())});
+    tables.insert(tables.end(), s.block_table.begin(), s.block_table.end());
+    batch.max_q_len = std::max(batch.max_q_len, s.q_len);
+  }
+  if (backend.device() != Device::kCPU) {  // the CPU reads the host copy
+    auto upload = [&](const std::vector<int32_t>& v, Shape shape) {
+      Tensor t = Tensor::Host(DType::kI32, std::move(shape));
+      std::copy(v.begin(), v.end(), t.data<int32_t>());
+      return backend.Upload(t);
+    };
+    batch.seq_info = upload(info, {static_cast<int64_t>(seqs.size()), 4});
+    batch.block_tables = upload(tables, {static_cast<int64_t>(tables.size())});
+  }
+  batch.seqs = std::move(seqs);
+  return batch;
+}
+
+}  // namespace hsx

@@ -1,0 +1,203 @@
+// Causal variable-length attention over a paged KV cache, flash style: each block owns
+// 16 query rows per warp of one head of one sequence, walks the visible keys in tiles
+// of 64, and keeps a running max and sum per row (online softmax). QK^T and PV run on
+// the tensor cores through WMMA (bf16 in, f32 accumulate); the output accumulator lives
+// in shared memory, so every head dim up to 512 uses the same code. GQA, sliding
+// windows and logit softcapping are handled in the softmax step.
+#include <mma.h>
+
+#include "backend/cuda/kernels.h"
+
+namespace hsx::cuda {
+namespace {
+
+using namespace nvcuda;
+
+constexpr int kKeyTile = 64;
+
+// Warps per block: fewer for wide heads so the tiles fit in shared memory.
+template <int D>
+__host__ __device__ constexpr int WarpsFor() {
+  return D >= 512 ? 1 : (D >= 256 ? 2 : 4);
+}
+
+template <int D>
+constexpr size_t SharedBytes() {
+  constexpr int rows = 16 * WarpsFor<D>();
+  return size_t(rows) * D * 2          // Q tile
+         + 2 * size_t(kKeyTile) * D * 2  // K and V tiles
+         + size_t(rows) * D * 4        // O accumulator
+         + size_t(rows) * kKeyTile * 4  // scores
+         + size_t(rows) * kKeyTile * 2  // probabilities
+         + size_t(rows) * 2 * 4;       // running max and sum
+}
+
+// Copies `rows` rows of D bf16 (16-byte chunks) into shared memory, zeros past `valid`;
+// row_ptr(r) gives row r's address in global memory.
+template <int D, class RowPtr>
+__device__ void LoadRows(bf16* dst, int rows, int valid, int threads, RowPtr row_ptr) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < rows * kChunks; i += threads) {
+    const int r = i / kChunks, c = i % kChunks;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < valid) v = reinterpret_cast<const uint4*>(row_ptr(r))[c];
+    reinterpret_cast<uint4*>(dst + r * D)[c] = v;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(32 * WarpsFor<D>()) AttentionKernel(AttentionArgs a) {
+  constexpr int kWarps = WarpsFor<D>(), kRows = 16 * kWarps, kThreads = 32 * kWarps;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* q_s = reinterpret_cast<bf16*>(smem);
+  bf16* k_s = q_s + kRows * D;
+  bf16* v_s = k_s + kKeyTile * D;
+  float* o_s = reinterpret_cast<float*>(v_s + kKeyTile * D);
+  float* s_s = o_s + kRows * D;
+  bf16* p_s = reinterpret_cast<bf16*>(s_s + kRows * kKeyTile);
+  float* m_s = reinterpret_cast<float*>(p_s + kRows * kKeyTile);
+  float* l_s = m_s + kRows;
+
+  const int seq = blockIdx.z, head = blockIdx.y;
+  const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
+  const int ctx_len = a.seq_info[seq * 4 + 2], table_offset = a.seq_info[seq * 4 + 3];
+  const int q0 = blockIdx.x * kRows;
+  if (q0 >= q_len) return;
+  const int rows = min(kRows, q_len - q0);
+  const int first_pos = ctx_len - q_len + q0;  // position of this block's first query
+  const int kvh = head / (a.num_heads / a.kv_heads);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  const bf16* q_base = a.q + (int64_t(q_start + q0) * a.num_heads + head) * D;
+  LoadRows<D>(q_s, kRows, rows, kThreads, [&](int r) { return q_base + int64_t(r) * a.num_heads * D; });
+  for (int i = threadIdx.x; i < kRows * D; i += kThreads) o_s[i] = 0.0f;
+  for (int i = threadIdx.x; i < kRows; i += kThreads) {
+    m_s[i] = -INFINITY;
+    l_s[i] = 0.0f;
+  }
+
+  const int window = a.sliding_window;
+  const int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
+  const int key_end = first_pos + rows;  // exclusive: the last query's own position + 1
+  const int32_t* table = a.block_tables + table_offset;
+
+  const int wr = warp * 16;  // this warp's first row in the tile
+  float* s_w = s_s + wr * kKeyTile;
+  bf16* p_w = p_s + wr * kKeyTile;
+  float* o_w = o_s + wr * D;
+
+  for (int kt = key_begin; kt < key_end; kt += kKeyTile) {
+    __syncthreads();  // previous tile fully consumed
+    const int valid = min(kKeyTile, key_end - kt);
+    auto row_offset = [&](int r) {
+      const int p = kt + r;
+      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+      return (slot * a.kv_heads + kvh) * D;
+    };
+    LoadRows<D>(k_s, kKeyTile, valid, kThreads, [&](int r) { return a.k_cache + row_offset(r); });
+    LoadRows<D>(v_s, kKeyTile, valid, kThreads, [&](int r) { return a.v_cache + row_offset(r); });
+    __syncthreads();
+
+    // S = Q K^T for this warp's 16 rows.
+    for (int n = 0; n < kKeyTile / 16; ++n) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int d = 0; d < D / 16; ++d) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> qa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> kb;
+        wmma::load_matrix_sync(qa, q_s + wr * D + d * 16, D);
+        wmma::load_matrix_sync(kb, k_s + n * 16 * D + d * 16, D);
+        wmma::mma_sync(acc, qa, kb, acc);
+      }
+      wmma::store_matrix_sync(s_w + n * 16, acc, kKeyTile, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // Online softmax, one row at a time: lane j takes keys j and j + 32, so shared
+    // memory accesses are consecutive across the warp (no bank conflicts).
+    for (int r = 0; r < 16; ++r) {
+      const int pos = first_pos + wr + r;
+      const bool live = wr + r < rows;
+      float s[2];
+      float mx = -INFINITY;
+      for (int h = 0; h < 2; ++h) {
+        const int j = lane + 32 * h, p = kt + j;
+        float v = s_w[r * kKeyTile + j] * a.scale;
+        if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
+        const bool visible = live && p <= pos && (window <= 0 || pos - p < window);
+        s[h] = visible ? v : -INFINITY;
+        mx = fmaxf(mx, s[h]);
+      }
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+      const float m_old = m_s[wr + r];
+      const float m_new = fmaxf(m_old, mx);
+      const float alpha = m_new == -INFINITY ? 1.0f : __expf(m_old - m_new);
+      float sum = 0.0f;
+      for (int h = 0; h < 2; ++h) {
+        const float e = s[h] == -INFINITY ? 0.0f : __expf(s[h] - m_new);
+        const bf16 eb = __float2bfloat16(e);
+        p_w[r * kKeyTile + lane + 32 * h] = eb;
+        sum += __bfloat162float(eb);
+      }
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+      if (alpha != 1.0f)
+        for (int c = lane; c < D; c += 32) o_w[r * D + c] *= alpha;
+      if (lane == 0) {
+        m_s[wr + r] = m_new;
+        l_s[wr + r] = l_s[wr + r] * alpha + sum;
+      }
+    }
+    __syncwarp();
+
+    // O += P V for this warp's rows.
+    for (int c = 0; c < D / 16; ++c) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, o_w + c * 16, D, wmma::mem_row_major);
+      for (int k = 0; k < kKeyTile / 16; ++k) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> pa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> vb;
+        wmma::load_matrix_sync(pa, p_w + k * 16, kKeyTile);
+        wmma::load_matrix_sync(vb, v_s + k * 16 * D + c * 16, D);
+        wmma::mma_sync(acc, pa, vb, acc);
+      }
+      wmma::store_matrix_sync(o_w + c * 16, acc, D, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+
+  for (int i = threadIdx.x; i < rows * D; i += kThreads) {
+    const int r = i / D, c = i % D;
+    const float l = l_s[r];
+    a.out[(int64_t(q_start + q0 + r) * a.num_heads + head) * D + c] = __float2bfloat16(l > 0.0f ? o_s[i] / l : 0.0f);
+  }
+}
+
+template <int D>
+void Launch(const AttentionArgs& a, cudaStream_t stream) {
+  constexpr int kRows = 16 * WarpsFor<D>();
+  constexpr size_t kSmem = SharedBytes<D>();
+  static bool configured = [] {
+    cudaFuncSetAttribute(AttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid((a.max_q_len + kRows - 1) / kRows, a.num_heads, a.num_seqs);
+  AttentionKernel<D><<<grid, 32 * WarpsFor<D>(), kSmem, stream>>>(a);
+}
+
+}  // namespace
+
+bool Attention(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.num_seqs == 0 || a.max_q_len == 0) return true;
+  switch (a.head_dim) {
+    case 16: Launch<16>(a, stream); return true;
+    case 32: Launch<32>(a, stream); return true;
+    case 64: Launch<64>(a, stream); return true;
+    case 128: Launch<128>(a, stream); return true;
+    case 256: Launch<256>(a, stream); return true;
+    case 512: Launch<512>(a, stream); return true;
+    default: return false;
+  }
+}
+
+}  // namespace hsx::cuda

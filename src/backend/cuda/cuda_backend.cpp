@@ -1,0 +1,458 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <tuple>
+#include <unordered_map>
+
+#include "backend/cuda/kernels.h"
+
+namespace hsx {
+namespace {
+
+// A CUDA or cuBLAS failure here is a programming error or a dead device: report and stop.
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "hsx: CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+    std::abort();
+  }
+}
+void Check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "hsx: cuBLASLt error %d in %s\n", static_cast<int>(s), what);
+    std::abort();
+  }
+}
+#define HSX_CUDA_CHECK(expr) Check((expr), #expr)
+#define HSX_LAUNCH_CHECK() Check(cudaGetLastError(), __func__)
+
+// Caching allocator: freed blocks return to a per-size free list and are reused in
+// stream order (one stream, so a reuse is always after the last use). Sizes are
+// rounded to 1/8-octave classes so varying batch shapes share blocks.
+class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
+ public:
+  std::shared_ptr<void> Allocate(size_t bytes) {
+    const size_t size = RoundUp(std::max<size_t>(bytes, 256));
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& list = free_[size];
+      if (!list.empty()) {
+        p = list.back();
+        list.pop_back();
+      }
+    }
+    if (p == nullptr && cudaMalloc(&p, size) != cudaSuccess) {
+      cudaGetLastError();
+      ReleaseCached();
+      HSX_CUDA_CHECK(cudaMalloc(&p, size));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_use_ += size;
+      peak_ = std::max(peak_, in_use_);
+    }
+    std::weak_ptr<DeviceAllocator> self = shared_from_this();
+    return std::shared_ptr<void>(p, [self, size](void* q) {
+      if (auto a = self.lock()) {
+        std::lock_guard<std::mutex> lock(a->mu_);
+        a->free_[size].push_back(q);
+        a->in_use_ -= size;
+      }
+    });
+  }
+  size_t peak() const { return peak_; }
+
+  ~DeviceAllocator() { ReleaseCached(); }
+
+ private:
+  static size_t RoundUp(size_t n) {
+    if (n <= 4096) return (n + 255) / 256 * 256;
+    const int top = 63 - __builtin_clzll(n);
+    const size_t step = size_t{1} << (top - 3);
+    return (n + step - 1) / step * step;
+  }
+  void ReleaseCached() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cudaDeviceSynchronize();
+    for (auto& [size, list] : free_)
+      for (void* p : list) cudaFree(p);
+    free_.clear();
+  }
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t in_use_ = 0, peak_ = 0;
+};
+
+cudaDataType_t CudaType(DType t) {
+  switch (t) {
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    default: return CUDA_R_32F;
+  }
+}
+
+cuda::bf16* B(const Tensor& t) { return static_cast<cuda::bf16*>(t.raw()); }
+int64_t RowsOf(const Tensor& t) { return t.numel() / t.size(-1); }
+
+}  // namespace
+
+struct CudaBackend::Impl {
+  int device = 0;
+  std::string name;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  std::shared_ptr<DeviceAllocator> allocator = std::make_shared<DeviceAllocator>();
+  std::shared_ptr<void> workspace;
+  static constexpr size_t kWorkspaceBytes = 64ull << 20;
+
+  // One matmul plan per shape: descriptors plus the heuristic's best algorithm.
+  struct Plan {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+  };
+  std::map<std::tuple<int64_t, int64_t, int64_t, int>, Plan> plans;
+
+  // HSX_PROFILE=1: each op is timed with events and synchronized (so the total slows
+  // down, the split stays right); the totals print when the backend is destroyed.
+  bool profile = std::getenv("HSX_PROFILE") != nullptr;
+  std::map<std::string, std::pair<double, int64_t>> profile_ms;
+  cudaEvent_t t0 = nullptr, t1 = nullptr;
+  struct Timer {
+    Impl& impl;
+    const char* name;
+    Timer(Impl& i, const char* n) : impl(i), name(n) {
+      if (impl.profile) cudaEventRecord(impl.t0, impl.stream);
+    }
+    ~Timer() {
+      if (!impl.profile) return;
+      cudaEventRecord(impl.t1, impl.stream);
+      cudaEventSynchronize(impl.t1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, impl.t0, impl.t1);
+      auto& e = impl.profile_ms[name];
+      e.first += ms;
+      ++e.second;
+    }
+  };
+
+  const Plan& GetPlan(int64_t m, int64_t n, int64_t k, DType out) {
+    auto key = std::make_tuple(m, n, k, static_cast<int>(out));
+    auto it = plans.find(key);
+    if (it != plans.end()) return it->second;
+    // Row-major y[m, n] = x[m, k] w[n, k]^T is column-major y^T = w x^T: A = w (transposed), B = x.
+    Plan p;
+    Check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa), "TRANSA");
+    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb), "TRANSB");
+    Check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k), "layout A");
+    Check(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k), "layout B");
+    Check(cublasLtMatrixLayoutCreate(&p.c, CudaType(out), n, m, n), "layout C");
+    cublasLtMatmulPreference_t pref;
+    Check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+    const size_t ws = kWorkspaceBytes;
+    Check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "pref");
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    Check(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found), "heuristic");
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (found == 0) {
+      std::fprintf(stderr, "hsx: cuBLASLt has no algorithm for %ldx%ldx%ld\n", long(m), long(n), long(k));
+      std::abort();
+    }
+    p.algo = result.algo;
+    return plans.emplace(key, p).first->second;
+  }
+};
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return Error("--device cuda: no CUDA device is visible");
+  }
+  if (device_index >= count) return Error("--device cuda: device " + std::to_string(device_index) + " does not exist");
+  auto impl = std::make_unique<Impl>();
+  impl->device = device_index;
+  HSX_CUDA_CHECK(cudaSetDevice(device_index));
+  cudaDeviceProp prop;
+  HSX_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
+  impl->name = std::string("cuda:") + prop.name;
+  HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+  Check(cublasLtCreate(&impl->lt), "cublasLtCreate");
+  impl->workspace = impl->allocator->Allocate(Impl::kWorkspaceBytes);
+  if (impl->profile) {
+    HSX_CUDA_CHECK(cudaEventCreate(&impl->t0));
+    HSX_CUDA_CHECK(cudaEventCreate(&impl->t1));
+  }
+  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+}
+
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(impl_->stream);
+  if (impl_->profile) {
+    double total = 0;
+    for (const auto& [name, e] : impl_->profile_ms) total += e.first;
+    for (const auto& [name, e] : impl_->profile_ms)
+      std::fprintf(stderr, "hsx profile: %-12s %10.1f ms %5.1f%% %8ld calls\n", name.c_str(), e.first,
+                   100.0 * e.first / total, static_cast<long>(e.second));
+  }
+  for (auto& [key, p] : impl_->plans) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.op);
+  }
+  cublasLtDestroy(impl_->lt);
+  cudaStreamDestroy(impl_->stream);
+}
+
+std::string CudaBackend::name() const { return impl_->name; }
+size_t CudaBackend::peak_memory_bytes() const { return impl_->allocator->peak(); }
+
+Tensor CudaBackend::Empty(DType dtype, Shape shape) {
+  const size_t bytes = static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype);
+  std::shared_ptr<void> owner = impl_->allocator->Allocate(bytes);
+  void* p = owner.get();
+  return Tensor(p, dtype, std::move(shape), Device::kCUDA, std::move(owner));
+}
+
+Tensor CudaBackend::Upload(const Tensor& host) {
+  Tensor t = Empty(host.dtype(), host.shape());
+  HSX_CUDA_CHECK(cudaMemcpyAsync(t.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice, impl_->stream));
+  return t;
+}
+
+Tensor CudaBackend::UploadWeight(const Tensor& host) {
+  if (host.dtype() == DType::kBF16 || (host.dtype() != DType::kF32 && host.dtype() != DType::kF16)) return Upload(host);
+  const Tensor raw = Upload(host);
+  Tensor t = Empty(DType::kBF16, host.shape());
+  cuda::ConvertToBF16(raw.raw(), host.dtype() == DType::kF32 ? 0 : 1, host.numel(), B(t), impl_->stream);
+  HSX_LAUNCH_CHECK();
+  return t;
+}
+
+Tensor CudaBackend::Download(const Tensor& t) {
+  Tensor host = Tensor::Host(t.dtype(), t.shape());
+  HSX_CUDA_CHECK(cudaMemcpyAsync(host.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, impl_->stream));
+  HSX_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  return host;
+}
+
+Tensor CudaBackend::HostBuffer(DType dtype, Shape shape) {
+  const size_t bytes = std::max<size_t>(1, static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype));
+  void* p = nullptr;
+  HSX_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  std::shared_ptr<void> owner(p, [](void* q) { cudaFreeHost(q); });
+  return Tensor(p, dtype, std::move(shape), Device::kCPU, std::move(owner));
+}
+
+void CudaBackend::DownloadTo(const Tensor& t, Tensor& host) {
+  Impl::Timer timer(*impl_, "download");
+  HSX_CUDA_CHECK(cudaMemcpyAsync(host.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, impl_->stream));
+  HSX_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+void CudaBackend::Copy(const Tensor& src, Tensor& dst) {
+  Impl::Timer timer(*impl_, "copy");
+  HSX_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToDevice, impl_->stream));
+}
+
+void CudaBackend::Synchronize() { HSX_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
+void CudaBackend::FillUniform(Tensor& t, uint64_t seed, float lo, float hi) {
+  cuda::FillUniform(B(t), t.numel(), seed, lo, hi, impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) {
+  Impl::Timer timer(*impl_, "embed");
+  cuda::Embed(B(table), ids.data<int32_t>(), ids.numel(), table.size(1), scale, B(out), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  Impl::Timer timer(*impl_, "linear");
+  const int64_t m = RowsOf(x), k = x.size(-1), n = w.size(0);
+  if (m == 0) return;
+  const Impl::Plan& p = impl_->GetPlan(m, n, k, y.dtype());
+  const float alpha = 1.0f, beta = 0.0f;
+  Check(cublasLtMatmul(impl_->lt, p.op, &alpha, w.raw(), p.a, x.raw(), p.b, &beta, y.raw(), p.c, y.raw(), p.c, &p.algo,
+                       impl_->workspace.get(), Impl::kWorkspaceBytes, impl_->stream),
+        "cublasLtMatmul");
+  if (bias != nullptr) {
+    cuda::AddBias(B(y), B(*bias), m, n, impl_->stream);
+    HSX_LAUNCH_CHECK();
+  }
+}
+
+void CudaBackend::RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) {
+  Impl::Timer timer(*impl_, "rmsnorm");
+  cuda::RmsNorm(B(x), w ? B(*w) : nullptr, RowsOf(x), x.size(-1), eps, one_plus_weight, B(y), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::Add(Tensor& acc, const Tensor& x) {
+  Impl::Timer timer(*impl_, "elementwise");
+  cuda::Add(B(acc), B(x), acc.numel(), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::Multiply(Tensor& acc, const Tensor& x) {
+  Impl::Timer timer(*impl_, "elementwise");
+  cuda::Multiply(B(acc), B(x), acc.numel(), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::Scale(Tensor& x, float s) {
+  Impl::Timer timer(*impl_, "elementwise");
+  cuda::Scale(B(x), x.numel(), s, nullptr, impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::ScaleByTensor(Tensor& x, const Tensor& scalar) {
+  Impl::Timer timer(*impl_, "elementwise");
+  cuda::Scale(B(x), x.numel(), 1.0f, B(scalar), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::Softcap(Tensor& x, float cap) {
+  Impl::Timer timer(*impl_, "elementwise");
+  cuda::Softcap(x.raw(), x.dtype() == DType::kF32, x.numel(), cap, impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::Activate(Tensor& x, Activation act) {
+  Impl::Timer timer(*impl_, "elementwise");
+  cuda::Activate(B(x), x.numel(), act == Activation::kSilu ? 0 : 1, impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
+  Impl::Timer timer(*impl_, "gated_act");
+  cuda::GatedActivation(B(gate), B(up), out.numel(), act == Activation::kSilu ? 0 : 1, B(out), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) {
+  Impl::Timer timer(*impl_, "rope");
+  cuda::Rope(B(x), positions.data<int32_t>(), rope.inv_freq.data<float>(), x.size(0), x.size(1), x.size(2),
+             rope.rotary_dims, impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+  Impl::Timer timer(*impl_, "store_kv");
+  cuda::StoreKV(B(k), B(v), slots.data<int32_t>(), k.size(0), k.numel() / k.size(0), v.numel() / v.size(0),
+                B(k_cache), B(v_cache), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
+                            const AttentionParams& params, Tensor& out) {
+  Impl::Timer timer(*impl_, "attention");
+  cuda::AttentionArgs a;
+  a.q = B(q);
+  a.k_cache = B(k_cache);
+  a.v_cache = B(v_cache);
+  a.out = B(out);
+  a.seq_info = batch.seq_info.data<int32_t>();
+  a.block_tables = batch.block_tables.data<int32_t>();
+  a.num_seqs = static_cast<int>(batch.seqs.size());
+  a.max_q_len = batch.max_q_len;
+  a.num_heads = static_cast<int>(q.size(1));
+  a.kv_heads = static_cast<int>(k_cache.size(1));
+  a.head_dim = static_cast<int>(q.size(2));
+  a.block_size = params.block_size;
+  a.sliding_window = params.sliding_window;
+  a.scale = params.scale;
+  a.softcap = params.softcap;
+  if (!cuda::Attention(a, impl_->stream)) {
+    std::fprintf(stderr, "hsx: CUDA attention supports head dims 16, 32, 64, 128, 256, 512; got %d\n", a.head_dim);
+    std::abort();
+  }
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) {
+  Impl::Timer timer(*impl_, "gather");
+  Tensor host = Tensor::Host(DType::kI32, {static_cast<int64_t>(rows.size())});
+  std::copy(rows.begin(), rows.end(), host.data<int32_t>());
+  const Tensor idx = Upload(host);
+  cuda::GatherRows(x.raw(), idx.data<int32_t>(), static_cast<int64_t>(rows.size()),
+                   static_cast<int64_t>(x.nbytes() / x.size(0)), out.raw(), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::SliceColumns(const Tensor& x, int64_t begin, Tensor& out) {
+  cuda::SliceColumns(B(x), x.size(0), x.size(-1), begin, out.size(-1), B(out), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+// Routing on the host (one small download per MoE layer), then per expert: gather its
+// tokens, run its MLP through cuBLASLt, scatter-add the weighted result in f32.
+void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
+                         bool renormalize, Activation act, Tensor& out) {
+  const int64_t tokens = x.size(0), hidden = x.size(1), num_experts = router_logits.size(1);
+  const Tensor logits_host = Download(router_logits);
+  std::vector<float> logits(static_cast<size_t>(logits_host.numel()));
+  ConvertToF32(logits_host.dtype(), logits_host.raw(), logits.data(), logits.size());
+  std::vector<std::vector<int32_t>> rows(num_experts);
+  std::vector<std::vector<float>> weights(num_experts);
+  std::vector<float> prob(num_experts);
+  std::vector<int32_t> order(num_experts);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* l = &logits[t * num_experts];
+    const float mx = *std::max_element(l, l + num_experts);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < num_experts; ++e) sum += (prob[e] = std::exp(l[e] - mx));
+    for (float& p : prob) p /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
+                      [&](int32_t a, int32_t b) { return prob[a] > prob[b] || (prob[a] == prob[b] && a < b); });
+    float kept = 0.0f;
+    for (int k = 0; k < top_k; ++k) kept += prob[order[k]];
+    for (int k = 0; k < top_k; ++k) {
+      rows[order[k]].push_back(static_cast<int32_t>(t));
+      weights[order[k]].push_back(renormalize ? prob[order[k]] / kept : prob[order[k]]);
+    }
+  }
+  Tensor acc = Empty(DType::kF32, {tokens, hidden});
+  HSX_CUDA_CHECK(cudaMemsetAsync(acc.raw(), 0, acc.nbytes(), impl_->stream));
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t n = static_cast<int64_t>(rows[e].size());
+    if (n == 0) continue;
+    const int64_t inter = experts.gate[e].size(0);
+    Tensor w_host = Tensor::Host(DType::kF32, {n});
+    std::copy(weights[e].begin(), weights[e].end(), w_host.data<float>());
+    Tensor idx_host = Tensor::Host(DType::kI32, {n});
+    std::copy(rows[e].begin(), rows[e].end(), idx_host.data<int32_t>());
+    const Tensor w_dev = Upload(w_host), idx_dev = Upload(idx_host);
+    Tensor xe = Empty(DType::kBF16, {n, hidden}), g = Empty(DType::kBF16, {n, inter}), u = Empty(DType::kBF16, {n, inter});
+    Tensor y = Empty(DType::kBF16, {n, hidden});
+    cuda::GatherRows(x.raw(), idx_dev.data<int32_t>(), n, hidden * 2, xe.raw(), impl_->stream);
+    Linear(xe, experts.gate[e], nullptr, g);
+    Linear(xe, experts.up[e], nullptr, u);
+    GatedActivation(g, u, act, g);
+    Linear(g, experts.down[e], nullptr, y);
+    cuda::ScatterAddWeighted(B(y), idx_dev.data<int32_t>(), w_dev.data<float>(), n, hidden, acc.data<float>(),
+                             impl_->stream);
+    HSX_LAUNCH_CHECK();
+  }
+  cuda::ToBF16(acc.data<float>(), acc.numel(), B(out), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+}  // namespace hsx

@@ -1,0 +1,59 @@
+// The CUDA backend for Hopper: bf16 activations and KV cache, f32 accumulation.
+// GEMMs go through cuBLASLt; everything else is hsx's own kernels (kernels.h).
+// Every op is enqueued on one stream; Download synchronizes.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "util/status.h"
+
+namespace hsx {
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> Create(int device_index = 0);
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::kCUDA; }
+  DType compute_dtype() const override { return DType::kBF16; }
+  std::string name() const override;
+  // Bytes of device memory held at the high-water mark (weights, cache, activations).
+  size_t peak_memory_bytes() const override;
+
+  Tensor Empty(DType dtype, Shape shape) override;
+  Tensor Upload(const Tensor& host) override;
+  Tensor UploadWeight(const Tensor& host) override;
+  Tensor Download(const Tensor& t) override;
+  Tensor HostBuffer(DType dtype, Shape shape) override;
+  void DownloadTo(const Tensor& t, Tensor& host) override;
+  void Copy(const Tensor& src, Tensor& dst) override;
+  void Synchronize() override;
+  void FillUniform(Tensor& t, uint64_t seed, float lo, float hi) override;
+
+  void Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) override;
+  void Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
+  void RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) override;
+  void Add(Tensor& acc, const Tensor& x) override;
+  void Multiply(Tensor& acc, const Tensor& x) override;
+  void Scale(Tensor& x, float s) override;
+  void ScaleByTensor(Tensor& x, const Tensor& scalar) override;
+  void Softcap(Tensor& x, float cap) override;
+  void Activate(Tensor& x, Activation act) override;
+  void GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;
+  void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) override;
+  void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
+  void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
+                 const AttentionParams& params, Tensor& out) override;
+  void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) override;
+  void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) override;
+  void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k, bool renormalize,
+              Activation act, Tensor& out) override;
+
+ private:
+  struct Impl;
+  explicit CudaBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hsx

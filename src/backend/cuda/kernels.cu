@@ -1,0 +1,218 @@
+// Elementwise, normalization, rotary, KV-store and gather kernels. Each thread handles
+// whole elements in f32 and writes bf16; launches use grid-stride loops.
+#include <cuda_fp16.h>
+
+#include "backend/cuda/kernels.h"
+
+namespace hsx::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
+}
+
+__device__ float ToF(bf16 v) { return __bfloat162float(v); }
+__device__ bf16 ToB(float v) { return __float2bfloat16(v); }
+
+__device__ float Activation(int act, float x) {
+  if (act == 0) return x / (1.0f + __expf(-x));  // SiLU
+  const float kAlpha = 0.7978845608028654f;     // GELU, tanh approximation
+  return 0.5f * x * (1.0f + tanhf(kAlpha * (x + 0.044715f * x * x * x)));
+}
+
+__device__ uint64_t SplitMix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+__global__ void FillUniformKernel(bf16* out, int64_t n, uint64_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float u = (SplitMix(seed ^ SplitMix(i)) >> 40) * (1.0f / 16777216.0f);
+    out[i] = ToB(lo + (hi - lo) * u);
+  }
+}
+
+__global__ void EmbedKernel(const bf16* table, const int32_t* ids, int64_t hidden, float scale, bf16* out) {
+  const bf16* row = table + int64_t(ids[blockIdx.x]) * hidden;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) out[blockIdx.x * hidden + i] = ToB(ToF(row[i]) * scale);
+}
+
+__device__ float BlockSum(float v) {
+  __shared__ float partial[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < (blockDim.x + 31) / 32; ++w) total += partial[w];
+  return total;
+}
+
+__global__ void RmsNormKernel(const bf16* x, const bf16* w, int64_t dim, float eps, bool one_plus, bf16* y) {
+  const bf16* xr = x + blockIdx.x * dim;
+  bf16* yr = y + blockIdx.x * dim;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += ToF(xr[i]) * ToF(xr[i]);
+  const float inv = rsqrtf(BlockSum(ss) / dim + eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float scale = w == nullptr ? 1.0f : ToF(w[i]) + (one_plus ? 1.0f : 0.0f);
+    yr[i] = ToB(ToF(xr[i]) * inv * scale);
+  }
+}
+
+__global__ void AddBiasKernel(bf16* y, const bf16* bias, int64_t n, int64_t cols) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = ToB(ToF(y[i]) + ToF(bias[i % cols]));
+}
+
+__global__ void AddKernel(bf16* acc, const bf16* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    acc[i] = ToB(ToF(acc[i]) + ToF(x[i]));
+}
+
+__global__ void MultiplyKernel(bf16* acc, const bf16* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    acc[i] = ToB(ToF(acc[i]) * ToF(x[i]));
+}
+
+__global__ void ScaleKernel(bf16* x, int64_t n, float s, const bf16* device_scalar) {
+  const float scale = device_scalar != nullptr ? ToF(*device_scalar) : s;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = ToB(ToF(x[i]) * scale);
+}
+
+template <class T>
+__global__ void SoftcapKernel(T* x, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = static_cast<float>(x[i]);
+    x[i] = static_cast<T>(cap * tanhf(v / cap));
+  }
+}
+
+__global__ void ActivateKernel(bf16* x, int64_t n, int act) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = ToB(Activation(act, ToF(x[i])));
+}
+
+__global__ void GatedActivationKernel(const bf16* gate, const bf16* up, int64_t n, int act, bf16* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = ToB(Activation(act, ToF(gate[i])) * ToF(up[i]));
+}
+
+// One block per token; threads over (head, pair) with rotate-half pairing.
+__global__ void RopeKernel(bf16* x, const int32_t* positions, const float* inv_freq, int64_t heads, int64_t dim,
+                           int64_t half) {
+  const float pos = static_cast<float>(positions[blockIdx.x]);
+  for (int64_t i = threadIdx.x; i < heads * half; i += blockDim.x) {
+    const int64_t h = i / half, j = i % half;
+    float s, c;
+    sincosf(pos * inv_freq[j], &s, &c);
+    bf16* v = x + (blockIdx.x * heads + h) * dim;
+    const float x1 = ToF(v[j]), x2 = ToF(v[j + half]);
+    v[j] = ToB(x1 * c - x2 * s);
+    v[j + half] = ToB(x2 * c + x1 * s);
+  }
+}
+
+__global__ void StoreKVKernel(const bf16* k, const bf16* v, const int32_t* slots, int64_t k_row, int64_t v_row,
+                              bf16* k_cache, bf16* v_cache) {
+  const int64_t slot = slots[blockIdx.x];
+  for (int64_t i = threadIdx.x; i < k_row; i += blockDim.x) k_cache[slot * k_row + i] = k[blockIdx.x * k_row + i];
+  for (int64_t i = threadIdx.x; i < v_row; i += blockDim.x) v_cache[slot * v_row + i] = v[blockIdx.x * v_row + i];
+}
+
+__global__ void GatherRowsKernel(const char* x, const int32_t* rows, int64_t row_bytes, char* out) {
+  const char* src = x + int64_t(rows[blockIdx.x]) * row_bytes;
+  for (int64_t i = threadIdx.x; i < row_bytes; i += blockDim.x) out[blockIdx.x * row_bytes + i] = src[i];
+}
+
+__global__ void SliceColumnsKernel(const bf16* x, int64_t cols, int64_t begin, int64_t width, bf16* out) {
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) out[blockIdx.x * width + i] = x[blockIdx.x * cols + begin + i];
+}
+
+__global__ void ScatterAddWeightedKernel(const bf16* y, const int32_t* rows, const float* weights, int64_t hidden,
+                                         float* out) {
+  const float w = weights[blockIdx.x];
+  float* o = out + int64_t(rows[blockIdx.x]) * hidden;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] += w * ToF(y[blockIdx.x * hidden + i]);
+}
+
+__global__ void ToBF16Kernel(const float* x, int64_t n, bf16* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = ToB(x[i]);
+}
+
+__global__ void HalfToBF16Kernel(const __half* x, int64_t n, bf16* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = ToB(__half2float(x[i]));
+}
+
+}  // namespace
+
+void FillUniform(bf16* out, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t stream) {
+  FillUniformKernel<<<Blocks(n), kThreads, 0, stream>>>(out, n, seed, lo, hi);
+}
+void Embed(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden, float scale, bf16* out,
+           cudaStream_t stream) {
+  if (tokens > 0) EmbedKernel<<<tokens, kThreads, 0, stream>>>(table, ids, hidden, scale, out);
+}
+void RmsNorm(const bf16* x, const bf16* w, int64_t rows, int64_t dim, float eps, bool one_plus_weight, bf16* y,
+             cudaStream_t stream) {
+  const int threads = dim >= 1024 ? 512 : (dim >= 256 ? 128 : 32);
+  if (rows > 0) RmsNormKernel<<<rows, threads, 0, stream>>>(x, w, dim, eps, one_plus_weight, y);
+}
+void AddBias(bf16* y, const bf16* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  AddBiasKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(y, bias, rows * cols, cols);
+}
+void Add(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream) { AddKernel<<<Blocks(n), kThreads, 0, stream>>>(acc, x, n); }
+void Multiply(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream) {
+  MultiplyKernel<<<Blocks(n), kThreads, 0, stream>>>(acc, x, n);
+}
+void Scale(bf16* x, int64_t n, float s, const bf16* device_scalar, cudaStream_t stream) {
+  ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, s, device_scalar);
+}
+void Softcap(void* x, bool is_f32, int64_t n, float cap, cudaStream_t stream) {
+  if (is_f32) SoftcapKernel<float><<<Blocks(n), kThreads, 0, stream>>>(static_cast<float*>(x), n, cap);
+  else SoftcapKernel<bf16><<<Blocks(n), kThreads, 0, stream>>>(static_cast<bf16*>(x), n, cap);
+}
+void Activate(bf16* x, int64_t n, int act, cudaStream_t stream) {
+  ActivateKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, act);
+}
+void GatedActivation(const bf16* gate, const bf16* up, int64_t n, int act, bf16* out, cudaStream_t stream) {
+  GatedActivationKernel<<<Blocks(n), kThreads, 0, stream>>>(gate, up, n, act, out);
+}
+void Rope(bf16* x, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim,
+          int64_t rotary_dims, cudaStream_t stream) {
+  if (tokens > 0) RopeKernel<<<tokens, 128, 0, stream>>>(x, positions, inv_freq, heads, dim, rotary_dims / 2);
+}
+void StoreKV(const bf16* k, const bf16* v, const int32_t* slots, int64_t tokens, int64_t k_row, int64_t v_row,
+             bf16* k_cache, bf16* v_cache, cudaStream_t stream) {
+  if (tokens > 0) StoreKVKernel<<<tokens, 128, 0, stream>>>(k, v, slots, k_row, v_row, k_cache, v_cache);
+}
+void GatherRows(const void* x, const int32_t* rows, int64_t n_rows, int64_t row_bytes, void* out, cudaStream_t stream) {
+  if (n_rows > 0)
+    GatherRowsKernel<<<n_rows, kThreads, 0, stream>>>(static_cast<const char*>(x), rows, row_bytes, static_cast<char*>(out));
+}
+void SliceColumns(const bf16* x, int64_t rows, int64_t cols, int64_t begin, int64_t width, bf16* out,
+                  cudaStream_t stream) {
+  if (rows > 0) SliceColumnsKernel<<<rows, 128, 0, stream>>>(x, cols, begin, width, out);
+}
+void ScatterAddWeighted(const bf16* y, const int32_t* rows, const float* weights, int64_t n, int64_t hidden,
+                        float* out_f32, cudaStream_t stream) {
+  if (n > 0) ScatterAddWeightedKernel<<<n, kThreads, 0, stream>>>(y, rows, weights, hidden, out_f32);
+}
+void ToBF16(const float* x, int64_t n, bf16* out, cudaStream_t stream) {
+  ToBF16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, out);
+}
+void ConvertToBF16(const void* x, int src_dtype, int64_t n, bf16* out, cudaStream_t stream) {
+  if (src_dtype == 0) ToBF16Kernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<const float*>(x), n, out);
+  else HalfToBF16Kernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<const __half*>(x), n, out);
+}
+
+}  // namespace hsx::cuda

@@ -1,0 +1,52 @@
+// Launchers of hsx's CUDA kernels. Activations are bf16 unless named otherwise; all
+// arithmetic is f32. Each enqueues on `stream` and returns at once.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hsx::cuda {
+
+using bf16 = __nv_bfloat16;
+
+void FillUniform(bf16* out, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t stream);
+void Embed(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden, float scale, bf16* out,
+           cudaStream_t stream);
+void RmsNorm(const bf16* x, const bf16* w, int64_t rows, int64_t dim, float eps, bool one_plus_weight, bf16* y,
+             cudaStream_t stream);
+void AddBias(bf16* y, const bf16* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+void Add(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream);
+void Multiply(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream);
+void Scale(bf16* x, int64_t n, float s, const bf16* device_scalar, cudaStream_t stream);
+void Softcap(void* x, bool is_f32, int64_t n, float cap, cudaStream_t stream);
+void Activate(bf16* x, int64_t n, int act, cudaStream_t stream);
+void GatedActivation(const bf16* gate, const bf16* up, int64_t n, int act, bf16* out, cudaStream_t stream);
+void Rope(bf16* x, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim,
+          int64_t rotary_dims, cudaStream_t stream);
+void StoreKV(const bf16* k, const bf16* v, const int32_t* slots, int64_t tokens, int64_t k_row, int64_t v_row,
+             bf16* k_cache, bf16* v_cache, cudaStream_t stream);
+void GatherRows(const void* x, const int32_t* rows, int64_t n_rows, int64_t row_bytes, void* out, cudaStream_t stream);
+void SliceColumns(const bf16* x, int64_t rows, int64_t cols, int64_t begin, int64_t width, bf16* out,
+                  cudaStream_t stream);
+// out_f32[rows[i]] += weights[i] * y[i] for i < n; then ToBF16 writes the sum out.
+void ScatterAddWeighted(const bf16* y, const int32_t* rows, const float* weights, int64_t n, int64_t hidden,
+                        float* out_f32, cudaStream_t stream);
+void ToBF16(const float* x, int64_t n, bf16* out, cudaStream_t stream);
+void ConvertToBF16(const void* x, int src_dtype, int64_t n, bf16* out, cudaStream_t stream);
+
+struct AttentionArgs {
+  const bf16* q;        // [T, num_heads, head_dim]
+  const bf16* k_cache;  // [slots, kv_heads, head_dim]
+  const bf16* v_cache;
+  bf16* out;            // [T, num_heads, head_dim]
+  const int32_t* seq_info;      // [num_seqs, 4]: q_start, q_len, ctx_len, block table offset
+  const int32_t* block_tables;
+  int num_seqs, max_q_len, num_heads, kv_heads, head_dim, block_size, sliding_window;
+  float scale, softcap;
+};
+// False if head_dim is not one of 16, 32, 64, 128, 256, 512.
+bool Attention(const AttentionArgs& args, cudaStream_t stream);
+
+}  // namespace hsx::cuda

@@ -1,0 +1,181 @@
+// The CUDA backend, on a machine with a GPU (skipped elsewhere): each fixture model in
+// bf16 against the f32 goldens, held to 1.5x the error of Hugging Face's own bf16 run;
+// and each kernel against the CPU reference on random shapes.
+#ifdef HSX_HAS_CUDA
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <numeric>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "test_util.h"
+
+namespace hsx {
+namespace {
+
+std::unique_ptr<CudaBackend> Gpu() {
+  auto b = CudaBackend::Create(0);
+  return b.ok() ? std::move(b).value() : nullptr;
+}
+
+#define REQUIRE_GPU(gpu) \
+  if (!(gpu)) GTEST_SKIP() << "no CUDA device"
+
+class CudaFixtureTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaFixtureTest, Bf16ErrorWithinOneAndAHalfTimesHuggingFaceBf16) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  auto model = Model::Load(test::ModelDir(GetParam()), *gpu);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  SafetensorsFile golden = test::Golden(test::ModelDir(GetParam()) + "/golden.safetensors");
+  const test::GoldenPrefill out = test::RunGoldenPrefill(**model, golden);
+  double mine = 0, hf = 0;
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<float> gold = test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value());
+    const std::vector<float> hf_bf16 = test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value());
+    mine = std::max(mine, test::RelativeMaxError(out.hidden[k], gold));
+    hf = std::max(hf, test::RelativeMaxError(hf_bf16, gold));
+  }
+  std::printf("[bf16] %-15s hsx %.3e  hf %.3e  ratio %.2f\n", GetParam().c_str(), mine, hf, mine / hf);
+  RecordProperty("hsx_bf16_error", std::to_string(mine));
+  RecordProperty("hf_bf16_error", std::to_string(hf));
+  EXPECT_LE(mine, 1.5 * hf);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, CudaFixtureTest, ::testing::ValuesIn(test::FixtureModels()),
+                         [](const auto& info) { return info.param; });
+
+// Random bf16-representable values, so both backends start from identical inputs.
+Tensor RandomHost(Shape shape, std::mt19937& rng, float scale = 1.0f) {
+  Tensor t = Tensor::Host(DType::kF32, std::move(shape));
+  std::normal_distribution<float> dist(0.0f, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = BF16ToF32(F32ToBF16(dist(rng)));
+  return t;
+}
+
+Tensor ToBf16(const Tensor& f32) {
+  Tensor t = Tensor::Host(DType::kBF16, f32.shape());
+  ConvertFromF32(f32.data<float>(), DType::kBF16, t.raw(), static_cast<size_t>(f32.numel()));
+  return t;
+}
+
+double GpuVsCpu(CudaBackend& gpu, const Tensor& device_result, const Tensor& cpu_result) {
+  return test::RelativeMaxError(test::AsFloats(gpu.Download(device_result)), test::AsFloats(cpu_result));
+}
+
+TEST(CudaKernelTest, LinearMatchesCpuOnOddShapes) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(1);
+  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 64, 64}, {37, 96, 200}, {513, 1000, 136}}) {
+    Tensor x = RandomHost({m, k}, rng), w = RandomHost({n, k}, rng, 0.1f), b = RandomHost({n}, rng);
+    Tensor y_cpu = cpu.Empty(DType::kF32, {m, n});
+    cpu.Linear(x, w, &b, y_cpu);
+    Tensor y_gpu = gpu->Empty(DType::kBF16, {m, n});
+    const Tensor wb = gpu->UploadWeight(w), bb = gpu->UploadWeight(b);
+    gpu->Linear(gpu->Upload(ToBf16(x)), wb, &bb, y_gpu);
+    EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << m << "x" << n << "x" << k;
+    Tensor y_f32 = gpu->Empty(DType::kF32, {m, n});
+    gpu->Linear(gpu->Upload(ToBf16(x)), wb, nullptr, y_f32);
+    cpu.Linear(x, w, nullptr, y_cpu);
+    EXPECT_LE(GpuVsCpu(*gpu, y_f32, y_cpu), 1e-3) << "f32 output " << m << "x" << n << "x" << k;
+  }
+}
+
+TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(2);
+  for (int64_t d : {16, 32, 128, 256, 512}) {
+    const int64_t t = 29, heads = 3;
+    Tensor x = RandomHost({t, heads, d}, rng), w = RandomHost({d}, rng, 0.2f);
+    for (bool one_plus : {false, true}) {
+      Tensor y_cpu = cpu.Empty(DType::kF32, {t, heads, d}), y_gpu = gpu->Empty(DType::kBF16, {t, heads, d});
+      cpu.RmsNorm(x, &w, 1e-6f, one_plus, y_cpu);
+      const Tensor wg = gpu->UploadWeight(w);
+      gpu->RmsNorm(gpu->Upload(ToBf16(x)), &wg, 1e-6f, one_plus, y_gpu);
+      EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << "rmsnorm d=" << d;
+    }
+    // RoPE with a partially zero frequency table (Gemma 4's proportional variant).
+    RopeSpec spec;
+    spec.type = RopeSpec::Type::kProportional;
+    spec.partial_rotary_factor = 0.25;
+    spec.theta = 1e6;
+    RopeTable table;
+    const std::vector<float> f = RopeInverseFrequencies(spec, static_cast<int>(d), &table.rotary_dims);
+    Tensor inv = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
+    std::copy(f.begin(), f.end(), inv.data<float>());
+    Tensor pos = Tensor::Host(DType::kI32, {t});
+    for (int64_t i = 0; i < t; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i * 97 % 4000);
+    RopeTable gpu_table{gpu->Upload(inv), table.rotary_dims};
+    table.inv_freq = inv;
+    Tensor xc = RandomHost({t, heads, d}, rng);
+    Tensor xg = gpu->Upload(ToBf16(xc));
+    cpu.Rope(xc, pos, table);
+    gpu->Rope(xg, gpu->Upload(pos), gpu_table);
+    EXPECT_LE(GpuVsCpu(*gpu, xg, xc), 1e-2) << "rope d=" << d;
+  }
+  Tensor g = RandomHost({7, 300}, rng), u = RandomHost({7, 300}, rng);
+  for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
+    Tensor o_cpu = cpu.Empty(DType::kF32, {7, 300}), o_gpu = gpu->Empty(DType::kBF16, {7, 300});
+    cpu.GatedActivation(g, u, act, o_cpu);
+    gpu->GatedActivation(gpu->Upload(ToBf16(g)), gpu->Upload(ToBf16(u)), act, o_gpu);
+    EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 1e-2);
+  }
+}
+
+// Varlen paged attention: chunked (q_len < ctx_len), T = 1, long, GQA, windows, softcap,
+// every supported head dim; block tables deliberately out of order.
+TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(3);
+  constexpr int kBlock = 16;
+  struct Case { int64_t d; int window; float softcap; };
+  for (const Case& c : std::vector<Case>{{16, 0, 0}, {32, 16, 0}, {64, 0, 30}, {128, 0, 0}, {128, 100, 0},
+                                         {256, 0, 0}, {512, 0, 0}}) {
+    const int64_t heads = 8, kv_heads = 2;
+    std::vector<std::pair<int, int>> shapes = {{1, 1}, {17, 17}, {5, 300}, {1, 777}, {130, 200}};
+    if (c.d <= 128) shapes.push_back({2000, 2000});
+    int64_t total_ctx = 0;
+    for (auto [q, ctx] : shapes) total_ctx += (ctx + kBlock - 1) / kBlock * kBlock;
+    const int64_t num_blocks = total_ctx / kBlock;
+    std::vector<int32_t> free_blocks(num_blocks);
+    std::iota(free_blocks.begin(), free_blocks.end(), 0);
+    std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+    std::vector<SequenceSlice> seqs;
+    int64_t t = 0;
+    size_t next = 0;
+    for (auto [q, ctx] : shapes) {
+      SequenceSlice s;
+      s.q_start = static_cast<int32_t>(t);
+      s.q_len = q;
+      s.ctx_len = ctx;
+      for (int i = 0; i < (ctx + kBlock - 1) / kBlock; ++i) s.block_table.push_back(free_blocks[next++]);
+      seqs.push_back(s);
+      t += q;
+    }
+    Tensor q = RandomHost({t, heads, c.d}, rng);
+    Tensor kc = RandomHost({num_blocks * kBlock, kv_heads, c.d}, rng), vc = RandomHost({num_blocks * kBlock, kv_heads, c.d}, rng);
+    AttentionParams params;
+    params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    params.sliding_window = c.window;
+    params.softcap = c.softcap;
+    params.block_size = kBlock;
+    Tensor o_cpu = cpu.Empty(DType::kF32, {t, heads, c.d}), o_gpu = gpu->Empty(DType::kBF16, {t, heads, c.d});
+    cpu.Attention(q, kc, vc, MakeAttentionBatch(cpu, seqs), params, o_cpu);
+    gpu->Attention(gpu->Upload(ToBf16(q)), gpu->Upload(ToBf16(kc)), gpu->Upload(ToBf16(vc)), MakeAttentionBatch(*gpu, seqs),
+                   params, o_gpu);
+    EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 2e-2) << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap;
+  }
+}
+
+}  // namespace
+}  // namespace hsx
+#endif  // HSX_HAS_CUDA
