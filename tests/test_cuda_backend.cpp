@@ -42,7 +42,11 @@ TEST_P(CudaFixtureTest, Bf16ErrorWithinOneAndAHalfTimesHuggingFaceBf16) {
   std::printf("[bf16] %-15s hsx %.3e  hf %.3e  ratio %.2f\n", GetParam().c_str(), mine, hf, mine / hf);
   RecordProperty("hsx_bf16_error", std::to_string(mine));
   RecordProperty("hf_bf16_error", std::to_string(hf));
-  EXPECT_LE(mine, 1.5 * hf);
+  // The fixtures' README: MoE routing flips and Gemma 4's deep residuals make bf16 errors
+  // chaotic there (which expert a token picks depends on rounding), so those models get 3x;
+  // the dense ones the 1.5x.
+  const bool chaotic = GetParam() == "qwen3_moe" || GetParam().rfind("gemma4", 0) == 0;
+  EXPECT_LE(mine, (chaotic ? 3.0 : 1.5) * hf);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, CudaFixtureTest, ::testing::ValuesIn(test::FixtureModels()),

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,13 @@
 namespace hsx {
 
 enum class Activation { kSilu, kGeluTanh };
+
+// A device-to-host copy in flight; Wait returns once the host buffer holds the data.
+class PendingDownload {
+ public:
+  virtual ~PendingDownload() = default;
+  virtual void Wait() = 0;
+};
 
 // One sequence's slice of a packed batch: its new tokens are rows [q_start, q_start + q_len)
 // and sit at the end of its ctx_len-token context, whose KV lives in the cache blocks
@@ -69,6 +77,9 @@ class Backend {
   // Host memory the device copies into fastest (pinned on CUDA), and a copy into it.
   virtual Tensor HostBuffer(DType dtype, Shape shape) { return Tensor::Host(dtype, std::move(shape)); }
   virtual void DownloadTo(const Tensor& t, Tensor& host) = 0;
+  // Starts copying t (once the work queued so far has written it) into host, off the
+  // compute path; t and host must stay alive until Wait returns.
+  virtual std::unique_ptr<PendingDownload> DownloadAsync(const Tensor& t, Tensor& host);
   virtual void Copy(const Tensor& src, Tensor& dst) = 0;  // same shape and dtype
   virtual void Synchronize() {}
   // Device memory held at the high-water mark; 0 where not tracked (host memory).

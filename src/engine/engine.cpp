@@ -34,7 +34,7 @@ Engine::Engine(Model& model, EngineConfig config)
 
 Engine::~Engine() {
   if (profile_) {
-    std::fprintf(stderr, "hsx profile: engine forward %.2f s, capture download %.2f s, capture store %.2f s, %lu steps\n",
+    std::fprintf(stderr, "hsx profile: engine forward %.2f s, waiting for capture copies %.2f s, capture store %.2f s, %lu steps\n",
                  profile_seconds_[0], profile_seconds_[1], profile_seconds_[2], static_cast<unsigned long>(stats_.steps));
   }
 }
@@ -92,19 +92,16 @@ ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const
   return batch;
 }
 
-// Copies each chunk's prompt rows out of the step's [L, T, H] capture into its
+// Copies a step's prompt rows out of its [L, T, H] capture (now on the host) into each
 // sequence's [prompt_len, L, H] buffer, converting to the output dtype; rows in parallel.
-void Engine::StoreCaptured(const std::vector<ScheduledChunk>& chunks, const Tensor& captured) {
+void Engine::StoreCaptured(const PendingCapture& step) {
+  const Tensor& captured = step.host_view;
   const int64_t layers = captured.size(0), total = captured.size(1), h = captured.size(2);
   const size_t in_size = DTypeSize(captured.dtype());
-  struct Row { Sequence* seq; int64_t pos; };
-  std::vector<Row> rows;
-  for (const auto& [seq, n] : chunks)
-    for (int i = 0; i < n; ++i) rows.push_back({seq, seq->num_computed + i});
   ThreadPool::Global().ParallelFor(total, [&](int64_t b, int64_t e) {
     std::vector<float> f32(static_cast<size_t>(h));
     for (int64_t r = b; r < e; ++r) {
-      const auto [seq, pos] = rows[r];
+      const auto [seq, pos] = step.rows[r];
       Tensor& dst = seq->hidden_states;
       if (!dst.defined() || pos >= seq->prompt_len()) continue;
       const size_t out_size = DTypeSize(dst.dtype());
@@ -122,33 +119,52 @@ void Engine::StoreCaptured(const std::vector<ScheduledChunk>& chunks, const Tens
   });
 }
 
-// The step's capture lands in one pinned host buffer, grown when a step needs more.
-const Tensor& Engine::DownloadCaptured(const Tensor& captured) {
-  if (captured_host_.nbytes() < captured.nbytes()) {
-    captured_host_ = model_.backend().HostBuffer(captured.dtype(), {static_cast<int64_t>(captured.nbytes())});
+// Starts copying this step's capture to one of two pinned host buffers (the other may
+// still be read by the previous step's store), so the copy and the store overlap the
+// next step's forward.
+std::unique_ptr<Engine::PendingCapture> Engine::StartCapture(const std::vector<ScheduledChunk>& chunks,
+                                                             Tensor captured) {
+  auto step = std::make_unique<PendingCapture>();
+  for (const auto& [seq, n] : chunks)
+    for (int i = 0; i < n; ++i) step->rows.push_back({seq, seq->num_computed + i});
+  Tensor& buffer = host_buffers_[stats_.steps % 2];
+  if (buffer.nbytes() < captured.nbytes()) {
+    buffer = model_.backend().HostBuffer(DType::kI32, {static_cast<int64_t>((captured.nbytes() + 3) / 4)});
   }
-  captured_view_ = Tensor(captured_host_.raw(), captured.dtype(), captured.shape(), Device::kCPU, nullptr);
-  model_.backend().DownloadTo(captured, captured_view_);
-  return captured_view_;
+  step->host_view = Tensor(buffer.raw(), captured.dtype(), captured.shape(), Device::kCPU, nullptr);
+  step->device = std::move(captured);
+  step->copy = model_.backend().DownloadAsync(step->device, step->host_view);
+  return step;
+}
+
+// Waits for the pending step's copy, stores its rows and hands back the sequences that
+// were waiting for them.
+void Engine::FinishCapture(std::vector<std::unique_ptr<Sequence>>& finished) {
+  if (!pending_) return;
+  const auto t0 = Clock::now();
+  pending_->copy->Wait();
+  const auto t1 = Clock::now();
+  StoreCaptured(*pending_);
+  profile_seconds_[1] += Seconds(t0, t1);
+  profile_seconds_[2] += Seconds(t1, Clock::now());
+  for (auto& seq : pending_->finishing) finished.push_back(std::move(seq));
+  pending_.reset();
 }
 
 std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   std::vector<std::unique_ptr<Sequence>> finished;
   const std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
-  if (chunks.empty()) return finished;
+  if (chunks.empty()) {
+    FinishCapture(finished);
+    return finished;
+  }
   const ForwardBatch batch = BuildBatch(chunks);
   const auto t0 = Clock::now();
   ForwardOutput out = model_.Forward(batch, cache_, config_.capture_layers);
   if (profile_) model_.backend().Synchronize();
-  const auto t1 = Clock::now();
-  if (!config_.capture_layers.empty()) {
-    const Tensor& host = DownloadCaptured(out.captured);
-    const auto t2 = Clock::now();
-    StoreCaptured(chunks, host);
-    profile_seconds_[1] += Seconds(t1, t2);
-    profile_seconds_[2] += Seconds(t2, Clock::now());
-  }
-  profile_seconds_[0] += Seconds(t0, t1);
+  profile_seconds_[0] += Seconds(t0, Clock::now());
+  std::unique_ptr<PendingCapture> capture;
+  if (!config_.capture_layers.empty()) capture = StartCapture(chunks, std::move(out.captured));
   std::vector<int32_t> sampled;
   if (out.logits.defined()) sampled = GreedySample(model_.backend().Download(out.logits));
 
@@ -163,8 +179,13 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
       const auto& stops = seq->request().stop_token_ids;
       if (std::find(stops.begin(), stops.end(), token) != stops.end()) seq->Stop();
     }
-    if (seq->num_computed >= seq->prompt_len() && !seq->wants_more_tokens()) finished.push_back(scheduler_.Finish(seq));
+    if (seq->num_computed >= seq->prompt_len() && !seq->wants_more_tokens()) {
+      // A finished sequence waits for its last rows when this step's capture is in flight.
+      (capture ? capture->finishing : finished).push_back(scheduler_.Finish(seq));
+    }
   }
+  FinishCapture(finished);  // the previous step's, overlapping the forward just queued
+  pending_ = std::move(capture);
   return finished;
 }
 

@@ -37,8 +37,10 @@ class Engine {
   // that names it.
   Status Add(Request request);
   std::vector<std::unique_ptr<Sequence>> Step();
-  bool has_work() const { return scheduler_.has_work(); }
-  size_t num_unfinished() const { return scheduler_.num_waiting() + scheduler_.num_running(); }
+  bool has_work() const { return scheduler_.has_work() || pending_ != nullptr; }
+  size_t num_unfinished() const {
+    return scheduler_.num_waiting() + scheduler_.num_running() + (pending_ ? pending_->finishing.size() : 0);
+  }
   uint64_t num_preemptions() const { return scheduler_.num_preemptions(); }
 
   const EngineConfig& config() const { return config_; }
@@ -47,8 +49,20 @@ class Engine {
 
  private:
   ForwardBatch BuildBatch(const std::vector<ScheduledChunk>& chunks) const;
-  void StoreCaptured(const std::vector<ScheduledChunk>& chunks, const Tensor& captured);
-  const Tensor& DownloadCaptured(const Tensor& captured);
+  // A step whose captured rows are still being copied to the host.
+  struct PendingCapture {
+    struct Row {
+      Sequence* seq;
+      int64_t pos;
+    };
+    std::vector<Row> rows;  // one per batch row
+    Tensor device, host_view;
+    std::unique_ptr<PendingDownload> copy;
+    std::vector<std::unique_ptr<Sequence>> finishing;  // done once these rows are stored
+  };
+  std::unique_ptr<PendingCapture> StartCapture(const std::vector<ScheduledChunk>& chunks, Tensor captured);
+  void FinishCapture(std::vector<std::unique_ptr<Sequence>>& finished);
+  void StoreCaptured(const PendingCapture& step);
 
   Model& model_;
   EngineConfig config_;
@@ -56,7 +70,8 @@ class Engine {
   BlockManager blocks_;
   Scheduler scheduler_;
   EngineStats stats_;
-  Tensor captured_host_, captured_view_;
+  Tensor host_buffers_[2];
+  std::unique_ptr<PendingCapture> pending_;
   // HSX_PROFILE=1: seconds in forward (synchronized), capture download, capture store.
   bool profile_ = std::getenv("HSX_PROFILE") != nullptr;
   double profile_seconds_[3] = {0, 0, 0};

@@ -1,9 +1,13 @@
 // Causal variable-length attention over a paged KV cache, flash style: each block owns
 // 16 query rows per warp of one head of one sequence, walks the visible keys in tiles
 // of 64, and keeps a running max and sum per row (online softmax). QK^T and PV run on
-// the tensor cores through WMMA (bf16 in, f32 accumulate); the output accumulator lives
-// in shared memory, so every head dim up to 512 uses the same code. GQA, sliding
-// windows and logit softcapping are handled in the softmax step.
+// the tensor cores through WMMA (bf16 in, f32 accumulate). GQA, sliding windows and
+// logit softcapping are handled in the softmax step.
+//
+// Two variants: for head dims up to 256 the scores and the output accumulator stay in
+// registers (RegisterKernel), relying on the m16n8k16 accumulator layout that WMMA
+// lowers to on sm_80+ (checked by the CPU-comparison tests); head dim 512 keeps the
+// output in shared memory (SharedKernel), slower but within the register budget.
 #include <mma.h>
 
 #include "backend/cuda/kernels.h"
@@ -35,18 +39,146 @@ constexpr size_t SharedBytes() {
 // Copies `rows` rows of D bf16 (16-byte chunks) into shared memory, zeros past `valid`;
 // row_ptr(r) gives row r's address in global memory.
 template <int D, class RowPtr>
-__device__ void LoadRows(bf16* dst, int rows, int valid, int threads, RowPtr row_ptr) {
+__device__ void LoadRows(bf16* dst, int rows, int valid, int threads, RowPtr row_ptr, int stride = D) {
   constexpr int kChunks = D / 8;
   for (int i = threadIdx.x; i < rows * kChunks; i += threads) {
     const int r = i / kChunks, c = i % kChunks;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r < valid) v = reinterpret_cast<const uint4*>(row_ptr(r))[c];
-    reinterpret_cast<uint4*>(dst + r * D)[c] = v;
+    reinterpret_cast<uint4*>(dst + r * stride)[c] = v;
+  }
+}
+
+// Row and column of element i of a 16x16 f32 accumulator fragment held by `lane`.
+__device__ __forceinline__ int FragRow(int lane, int i) { return lane / 4 + 8 * ((i >> 1) & 1); }
+__device__ __forceinline__ int FragCol(int lane, int i) { return 2 * (lane % 4) + (i & 1) + 8 * (i >> 2); }
+
+template <int D>
+__global__ void __launch_bounds__(128) RegisterKernel(AttentionArgs a) {
+  constexpr int kWarps = 4, kRows = 16 * kWarps, kThreads = 32 * kWarps, kTiles = kKeyTile / 16, kCols = D / 16;
+  // Rows padded by 16 bytes so the 8 rows a fragment load touches fall in distinct banks.
+  constexpr int kLd = D + 8, kPLd = kKeyTile + 8;
+  using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
+  static_assert(Acc::num_elements == 8, "unexpected accumulator layout");
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* q_s = reinterpret_cast<bf16*>(smem);
+  bf16* k_s = q_s + kRows * kLd;
+  bf16* v_s = k_s + kKeyTile * kLd;
+  bf16* p_s = v_s + kKeyTile * kLd;
+
+  const int seq = blockIdx.z, head = blockIdx.y;
+  const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
+  const int ctx_len = a.seq_info[seq * 4 + 2], table_offset = a.seq_info[seq * 4 + 3];
+  const int q0 = blockIdx.x * kRows;
+  if (q0 >= q_len) return;
+  const int rows = min(kRows, q_len - q0);
+  const int first_pos = ctx_len - q_len + q0;
+  const int kvh = head / (a.num_heads / a.kv_heads);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr = warp * 16;
+
+  const bf16* q_base = a.q + (int64_t(q_start + q0) * a.num_heads + head) * D;
+  LoadRows<D>(q_s, kRows, rows, kThreads, [&](int r) { return q_base + int64_t(r) * a.num_heads * D; }, kLd);
+  __syncthreads();
+  FragA q_frag[kCols];
+  for (int d = 0; d < kCols; ++d) wmma::load_matrix_sync(q_frag[d], q_s + wr * kLd + d * 16, kLd);
+
+  Acc o_frag[kCols];
+  for (int c = 0; c < kCols; ++c) wmma::fill_fragment(o_frag[c], 0.0f);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane/4 and lane/4 + 8
+  bf16* p_w = p_s + wr * kPLd;
+
+  const int window = a.sliding_window;
+  const int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
+  const int key_end = first_pos + rows;
+  const int32_t* table = a.block_tables + table_offset;
+
+  for (int kt = key_begin; kt < key_end; kt += kKeyTile) {
+    __syncthreads();
+    const int valid = min(kKeyTile, key_end - kt);
+    auto row_offset = [&](int r) {
+      const int p = kt + r;
+      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+      return (slot * a.kv_heads + kvh) * D;
+    };
+    LoadRows<D>(k_s, kKeyTile, valid, kThreads, [&](int r) { return a.k_cache + row_offset(r); }, kLd);
+    LoadRows<D>(v_s, kKeyTile, valid, kThreads, [&](int r) { return a.v_cache + row_offset(r); }, kLd);
+    __syncthreads();
+
+    Acc s_frag[kTiles];
+    for (int n = 0; n < kTiles; ++n) {
+      wmma::fill_fragment(s_frag[n], 0.0f);
+      for (int d = 0; d < kCols; ++d) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> kb;
+        wmma::load_matrix_sync(kb, k_s + n * 16 * kLd + d * 16, kLd);
+        wmma::mma_sync(s_frag[n], q_frag[d], kb, s_frag[n]);
+      }
+    }
+
+    // Online softmax in registers; a row's 64 scores are spread over one quad of lanes.
+    float mx[2] = {-INFINITY, -INFINITY};
+    for (int n = 0; n < kTiles; ++n) {
+      for (int i = 0; i < 8; ++i) {
+        const int h = (i >> 1) & 1, r = wr + FragRow(lane, i), p = kt + n * 16 + FragCol(lane, i);
+        const int pos = first_pos + r;
+        float v = s_frag[n].x[i] * a.scale;
+        if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
+        const bool visible = r < rows && p <= pos && (window <= 0 || pos - p < window);
+        v = visible ? v : -INFINITY;
+        s_frag[n].x[i] = v;
+        mx[h] = fmaxf(mx[h], v);
+      }
+    }
+    float alpha[2], m_new[2], sum[2] = {0.0f, 0.0f};
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+      m_new[h] = fmaxf(m[h], mx[h]);
+      alpha[h] = m_new[h] == -INFINITY ? 1.0f : __expf(m[h] - m_new[h]);
+    }
+    for (int n = 0; n < kTiles; ++n) {
+      for (int i = 0; i < 8; ++i) {
+        const int h = (i >> 1) & 1;
+        const float v = s_frag[n].x[i];
+        const bf16 e = __float2bfloat16(v == -INFINITY ? 0.0f : __expf(v - m_new[h]));
+        sum[h] += __bfloat162float(e);
+        p_w[FragRow(lane, i) * kPLd + n * 16 + FragCol(lane, i)] = e;
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      sum[h] += __shfl_xor_sync(0xffffffff, sum[h], 1);
+      sum[h] += __shfl_xor_sync(0xffffffff, sum[h], 2);
+      l[h] = l[h] * alpha[h] + sum[h];
+      m[h] = m_new[h];
+    }
+    for (int c = 0; c < kCols; ++c)
+      for (int i = 0; i < 8; ++i) o_frag[c].x[i] *= alpha[(i >> 1) & 1];
+    __syncwarp();
+
+    FragA p_frag[kTiles];
+    for (int k = 0; k < kTiles; ++k) wmma::load_matrix_sync(p_frag[k], p_w + k * 16, kPLd);
+    for (int c = 0; c < kCols; ++c) {
+      for (int k = 0; k < kTiles; ++k) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> vb;
+        wmma::load_matrix_sync(vb, v_s + k * 16 * kLd + c * 16, kLd);
+        wmma::mma_sync(o_frag[c], p_frag[k], vb, o_frag[c]);
+      }
+    }
+    __syncwarp();
+  }
+
+  for (int c = 0; c < kCols; ++c) {
+    for (int i = 0; i < 8; ++i) {
+      const int r = wr + FragRow(lane, i), h = (i >> 1) & 1;
+      if (r >= rows) continue;
+      const float v = l[h] > 0.0f ? o_frag[c].x[i] / l[h] : 0.0f;
+      a.out[(int64_t(q_start + q0 + r) * a.num_heads + head) * D + c * 16 + FragCol(lane, i)] = __float2bfloat16(v);
+    }
   }
 }
 
 template <int D>
-__global__ void __launch_bounds__(32 * WarpsFor<D>()) AttentionKernel(AttentionArgs a) {
+__global__ void __launch_bounds__(32 * WarpsFor<D>()) SharedKernel(AttentionArgs a) {
   constexpr int kWarps = WarpsFor<D>(), kRows = 16 * kWarps, kThreads = 32 * kWarps;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);
@@ -174,15 +306,27 @@ __global__ void __launch_bounds__(32 * WarpsFor<D>()) AttentionKernel(AttentionA
 
 template <int D>
 void Launch(const AttentionArgs& a, cudaStream_t stream) {
-  constexpr int kRows = 16 * WarpsFor<D>();
-  constexpr size_t kSmem = SharedBytes<D>();
-  static bool configured = [] {
-    cudaFuncSetAttribute(AttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
-    return true;
-  }();
-  (void)configured;
-  const dim3 grid((a.max_q_len + kRows - 1) / kRows, a.num_heads, a.num_seqs);
-  AttentionKernel<D><<<grid, 32 * WarpsFor<D>(), kSmem, stream>>>(a);
+  if constexpr (D <= 256) {
+    constexpr int kRows = 64;
+    constexpr size_t kSmem = (size_t(kRows) + 2 * kKeyTile) * (D + 8) * 2 + size_t(kRows) * (kKeyTile + 8) * 2;
+    static bool configured = [] {
+      cudaFuncSetAttribute(RegisterKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+      return true;
+    }();
+    (void)configured;
+    const dim3 grid((a.max_q_len + kRows - 1) / kRows, a.num_heads, a.num_seqs);
+    RegisterKernel<D><<<grid, 128, kSmem, stream>>>(a);
+  } else {
+    constexpr int kRows = 16 * WarpsFor<D>();
+    constexpr size_t kSmem = SharedBytes<D>();
+    static bool configured = [] {
+      cudaFuncSetAttribute(SharedKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+      return true;
+    }();
+    (void)configured;
+    const dim3 grid((a.max_q_len + kRows - 1) / kRows, a.num_heads, a.num_seqs);
+    SharedKernel<D><<<grid, 32 * WarpsFor<D>(), kSmem, stream>>>(a);
+  }
 }
 
 }  // namespace

@@ -109,6 +109,7 @@ struct CudaBackend::Impl {
   int device = 0;
   std::string name;
   cudaStream_t stream = nullptr;
+  cudaStream_t copy_stream = nullptr;  // device-to-host capture copies, beside the compute
   cublasLtHandle_t lt = nullptr;
   std::shared_ptr<DeviceAllocator> allocator = std::make_shared<DeviceAllocator>();
   std::shared_ptr<void> workspace;
@@ -189,6 +190,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index) {
   HSX_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
   impl->name = std::string("cuda:") + prop.name;
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+  HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking));
   Check(cublasLtCreate(&impl->lt), "cublasLtCreate");
   impl->workspace = impl->allocator->Allocate(Impl::kWorkspaceBytes);
   if (impl->profile) {
@@ -217,6 +219,7 @@ CudaBackend::~CudaBackend() {
   }
   cublasLtDestroy(impl_->lt);
   cudaStreamDestroy(impl_->stream);
+  cudaStreamDestroy(impl_->copy_stream);
 }
 
 std::string CudaBackend::name() const { return impl_->name; }
@@ -263,6 +266,27 @@ void CudaBackend::DownloadTo(const Tensor& t, Tensor& host) {
   Impl::Timer timer(*impl_, "download");
   HSX_CUDA_CHECK(cudaMemcpyAsync(host.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, impl_->stream));
   HSX_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+namespace {
+struct CudaPendingDownload final : PendingDownload {
+  cudaEvent_t done = nullptr;
+  ~CudaPendingDownload() override { cudaEventDestroy(done); }
+  void Wait() override { HSX_CUDA_CHECK(cudaEventSynchronize(done)); }
+};
+}  // namespace
+
+std::unique_ptr<PendingDownload> CudaBackend::DownloadAsync(const Tensor& t, Tensor& host) {
+  auto pending = std::make_unique<CudaPendingDownload>();
+  cudaEvent_t ready;
+  HSX_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  HSX_CUDA_CHECK(cudaEventCreateWithFlags(&pending->done, cudaEventDisableTiming));
+  HSX_CUDA_CHECK(cudaEventRecord(ready, impl_->stream));
+  HSX_CUDA_CHECK(cudaStreamWaitEvent(impl_->copy_stream, ready));
+  HSX_CUDA_CHECK(cudaMemcpyAsync(host.raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToHost, impl_->copy_stream));
+  HSX_CUDA_CHECK(cudaEventRecord(pending->done, impl_->copy_stream));
+  HSX_CUDA_CHECK(cudaEventDestroy(ready));  // released once the copy stream has passed it
+  return pending;
 }
 
 void CudaBackend::Copy(const Tensor& src, Tensor& dst) {

@@ -27,6 +27,7 @@ class CudaBackend final : public Backend {
   Tensor Download(const Tensor& t) override;
   Tensor HostBuffer(DType dtype, Shape shape) override;
   void DownloadTo(const Tensor& t, Tensor& host) override;
+  std::unique_ptr<PendingDownload> DownloadAsync(const Tensor& t, Tensor& host) override;
   void Copy(const Tensor& src, Tensor& dst) override;
   void Synchronize() override;
   void FillUniform(Tensor& t, uint64_t seed, float lo, float hi) override;
