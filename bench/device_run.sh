@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep]   (all = tests + bench)
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
@@ -10,10 +10,10 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/lib $(python3 -c 'import nvidia, 
   [ -e "$d/libcublasLt.so.13" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
 done
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
-if [ "$what" != bench ]; then
+if [ "$what" = tests ] || [ "$what" = all ]; then
   HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='*Cuda*' 2>&1 | tee "$OUT/tests.log" | grep -E "^\[bf16\]|OK|FAILED|Failure|Expected|actual|error" | head -60
 fi
-if [ "$what" != tests ]; then
+if [ "$what" = bench ] || [ "$what" = all ]; then
   dir=/dev/shm/hsx-bench
   .devbin/hsx bench --device cuda --model qwen3-8b --load-format dummy --num-prompts 256 --median-len 700 \
     --min-len 32 --max-len 4096 --layers 2,18,33,36 --max-num-batched-tokens 16384 --kv-cache-gib 40 \
@@ -24,4 +24,16 @@ if [ "$what" != tests ]; then
     tail -3 "$OUT/hf.err"
   fi
   python3 bench/report.py "$OUT/bench.jsonl"
+fi
+if [ "$what" = sweep ]; then
+  # Cost against prompt length (about 128k tokens each), then the MoE shape.
+  for spec in "1024 128" "128 1024" "32 4096" "8 16384"; do
+    set -- $spec
+    .devbin/hsx bench --device cuda --model qwen3-8b --load-format dummy --num-prompts "$1" --median-len "$2" \
+      --min-len "$2" --max-len "$2" --layers 2,18,33,36 --max-num-batched-tokens 16384 --kv-cache-gib 40 \
+      --dir /dev/shm/hsx-sweep 2>/dev/null
+  done
+  timeout 240 .devbin/hsx bench --device cuda --model qwen3-30b-a3b --load-format dummy --num-prompts 64 --median-len 700 \
+    --min-len 32 --max-len 4096 --layers 2,24,45,48 --max-num-batched-tokens 16384 --kv-cache-gib 20 \
+    --dir /dev/shm/hsx-moe 2>"$OUT/moe.err" || echo "moe bench exit $?"
 fi

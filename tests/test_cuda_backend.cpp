@@ -104,6 +104,14 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
       const Tensor wg = gpu->UploadWeight(w);
       gpu->RmsNorm(gpu->Upload(ToBf16(x)), &wg, 1e-6f, one_plus, y_gpu);
       EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << "rmsnorm d=" << d;
+      // Fused residual add: both the updated residual and the normed output.
+      Tensor branch = RandomHost({t, heads, d}, rng);
+      Tensor res_cpu = RandomHost({t, heads, d}, rng);
+      Tensor res_gpu = gpu->Upload(ToBf16(res_cpu));
+      cpu.AddRmsNorm(res_cpu, branch, &w, 1e-6f, one_plus, y_cpu);
+      gpu->AddRmsNorm(res_gpu, gpu->Upload(ToBf16(branch)), &wg, 1e-6f, one_plus, y_gpu);
+      EXPECT_LE(GpuVsCpu(*gpu, res_gpu, res_cpu), 1e-2) << "add_rmsnorm residual d=" << d;
+      EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << "add_rmsnorm d=" << d;
     }
     // RoPE with a partially zero frequency table (Gemma 4's proportional variant).
     RopeSpec spec;

@@ -91,6 +91,12 @@ class Backend {
   // y = x / rms(x) * (w or 1 + w or 1), over the last dimension; y may alias x.
   virtual void RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) = 0;
   virtual void Add(Tensor& acc, const Tensor& x) = 0;           // acc += x
+  // residual += branch, then y = RmsNorm(residual): one pass where the device fuses it.
+  virtual void AddRmsNorm(Tensor& residual, const Tensor& branch, const Tensor* w, float eps, bool one_plus_weight,
+                          Tensor& y) {
+    Add(residual, branch);
+    RmsNorm(residual, w, eps, one_plus_weight, y);
+  }
   virtual void Multiply(Tensor& acc, const Tensor& x) = 0;      // acc *= x
   virtual void Scale(Tensor& x, float s) = 0;
   virtual void ScaleByTensor(Tensor& x, const Tensor& scalar) = 0;  // x *= scalar[0]

@@ -175,21 +175,25 @@ ForwardOutput Model::Forward(const ForwardBatch& batch, KVCache& cache, const st
 
   Tensor normed = backend_.Empty(dt, {t, h});
   Tensor branch = backend_.Empty(dt, {t, h});
+  // Each residual add is fused with the norm that follows it; `carry` marks a branch (the
+  // previous layer's MLP output) still to be added to x, which the next input norm does.
+  bool carry = false;
   for (int i = 0; i < config_.num_layers; ++i) {
-    capture(i, x);
     const LayerWeights& w = weights_.layers[i];
-    backend_.RmsNorm(x, &w.input_norm, eps, one_plus, normed);
-    AttentionBlock(i, normed, positions, slots, attention_batch, cache, branch);
-    if (config_.sandwich_norms) {
-      backend_.RmsNorm(branch, &w.post_attention_norm, eps, one_plus, branch);
-      backend_.Add(x, branch);
-      backend_.RmsNorm(x, &w.pre_feedforward_norm, eps, one_plus, normed);
+    if (carry) {
+      backend_.AddRmsNorm(x, branch, &w.input_norm, eps, one_plus, normed);
     } else {
-      backend_.Add(x, branch);
-      backend_.RmsNorm(x, &w.post_attention_norm, eps, one_plus, normed);
+      backend_.RmsNorm(x, &w.input_norm, eps, one_plus, normed);
     }
+    capture(i, x);
+    AttentionBlock(i, normed, positions, slots, attention_batch, cache, branch);
+    if (config_.sandwich_norms) backend_.RmsNorm(branch, &w.post_attention_norm, eps, one_plus, branch);
+    const Tensor& mlp_norm = config_.sandwich_norms ? w.pre_feedforward_norm : w.post_attention_norm;
+    backend_.AddRmsNorm(x, branch, &mlp_norm, eps, one_plus, normed);
     MlpBlock(i, normed, branch);
     if (config_.sandwich_norms) backend_.RmsNorm(branch, &w.post_feedforward_norm, eps, one_plus, branch);
+    carry = !per_layer_inputs.defined() && !config_.layer_scalar;
+    if (carry) continue;
     backend_.Add(x, branch);
     if (per_layer_inputs.defined()) {
       const int64_t p = config_.per_layer_input_size;
@@ -205,6 +209,7 @@ ForwardOutput Model::Forward(const ForwardBatch& batch, KVCache& cache, const st
     }
     if (config_.layer_scalar) backend_.ScaleByTensor(x, w.layer_scalar);
   }
+  if (carry) backend_.Add(x, branch);
   capture(config_.num_layers, x);
 
   if (!batch.logit_rows.empty()) {

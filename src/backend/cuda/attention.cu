@@ -49,6 +49,17 @@ __device__ void LoadRows(bf16* dst, int rows, int valid, int threads, RowPtr row
   }
 }
 
+// Asynchronous 16-byte global-to-shared copy; with `valid` false it writes zeros.
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src, bool valid) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CommitAsync() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void WaitAsync() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
 // Row and column of element i of a 16x16 f32 accumulator fragment held by `lane`.
 __device__ __forceinline__ int FragRow(int lane, int i) { return lane / 4 + 8 * ((i >> 1) & 1); }
 __device__ __forceinline__ int FragCol(int lane, int i) { return 2 * (lane % 4) + (i & 1) + 8 * (i >> 2); }
@@ -63,9 +74,9 @@ __global__ void __launch_bounds__(128) RegisterKernel(AttentionArgs a) {
   static_assert(Acc::num_elements == 8, "unexpected accumulator layout");
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);
-  bf16* k_s = q_s + kRows * kLd;
-  bf16* v_s = k_s + kKeyTile * kLd;
-  bf16* p_s = v_s + kKeyTile * kLd;
+  bf16* kv_s = q_s + kRows * kLd;                  // two stages of [K tile, V tile]
+  bf16* p_s = kv_s + 4 * kKeyTile * kLd;
+  __shared__ int64_t row_offset_s[2][kKeyTile];     // cache row offsets of each stage's keys
 
   const int seq = blockIdx.z, head = blockIdx.y;
   const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
@@ -92,18 +103,48 @@ __global__ void __launch_bounds__(128) RegisterKernel(AttentionArgs a) {
   const int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
   const int key_end = first_pos + rows;
   const int32_t* table = a.block_tables + table_offset;
+  const int num_tiles = (key_end - key_begin + kKeyTile - 1) / kKeyTile;
 
-  for (int kt = key_begin; kt < key_end; kt += kKeyTile) {
-    __syncthreads();
-    const int valid = min(kKeyTile, key_end - kt);
-    auto row_offset = [&](int r) {
-      const int p = kt + r;
+  // Two-stage pipeline: while a tile is multiplied, the next one is in flight (cp.async).
+  auto tile_offsets = [&](int tile) {
+    const int stage = tile & 1, kt = key_begin + tile * kKeyTile;
+    for (int r = threadIdx.x; r < kKeyTile; r += kThreads) {
+      const int p = min(kt + r, key_end - 1);
       const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-      return (slot * a.kv_heads + kvh) * D;
-    };
-    LoadRows<D>(k_s, kKeyTile, valid, kThreads, [&](int r) { return a.k_cache + row_offset(r); }, kLd);
-    LoadRows<D>(v_s, kKeyTile, valid, kThreads, [&](int r) { return a.v_cache + row_offset(r); }, kLd);
-    __syncthreads();
+      row_offset_s[stage][r] = (slot * a.kv_heads + kvh) * D;
+    }
+  };
+  auto tile_issue = [&](int tile) {
+    const int stage = tile & 1, valid = min(kKeyTile, key_end - key_begin - tile * kKeyTile);
+    bf16* k_dst = kv_s + stage * 2 * kKeyTile * kLd;
+    bf16* v_dst = k_dst + kKeyTile * kLd;
+    constexpr int kChunks = D / 8;
+    for (int i = threadIdx.x; i < kKeyTile * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const int64_t off = row_offset_s[stage][r] + c * 8;
+      CopyAsync16(k_dst + r * kLd + c * 8, a.k_cache + off, r < valid);
+      CopyAsync16(v_dst + r * kLd + c * 8, a.v_cache + off, r < valid);
+    }
+    CommitAsync();
+  };
+  tile_offsets(0);
+  __syncthreads();
+  tile_issue(0);
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int kt = key_begin + tile * kKeyTile;
+    const bool has_next = tile + 1 < num_tiles;
+    if (has_next) tile_offsets(tile + 1);
+    __syncthreads();  // offsets visible; every warp is done with the stage about to be refilled
+    if (has_next) {
+      tile_issue(tile + 1);
+      WaitAsync<1>();
+    } else {
+      WaitAsync<0>();
+    }
+    __syncthreads();  // this tile's K and V have landed
+    const bf16* k_s = kv_s + (tile & 1) * 2 * kKeyTile * kLd;
+    const bf16* v_s = k_s + kKeyTile * kLd;
 
     Acc s_frag[kTiles];
     for (int n = 0; n < kTiles; ++n) {
@@ -308,7 +349,7 @@ template <int D>
 void Launch(const AttentionArgs& a, cudaStream_t stream) {
   if constexpr (D <= 256) {
     constexpr int kRows = 64;
-    constexpr size_t kSmem = (size_t(kRows) + 2 * kKeyTile) * (D + 8) * 2 + size_t(kRows) * (kKeyTile + 8) * 2;
+    constexpr size_t kSmem = (size_t(kRows) + 4 * kKeyTile) * (D + 8) * 2 + size_t(kRows) * (kKeyTile + 8) * 2;
     static bool configured = [] {
       cudaFuncSetAttribute(RegisterKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
       return true;

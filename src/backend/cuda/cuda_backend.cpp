@@ -328,6 +328,14 @@ void CudaBackend::RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_
   HSX_LAUNCH_CHECK();
 }
 
+void CudaBackend::AddRmsNorm(Tensor& residual, const Tensor& branch, const Tensor* w, float eps, bool one_plus_weight,
+                             Tensor& y) {
+  Impl::Timer timer(*impl_, "add_rmsnorm");
+  cuda::AddRmsNorm(B(residual), B(branch), w ? B(*w) : nullptr, RowsOf(residual), residual.size(-1), eps,
+                   one_plus_weight, B(y), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
 void CudaBackend::Add(Tensor& acc, const Tensor& x) {
   Impl::Timer timer(*impl_, "elementwise");
   cuda::Add(B(acc), B(x), acc.numel(), impl_->stream);

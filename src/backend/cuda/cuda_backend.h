@@ -36,6 +36,8 @@ class CudaBackend final : public Backend {
   void Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
   void RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) override;
   void Add(Tensor& acc, const Tensor& x) override;
+  void AddRmsNorm(Tensor& residual, const Tensor& branch, const Tensor* w, float eps, bool one_plus_weight,
+                  Tensor& y) override;
   void Multiply(Tensor& acc, const Tensor& x) override;
   void Scale(Tensor& x, float s) override;
   void ScaleByTensor(Tensor& x, const Tensor& scalar) override;

@@ -54,15 +54,71 @@ __device__ float BlockSum(float v) {
   return total;
 }
 
-__global__ void RmsNormKernel(const bf16* x, const bf16* w, int64_t dim, float eps, bool one_plus, bf16* y) {
-  const bf16* xr = x + blockIdx.x * dim;
+// Eight bf16 in one 16-byte access.
+struct Vec8 {
+  float v[8];
+  __device__ void Load(const bf16* p) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
+    }
+  }
+  __device__ void Store(bf16* p) const {
+    uint4 raw;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  }
+};
+
+// One block per row. With a branch, the row first becomes bf16(x + branch), written back
+// to x, and the norm is taken of those rounded values (as a bf16 framework would).
+// dim % 8 == 0 takes 16-byte accesses; otherwise scalar.
+template <bool kAdd>
+__global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t dim, float eps, bool one_plus, bf16* y) {
+  bf16* xr = x + blockIdx.x * dim;
   bf16* yr = y + blockIdx.x * dim;
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += ToF(xr[i]) * ToF(xr[i]);
+  if (dim % 8 == 0) {
+    for (int64_t i = threadIdx.x * 8; i < dim; i += blockDim.x * 8) {
+      Vec8 a;
+      a.Load(xr + i);
+      if (kAdd) {
+        Vec8 b;
+        b.Load(branch + blockIdx.x * dim + i);
+        for (int j = 0; j < 8; ++j) a.v[j] = __bfloat162float(__float2bfloat16(a.v[j] + b.v[j]));
+        a.Store(xr + i);
+      }
+      for (int j = 0; j < 8; ++j) ss += a.v[j] * a.v[j];
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+      float v = ToF(xr[i]);
+      if (kAdd) {
+        v = ToF(ToB(v + ToF(branch[blockIdx.x * dim + i])));
+        xr[i] = ToB(v);
+      }
+      ss += v * v;
+    }
+  }
   const float inv = rsqrtf(BlockSum(ss) / dim + eps);
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float scale = w == nullptr ? 1.0f : ToF(w[i]) + (one_plus ? 1.0f : 0.0f);
-    yr[i] = ToB(ToF(xr[i]) * inv * scale);
+  const float plus = one_plus ? 1.0f : 0.0f;
+  if (dim % 8 == 0) {
+    for (int64_t i = threadIdx.x * 8; i < dim; i += blockDim.x * 8) {
+      Vec8 a, s;
+      a.Load(xr + i);
+      if (w != nullptr) s.Load(w + i);
+      for (int j = 0; j < 8; ++j) a.v[j] = a.v[j] * inv * (w != nullptr ? s.v[j] + plus : 1.0f);
+      a.Store(yr + i);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+      const float scale = w == nullptr ? 1.0f : ToF(w[i]) + plus;
+      yr[i] = ToB(ToF(xr[i]) * inv * scale);
+    }
   }
 }
 
@@ -101,6 +157,16 @@ __global__ void ActivateKernel(bf16* x, int64_t n, int act) {
 }
 
 __global__ void GatedActivationKernel(const bf16* gate, const bf16* up, int64_t n, int act, bf16* out) {
+  if (n % 8 == 0) {
+    for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * 8; i < n; i += int64_t(gridDim.x) * blockDim.x * 8) {
+      Vec8 g, u;
+      g.Load(gate + i);
+      u.Load(up + i);
+      for (int j = 0; j < 8; ++j) g.v[j] = Activation(act, g.v[j]) * u.v[j];
+      g.Store(out + i);
+    }
+    return;
+  }
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = ToB(Activation(act, ToF(gate[i])) * ToF(up[i]));
 }
@@ -162,10 +228,17 @@ void Embed(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden
            cudaStream_t stream) {
   if (tokens > 0) EmbedKernel<<<tokens, kThreads, 0, stream>>>(table, ids, hidden, scale, out);
 }
+static int NormThreads(int64_t dim) { return dim >= 4096 ? 512 : (dim >= 1024 ? 128 : 32); }
+
 void RmsNorm(const bf16* x, const bf16* w, int64_t rows, int64_t dim, float eps, bool one_plus_weight, bf16* y,
              cudaStream_t stream) {
-  const int threads = dim >= 1024 ? 512 : (dim >= 256 ? 128 : 32);
-  if (rows > 0) RmsNormKernel<<<rows, threads, 0, stream>>>(x, w, dim, eps, one_plus_weight, y);
+  // x is only read here (NormKernel<false> never writes it).
+  if (rows > 0)
+    NormKernel<false><<<rows, NormThreads(dim), 0, stream>>>(const_cast<bf16*>(x), nullptr, w, dim, eps, one_plus_weight, y);
+}
+void AddRmsNorm(bf16* residual, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps,
+                bool one_plus_weight, bf16* y, cudaStream_t stream) {
+  if (rows > 0) NormKernel<true><<<rows, NormThreads(dim), 0, stream>>>(residual, branch, w, dim, eps, one_plus_weight, y);
 }
 void AddBias(bf16* y, const bf16* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
   AddBiasKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(y, bias, rows * cols, cols);
@@ -185,7 +258,7 @@ void Activate(bf16* x, int64_t n, int act, cudaStream_t stream) {
   ActivateKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, act);
 }
 void GatedActivation(const bf16* gate, const bf16* up, int64_t n, int act, bf16* out, cudaStream_t stream) {
-  GatedActivationKernel<<<Blocks(n), kThreads, 0, stream>>>(gate, up, n, act, out);
+  GatedActivationKernel<<<Blocks(n % 8 == 0 ? n / 8 : n), kThreads, 0, stream>>>(gate, up, n, act, out);
 }
 void Rope(bf16* x, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim,
           int64_t rotary_dims, cudaStream_t stream) {

@@ -16,6 +16,9 @@ void Embed(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden
            cudaStream_t stream);
 void RmsNorm(const bf16* x, const bf16* w, int64_t rows, int64_t dim, float eps, bool one_plus_weight, bf16* y,
              cudaStream_t stream);
+// residual += branch (rounded to bf16), then y = RmsNorm(residual).
+void AddRmsNorm(bf16* residual, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps,
+                bool one_plus_weight, bf16* y, cudaStream_t stream);
 void AddBias(bf16* y, const bf16* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 void Add(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream);
 void Multiply(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream);
