@@ -149,10 +149,12 @@ TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
   CpuBackend cpu;
   std::mt19937 rng(3);
   constexpr int kBlock = 16;
-  struct Case { int64_t d; int window; float softcap; };
-  for (const Case& c : std::vector<Case>{{16, 0, 0}, {32, 16, 0}, {64, 0, 30}, {128, 0, 0}, {128, 100, 0},
-                                         {256, 0, 0}, {512, 0, 0}}) {
-    const int64_t heads = 8, kv_heads = 2;
+  // GQA groups of 1, 2, 4 and 8 exercise each way query heads share a block.
+  struct Case { int64_t d; int window; float softcap; int64_t heads, kv_heads; };
+  for (const Case& c : std::vector<Case>{{16, 0, 0, 8, 2}, {32, 16, 0, 4, 2}, {64, 0, 30, 8, 2}, {128, 0, 0, 8, 2},
+                                         {128, 100, 0, 4, 4}, {128, 0, 0, 16, 2}, {128, 0, 0, 6, 2},
+                                         {256, 0, 0, 8, 2}, {512, 0, 0, 8, 2}}) {
+    const int64_t heads = c.heads, kv_heads = c.kv_heads;
     std::vector<std::pair<int, int>> shapes = {{1, 1}, {17, 17}, {5, 300}, {1, 777}, {130, 200}};
     if (c.d <= 128) shapes.push_back({2000, 2000});
     int64_t total_ctx = 0;
@@ -184,7 +186,8 @@ TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
     cpu.Attention(q, kc, vc, MakeAttentionBatch(cpu, seqs), params, o_cpu);
     gpu->Attention(gpu->Upload(ToBf16(q)), gpu->Upload(ToBf16(kc)), gpu->Upload(ToBf16(vc)), MakeAttentionBatch(*gpu, seqs),
                    params, o_gpu);
-    EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 2e-2) << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap;
+    EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 2e-2) << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap << " heads=" << heads << "/"
+        << kv_heads;
   }
 }
 

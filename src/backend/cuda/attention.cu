@@ -60,6 +60,9 @@ __device__ __forceinline__ void WaitAsync() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// Query heads per block in RegisterKernel: as many of a KV group as fit in its 4 warps.
+__host__ __device__ constexpr int HeadsPerBlock(int group) { return group % 4 == 0 ? 4 : (group % 2 == 0 ? 2 : 1); }
+
 // Row and column of element i of a 16x16 f32 accumulator fragment held by `lane`.
 __device__ __forceinline__ int FragRow(int lane, int i) { return lane / 4 + 8 * ((i >> 1) & 1); }
 __device__ __forceinline__ int FragCol(int lane, int i) { return 2 * (lane % 4) + (i & 1) + 8 * (i >> 2); }
@@ -78,26 +81,37 @@ __global__ void __launch_bounds__(128) RegisterKernel(AttentionArgs a) {
   bf16* p_s = kv_s + 4 * kKeyTile * kLd;
   __shared__ int64_t row_offset_s[2][kKeyTile];     // cache row offsets of each stage's keys
 
-  const int seq = blockIdx.z, head = blockIdx.y;
+  // Query heads that share a KV head share a block, so each K/V tile is loaded once for
+  // all of them: warp w takes head (w % heads_per_block) and row group (w / heads_per_block).
+  const int group = a.num_heads / a.kv_heads, per_block = HeadsPerBlock(group);
+  const int block_rows = 16 * (kWarps / per_block);
+  const int seq = blockIdx.z, kvh = blockIdx.y / (group / per_block);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int head = kvh * group + (blockIdx.y % (group / per_block)) * per_block + warp % per_block;
+  const int wr = (warp / per_block) * 16;  // this warp's first row within the block
   const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
   const int ctx_len = a.seq_info[seq * 4 + 2], table_offset = a.seq_info[seq * 4 + 3];
-  const int q0 = blockIdx.x * kRows;
+  const int q0 = blockIdx.x * block_rows;
   if (q0 >= q_len) return;
-  const int rows = min(kRows, q_len - q0);
+  const int rows = min(block_rows, q_len - q0);
   const int first_pos = ctx_len - q_len + q0;
-  const int kvh = head / (a.num_heads / a.kv_heads);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wr = warp * 16;
 
-  const bf16* q_base = a.q + (int64_t(q_start + q0) * a.num_heads + head) * D;
-  LoadRows<D>(q_s, kRows, rows, kThreads, [&](int r) { return q_base + int64_t(r) * a.num_heads * D; }, kLd);
-  __syncthreads();
+  bf16* q_w = q_s + warp * 16 * kLd;
+  const bf16* q_base = a.q + (int64_t(q_start + q0 + wr) * a.num_heads + head) * D;
+  for (int i = lane; i < 16 * (D / 8); i += 32) {
+    const int r = i / (D / 8), c = i % (D / 8);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (wr + r < rows) v = reinterpret_cast<const uint4*>(q_base + int64_t(r) * a.num_heads * D)[c];
+    reinterpret_cast<uint4*>(q_w + r * kLd)[c] = v;
+  }
+  __syncwarp();
   FragA q_frag[kCols];
-  for (int d = 0; d < kCols; ++d) wmma::load_matrix_sync(q_frag[d], q_s + wr * kLd + d * 16, kLd);
+  for (int d = 0; d < kCols; ++d) wmma::load_matrix_sync(q_frag[d], q_w + d * 16, kLd);
 
   Acc o_frag[kCols];
   for (int c = 0; c < kCols; ++c) wmma::fill_fragment(o_frag[c], 0.0f);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane/4 and lane/4 + 8
-  bf16* p_w = p_s + wr * kPLd;
+  bf16* p_w = p_s + warp * 16 * kPLd;
 
   const int window = a.sliding_window;
   const int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
@@ -355,7 +369,9 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
       return true;
     }();
     (void)configured;
-    const dim3 grid((a.max_q_len + kRows - 1) / kRows, a.num_heads, a.num_seqs);
+    const int group = a.num_heads / a.kv_heads, per_block = HeadsPerBlock(group);
+    const int block_rows = 16 * (4 / per_block);
+    const dim3 grid((a.max_q_len + block_rows - 1) / block_rows, a.kv_heads * (group / per_block), a.num_seqs);
     RegisterKernel<D><<<grid, 128, kSmem, stream>>>(a);
   } else {
     constexpr int kRows = 16 * WarpsFor<D>();

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds hsx with CUDA (Release, sm_90a) here and stages the binaries and the runtime
+# libraries the device machine lacks (it has CUDA and cuBLASLt, but no Debian packages)
+# in .devbin/, which bench/device_run.sh expects. Carry .devbin with the device call.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DHSX_CUDA=ON >/dev/null
+cmake --build build-device --target hsx hsx_tests -j "$(nproc)"
+rm -rf .devbin && mkdir -p .devbin
+cp build-device/src/hsx build-device/tests/hsx_tests .devbin/
+strip .devbin/hsx .devbin/hsx_tests
+for lib in libpcre2-8.so.0 libutf8proc.so.2 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
+  cp -L "/lib/x86_64-linux-gnu/$lib" .devbin/
+done
+grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >> .git/info/exclude
+du -sh .devbin
