@@ -113,7 +113,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   bool input_done = false;
   const size_t max_in_flight = static_cast<size_t>(std::max(1, o.max_num_seqs)) * 2;
   {
-    WriterPool writers(o.writer_threads, 16);
+    WriterPool writers(o.writer_threads, static_cast<size_t>(std::max(1, o.writer_queue)));
     while (!input_done || engine.has_work()) {
       while (!input_done && engine.num_unfinished() < max_in_flight) {
         std::optional<PromptLine> p = reader->Next();
@@ -174,6 +174,8 @@ void RegisterExtract(CLI::App& root) {
   app->add_option("--max-num-seqs", o->max_num_seqs, "Sequences per step at most");
   app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");
   app->add_option("--writer-threads", o->writer_threads, "File writer threads");
+  app->add_option("--writer-queue", o->writer_queue,
+                  "Finished requests waiting for a writer at most; beyond it the engine waits (backpressure)");
   app->callback([o] { ExitCode() = RunExtract(*o).exit_code; });
 }
 

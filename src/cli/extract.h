@@ -14,6 +14,7 @@ struct ExtractOptions {
   int max_num_seqs = 256;
   double kv_cache_gib = 2.0;
   int writer_threads = 2;
+  int writer_queue = 16;
   bool quiet = false;  // no per-file lines on stdout, no summary
 };
 
