@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep]   (all = tests + bench)
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe]   (all = tests + bench; sweep includes moe)
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
@@ -26,13 +26,15 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 bench/report.py "$OUT/bench.jsonl"
 fi
 if [ "$what" = sweep ]; then
-  # Cost against prompt length (about 128k tokens each), then the MoE shape.
+  # Cost against prompt length (about 128k tokens each).
   for spec in "1024 128" "128 1024" "32 4096" "8 16384"; do
     set -- $spec
     .devbin/hsx bench --device cuda --model qwen3-8b --load-format dummy --num-prompts "$1" --median-len "$2" \
       --min-len "$2" --max-len "$2" --layers 2,18,33,36 --max-num-batched-tokens 16384 --kv-cache-gib 40 \
       --dir /dev/shm/hsx-sweep 2>/dev/null
   done
+fi
+if [ "$what" = sweep ] || [ "$what" = moe ]; then
   timeout 240 .devbin/hsx bench --device cuda --model qwen3-30b-a3b --load-format dummy --num-prompts 64 --median-len 700 \
     --min-len 32 --max-len 4096 --layers 2,24,45,48 --max-num-batched-tokens 16384 --kv-cache-gib 20 \
     --dir /dev/shm/hsx-moe 2>"$OUT/moe.err" || echo "moe bench exit $?"

@@ -141,6 +141,32 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
   }
 }
 
+// Routing, grouping and the grouped expert GEMMs against the CPU's per-expert loop.
+TEST(CudaKernelTest, MoeMlpMatchesCpu) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(4);
+  for (auto [tokens, experts, top_k] : std::vector<std::tuple<int64_t, int, int>>{{1, 8, 2}, {77, 8, 2}, {300, 16, 4}}) {
+    const int64_t hidden = 64, inter = 48;
+    Tensor x = RandomHost({tokens, hidden}, rng), logits = RandomHost({tokens, experts}, rng);
+    MoeWeights cpu_w, gpu_w;
+    for (int e = 0; e < experts; ++e) {
+      for (auto [list, shape] : {std::pair{&cpu_w.gate, Shape{inter, hidden}}, std::pair{&cpu_w.up, Shape{inter, hidden}},
+                                 std::pair{&cpu_w.down, Shape{hidden, inter}}}) {
+        list->push_back(RandomHost(shape, rng, 0.15f));
+      }
+      gpu_w.gate.push_back(gpu->UploadWeight(cpu_w.gate.back()));
+      gpu_w.up.push_back(gpu->UploadWeight(cpu_w.up.back()));
+      gpu_w.down.push_back(gpu->UploadWeight(cpu_w.down.back()));
+    }
+    Tensor o_cpu = cpu.Empty(DType::kF32, {tokens, hidden}), o_gpu = gpu->Empty(DType::kBF16, {tokens, hidden});
+    cpu.MoeMlp(x, logits, cpu_w, top_k, true, Activation::kSilu, o_cpu);
+    gpu->MoeMlp(gpu->Upload(ToBf16(x)), gpu->Upload(ToBf16(logits)), gpu_w, top_k, true, Activation::kSilu, o_gpu);
+    EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 2e-2) << tokens << " tokens, " << experts << " experts, top " << top_k;
+  }
+}
+
 // Varlen paged attention: chunked (q_len < ctx_len), T = 1, long, GQA, windows, softcap,
 // every supported head dim; block tables deliberately out of order.
 TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {

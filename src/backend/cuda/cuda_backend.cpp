@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -111,6 +112,7 @@ struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;
   cudaStream_t copy_stream = nullptr;  // device-to-host capture copies, beside the compute
   cublasLtHandle_t lt = nullptr;
+  cublasHandle_t blas = nullptr;  // grouped GEMMs (MoE experts)
   std::shared_ptr<DeviceAllocator> allocator = std::make_shared<DeviceAllocator>();
   std::shared_ptr<void> workspace;
   static constexpr size_t kWorkspaceBytes = 64ull << 20;
@@ -192,6 +194,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index) {
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking));
   Check(cublasLtCreate(&impl->lt), "cublasLtCreate");
+  Check(cublasCreate(&impl->blas), "cublasCreate");
+  Check(cublasSetStream(impl->blas, impl->stream), "cublasSetStream");
   impl->workspace = impl->allocator->Allocate(Impl::kWorkspaceBytes);
   if (impl->profile) {
     HSX_CUDA_CHECK(cudaEventCreate(&impl->t0));
@@ -218,6 +222,7 @@ CudaBackend::~CudaBackend() {
     cublasLtMatmulDescDestroy(p.op);
   }
   cublasLtDestroy(impl_->lt);
+  cublasDestroy(impl_->blas);
   cudaStreamDestroy(impl_->stream);
   cudaStreamDestroy(impl_->copy_stream);
 }
@@ -433,57 +438,84 @@ void CudaBackend::SliceColumns(const Tensor& x, int64_t begin, Tensor& out) {
   HSX_LAUNCH_CHECK();
 }
 
-// Routing on the host (one small download per MoE layer), then per expert: gather its
-// tokens, run its MLP through cuBLASLt, scatter-add the weighted result in f32.
+// Routing on the device; one small download (tokens per expert) sizes the grouped
+// GEMMs. Pairs (token, choice) are permuted so each expert's rows are contiguous, the
+// three expert GEMMs run as grouped GEMMs (one cuBLAS call each, one group per active
+// expert), and a combine kernel sums each token's choices in a fixed order.
 void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
                          bool renormalize, Activation act, Tensor& out) {
-  const int64_t tokens = x.size(0), hidden = x.size(1), num_experts = router_logits.size(1);
-  const Tensor logits_host = Download(router_logits);
-  std::vector<float> logits(static_cast<size_t>(logits_host.numel()));
-  ConvertToF32(logits_host.dtype(), logits_host.raw(), logits.data(), logits.size());
-  std::vector<std::vector<int32_t>> rows(num_experts);
-  std::vector<std::vector<float>> weights(num_experts);
-  std::vector<float> prob(num_experts);
-  std::vector<int32_t> order(num_experts);
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* l = &logits[t * num_experts];
-    const float mx = *std::max_element(l, l + num_experts);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < num_experts; ++e) sum += (prob[e] = std::exp(l[e] - mx));
-    for (float& p : prob) p /= sum;
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + top_k, order.end(),
-                      [&](int32_t a, int32_t b) { return prob[a] > prob[b] || (prob[a] == prob[b] && a < b); });
-    float kept = 0.0f;
-    for (int k = 0; k < top_k; ++k) kept += prob[order[k]];
-    for (int k = 0; k < top_k; ++k) {
-      rows[order[k]].push_back(static_cast<int32_t>(t));
-      weights[order[k]].push_back(renormalize ? prob[order[k]] / kept : prob[order[k]]);
+  Impl::Timer timer(*impl_, "moe");
+  const int64_t tokens = x.size(0), hidden = x.size(1), pairs = tokens * top_k;
+  const int num_experts = static_cast<int>(router_logits.size(1));
+  const int64_t inter = experts.gate[0].size(0);
+  if (top_k > 16) {
+    std::fprintf(stderr, "hsx: CUDA MoE supports top_k <= 16, got %d\n", top_k);
+    std::abort();
+  }
+  cudaStream_t stream = impl_->stream;
+  Tensor ids = Empty(DType::kI32, {pairs}), weights = Empty(DType::kF32, {pairs});
+  Tensor counts = Empty(DType::kI32, {num_experts});
+  HSX_CUDA_CHECK(cudaMemsetAsync(counts.raw(), 0, counts.nbytes(), stream));
+  cuda::MoeRoute(B(router_logits), tokens, num_experts, top_k, renormalize, ids.data<int32_t>(), weights.data<float>(),
+                 counts.data<int32_t>(), stream);
+  HSX_LAUNCH_CHECK();
+  const Tensor host_counts = Download(counts);
+  std::vector<int32_t> offsets(num_experts + 1, 0);
+  for (int e = 0; e < num_experts; ++e) offsets[e + 1] = offsets[e] + host_counts.data<int32_t>()[e];
+  Tensor cursor_host = Tensor::Host(DType::kI32, {num_experts});
+  std::copy(offsets.begin(), offsets.end() - 1, cursor_host.data<int32_t>());
+  Tensor cursor = Upload(cursor_host), rows = Empty(DType::kI32, {pairs}), inverse = Empty(DType::kI32, {pairs});
+  cuda::MoePermute(ids.data<int32_t>(), pairs, top_k, cursor.data<int32_t>(), rows.data<int32_t>(),
+                   inverse.data<int32_t>(), stream);
+  Tensor xs = Empty(DType::kBF16, {pairs, hidden});
+  cuda::GatherRows(x.raw(), rows.data<int32_t>(), pairs, hidden * 2, xs.raw(), stream);
+  HSX_LAUNCH_CHECK();
+
+  Tensor g = Empty(DType::kBF16, {pairs, inter}), u = Empty(DType::kBF16, {pairs, inter});
+  Tensor ys = Empty(DType::kBF16, {pairs, hidden});
+  // y[rows of e] = in[rows of e] * W_e^T for every expert with rows, as one grouped GEMM.
+  auto grouped = [&](const std::vector<Tensor>& w, const Tensor& in, Tensor& y) {
+    const int64_t k = in.size(1), n = y.size(1);
+    std::vector<int> m_arr, n_arr, k_arr, lda, ldb, ldc, group_size;
+    std::vector<const void*> a_ptrs, b_ptrs;
+    std::vector<void*> c_ptrs;
+    for (int e = 0; e < num_experts; ++e) {
+      const int rows_e = offsets[e + 1] - offsets[e];
+      if (rows_e == 0) continue;
+      // Column-major view, as in Linear: C (n x rows_e) = W_e^T(n x k) * in^T (k x rows_e).
+      m_arr.push_back(static_cast<int>(n));
+      n_arr.push_back(rows_e);
+      k_arr.push_back(static_cast<int>(k));
+      lda.push_back(static_cast<int>(k));
+      ldb.push_back(static_cast<int>(k));
+      ldc.push_back(static_cast<int>(n));
+      group_size.push_back(1);
+      a_ptrs.push_back(w[e].raw());
+      b_ptrs.push_back(in.data<char>() + int64_t(offsets[e]) * k * 2);
+      c_ptrs.push_back(y.data<char>() + int64_t(offsets[e]) * n * 2);
     }
-  }
-  Tensor acc = Empty(DType::kF32, {tokens, hidden});
-  HSX_CUDA_CHECK(cudaMemsetAsync(acc.raw(), 0, acc.nbytes(), impl_->stream));
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t n = static_cast<int64_t>(rows[e].size());
-    if (n == 0) continue;
-    const int64_t inter = experts.gate[e].size(0);
-    Tensor w_host = Tensor::Host(DType::kF32, {n});
-    std::copy(weights[e].begin(), weights[e].end(), w_host.data<float>());
-    Tensor idx_host = Tensor::Host(DType::kI32, {n});
-    std::copy(rows[e].begin(), rows[e].end(), idx_host.data<int32_t>());
-    const Tensor w_dev = Upload(w_host), idx_dev = Upload(idx_host);
-    Tensor xe = Empty(DType::kBF16, {n, hidden}), g = Empty(DType::kBF16, {n, inter}), u = Empty(DType::kBF16, {n, inter});
-    Tensor y = Empty(DType::kBF16, {n, hidden});
-    cuda::GatherRows(x.raw(), idx_dev.data<int32_t>(), n, hidden * 2, xe.raw(), impl_->stream);
-    Linear(xe, experts.gate[e], nullptr, g);
-    Linear(xe, experts.up[e], nullptr, u);
-    GatedActivation(g, u, act, g);
-    Linear(g, experts.down[e], nullptr, y);
-    cuda::ScatterAddWeighted(B(y), idx_dev.data<int32_t>(), w_dev.data<float>(), n, hidden, acc.data<float>(),
-                             impl_->stream);
-    HSX_LAUNCH_CHECK();
-  }
-  cuda::ToBF16(acc.data<float>(), acc.numel(), B(out), impl_->stream);
+    const int groups = static_cast<int>(m_arr.size());
+    if (groups == 0) return;
+    std::vector<cublasOperation_t> ta(groups, CUBLAS_OP_T), tb(groups, CUBLAS_OP_N);
+    std::vector<float> alpha(groups, 1.0f), beta(groups, 0.0f);
+    Tensor ptr_host = Tensor::Host(DType::kI64, {3 * groups});
+    auto* p = ptr_host.data<const void*>();
+    std::copy(a_ptrs.begin(), a_ptrs.end(), p);
+    std::copy(b_ptrs.begin(), b_ptrs.end(), p + groups);
+    std::copy(c_ptrs.begin(), c_ptrs.end(), p + 2 * groups);
+    const Tensor ptr_dev = Upload(ptr_host);
+    const auto* dp = ptr_dev.data<const void*>();
+    const cublasStatus_t status = cublasGemmGroupedBatchedEx(
+        impl_->blas, ta.data(), tb.data(), m_arr.data(), n_arr.data(), k_arr.data(), alpha.data(), dp, CUDA_R_16BF,
+        lda.data(), dp + groups, CUDA_R_16BF, ldb.data(), beta.data(), const_cast<void* const*>(dp + 2 * groups),
+        CUDA_R_16BF, ldc.data(), groups, group_size.data(), CUBLAS_COMPUTE_32F);
+    Check(status, "cublasGemmGroupedBatchedEx");
+  };
+  grouped(experts.gate, xs, g);
+  grouped(experts.up, xs, u);
+  GatedActivation(g, u, act, g);
+  grouped(experts.down, g, ys);
+  cuda::MoeCombine(B(ys), inverse.data<int32_t>(), weights.data<float>(), tokens, top_k, hidden, B(out), stream);
   HSX_LAUNCH_CHECK();
 }
 

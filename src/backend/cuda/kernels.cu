@@ -209,6 +209,74 @@ __global__ void ScatterAddWeightedKernel(const bf16* y, const int32_t* rows, con
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] += w * ToF(y[blockIdx.x * hidden + i]);
 }
 
+__global__ void MoeRouteKernel(const bf16* logits, int64_t tokens, int experts, int top_k, bool renormalize,
+                               int32_t* ids, float* weights, int32_t* counts) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (t >= tokens) return;
+  const bf16* row = logits + t * experts;
+  float mx = -INFINITY;
+  for (int e = lane; e < experts; e += 32) mx = fmaxf(mx, ToF(row[e]));
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+  float sum = 0.0f;
+  for (int e = lane; e < experts; e += 32) sum += __expf(ToF(row[e]) - mx);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+  // top_k rounds of a warp-wide argmax over the logits (softmax is monotone).
+  float kept = 0.0f;
+  int chosen[16];
+  float prob[16];
+  for (int j = 0; j < top_k; ++j) {
+    float best = -INFINITY;
+    int best_e = experts;
+    for (int e = lane; e < experts; e += 32) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken |= chosen[i] == e;
+      const float v = ToF(row[e]);
+      if (!taken && (v > best || (v == best && e < best_e))) {
+        best = v;
+        best_e = e;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffff, best, o);
+      const int oe = __shfl_xor_sync(0xffffffff, best_e, o);
+      if (ov > best || (ov == best && oe < best_e)) {
+        best = ov;
+        best_e = oe;
+      }
+    }
+    chosen[j] = best_e;
+    prob[j] = __expf(best - mx) / sum;
+    kept += prob[j];
+  }
+  if (lane == 0) {
+    for (int j = 0; j < top_k; ++j) {
+      ids[t * top_k + j] = chosen[j];
+      weights[t * top_k + j] = renormalize ? prob[j] / kept : prob[j];
+      atomicAdd(&counts[chosen[j]], 1);
+    }
+  }
+}
+
+__global__ void MoePermuteKernel(const int32_t* ids, int64_t pairs, int32_t* cursor, int32_t* rows, int32_t* inverse,
+                                 int top_k) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < pairs; i += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t slot = atomicAdd(&cursor[ids[i]], 1);
+    rows[slot] = static_cast<int32_t>(i / top_k);
+    inverse[i] = slot;
+  }
+}
+
+__global__ void MoeCombineKernel(const bf16* y, const int32_t* inverse, const float* weights, int top_k, int64_t hidden,
+                                 bf16* out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < top_k; ++j) acc += weights[t * top_k + j] * ToF(y[int64_t(inverse[t * top_k + j]) * hidden + c]);
+    out[t * hidden + c] = ToB(acc);
+  }
+}
+
 __global__ void ToBF16Kernel(const float* x, int64_t n, bf16* out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = ToB(x[i]);
@@ -282,6 +350,21 @@ void ScatterAddWeighted(const bf16* y, const int32_t* rows, const float* weights
 }
 void ToBF16(const float* x, int64_t n, bf16* out, cudaStream_t stream) {
   ToBF16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, out);
+}
+void MoeRoute(const bf16* logits, int64_t tokens, int experts, int top_k, bool renormalize, int32_t* ids,
+              float* weights, int32_t* counts, cudaStream_t stream) {
+  constexpr int kWarpsPerBlock = 8;
+  if (tokens > 0)
+    MoeRouteKernel<<<(tokens + kWarpsPerBlock - 1) / kWarpsPerBlock, 32 * kWarpsPerBlock, 0, stream>>>(
+        logits, tokens, experts, top_k, renormalize, ids, weights, counts);
+}
+void MoePermute(const int32_t* ids, int64_t pairs, int top_k, int32_t* cursor, int32_t* rows, int32_t* inverse,
+                cudaStream_t stream) {
+  MoePermuteKernel<<<Blocks(pairs), kThreads, 0, stream>>>(ids, pairs, cursor, rows, inverse, top_k);
+}
+void MoeCombine(const bf16* y, const int32_t* inverse, const float* weights, int64_t tokens, int top_k, int64_t hidden,
+                bf16* out, cudaStream_t stream) {
+  if (tokens > 0) MoeCombineKernel<<<tokens, kThreads, 0, stream>>>(y, inverse, weights, top_k, hidden, out);
 }
 void ConvertToBF16(const void* x, int src_dtype, int64_t n, bf16* out, cudaStream_t stream) {
   if (src_dtype == 0) ToBF16Kernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<const float*>(x), n, out);

@@ -37,6 +37,18 @@ void SliceColumns(const bf16* x, int64_t rows, int64_t cols, int64_t begin, int6
 void ScatterAddWeighted(const bf16* y, const int32_t* rows, const float* weights, int64_t n, int64_t hidden,
                         float* out_f32, cudaStream_t stream);
 void ToBF16(const float* x, int64_t n, bf16* out, cudaStream_t stream);
+
+// MoE routing, one warp per token: softmax over the experts (f32), top_k (ties to the
+// lower id), optional renormalization; counts[e] += tokens routed to e (zero it first).
+void MoeRoute(const bf16* logits, int64_t tokens, int experts, int top_k, bool renormalize, int32_t* ids,
+              float* weights, int32_t* counts, cudaStream_t stream);
+// Groups the (token, choice) pairs by expert: slot = cursor[e]++ (cursor starts at each
+// expert's offset), rows[slot] = token, inverse[token * top_k + j] = slot.
+void MoePermute(const int32_t* ids, int64_t pairs, int top_k, int32_t* cursor, int32_t* rows, int32_t* inverse,
+                cudaStream_t stream);
+// out[t] = sum_j weights[t, j] * y[inverse[t, j]], in choice order (deterministic).
+void MoeCombine(const bf16* y, const int32_t* inverse, const float* weights, int64_t tokens, int top_k, int64_t hidden,
+                bf16* out, cudaStream_t stream);
 void ConvertToBF16(const void* x, int src_dtype, int64_t n, bf16* out, cudaStream_t stream);
 
 struct AttentionArgs {
