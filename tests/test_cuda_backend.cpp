@@ -131,6 +131,12 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
     cpu.Rope(xc, pos, table);
     gpu->Rope(xg, gpu->Upload(pos), gpu_table);
     EXPECT_LE(GpuVsCpu(*gpu, xg, xc), 1e-2) << "rope d=" << d;
+    // The fused q/k-norm + RoPE against the CPU's two steps.
+    Tensor xn = RandomHost({t, heads, d}, rng);
+    Tensor xng = gpu->Upload(ToBf16(xn));
+    cpu.RmsNormRope(xn, w, 1e-6f, false, pos, table);
+    gpu->RmsNormRope(xng, gpu->UploadWeight(w), 1e-6f, false, gpu->Upload(pos), gpu_table);
+    EXPECT_LE(GpuVsCpu(*gpu, xng, xn), 1e-2) << "norm+rope d=" << d;
   }
   Tensor g = RandomHost({7, 300}, rng), u = RandomHost({7, 300}, rng);
   for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {

@@ -104,6 +104,12 @@ class Backend {
   virtual void Activate(Tensor& x, Activation act) = 0;
   virtual void GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) = 0;
   virtual void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) = 0;  // x [T, heads, D]
+  // Per-head RMSNorm (q/k norm) then RoPE, in place: one pass where the device fuses it.
+  virtual void RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_plus_weight, const Tensor& positions,
+                           const RopeTable& rope) {
+    RmsNorm(x, &w, eps, one_plus_weight, x);
+    Rope(x, positions, rope);
+  }
   virtual void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) = 0;
   virtual void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const AttentionBatch& batch, const AttentionParams& params, Tensor& out) = 0;

@@ -97,8 +97,14 @@ void Model::AttentionBlock(int layer, const Tensor& x, const Tensor& positions, 
 
   Tensor q = backend_.Empty(dt, {t, nh, hd});
   backend_.Linear(x, w.q_proj, w.q_bias.defined() ? &w.q_bias : nullptr, q);
-  if (config_.qk_norm) backend_.RmsNorm(q, &w.q_norm, eps, one_plus, q);
-  backend_.Rope(q, positions, rope_[layer]);
+  auto norm_rope = [&](Tensor& x, const Tensor& norm) {
+    if (config_.qk_norm) {
+      backend_.RmsNormRope(x, norm, eps, one_plus, positions, rope_[layer]);
+    } else {
+      backend_.Rope(x, positions, rope_[layer]);
+    }
+  };
+  norm_rope(q, w.q_norm);
 
   if (spec.kv_source == layer) {
     Tensor k = backend_.Empty(dt, {t, kvh, hd});
@@ -109,9 +115,8 @@ void Model::AttentionBlock(int layer, const Tensor& x, const Tensor& positions, 
     } else {
       backend_.Linear(x, w.v_proj, w.v_bias.defined() ? &w.v_bias : nullptr, v);
     }
-    if (config_.qk_norm) backend_.RmsNorm(k, &w.k_norm, eps, one_plus, k);
+    norm_rope(k, w.k_norm);
     if (config_.v_norm) backend_.RmsNorm(v, nullptr, eps, false, v);
-    backend_.Rope(k, positions, rope_[layer]);
     backend_.StoreKV(k, v, slots, cache.k(layer), cache.v(layer));
   }
 

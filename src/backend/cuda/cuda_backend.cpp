@@ -390,6 +390,14 @@ void CudaBackend::Rope(Tensor& x, const Tensor& positions, const RopeTable& rope
   HSX_LAUNCH_CHECK();
 }
 
+void CudaBackend::RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_plus_weight, const Tensor& positions,
+                              const RopeTable& rope) {
+  Impl::Timer timer(*impl_, "norm_rope");
+  cuda::RmsNormRope(B(x), B(w), eps, one_plus_weight, positions.data<int32_t>(), rope.inv_freq.data<float>(), x.size(0),
+                    x.size(1), x.size(2), rope.rotary_dims, impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
 void CudaBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
   Impl::Timer timer(*impl_, "store_kv");
   cuda::StoreKV(B(k), B(v), slots.data<int32_t>(), k.size(0), k.numel() / k.size(0), v.numel() / v.size(0),

@@ -45,6 +45,8 @@ class CudaBackend final : public Backend {
   void Activate(Tensor& x, Activation act) override;
   void GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;
   void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) override;
+  void RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_plus_weight, const Tensor& positions,
+                   const RopeTable& rope) override;
   void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
   void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                  const AttentionParams& params, Tensor& out) override;

@@ -186,6 +186,39 @@ __global__ void RopeKernel(bf16* x, const int32_t* positions, const float* inv_f
   }
 }
 
+// One warp per (token, head); the normalized row goes through shared memory so each lane
+// can read its rotate-half partner.
+__global__ void RmsNormRopeKernel(bf16* x, const bf16* w, float eps, float plus, const int32_t* positions,
+                                  const float* inv_freq, int64_t rows, int64_t heads, int dim, int half) {
+  extern __shared__ float row_s[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + warp;
+  if (row >= rows) return;
+  float* r_s = row_s + warp * dim;
+  bf16* xr = x + row * dim;
+  float ss = 0.0f;
+  for (int i = lane; i < dim; i += 32) {
+    const float v = ToF(xr[i]);
+    r_s[i] = v;
+    ss += v * v;
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
+  const float inv = rsqrtf(ss / dim + eps);
+  for (int i = lane; i < dim; i += 32) r_s[i] = ToF(ToB(r_s[i] * inv * (ToF(w[i]) + plus)));
+  __syncwarp();
+  const float pos = static_cast<float>(positions[row / heads]);
+  for (int i = lane; i < dim; i += 32) {
+    float v = r_s[i];
+    if (i < 2 * half) {
+      const int j = i < half ? i : i - half;
+      float s, c;
+      sincosf(pos * inv_freq[j], &s, &c);
+      v = i < half ? v * c - r_s[i + half] * s : v * c + r_s[i - half] * s;
+    }
+    xr[i] = ToB(v);
+  }
+}
+
 __global__ void StoreKVKernel(const bf16* k, const bf16* v, const int32_t* slots, int64_t k_row, int64_t v_row,
                               bf16* k_cache, bf16* v_cache) {
   const int64_t slot = slots[blockIdx.x];
@@ -331,6 +364,16 @@ void GatedActivation(const bf16* gate, const bf16* up, int64_t n, int act, bf16*
 void Rope(bf16* x, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim,
           int64_t rotary_dims, cudaStream_t stream) {
   if (tokens > 0) RopeKernel<<<tokens, 128, 0, stream>>>(x, positions, inv_freq, heads, dim, rotary_dims / 2);
+}
+void RmsNormRope(bf16* x, const bf16* w, float eps, bool one_plus_weight, const int32_t* positions,
+                 const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim, int64_t rotary_dims,
+                 cudaStream_t stream) {
+  constexpr int kWarps = 4;
+  const int64_t rows = tokens * heads;
+  if (rows > 0)
+    RmsNormRopeKernel<<<(rows + kWarps - 1) / kWarps, 32 * kWarps, kWarps * dim * sizeof(float), stream>>>(
+        x, w, eps, one_plus_weight ? 1.0f : 0.0f, positions, inv_freq, rows, heads, static_cast<int>(dim),
+        static_cast<int>(rotary_dims / 2));
 }
 void StoreKV(const bf16* k, const bf16* v, const int32_t* slots, int64_t tokens, int64_t k_row, int64_t v_row,
              bf16* k_cache, bf16* v_cache, cudaStream_t stream) {
