@@ -92,7 +92,8 @@ int RunBench(BenchOptions o) {
   auto line = [](const nlohmann::json& j) { std::printf("%s\n", j.dump().c_str()); };
   line({{"metric", "extract_tokens_per_s"}, {"value", tok_s}, {"model", o.extract.model.model}, {"prompts", o.num_prompts},
         {"tokens", total_tokens}, {"seconds", seconds}, {"layers", o.extract.layers}, {"device", o.extract.model.device},
-        {"peak_device_gib", run.peak_device_bytes / double(1ull << 30)}, {"flops_per_token", flops_per_token}});
+        {"peak_device_gib", run.peak_device_bytes / double(1ull << 30)}, {"flops_per_token", flops_per_token},
+        {"prefix_caching", o.extract.prefix_caching}});
   if (o.extract.model.device != "cpu") return 0;  // the device run reports its own ceilings (bench/)
   line({{"metric", "sgemm_gflops"}, {"value", gemm}, {"what", "OpenBLAS f32 GEMM, the backend's own kernel, same run"}});
   line({{"metric", "extract_gflops"}, {"value", tok_s * flops_per_token / 1e9}, {"flops_per_token", flops_per_token}});
@@ -115,6 +116,7 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--max-num-batched-tokens", o->extract.max_num_batched_tokens);
   app->add_option("--max-num-seqs", o->extract.max_num_seqs);
   app->add_option("--kv-cache-gib", o->extract.kv_cache_gib);
+  app->add_flag("!--no-enable-prefix-caching", o->extract.prefix_caching, "Measure without prefix caching");
   app->add_option("--dir", o->extract.output, "Scratch directory; prompts.jsonl stays there afterwards");
   app->callback([o] {
     if (o->extract.layers.empty()) {

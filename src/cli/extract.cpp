@@ -98,6 +98,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
   ec.capture_layers = *layers;
   ec.capture_dtype = dtype;
+  ec.enable_prefix_caching = o.prefix_caching;
   Engine engine(**model, ec);
 
   const auto start = std::chrono::steady_clock::now();
@@ -154,9 +155,13 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   }
   progress.Finish(written + failed, tokens_done);
   std::fflush(stdout);
-  if (!o.quiet) std::fprintf(stderr, "hsx extract: wrote %ld files to %s, skipped %ld already in the manifest, %ld failed\n",
-               static_cast<long>(written.load()), o.output.c_str(), static_cast<long>(skipped),
-               static_cast<long>(failed.load()));
+  if (!o.quiet) {
+    std::fprintf(stderr,
+                 "hsx extract: wrote %ld files to %s, skipped %ld already in the manifest, %ld failed; "
+                 "prefix cache hit rate %.1f%%\n",
+                 static_cast<long>(written.load()), o.output.c_str(), static_cast<long>(skipped),
+                 static_cast<long>(failed.load()), 100.0 * engine.prefix_cache_hit_rate());
+  }
   return {failed > 0 ? 1 : 0, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
           written.load(), tokens_done.load(), (*backend)->peak_memory_bytes()};
 }
@@ -174,6 +179,8 @@ void RegisterExtract(CLI::App& root) {
   app->add_option("--max-num-seqs", o->max_num_seqs, "Sequences per step at most");
   app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");
   app->add_option("--writer-threads", o->writer_threads, "File writer threads");
+  app->add_flag("!--no-enable-prefix-caching", o->prefix_caching,
+                "Compute shared prompt prefixes again instead of reusing cached blocks and their states");
   app->add_option("--writer-queue", o->writer_queue,
                   "Finished requests waiting for a writer at most; beyond it the engine waits (backpressure)");
   app->callback([o] { ExitCode() = RunExtract(*o).exit_code; });

@@ -15,6 +15,7 @@ struct ExtractOptions {
   double kv_cache_gib = 2.0;
   int writer_threads = 2;
   int writer_queue = 16;
+  bool prefix_caching = true;
   bool quiet = false;  // no per-file lines on stdout, no summary
 };
 

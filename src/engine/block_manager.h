@@ -1,6 +1,13 @@
-// Hands out fixed-size KV cache blocks to sequences and takes them back.
+// Hands out fixed-size KV cache blocks to sequences and takes them back, with prefix
+// caching: a full prompt block is registered under a hash chained over its tokens and
+// all before it; a later sequence whose prompt starts the same way reuses those blocks
+// (and their captured hidden states) instead of computing them. Blocks nobody holds stay
+// cached until their slots are needed, then the least recently used goes first.
 #pragma once
 
+#include <cstdint>
+#include <list>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/sequence.h"
@@ -9,20 +16,46 @@ namespace hsx {
 
 class BlockManager {
  public:
-  BlockManager(int num_blocks, int block_size);
+  BlockManager(int num_blocks, int block_size, bool prefix_caching);
 
   int block_size() const { return block_size_; }
-  int num_free_blocks() const { return static_cast<int>(free_.size()); }
   int num_blocks() const { return num_blocks_; }
+  // Blocks that can be handed out now: never used, or cached and held by no sequence.
+  int num_free_blocks() const { return static_cast<int>(free_.size() + evictable_.size()); }
   static int BlocksFor(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
 
+  // For a sequence without blocks: takes the cached blocks matching its prompt's leading
+  // full blocks (never the block holding the last prompt token, which must be computed)
+  // and sets num_computed and num_cached_tokens. Returns the tokens reused.
+  int MatchPrefix(Sequence& seq);
   // Grows seq's block table to hold `tokens` tokens; false (and no change) if short of blocks.
   bool Reserve(Sequence& seq, int tokens);
+  // Registers seq's full prompt blocks within its first `tokens` tokens (their KV, and
+  // captured rows where capture is on, are complete).
+  void Commit(Sequence& seq, int tokens);
   void Release(Sequence& seq);
 
+  uint64_t hits() const { return hit_tokens_; }
+  uint64_t queries() const { return query_tokens_; }
+
  private:
+  struct Block {
+    int ref = 0;
+    uint64_t hash = 0;
+    bool cached = false;
+    std::vector<int32_t> tokens;  // the block's tokens, to rule out hash collisions
+    std::list<int32_t>::iterator lru;
+  };
+  uint64_t ChainHash(uint64_t parent, const int32_t* tokens) const;
+  int32_t Take();  // a never-used block, else evicts the least recently used cached one
+
   int num_blocks_, block_size_;
-  std::vector<int32_t> free_;
+  bool prefix_caching_;
+  std::vector<Block> blocks_;
+  std::vector<int32_t> free_;        // never cached, unheld
+  std::list<int32_t> evictable_;     // cached, unheld; front = least recently used
+  std::unordered_map<uint64_t, int32_t> cached_;
+  uint64_t hit_tokens_ = 0, query_tokens_ = 0;
 };
 
 }  // namespace hsx

@@ -27,9 +27,15 @@ Engine::Engine(Model& model, EngineConfig config)
     : model_(model),
       config_(std::move(config)),
       cache_(model.config(), model.backend(), ResolveNumBlocks(model, config_), config_.block_size),
-      blocks_(cache_.num_blocks(), config_.block_size),
+      blocks_(cache_.num_blocks(), config_.block_size, config_.enable_prefix_caching),
       scheduler_(config_.scheduler, blocks_) {
   if (config_.max_model_len <= 0) config_.max_model_len = model.config().max_position_embeddings;
+  if (config_.enable_prefix_caching && !config_.capture_layers.empty()) {
+    // Host pages are committed only as rows land in them.
+    capture_cache_ = Tensor::Host(config_.capture_dtype,
+                                  {static_cast<int64_t>(cache_.num_blocks()) * config_.block_size,
+                                   static_cast<int64_t>(config_.capture_layers.size()), model.config().hidden_size});
+  }
 }
 
 Engine::~Engine() {
@@ -101,7 +107,7 @@ void Engine::StoreCaptured(const PendingCapture& step) {
   ThreadPool::Global().ParallelFor(total, [&](int64_t b, int64_t e) {
     std::vector<float> f32(static_cast<size_t>(h));
     for (int64_t r = b; r < e; ++r) {
-      const auto [seq, pos] = step.rows[r];
+      const auto [seq, pos, slot] = step.rows[r];
       Tensor& dst = seq->hidden_states;
       if (!dst.defined() || pos >= seq->prompt_len()) continue;
       const size_t out_size = DTypeSize(dst.dtype());
@@ -115,6 +121,10 @@ void Engine::StoreCaptured(const PendingCapture& step) {
           ConvertFromF32(f32.data(), dst.dtype(), out, f32.size());
         }
       }
+      if (capture_cache_.defined()) {
+        const size_t row_bytes = static_cast<size_t>(layers * h) * out_size;
+        std::memcpy(capture_cache_.data<char>() + slot * row_bytes, dst.data<char>() + pos * row_bytes, row_bytes);
+      }
     }
   });
 }
@@ -125,8 +135,13 @@ void Engine::StoreCaptured(const PendingCapture& step) {
 std::unique_ptr<Engine::PendingCapture> Engine::StartCapture(const std::vector<ScheduledChunk>& chunks,
                                                              Tensor captured) {
   auto step = std::make_unique<PendingCapture>();
-  for (const auto& [seq, n] : chunks)
-    for (int i = 0; i < n; ++i) step->rows.push_back({seq, seq->num_computed + i});
+  const int bs = config_.block_size;
+  for (const auto& [seq, n] : chunks) {
+    for (int i = 0; i < n; ++i) {
+      const int64_t pos = seq->num_computed + i;
+      step->rows.push_back({seq, pos, static_cast<int64_t>(seq->block_table[pos / bs]) * bs + pos % bs});
+    }
+  }
   Tensor& buffer = host_buffers_[stats_.steps % 2];
   if (buffer.nbytes() < captured.nbytes()) {
     buffer = model_.backend().HostBuffer(DType::kI32, {static_cast<int64_t>((captured.nbytes() + 3) / 4)});
@@ -147,8 +162,34 @@ void Engine::FinishCapture(std::vector<std::unique_ptr<Sequence>>& finished) {
   StoreCaptured(*pending_);
   profile_seconds_[1] += Seconds(t0, t1);
   profile_seconds_[2] += Seconds(t1, Clock::now());
-  for (auto& seq : pending_->finishing) finished.push_back(std::move(seq));
+  // Blocks whose rows are now all stored can be shared; then the finished let go of theirs.
+  for (const auto& row : pending_->rows) Commit(*row.seq, static_cast<int>(row.pos) + 1);
+  for (auto& seq : pending_->finishing) Retire(std::move(seq), finished);
   pending_.reset();
+}
+
+void Engine::Commit(Sequence& seq, int tokens) {
+  if (capture_cache_.defined() && !seq.hidden_states.defined()) return;  // its blocks lack rows
+  blocks_.Commit(seq, tokens);
+}
+
+void Engine::Retire(std::unique_ptr<Sequence> seq, std::vector<std::unique_ptr<Sequence>>& finished) {
+  blocks_.Release(*seq);
+  finished.push_back(std::move(seq));
+}
+
+// A sequence admitted onto cached blocks gets those blocks' captured rows.
+void Engine::CopyCachedRows(Sequence& seq) {
+  const int cached = seq.num_cached_tokens;
+  seq.num_cached_tokens = 0;
+  if (cached == 0 || !capture_cache_.defined() || !seq.hidden_states.defined()) return;
+  const int bs = config_.block_size;
+  const size_t row_bytes = seq.hidden_states.nbytes() / static_cast<size_t>(seq.prompt_len());
+  for (int pos = 0; pos < cached; ++pos) {
+    const int64_t slot = static_cast<int64_t>(seq.block_table[pos / bs]) * bs + pos % bs;
+    std::memcpy(seq.hidden_states.data<char>() + pos * row_bytes, capture_cache_.data<char>() + slot * row_bytes,
+                row_bytes);
+  }
 }
 
 std::vector<std::unique_ptr<Sequence>> Engine::Step() {
@@ -158,6 +199,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
     FinishCapture(finished);
     return finished;
   }
+  for (const auto& [seq, n] : chunks) CopyCachedRows(*seq);
   const ForwardBatch batch = BuildBatch(chunks);
   const auto t0 = Clock::now();
   ForwardOutput out = model_.Forward(batch, cache_, config_.capture_layers);
@@ -179,9 +221,15 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
       const auto& stops = seq->request().stop_token_ids;
       if (std::find(stops.begin(), stops.end(), token) != stops.end()) seq->Stop();
     }
+    if (!capture) Commit(*seq, seq->num_computed);  // no rows to wait for
     if (seq->num_computed >= seq->prompt_len() && !seq->wants_more_tokens()) {
-      // A finished sequence waits for its last rows when this step's capture is in flight.
-      (capture ? capture->finishing : finished).push_back(scheduler_.Finish(seq));
+      // A finished sequence keeps its blocks until this step's captured rows are stored.
+      std::unique_ptr<Sequence> done = scheduler_.Detach(seq);
+      if (capture) {
+        capture->finishing.push_back(std::move(done));
+      } else {
+        Retire(std::move(done), finished);
+      }
     }
   }
   FinishCapture(finished);  // the previous step's, overlapping the forward just queued

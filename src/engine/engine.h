@@ -21,6 +21,8 @@ struct EngineConfig {
   std::vector<int> capture_layers;     // ascending unique layer ids; empty: no capture
   DType capture_dtype = DType::kBF16;
   int max_model_len = 0;               // 0: the model's max_position_embeddings
+  // Reuse the KV and captured hidden states of cached prompt blocks (see BlockManager).
+  bool enable_prefix_caching = true;
 };
 
 struct EngineStats {
@@ -42,6 +44,10 @@ class Engine {
     return scheduler_.num_waiting() + scheduler_.num_running() + (pending_ ? pending_->finishing.size() : 0);
   }
   uint64_t num_preemptions() const { return scheduler_.num_preemptions(); }
+  // Prompt tokens served from cached blocks, over prompt tokens looked up.
+  double prefix_cache_hit_rate() const {
+    return blocks_.queries() ? static_cast<double>(blocks_.hits()) / blocks_.queries() : 0.0;
+  }
 
   const EngineConfig& config() const { return config_; }
   const EngineStats& stats() const { return stats_; }
@@ -54,6 +60,7 @@ class Engine {
     struct Row {
       Sequence* seq;
       int64_t pos;
+      int64_t slot;  // KV slot: where the row lives in the capture cache
     };
     std::vector<Row> rows;  // one per batch row
     Tensor device, host_view;
@@ -63,6 +70,12 @@ class Engine {
   std::unique_ptr<PendingCapture> StartCapture(const std::vector<ScheduledChunk>& chunks, Tensor captured);
   void FinishCapture(std::vector<std::unique_ptr<Sequence>>& finished);
   void StoreCaptured(const PendingCapture& step);
+  void CopyCachedRows(Sequence& seq);
+  // Lets a finished sequence's blocks go (cached ones stay reusable) and hands it back.
+  void Retire(std::unique_ptr<Sequence> seq, std::vector<std::unique_ptr<Sequence>>& finished);
+  // Registers seq's prompt blocks within `tokens` for reuse, if they hold what a reuser
+  // needs: KV always, captured rows when the engine captures.
+  void Commit(Sequence& seq, int tokens);
 
   Model& model_;
   EngineConfig config_;
@@ -71,6 +84,9 @@ class Engine {
   Scheduler scheduler_;
   EngineStats stats_;
   Tensor host_buffers_[2];
+  // Prefix caching with capture: every computed prompt row, by KV slot, so sequences
+  // that reuse cached blocks also get those blocks' hidden states. [slots, L, H].
+  Tensor capture_cache_;
   std::unique_ptr<PendingCapture> pending_;
   // HSX_PROFILE=1: seconds in forward (synchronized), capture download, capture store.
   bool profile_ = std::getenv("HSX_PROFILE") != nullptr;

@@ -28,8 +28,12 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
   }
   while (!waiting_.empty() && budget > 0 && static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front().get();
+    blocks_.MatchPrefix(*seq);
     const int n = std::min(seq->num_tokens() - seq->num_computed, budget);
-    if (!blocks_.Reserve(*seq, seq->num_computed + n)) break;
+    if (!blocks_.Reserve(*seq, seq->num_computed + n)) {
+      blocks_.Release(*seq);  // give back the matched prefix; it is matched again next time
+      break;
+    }
     chunks.push_back({seq, n});
     budget -= n;
     running_.push_back(std::move(waiting_.front()));
@@ -38,11 +42,10 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
   return chunks;
 }
 
-std::unique_ptr<Sequence> Scheduler::Finish(Sequence* seq) {
+std::unique_ptr<Sequence> Scheduler::Detach(Sequence* seq) {
   auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == seq; });
   std::unique_ptr<Sequence> done = std::move(*it);
   running_.erase(it);
-  blocks_.Release(*done);
   return done;
 }
 

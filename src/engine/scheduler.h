@@ -29,8 +29,9 @@ class Scheduler {
 
   void Add(std::unique_ptr<Sequence> seq) { waiting_.push_back(std::move(seq)); }
   std::vector<ScheduledChunk> Schedule();
-  // Removes a running sequence, returning its blocks.
-  std::unique_ptr<Sequence> Finish(Sequence* seq);
+  // Removes a running sequence; its blocks stay held until the caller releases them
+  // (after the last of its captured rows are stored and its blocks registered).
+  std::unique_ptr<Sequence> Detach(Sequence* seq);
 
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   size_t num_waiting() const { return waiting_.size(); }

@@ -33,6 +33,11 @@ class Sequence {
   // Tokens whose KV is in the cache; the rest are computed by coming steps.
   int num_computed = 0;
   std::vector<int32_t> block_table;
+  // Prefix caching: chained hashes of the leading full prompt blocks registered so far,
+  // and how many leading tokens came from cached blocks at the last admission (their
+  // captured rows are still to be copied in by the engine).
+  std::vector<uint64_t> block_hashes;
+  int num_cached_tokens = 0;
   // Host [prompt_len, L, H] in the output dtype, filled as prefill chunks run.
   Tensor hidden_states;
 
