@@ -10,7 +10,9 @@ cmake --build build-device --target hsx hsx_tests -j "$(nproc)"
 rm -rf .devbin && mkdir -p .devbin
 cp build-device/src/hsx build-device/tests/hsx_tests .devbin/
 strip .devbin/hsx .devbin/hsx_tests
-for lib in libpcre2-8.so.0 libutf8proc.so.2 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
+# libssl3 and zlib are on the device image; the rest travels.
+for lib in libpcre2-8.so.0 libutf8proc.so.2 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 \
+           libcpp-httplib.so.0.11 libbrotlicommon.so.1 libbrotlidec.so.1 libbrotlienc.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$lib" .devbin/
 done
 grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >> .git/info/exclude

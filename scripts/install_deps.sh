@@ -9,6 +9,7 @@ pkgs=(
   libpcre2-dev         # Unicode-aware regex for tokenizer pre-tokenization
   libutf8proc-dev      # NFC normalization and UTF-8 handling
   libcli11-dev         # command-line parsing
+  libcpp-httplib-dev   # HTTP server for hsx serve
   libgtest-dev         # unit tests
 )
 missing=()

@@ -8,6 +8,11 @@ jobs=$(nproc)
 cmake -S . -B build -G Ninja -DHSX_WERROR=ON >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
+# The server against real clients: openai, and speculators' data-generation client
+# (installed without its heavy dependencies; only its openai-based client module is used).
+python3 -m pip install --quiet --disable-pip-version-check openai pytest numpy
+python3 -m pip install --quiet --disable-pip-version-check --no-deps speculators
+HSX_BINARY="$PWD/build/src/hsx" python3 -m pytest tests/python -q
 # Sanitizers cover the host code; the CUDA backend is compiled (and its tests skip
 # without a GPU) in the first build.
 cmake -S . -B build-asan -G Ninja -DHSX_WERROR=ON -DHSX_SANITIZE=ON -DHSX_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null

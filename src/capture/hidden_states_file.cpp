@@ -16,14 +16,18 @@ Status ValidateRequestId(const std::string& id) {
   return {};
 }
 
-Result<std::string> WriteHiddenStatesFile(const std::string& dir, const Sequence& seq) {
-  HSX_RETURN_IF_ERROR(ValidateRequestId(seq.id()));
+Status WriteHiddenStatesTo(const std::string& path, const Sequence& seq) {
   const int64_t t = seq.prompt_len();
   Tensor ids = Tensor::Host(DType::kI64, {t});
   for (int64_t i = 0; i < t; ++i) ids.data<int64_t>()[i] = seq.tokens()[i];
+  return WriteSafetensors(path, {{"hidden_states", seq.hidden_states}, {"token_ids", ids}})
+      .with_context("request '" + seq.id() + "'");
+}
+
+Result<std::string> WriteHiddenStatesFile(const std::string& dir, const Sequence& seq) {
+  HSX_RETURN_IF_ERROR(ValidateRequestId(seq.id()));
   const std::string path = dir + "/" + seq.id() + ".safetensors";
-  HSX_RETURN_IF_ERROR(WriteSafetensors(path, {{"hidden_states", seq.hidden_states}, {"token_ids", ids}})
-                          .with_context("request '" + seq.id() + "'"));
+  HSX_RETURN_IF_ERROR(WriteHiddenStatesTo(path, seq));
   return path;
 }
 

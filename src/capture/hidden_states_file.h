@@ -14,5 +14,7 @@ Status ValidateRequestId(const std::string& id);
 
 // Writes <dir>/<id>.safetensors atomically; returns its path.
 Result<std::string> WriteHiddenStatesFile(const std::string& dir, const Sequence& seq);
+// Writes the same content to an exact path.
+Status WriteHiddenStatesTo(const std::string& path, const Sequence& seq);
 
 }  // namespace hsx

@@ -15,5 +15,6 @@ void RegisterGenerate(CLI::App& root);
 void RegisterTokenize(CLI::App& root);
 void RegisterInspect(CLI::App& root);
 void RegisterBench(CLI::App& root);
+void RegisterServe(CLI::App& root);
 
 }  // namespace hsx::cli

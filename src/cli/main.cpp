@@ -1,4 +1,4 @@
-// hsx: extract hidden states, generate, tokenize, inspect, bench.
+// hsx: extract hidden states, serve, generate, tokenize, inspect, bench.
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   hsx::cli::RegisterTokenize(app);
   hsx::cli::RegisterInspect(app);
   hsx::cli::RegisterBench(app);
+  hsx::cli::RegisterServe(app);
   CLI11_PARSE(app, argc, argv);
   return hsx::cli::ExitCode();
 }

@@ -192,8 +192,22 @@ void Engine::CopyCachedRows(Sequence& seq) {
   }
 }
 
+bool Engine::Abort(const std::string& id) {
+  std::unique_ptr<Sequence> seq = scheduler_.Remove(id);
+  if (!seq) return false;
+  seq->aborted = true;
+  if (pending_) {
+    pending_->finishing.push_back(std::move(seq));  // the in-flight step may still name it
+  } else {
+    blocks_.Release(*seq);
+    aborted_.push_back(std::move(seq));
+  }
+  return true;
+}
+
 std::vector<std::unique_ptr<Sequence>> Engine::Step() {
-  std::vector<std::unique_ptr<Sequence>> finished;
+  std::vector<std::unique_ptr<Sequence>> finished = std::move(aborted_);
+  aborted_.clear();
   const std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
   if (chunks.empty()) {
     FinishCapture(finished);

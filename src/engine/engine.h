@@ -39,7 +39,12 @@ class Engine {
   // that names it.
   Status Add(Request request);
   std::vector<std::unique_ptr<Sequence>> Step();
-  bool has_work() const { return scheduler_.has_work() || pending_ != nullptr; }
+  // Cancels a queued or running request: it comes back from a later Step with
+  // aborted set, its blocks released. False if no such request is unfinished.
+  bool Abort(const std::string& id);
+  int num_free_blocks() const { return blocks_.num_free_blocks(); }
+  int num_blocks() const { return blocks_.num_blocks(); }
+  bool has_work() const { return scheduler_.has_work() || pending_ != nullptr || !aborted_.empty(); }
   size_t num_unfinished() const {
     return scheduler_.num_waiting() + scheduler_.num_running() + (pending_ ? pending_->finishing.size() : 0);
   }
@@ -88,6 +93,7 @@ class Engine {
   // that reuse cached blocks also get those blocks' hidden states. [slots, L, H].
   Tensor capture_cache_;
   std::unique_ptr<PendingCapture> pending_;
+  std::vector<std::unique_ptr<Sequence>> aborted_;  // handed back by the next Step
   // HSX_PROFILE=1: seconds in forward (synchronized), capture download, capture store.
   bool profile_ = std::getenv("HSX_PROFILE") != nullptr;
   double profile_seconds_[3] = {0, 0, 0};

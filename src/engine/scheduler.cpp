@@ -42,6 +42,17 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
   return chunks;
 }
 
+std::unique_ptr<Sequence> Scheduler::Remove(const std::string& id) {
+  auto waiting = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& p) { return p->id() == id; });
+  if (waiting != waiting_.end()) {
+    std::unique_ptr<Sequence> seq = std::move(*waiting);
+    waiting_.erase(waiting);
+    return seq;
+  }
+  auto running = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p->id() == id; });
+  return running == running_.end() ? nullptr : Detach(running->get());
+}
+
 std::unique_ptr<Sequence> Scheduler::Detach(Sequence* seq) {
   auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& p) { return p.get() == seq; });
   std::unique_ptr<Sequence> done = std::move(*it);

@@ -32,6 +32,8 @@ class Scheduler {
   // Removes a running sequence; its blocks stay held until the caller releases them
   // (after the last of its captured rows are stored and its blocks registered).
   std::unique_ptr<Sequence> Detach(Sequence* seq);
+  // Removes a waiting or running sequence by request id (nullptr if unknown); blocks stay held.
+  std::unique_ptr<Sequence> Remove(const std::string& id);
 
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   size_t num_waiting() const { return waiting_.size(); }

@@ -44,6 +44,8 @@ class Sequence {
   bool wants_more_tokens() const { return !stopped_ && num_generated() < request_.max_new_tokens; }
   void Append(int32_t token) { tokens_.push_back(token); }
   void Stop() { stopped_ = true; }
+  // Set when the request was cancelled (a client went away): it ends without a result.
+  bool aborted = false;
 
  private:
   Request request_;

@@ -1,0 +1,173 @@
+// hsx serve MODEL: the OpenAI-style server, taking vLLM's flag shapes for hidden-state
+// extraction (--speculative-config, --kv-transfer-config) so its clients work unchanged.
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "capture/hidden_states_file.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "server/openai_server.h"
+
+namespace hsx::cli {
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  ServerConfig server;
+  std::string speculative_config, kv_transfer_config;
+  int max_num_batched_tokens = 8192, max_num_seqs = 256, max_queued = 1024;
+  double kv_cache_gib = 2.0;
+  bool prefix_caching = true;
+};
+
+// --speculative-config '{"method": "extract_hidden_states", ..., "draft_model_config":
+//   {"hf_config": {"eagle_aux_hidden_state_layer_ids": [..]}}}' -> capture layer ids.
+Result<std::vector<int>> ParseSpeculativeConfig(const std::string& text, int num_layers) {
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  const std::string where = "--speculative-config: ";
+  if (j.is_discarded() || !j.is_object()) return Error(where + "not a JSON object");
+  if (j.value("method", "") != "extract_hidden_states") {
+    return Error(where + "method must be \"extract_hidden_states\" (speculative decoding is not served yet)");
+  }
+  const nlohmann::json* ids = nullptr;
+  if (j.contains("draft_model_config") && j["draft_model_config"].contains("hf_config") &&
+      j["draft_model_config"]["hf_config"].contains("eagle_aux_hidden_state_layer_ids")) {
+    ids = &j["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"];
+  }
+  if (ids == nullptr || !ids->is_array() || ids->empty()) {
+    return Error(where + "expected draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids, a list of layer ids");
+  }
+  std::vector<int> layers;
+  for (const auto& v : *ids) {
+    if (!v.is_number_integer() || v.get<int>() < 0 || v.get<int>() > num_layers) {
+      return Error(where + "layer id " + v.dump() + " is out of range [0, " + std::to_string(num_layers) + "]");
+    }
+    if (std::find(layers.begin(), layers.end(), v.get<int>()) != layers.end()) {
+      return Error(where + "layer id " + v.dump() + " is given twice");
+    }
+    layers.push_back(v.get<int>());
+  }
+  std::sort(layers.begin(), layers.end());
+  return layers;
+}
+
+Status ParseKvTransferConfig(const std::string& text, ServerConfig& server) {
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  const std::string where = "--kv-transfer-config: ";
+  if (j.is_discarded() || !j.is_object()) return Error(where + "not a JSON object");
+  if (j.value("kv_connector", "") != "ExampleHiddenStatesConnector") {
+    return Error(where + "kv_connector must be \"ExampleHiddenStatesConnector\"");
+  }
+  const auto extra = j.value("kv_connector_extra_config", nlohmann::json::object());
+  if (!extra.contains("shared_storage_path") || !extra["shared_storage_path"].is_string()) {
+    return Error(where + "kv_connector_extra_config.shared_storage_path (a directory) is required");
+  }
+  server.storage_dir = std::filesystem::absolute(extra["shared_storage_path"].get<std::string>()).lexically_normal().string();
+  server.writer_threads = extra.value("num_writer_threads", 8);
+  server.use_lock = extra.value("use_synchronization_lock", true);
+  std::error_code ec;
+  std::filesystem::create_directories(server.storage_dir, ec);
+  if (!std::filesystem::is_directory(server.storage_dir)) {
+    return Error(where + "shared_storage_path " + server.storage_dir + " cannot be created");
+  }
+  return {};
+}
+
+// SIGTERM/SIGINT write a byte to this pipe (all a handler may safely do); a waiting
+// thread reads it and stops the server, which drains in-flight requests.
+int g_signal_pipe[2] = {-1, -1};
+extern "C" void OnStopSignal(int) {
+  const char byte = 1;
+  [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
+}
+
+int RunServe(ServeOptions o) {
+  const char* cmd = "serve";
+  if (::pipe(g_signal_pipe) != 0) return Fail(cmd, Error("cannot create the signal pipe"));
+  struct sigaction action {};
+  action.sa_handler = OnStopSignal;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+
+  auto backend = MakeBackend(o.model.device);
+  if (!backend.ok()) return Fail(cmd, backend.status());
+  auto model = LoadModel(o.model, **backend);
+  if (!model.ok()) return Fail(cmd, model.status());
+  auto tokenizer = LoadTokenizerIfPresent(o.model.model);
+  if (!tokenizer.ok()) return Fail(cmd, tokenizer.status());
+  const ModelConfig& mc = (*model)->config();
+
+  EngineConfig ec;
+  ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+  ec.scheduler.max_num_seqs = o.max_num_seqs;
+  ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
+  ec.capture_dtype = mc.dtype;
+  ec.enable_prefix_caching = o.prefix_caching;
+  if (!o.speculative_config.empty()) {
+    auto layers = ParseSpeculativeConfig(o.speculative_config, mc.num_layers);
+    if (!layers.ok()) return Fail(cmd, layers.status());
+    ec.capture_layers = *layers;
+  }
+  if (!o.kv_transfer_config.empty()) {
+    if (Status s = ParseKvTransferConfig(o.kv_transfer_config, o.server); !s.ok()) return Fail(cmd, s);
+  }
+  if (ec.capture_layers.empty() != o.server.storage_dir.empty()) {
+    return Fail(cmd, Error("hidden-state extraction needs both --speculative-config and --kv-transfer-config"));
+  }
+  ec.max_model_len = mc.max_position_embeddings;
+  if (o.server.model_name.empty()) o.server.model_name = o.model.model;
+  o.server.max_model_len = ec.max_model_len;
+
+  EngineService service(**model, ec, static_cast<size_t>(o.max_queued));
+  OpenAiServer server(o.server, service, tokenizer->has_value() ? &**tokenizer : nullptr, mc.eos_token_ids);
+  std::thread waiter([&] {
+    char byte;
+    while (::read(g_signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    server.Stop();
+  });
+  std::fprintf(stderr, "hsx serve: %s on http://%s:%d%s\n", o.server.model_name.c_str(), o.server.host.c_str(),
+               o.server.port, o.server.storage_dir.empty() ? "" : (", hidden states to " + o.server.storage_dir).c_str());
+  const Status run = server.Run();
+  if (!run.ok()) {
+    OnStopSignal(0);
+    waiter.join();
+    return Fail(cmd, run);
+  }
+  waiter.join();
+  service.Shutdown();
+  std::fprintf(stderr, "hsx serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void RegisterServe(CLI::App& root) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* app = root.add_subcommand("serve", "OpenAI-compatible server (vLLM's hidden-state extraction protocol)");
+  app->add_option("model", o->model.model, "Hugging Face model directory (or a named config with dummy weights)")
+      ->required();
+  app->add_option("--load-format", o->model.load_format)->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
+  app->add_option("--device", o->model.device, "cpu or cuda[:N]");
+  app->add_option("--host", o->server.host, "Address to bind (default 127.0.0.1)");
+  app->add_option("--port", o->server.port);
+  app->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY'");
+  app->add_option("--served-model-name", o->server.model_name);
+  app->add_option("--speculative-config", o->speculative_config, "vLLM's JSON; method extract_hidden_states");
+  app->add_option("--kv-transfer-config", o->kv_transfer_config, "vLLM's JSON; ExampleHiddenStatesConnector");
+  app->add_flag("--allow-custom-save-path", o->server.allow_custom_path,
+                "Let requests name kv_transfer_params.hidden_states_path (inside shared_storage_path)");
+  app->add_option("--max-num-batched-tokens", o->max_num_batched_tokens);
+  app->add_option("--max-num-seqs", o->max_num_seqs);
+  app->add_option("--max-queued-requests", o->max_queued, "Beyond this, requests get 503 with Retry-After");
+  app->add_option("--kv-cache-gib", o->kv_cache_gib);
+  app->add_flag("!--no-enable-prefix-caching", o->prefix_caching);
+  app->callback([o] { ExitCode() = RunServe(*o); });
+}
+
+}  // namespace hsx::cli

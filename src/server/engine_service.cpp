@@ -1,0 +1,106 @@
+#include "server/engine_service.h"
+
+namespace hsx {
+
+EngineService::EngineService(Model& model, EngineConfig config, size_t max_queued)
+    : engine_(model, std::move(config)), max_queued_(max_queued) {
+  stats_.total_blocks = engine_.num_blocks();
+  thread_ = std::thread([this] { Loop(); });
+}
+
+EngineService::~EngineService() { Shutdown(); }
+
+bool EngineService::Submit(Request request, Callback done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || incoming_.size() + in_flight_ >= max_queued_) return false;
+    incoming_.push_back({std::move(request), std::move(done)});
+  }
+  wake_.notify_one();
+  return true;
+}
+
+void EngineService::Abort(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborts_.insert(id);
+  }
+  wake_.notify_one();
+}
+
+void EngineService::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineService::Stats EngineService::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void EngineService::Loop() {
+  for (;;) {
+    std::deque<Pending> incoming;
+    std::unordered_set<std::string> aborts;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !aborts_.empty() || engine_.has_work(); });
+      if (stopping_ && incoming_.empty() && !engine_.has_work()) return;
+      incoming.swap(incoming_);
+      aborts.swap(aborts_);
+    }
+    // Admission happens here, on the engine's thread; a rejected request fails alone.
+    for (Pending& p : incoming) {
+      const std::string id = p.request.id;
+      const int prompt = static_cast<int>(p.request.prompt.size());
+      Status s = callbacks_.count(id) ? Error("request '" + id + "': an unfinished request already has this id")
+                                      : engine_.Add(std::move(p.request));
+      if (!s.ok()) {
+        p.done(s, nullptr);
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.requests_failed;
+        continue;
+      }
+      callbacks_[id] = std::move(p.done);
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.prompt_tokens += prompt;
+      in_flight_ = callbacks_.size();
+    }
+    for (const std::string& id : aborts) engine_.Abort(id);
+
+    const uint64_t computed_before = engine_.stats().tokens_computed;
+    std::vector<std::unique_ptr<Sequence>> finished;
+    if (engine_.has_work()) finished = engine_.Step();
+    for (auto& seq : finished) {
+      auto it = callbacks_.find(seq->id());
+      if (it == callbacks_.end()) continue;
+      Callback done = std::move(it->second);
+      callbacks_.erase(it);
+      const bool aborted = seq->aborted;
+      const int generated = seq->num_generated();
+      if (aborted) {
+        done(Error("request '" + seq->id() + "' was cancelled"), nullptr);
+      } else {
+        done(Status(), std::move(seq));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      ++(aborted ? stats_.requests_failed : stats_.requests_finished);
+      stats_.generation_tokens += generated;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.steps = engine_.stats().steps;
+    stats_.tokens_computed = engine_.stats().tokens_computed;
+    stats_.last_batch_tokens = static_cast<size_t>(engine_.stats().tokens_computed - computed_before);
+    stats_.queued = incoming_.size();
+    stats_.running = in_flight_ = callbacks_.size();
+    stats_.free_blocks = engine_.num_free_blocks();
+    stats_.prefix_cache_hit_rate = engine_.prefix_cache_hit_rate();
+  }
+}
+
+}  // namespace hsx

@@ -1,0 +1,66 @@
+// Runs an Engine on its own thread so requests can come from any thread: Submit queues
+// a request and returns at once; its callback runs on the engine thread when it ends.
+// The queue is bounded (a full one refuses new work, so the server can answer 503), an
+// aborted request frees its blocks, and Shutdown drains what was accepted.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "engine/engine.h"
+
+namespace hsx {
+
+class EngineService {
+ public:
+  // Called once per accepted request: an error Status, or the finished sequence.
+  using Callback = std::function<void(const Status&, std::unique_ptr<Sequence>)>;
+
+  EngineService(Model& model, EngineConfig config, size_t max_queued);
+  ~EngineService();  // Shutdown()
+
+  // False (and the callback is never called) when the queue is full or shutting down.
+  bool Submit(Request request, Callback done);
+  // Drops a request that has not finished; its callback gets an error.
+  void Abort(const std::string& id);
+  // Finishes every accepted request, then stops the thread.
+  void Shutdown();
+
+  struct Stats {
+    uint64_t requests_finished = 0, requests_failed = 0, prompt_tokens = 0, generation_tokens = 0;
+    uint64_t tokens_computed = 0, steps = 0;
+    size_t queued = 0, running = 0, last_batch_tokens = 0;
+    int free_blocks = 0, total_blocks = 0;
+    double prefix_cache_hit_rate = 0;
+  };
+  Stats stats() const;
+
+ private:
+  void Loop();
+
+  struct Pending {
+    Request request;
+    Callback done;
+  };
+  Engine engine_;
+  const size_t max_queued_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<Pending> incoming_;
+  std::unordered_set<std::string> aborts_;
+  std::unordered_map<std::string, Callback> callbacks_;  // accepted, unfinished; engine thread only
+  size_t in_flight_ = 0;                                  // callbacks_.size(), under mu_
+  bool stopping_ = false;
+  Stats stats_;
+  std::thread thread_;
+};
+
+}  // namespace hsx

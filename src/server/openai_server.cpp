@@ -1,0 +1,327 @@
+#include "server/openai_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "capture/file_lock.h"
+#include "capture/hidden_states_file.h"
+
+namespace hsx {
+namespace {
+
+using json = nlohmann::json;
+
+// OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
+void ReplyError(httplib::Response& res, int code, const std::string& message, const std::string& param = "") {
+  const char* type = code == 401 ? "authentication_error"
+                     : code == 404 ? "not_found_error"
+                     : code == 503 ? "server_overloaded"
+                     : code >= 500 ? "internal_error"
+                                   : "invalid_request_error";
+  json body = {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? json() : json(param)}, {"code", code}}}};
+  res.status = code;
+  res.set_content(body.dump(), "application/json");
+}
+
+void ReplyJson(httplib::Response& res, const json& body) {
+  res.status = 200;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+int64_t Now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A request field that must be a non-negative integer, or the field's default.
+std::optional<std::string> NonNegativeInt(const json& body, const char* key, int& out) {
+  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
+  if (!body[key].is_number_integer() || body[key].get<int64_t>() < 0 || body[key].get<int64_t>() > INT32_MAX) {
+    return std::string("'") + key + "' must be a non-negative integer";
+  }
+  out = body[key].get<int>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+struct OpenAiServer::Completion {
+  Status status;
+  std::unique_ptr<Sequence> seq;
+  std::string hidden_states_path;
+  bool server_error = false;  // the request was fine; the server could not store its output
+};
+
+OpenAiServer::OpenAiServer(ServerConfig config, EngineService& engine, const Tokenizer* tokenizer,
+                           std::vector<int32_t> eos_token_ids)
+    : config_(std::move(config)),
+      engine_(engine),
+      tokenizer_(tokenizer),
+      eos_token_ids_(std::move(eos_token_ids)),
+      http_(std::make_unique<httplib::Server>()) {
+  if (!config_.storage_dir.empty()) writers_ = std::make_unique<WriterPool>(config_.writer_threads, 64);
+  Routes();
+}
+
+OpenAiServer::~OpenAiServer() { Stop(); }
+
+Status OpenAiServer::Run() {
+  if (!http_->bind_to_port(config_.host.c_str(), config_.port)) {
+    return Error("--host " + config_.host + " --port " + std::to_string(config_.port) + ": cannot listen (address in use?)");
+  }
+  http_->listen_after_bind();
+  return {};
+}
+
+void OpenAiServer::Stop() {
+  http_->stop();
+  if (writers_) writers_->Drain();
+}
+
+void OpenAiServer::Routes() {
+  // Every route checks the bearer token first when one is configured.
+  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    ++http_requests_;
+    if (config_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") != "Bearer " + config_.api_key) {
+      ReplyError(res, 401, "missing or wrong API key (expected 'Authorization: Bearer <key>')");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  http_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+
+  http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    ReplyJson(res, {{"object", "list"},
+                    {"data", {{{"id", config_.model_name}, {"object", "model"}, {"created", Now()}, {"owned_by", "hsx"},
+                               {"max_model_len", config_.max_model_len}}}}});
+  });
+
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Metrics(), "text/plain; version=0.0.4");
+  });
+
+  http_->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    if (tokenizer_ == nullptr) return ReplyError(res, 400, "this model has no tokenizer.json");
+    const json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object() || !body.contains("prompt") || !body["prompt"].is_string()) {
+      return ReplyError(res, 400, "expected a JSON object with a string field 'prompt'", "prompt");
+    }
+    auto ids = tokenizer_->Encode(body["prompt"].get<std::string>());
+    if (!ids.ok()) return ReplyError(res, 400, ids.status().message(), "prompt");
+    ReplyJson(res, {{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", config_.max_model_len}});
+  });
+
+  http_->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    if (tokenizer_ == nullptr) return ReplyError(res, 400, "this model has no tokenizer.json");
+    const json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
+      return ReplyError(res, 400, "expected a JSON object with a list field 'tokens'", "tokens");
+    }
+    std::vector<int32_t> ids;
+    for (const auto& t : body["tokens"]) {
+      if (!t.is_number_integer()) return ReplyError(res, 400, "'tokens' must be a list of integers", "tokens");
+      ids.push_back(t.get<int32_t>());
+    }
+    auto text = tokenizer_->Decode(ids);
+    if (!text.ok()) return ReplyError(res, 400, text.status().message(), "tokens");
+    ReplyJson(res, {{"prompt", *text}});
+  });
+
+  http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    const json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded()) return ReplyError(res, 400, "the request body is not valid JSON");
+    if (!body.is_object()) return ReplyError(res, 400, "the request body must be a JSON object");
+    if (body.contains("model") && (!body["model"].is_string() || body["model"].get<std::string>() != config_.model_name)) {
+      return ReplyError(res, 404, "the model '" + body["model"].dump() + "' does not exist; this server has '" +
+                                      config_.model_name + "'", "model");
+    }
+    if (body.value("stream", false) == true) return ReplyError(res, 400, "'stream': true is not supported yet", "stream");
+    if (body.contains("temperature") && !body["temperature"].is_null()) {
+      if (!body["temperature"].is_number()) return ReplyError(res, 400, "'temperature' must be a number", "temperature");
+      if (body["temperature"].get<double>() > 0) {
+        return ReplyError(res, 400, "only greedy decoding (temperature 0) is supported so far", "temperature");
+      }
+    }
+    int max_tokens = 16;
+    if (auto e = NonNegativeInt(body, "max_tokens", max_tokens)) return ReplyError(res, 400, *e, "max_tokens");
+    for (const char* key : {"top_p", "top_k", "seed"}) {
+      if (body.contains(key) && !body[key].is_null() && !body[key].is_number()) {
+        return ReplyError(res, 400, std::string("'") + key + "' must be a number", key);
+      }
+    }
+    const bool return_token_ids = body.value("return_token_ids", false);
+
+    // prompt: text, token ids, or a list of either.
+    if (!body.contains("prompt")) return ReplyError(res, 400, "missing field 'prompt'", "prompt");
+    std::vector<std::vector<int32_t>> prompts;
+    auto add_prompt = [&](const json& p) -> std::optional<std::string> {
+      if (p.is_string()) {
+        if (tokenizer_ == nullptr) return "text prompts need a tokenizer.json; send token ids";
+        auto ids = tokenizer_->Encode(p.get<std::string>());
+        if (!ids.ok()) return ids.status().message();
+        prompts.push_back(std::move(ids).value());
+        return std::nullopt;
+      }
+      if (p.is_array()) {
+        std::vector<int32_t> ids;
+        for (const auto& t : p) {
+          if (!t.is_number_integer()) return "token id prompts must be lists of integers";
+          const int64_t v = t.get<int64_t>();
+          if (v < INT32_MIN || v > INT32_MAX) return "token id " + std::to_string(v) + " is out of range";
+          ids.push_back(static_cast<int32_t>(v));
+        }
+        prompts.push_back(std::move(ids));
+        return std::nullopt;
+      }
+      return "'prompt' must be a string, a list of token ids, or a list of either";
+    };
+    const json& prompt = body["prompt"];
+    const bool batch = prompt.is_array() && !prompt.empty() && (prompt[0].is_string() || prompt[0].is_array());
+    if (batch) {
+      for (const auto& p : prompt)
+        if (auto e = add_prompt(p)) return ReplyError(res, 400, *e, "prompt");
+    } else if (auto e = add_prompt(prompt)) {
+      return ReplyError(res, 400, *e, "prompt");
+    }
+
+    // Where the hidden states go: <storage>/<request id>.safetensors, or a custom path
+    // inside the storage directory when the server allows it.
+    const bool extract = !config_.storage_dir.empty();
+    std::string custom_path;
+    if (body.contains("kv_transfer_params") && !body["kv_transfer_params"].is_null()) {
+      const json& kv = body["kv_transfer_params"];
+      if (!kv.is_object()) return ReplyError(res, 400, "'kv_transfer_params' must be an object", "kv_transfer_params");
+      if (kv.contains("hidden_states_path") && !kv["hidden_states_path"].is_null()) {
+        if (!extract || !config_.allow_custom_path) {
+          return ReplyError(res, 400, "a custom hidden_states_path needs --allow-custom-save-path", "kv_transfer_params");
+        }
+        if (!kv["hidden_states_path"].is_string() || prompts.size() != 1) {
+          return ReplyError(res, 400, "hidden_states_path must be a string, for a single prompt", "kv_transfer_params");
+        }
+        namespace fs = std::filesystem;
+        const fs::path root = fs::weakly_canonical(config_.storage_dir);
+        const fs::path target = fs::weakly_canonical(root / kv["hidden_states_path"].get<std::string>());
+        const auto rel = target.lexically_relative(root);
+        if (rel.empty() || *rel.begin() == ".." || target.filename().empty()) {
+          return ReplyError(res, 400, "hidden_states_path must stay inside the shared storage path",
+                            "kv_transfer_params");
+        }
+        custom_path = target.string();
+        std::error_code ec;
+        fs::create_directories(target.parent_path(), ec);
+      }
+    }
+
+    // Submit every prompt; each finishes through its own promise.
+    const std::string id = "cmpl-" + std::to_string(Now()) + "-" + std::to_string(next_id_++);
+    std::vector<std::future<Completion>> futures;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto promise = std::make_shared<std::promise<Completion>>();
+      futures.push_back(promise->get_future());
+      Request r;
+      r.id = id + "-" + std::to_string(i);
+      r.prompt = prompts[i];
+      r.max_new_tokens = max_tokens;
+      r.capture = extract;
+      if (!body.value("ignore_eos", false)) r.stop_token_ids = eos_token_ids_;
+      const std::string path = !custom_path.empty() ? custom_path : config_.storage_dir + "/" + r.id + ".safetensors";
+      const bool accepted = engine_.Submit(std::move(r), [this, promise, extract, path](const Status& status,
+                                                                                         std::unique_ptr<Sequence> seq) {
+        Completion c{status, std::move(seq), extract ? path : "", false};
+        if (c.status.ok() && extract) {
+          // Lock before the response names the file; the writer releases it when done.
+          std::shared_ptr<FileLock> lock;
+          if (config_.use_lock) {
+            auto acquired = FileLock::Acquire(path + ".lock");
+            if (!acquired.ok()) {
+              promise->set_value({acquired.status(), nullptr, "", true});
+              return;
+            }
+            lock = std::move(acquired).value();
+          }
+          std::shared_ptr<Sequence> shared(c.seq.release());
+          writers_->Submit([this, shared, lock, path] {
+            const auto t0 = std::chrono::steady_clock::now();
+            const Status written = WriteHiddenStatesTo(path, *shared);
+            write_micros_ += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+            ++(written.ok() ? files_written_ : file_errors_);
+            if (!written.ok()) std::fprintf(stderr, "hsx serve: error: %s\n", written.message().c_str());
+          });
+          c.seq = std::make_unique<Sequence>(*shared);  // the response needs only its tokens
+        }
+        promise->set_value(std::move(c));
+      });
+      if (!accepted) {
+        res.set_header("Retry-After", "1");
+        return ReplyError(res, 503, "the server is at capacity; retry shortly");
+      }
+    }
+
+    json choices = json::array();
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    std::string first_path;
+    for (size_t i = 0; i < futures.size(); ++i) {
+      Completion c = futures[i].get();
+      if (!c.status.ok()) return ReplyError(res, c.server_error ? 500 : 400, c.status.message(), c.server_error ? "" : "prompt");
+      const std::vector<int32_t> out = c.seq->generated();
+      json choice = {{"index", i}, {"text", ""}, {"logprobs", nullptr},
+                     {"finish_reason", c.seq->num_generated() < max_tokens ? "stop" : "length"}};
+      if (tokenizer_ != nullptr) {
+        auto text = tokenizer_->Decode(out);
+        if (text.ok()) choice["text"] = *text;
+      }
+      if (return_token_ids) {
+        choice["prompt_token_ids"] = c.seq->request().prompt;
+        choice["token_ids"] = out;
+      }
+      if (extract) {
+        choice["kv_transfer_params"] = {{"hidden_states_path", c.hidden_states_path}};
+        if (first_path.empty()) first_path = c.hidden_states_path;
+      }
+      prompt_tokens += c.seq->prompt_len();
+      completion_tokens += static_cast<int64_t>(out.size());
+      choices.push_back(std::move(choice));
+    }
+    json response = {{"id", id}, {"object", "text_completion"}, {"created", Now()}, {"model", config_.model_name},
+                     {"choices", choices},
+                     {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
+                                {"total_tokens", prompt_tokens + completion_tokens}}}};
+    if (extract) response["kv_transfer_params"] = {{"hidden_states_path", first_path}};
+    ReplyJson(res, response);
+  });
+}
+
+std::string OpenAiServer::Metrics() const {
+  const EngineService::Stats s = engine_.stats();
+  std::ostringstream out;
+  auto metric = [&](const char* name, const char* type, const char* help, double value, const char* labels = "") {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+        << name << labels << " " << value << "\n";
+  };
+  metric("hsx_http_requests_total", "counter", "HTTP requests received", static_cast<double>(http_requests_.load()));
+  out << "# HELP hsx_requests_total Generation requests that ended, by outcome\n# TYPE hsx_requests_total counter\n"
+      << "hsx_requests_total{status=\"finished\"} " << s.requests_finished << "\n"
+      << "hsx_requests_total{status=\"failed\"} " << s.requests_failed << "\n";
+  metric("hsx_prompt_tokens_total", "counter", "Prompt tokens accepted", static_cast<double>(s.prompt_tokens));
+  metric("hsx_generation_tokens_total", "counter", "Tokens generated", static_cast<double>(s.generation_tokens));
+  metric("hsx_computed_tokens_total", "counter", "Tokens run through the model", static_cast<double>(s.tokens_computed));
+  metric("hsx_queue_depth", "gauge", "Requests submitted but not yet admitted", static_cast<double>(s.queued));
+  metric("hsx_running_requests", "gauge", "Requests admitted and unfinished", static_cast<double>(s.running));
+  metric("hsx_batch_tokens", "gauge", "Tokens in the last engine step", static_cast<double>(s.last_batch_tokens));
+  metric("hsx_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks held by requests",
+         s.total_blocks ? 1.0 - static_cast<double>(s.free_blocks) / s.total_blocks : 0.0);
+  metric("hsx_prefix_cache_hit_rate", "gauge", "Prompt tokens served from cached blocks", s.prefix_cache_hit_rate);
+  metric("hsx_hidden_state_files_total", "counter", "Hidden-state files written", static_cast<double>(files_written_.load()));
+  metric("hsx_hidden_state_file_errors_total", "counter", "Hidden-state files that failed", static_cast<double>(file_errors_.load()));
+  metric("hsx_hidden_state_write_seconds_total", "counter", "Time spent writing hidden-state files",
+         static_cast<double>(write_micros_.load()) / 1e6);
+  return out.str();
+}
+
+}  // namespace hsx

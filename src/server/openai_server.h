@@ -1,0 +1,60 @@
+// The OpenAI-style HTTP front end of hsx serve, shaped like vLLM's server so existing
+// clients work unchanged: /v1/completions (with vLLM's hidden-state extraction through
+// kv_transfer_params), /v1/models, /health, /metrics, /tokenize, /detokenize.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "capture/writer_pool.h"
+#include "server/engine_service.h"
+#include "tokenizer/tokenizer.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace hsx {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;     // empty: no authentication
+  std::string model_name;  // what /v1/models lists and requests may name
+  int max_model_len = 0;
+  // Hidden-state extraction (vLLM's ExampleHiddenStatesConnector); off when storage_dir is empty.
+  std::string storage_dir;
+  int writer_threads = 8;
+  bool use_lock = true;
+  bool allow_custom_path = false;
+};
+
+class OpenAiServer {
+ public:
+  OpenAiServer(ServerConfig config, EngineService& engine, const Tokenizer* tokenizer, std::vector<int32_t> eos_token_ids);
+  ~OpenAiServer();
+  // Serves until Stop; an error if the address cannot be bound.
+  Status Run();
+  // Stops accepting, lets in-flight requests finish, and makes Run return.
+  void Stop();
+
+ private:
+  void Routes();
+  struct Completion;
+  std::string Metrics() const;
+
+  ServerConfig config_;
+  EngineService& engine_;
+  const Tokenizer* tokenizer_;
+  std::vector<int32_t> eos_token_ids_;
+  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<WriterPool> writers_;
+  std::atomic<uint64_t> next_id_{0};
+  std::atomic<uint64_t> http_requests_{0}, files_written_{0}, file_errors_{0};
+  std::atomic<uint64_t> write_micros_{0};
+};
+
+}  // namespace hsx

@@ -1,0 +1,86 @@
+"""Starts `hsx serve` on a fixture model for the client tests (real `openai` and
+`speculators` clients against the real binary)."""
+import json
+import os
+import pathlib
+import socket
+import struct
+import subprocess
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HSX = os.environ.get("HSX_BINARY", str(ROOT / "build" / "src" / "hsx"))
+MODEL = ROOT / "tests" / "data" / "models" / "qwen3"
+LAYERS = [0, 2, 4]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_safetensors(path):
+    """Any safetensors file as numpy arrays, bf16 widened to f32 (numpy has no bf16)."""
+    raw = pathlib.Path(path).read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = meta["data_offsets"]
+        data = raw[8 + n + begin:8 + n + end]
+        if meta["dtype"] == "BF16":
+            arr = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            arr = np.frombuffer(data, {"F32": np.float32, "I64": np.int64, "F16": np.float16}[meta["dtype"]])
+        out[name] = arr.reshape(meta["shape"])
+    return out
+
+
+class Server:
+    def __init__(self, tmp, *extra):
+        self.port = free_port()
+        self.storage = tmp / "hidden_states"
+        self.url = f"http://127.0.0.1:{self.port}"
+        spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}}
+        kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+              "kv_connector_extra_config": {"shared_storage_path": str(self.storage), "num_writer_threads": 4,
+                                            "use_synchronization_lock": True}}
+        self.log = open(tmp / "server.log", "w")
+        self.proc = subprocess.Popen(
+            [HSX, "serve", str(MODEL), "--port", str(self.port), "--served-model-name", "qwen3-fixture",
+             "--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv), *extra],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("hsx serve did not come up: " + (tmp / "server.log").read_text())
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("serve"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return read_safetensors(MODEL / "golden.safetensors")

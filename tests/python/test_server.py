@@ -1,0 +1,152 @@
+"""hsx serve against real clients: speculators' data-generation client and the openai
+package, checked against the golden hidden states of the fixture model."""
+import fcntl
+import importlib.util
+import json
+import os
+import signal
+import urllib.error
+import urllib.request
+
+import numpy as np
+import openai
+import pytest
+
+from conftest import LAYERS, Server, read_safetensors
+
+
+def load_vllm_client():
+    """speculators' own client module, loaded from the installed package file (the
+    package itself imports torch; this module needs only openai)."""
+    package_dir = importlib.util.find_spec("speculators").submodule_search_locations[0]
+    path = os.path.join(package_dir, "data_generation", "vllm_client.py")
+    spec = importlib.util.spec_from_file_location("speculators_vllm_client", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def post(url, body, headers=None):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read() or b"null"), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null"), e.headers
+
+
+def expected_states(golden, k):
+    return golden[f"hidden_{k}"][:, LAYERS, :]
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_speculators_client_gets_the_golden_hidden_states(server, golden, k):
+    vllm_client = load_vllm_client()
+    client = openai.Client(base_url=server.url + "/v1", api_key="unused")
+    prompt = [int(t) for t in golden[f"prompt_{k}"]]
+    path, params = vllm_client.generate_hidden_states(client, "qwen3-fixture", {"input_ids": prompt})
+    assert params["hidden_states_path"] == path
+    vllm_client.wait_for_lock(path + ".lock")  # non-blocking exclusive lock, then removes the lock file
+    assert not os.path.exists(path + ".lock")
+    data = read_safetensors(path)
+    assert data["token_ids"].tolist() == prompt
+    want = expected_states(golden, k)
+    assert data["hidden_states"].shape == want.shape
+    err = np.abs(data["hidden_states"] - want).max() / np.abs(want).max()
+    assert err < 8e-3, f"bf16 file vs f32 golden: {err}"
+
+
+def test_vllm_style_reader_takes_a_shared_lock(server, golden):
+    status, body, _ = post(server.url + "/v1/completions",
+                           {"model": "qwen3-fixture", "prompt": golden["prompt_1"].tolist(), "max_tokens": 1})
+    assert status == 200
+    path = body["kv_transfer_params"]["hidden_states_path"]
+    with open(path + ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)  # blocks until the writer is done, as vLLM's load_hidden_states
+        data = read_safetensors(path)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    assert data["hidden_states"].shape == (37, len(LAYERS), 64)
+
+
+def test_openai_client_generates_the_golden_greedy_tokens(server, golden):
+    client = openai.Client(base_url=server.url + "/v1", api_key="unused")
+    assert [m.id for m in client.models.list().data] == ["qwen3-fixture"]
+    prompts = [golden[f"prompt_{k}"].tolist() for k in range(3)]
+    res = client.completions.create(model="qwen3-fixture", prompt=prompts, max_tokens=8,
+                                    extra_body={"return_token_ids": True})
+    assert len(res.choices) == 3
+    for k, choice in enumerate(res.choices):
+        assert choice.prompt_token_ids == prompts[k]
+        assert choice.token_ids == golden[f"greedy_{k}"].tolist()
+        assert choice.finish_reason == "length"
+    assert res.usage.completion_tokens == 24
+
+
+@pytest.mark.parametrize("body,param", [
+    (b"{not json", None),
+    ({"prompt": "text, but this model has no tokenizer"}, "prompt"),
+    ({"prompt": [1, 2, 512]}, "prompt"),
+    ({"prompt": [1, "x"]}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [1] * 5000}, "prompt"),
+    ({"prompt": [1, 2], "max_tokens": -1}, "max_tokens"),
+    ({"prompt": [1, 2], "max_tokens": "3"}, "max_tokens"),
+    ({"prompt": [1, 2], "temperature": "hot"}, "temperature"),
+    ({"prompt": [1, 2], "stream": True}, "stream"),
+    ({"prompt": [1, 2], "kv_transfer_params": {"hidden_states_path": "x.safetensors"}}, "kv_transfer_params"),
+    ({}, "prompt"),
+])
+def test_bad_requests_get_openai_style_400s_and_the_server_stays_up(server, body, param):
+    status, err, _ = post(server.url + "/v1/completions", body)
+    assert status == 400, err
+    assert err["error"]["type"] == "invalid_request_error" and err["error"]["code"] == 400
+    assert err["error"]["message"]
+    assert err["error"]["param"] == param
+    status, _, _ = post(server.url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 1})
+    assert status == 200
+
+
+def test_unknown_model_is_404(server):
+    status, err, _ = post(server.url + "/v1/completions", {"model": "gpt-9", "prompt": [1]})
+    assert status == 404 and err["error"]["param"] == "model"
+
+
+def test_metrics_count_requests_and_files(server):
+    text = urllib.request.urlopen(server.url + "/metrics").read().decode()
+    for name in ["hsx_requests_total{status=\"finished\"}", "hsx_queue_depth", "hsx_kv_cache_usage_ratio",
+                 "hsx_prefix_cache_hit_rate", "hsx_hidden_state_files_total", "hsx_batch_tokens"]:
+        assert name in text
+    finished = [l for l in text.splitlines() if l.startswith("hsx_requests_total{status=\"finished\"}")][0]
+    assert float(finished.split()[-1]) > 0
+
+
+def test_api_key_and_custom_paths(tmp_path, golden):
+    s = Server(tmp_path, "--api-key", "sekret", "--allow-custom-save-path")
+    try:
+        status, err, _ = post(s.url + "/v1/completions", {"prompt": [1, 2]})
+        assert status == 401 and err["error"]["type"] == "authentication_error"
+        auth = {"Authorization": "Bearer sekret"}
+        status, body, _ = post(s.url + "/v1/completions",
+                               {"prompt": golden["prompt_0"].tolist(), "max_tokens": 1,
+                                "kv_transfer_params": {"hidden_states_path": "sub/mine.safetensors"}}, auth)
+        assert status == 200, body
+        path = body["kv_transfer_params"]["hidden_states_path"]
+        assert path == str(s.storage / "sub" / "mine.safetensors")
+        for escape in ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors"]:
+            status, err, _ = post(s.url + "/v1/completions",
+                                  {"prompt": [1], "kv_transfer_params": {"hidden_states_path": escape}}, auth)
+            assert status == 400 and "inside the shared storage path" in err["error"]["message"], escape
+        assert not (tmp_path / "outside.safetensors").exists()
+        # Output that cannot be stored fails that request with a clear 500; the server goes on.
+        (s.storage / "a-file").write_text("in the way")
+        status, err, _ = post(s.url + "/v1/completions",
+                              {"prompt": [1], "kv_transfer_params": {"hidden_states_path": "a-file/x.safetensors"}}, auth)
+        assert status == 500 and "cannot create lock file" in err["error"]["message"], err
+        status, _, _ = post(s.url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 1}, auth)
+        assert status == 200
+        # SIGTERM drains and exits 0.
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=30) == 0
+    finally:
+        s.stop()
