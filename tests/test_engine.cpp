@@ -109,3 +109,36 @@ TEST(EngineTest, RejectsBadRequestsAlone) {
 
 }  // namespace
 }  // namespace hsx
+
+namespace hsx {
+namespace {
+
+// A cancelled request (its client went away) comes back marked aborted and its KV
+// blocks return to the pool, mid-prefill as well as while queued.
+TEST(EngineTest, AbortFreesBlocksAndReportsTheRequest) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(model.ok());
+  EngineConfig config;
+  config.num_blocks = 32;
+  config.scheduler.max_num_batched_tokens = 16;
+  config.capture_layers = {1};
+  Engine engine(**model, config);
+  const int baseline = engine.num_free_blocks();
+  ASSERT_TRUE(engine.Add({"long", std::vector<int32_t>(200, 7), 0}).ok());
+  ASSERT_TRUE(engine.Add({"queued", std::vector<int32_t>(50, 9), 0}).ok());
+  engine.Step();  // "long" is partway through its prefill
+  EXPECT_LT(engine.num_free_blocks(), baseline);
+  EXPECT_TRUE(engine.Abort("long"));
+  EXPECT_TRUE(engine.Abort("queued"));
+  EXPECT_FALSE(engine.Abort("never-added"));
+  std::vector<std::unique_ptr<Sequence>> done;
+  while (engine.has_work())
+    for (auto& s : engine.Step()) done.push_back(std::move(s));
+  ASSERT_EQ(done.size(), 2u);
+  for (const auto& s : done) EXPECT_TRUE(s->aborted) << s->id();
+  EXPECT_EQ(engine.num_free_blocks(), baseline);
+}
+
+}  // namespace
+}  // namespace hsx

@@ -1,0 +1,54 @@
+// The engine behind its thread: requests from other threads finish through callbacks,
+// a full queue refuses work, and shutdown drains what was accepted.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+
+#include "backend/cpu/cpu_backend.h"
+#include "server/engine_service.h"
+#include "test_util.h"
+
+namespace hsx {
+namespace {
+
+TEST(EngineServiceTest, CallbacksQueueLimitAndDrain) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  SafetensorsFile golden = test::Golden(test::ModelDir("llama") + "/golden.safetensors");
+  EngineConfig config;
+  config.num_blocks = 64;
+  std::atomic<int> ok{0}, failed{0};
+  std::promise<std::vector<int32_t>> first;
+  {
+    EngineService service(**model, config, 3);
+    Request r{"a", test::AsIds(golden.Get("prompt_1").value()), 8};
+    ASSERT_TRUE(service.Submit(r, [&](const Status& s, std::unique_ptr<Sequence> seq) {
+      ASSERT_TRUE(s.ok());
+      first.set_value(seq->generated());
+    }));
+    EXPECT_EQ(first.get_future().get(), test::AsIds(golden.Get("greedy_1").value()));
+    // A bad request fails alone, through its callback.
+    std::promise<std::string> bad;
+    ASSERT_TRUE(service.Submit({"bad", {1, 999}, 1}, [&](const Status& s, std::unique_ptr<Sequence>) {
+      bad.set_value(s.message());
+    }));
+    EXPECT_NE(bad.get_future().get().find("outside the vocabulary"), std::string::npos);
+    // At most 3 in the service: a burst beyond that is refused, not buffered.
+    int accepted = 0;
+    for (int i = 0; i < 20; ++i) {
+      accepted += service.Submit({"burst" + std::to_string(i), std::vector<int32_t>(100, 5), 4},
+                                 [&](const Status& s, std::unique_ptr<Sequence>) { ++(s.ok() ? ok : failed); });
+    }
+    EXPECT_GE(accepted, 3);
+    EXPECT_LT(accepted, 20);  // far faster to submit than to run: most of the burst is refused
+    service.Shutdown();  // drains every accepted request
+    EXPECT_EQ(ok.load(), accepted);
+    EXPECT_FALSE(service.Submit({"late", {1}, 1}, [](const Status&, std::unique_ptr<Sequence>) {}));
+  }
+  EXPECT_EQ(failed.load(), 0);
+}
+
+}  // namespace
+}  // namespace hsx
