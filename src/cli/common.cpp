@@ -34,6 +34,14 @@ Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model
   return std::optional<Tokenizer>(std::move(tokenizer));
 }
 
+Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options) {
+  LoadedModel loaded;
+  HSX_ASSIGN_OR_RETURN(loaded.backend, MakeBackend(options.device));
+  HSX_ASSIGN_OR_RETURN(loaded.model, LoadModel(options, *loaded.backend));
+  HSX_ASSIGN_OR_RETURN(loaded.tokenizer, LoadTokenizerIfPresent(options.model));
+  return loaded;
+}
+
 Result<PromptReader> PromptReader::Open(const std::string& path, const Tokenizer* tokenizer) {
   PromptReader r;
   r.path_ = path;

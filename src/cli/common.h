@@ -30,6 +30,16 @@ Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& b
 // DIR/tokenizer.json when it exists; nullopt otherwise (and for named configs).
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model);
 
+// What a command that runs the model needs: the backend --device names, the model on it,
+// and the tokenizer when the model directory has one. Members die model before backend.
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::optional<Tokenizer> tokenizer;
+  const Tokenizer* tokenizer_or_null() const { return tokenizer ? &*tokenizer : nullptr; }
+};
+Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options);
+
 // One JSONL line: {"id": .., "token_ids": [..]} or {"id": .., "prompt": ".."}.
 struct PromptLine {
   int line = 0;

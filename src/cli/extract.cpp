@@ -70,11 +70,9 @@ std::unordered_set<std::string> ReadManifest(const std::string& path) {
 
 ExtractResult RunExtract(const ExtractOptions& o) {
   const char* cmd = "extract";
-  auto backend = MakeBackend(o.model.device);
-  if (!backend.ok()) return {Fail(cmd, backend.status())};
-  auto model = LoadModel(o.model, **backend);
-  if (!model.ok()) return {Fail(cmd, model.status())};
-  const ModelConfig& config = (*model)->config();
+  auto loaded = LoadModelAndTokenizer(o.model);
+  if (!loaded.ok()) return {Fail(cmd, loaded.status())};
+  const ModelConfig& config = loaded->model->config();
   auto layers = ParseLayerIds(o.layers, config.num_layers);
   if (!layers.ok()) return {Fail(cmd, layers.status())};
   DType dtype = config.dtype;
@@ -83,9 +81,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     if (!parsed) return {Fail(cmd, Error("--dtype: '" + o.dtype + "' is not one of float32, bfloat16, float16"))};
     dtype = *parsed;
   }
-  auto tokenizer = LoadTokenizerIfPresent(o.model.model);
-  if (!tokenizer.ok()) return {Fail(cmd, tokenizer.status())};
-  auto reader = PromptReader::Open(o.input, tokenizer->has_value() ? &**tokenizer : nullptr);
+  auto reader = PromptReader::Open(o.input, loaded->tokenizer_or_null());
   if (!reader.ok()) return {Fail(cmd, reader.status())};
   if (Status s = PrepareOutputDir(o.output); !s.ok()) return {Fail(cmd, s)};
   // Absolute paths in the manifest, as vLLM reports them, so readers need not know our cwd.
@@ -99,7 +95,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   ec.capture_layers = *layers;
   ec.capture_dtype = dtype;
   ec.enable_prefix_caching = o.prefix_caching;
-  Engine engine(**model, ec);
+  Engine engine(*loaded->model, ec);
 
   const auto start = std::chrono::steady_clock::now();
   std::atomic<int64_t> written{0}, failed{0}, tokens_done{0};
@@ -163,7 +159,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
                  static_cast<long>(failed.load()), 100.0 * engine.prefix_cache_hit_rate());
   }
   return {failed > 0 ? 1 : 0, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-          written.load(), tokens_done.load(), (*backend)->peak_memory_bytes()};
+          written.load(), tokens_done.load(), loaded->backend->peak_memory_bytes()};
 }
 
 void RegisterExtract(CLI::App& root) {

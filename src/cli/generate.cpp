@@ -18,18 +18,14 @@ struct GenerateOptions {
 
 int RunGenerate(const GenerateOptions& o) {
   const char* cmd = "generate";
-  auto backend = MakeBackend(o.model.device);
-  if (!backend.ok()) return Fail(cmd, backend.status());
-  auto model = LoadModel(o.model, **backend);
-  if (!model.ok()) return Fail(cmd, model.status());
-  auto tokenizer = LoadTokenizerIfPresent(o.model.model);
-  if (!tokenizer.ok()) return Fail(cmd, tokenizer.status());
-  const Tokenizer* tok = tokenizer->has_value() ? &**tokenizer : nullptr;
+  auto loaded = LoadModelAndTokenizer(o.model);
+  if (!loaded.ok()) return Fail(cmd, loaded.status());
+  const Tokenizer* tok = loaded->tokenizer_or_null();
   auto reader = PromptReader::Open(o.input, tok);
   if (!reader.ok()) return Fail(cmd, reader.status());
   EngineConfig ec;
   ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
-  Engine engine(**model, ec);
+  Engine engine(*loaded->model, ec);
   int failed = 0;
   bool input_done = false;
   // Read ahead only while the engine has room, so memory stays bounded on any input size.
@@ -44,7 +40,7 @@ int RunGenerate(const GenerateOptions& o) {
       Status s = p->error;
       if (s.ok()) {
         Request r{p->id, std::move(p->token_ids), o.max_tokens};
-        if (!o.ignore_eos) r.stop_token_ids = (*model)->config().eos_token_ids;
+        if (!o.ignore_eos) r.stop_token_ids = loaded->model->config().eos_token_ids;
         s = engine.Add(std::move(r));
         if (!s.ok()) s = Error(o.input + ":" + std::to_string(p->line) + ": " + s.message());
       }

@@ -94,13 +94,9 @@ int RunServe(ServeOptions o) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
 
-  auto backend = MakeBackend(o.model.device);
-  if (!backend.ok()) return Fail(cmd, backend.status());
-  auto model = LoadModel(o.model, **backend);
-  if (!model.ok()) return Fail(cmd, model.status());
-  auto tokenizer = LoadTokenizerIfPresent(o.model.model);
-  if (!tokenizer.ok()) return Fail(cmd, tokenizer.status());
-  const ModelConfig& mc = (*model)->config();
+  auto loaded = LoadModelAndTokenizer(o.model);
+  if (!loaded.ok()) return Fail(cmd, loaded.status());
+  const ModelConfig& mc = loaded->model->config();
 
   EngineConfig ec;
   ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -123,8 +119,8 @@ int RunServe(ServeOptions o) {
   if (o.server.model_name.empty()) o.server.model_name = o.model.model;
   o.server.max_model_len = ec.max_model_len;
 
-  EngineService service(**model, ec, static_cast<size_t>(o.max_queued));
-  OpenAiServer server(o.server, service, tokenizer->has_value() ? &**tokenizer : nullptr, mc.eos_token_ids);
+  EngineService service(*loaded->model, ec, static_cast<size_t>(o.max_queued));
+  OpenAiServer server(o.server, service, loaded->tokenizer_or_null(), mc.eos_token_ids);
   std::thread waiter([&] {
     char byte;
     while (::read(g_signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
