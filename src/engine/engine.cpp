@@ -221,8 +221,8 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   profile_seconds_[0] += Seconds(t0, Clock::now());
   std::unique_ptr<PendingCapture> capture;
   if (!config_.capture_layers.empty()) capture = StartCapture(chunks, std::move(out.captured));
-  std::vector<int32_t> sampled;
-  if (out.logits.defined()) sampled = GreedySample(model_.backend().Download(out.logits));
+  Tensor logits;
+  if (out.logits.defined()) logits = model_.backend().Download(out.logits);
 
   ++stats_.steps;
   stats_.tokens_computed += batch.token_ids.size();
@@ -230,7 +230,9 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   for (const auto& [seq, n] : chunks) {
     seq->num_computed += n;
     if (seq->num_computed == seq->num_tokens() && seq->wants_more_tokens()) {
-      const int32_t token = sampled[next_sample++];
+      const int vocab = static_cast<int>(logits.size(1));
+      const float* row = logits.data<float>() + static_cast<int64_t>(next_sample++) * vocab;
+      const int32_t token = Sample(row, vocab, seq->request().sampling, seq->rng());
       seq->Append(token);
       const auto& stops = seq->request().stop_token_ids;
       if (std::find(stops.begin(), stops.end(), token) != stops.end()) seq->Stop();

@@ -1,13 +1,23 @@
-// Picks the next token from logits rows.
+// Picks the next token from a row of logits: greedy, or temperature / top-k / top-p
+// sampling with a per-request seeded generator.
 #pragma once
 
-#include <vector>
+#include <cstdint>
+#include <optional>
+#include <random>
 
-#include "tensor/tensor.h"
 
 namespace hsx {
 
-// Argmax of each row of host f32 logits [R, V]; ties go to the lowest id, as torch.argmax.
-std::vector<int32_t> GreedySample(const Tensor& logits);
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy
+  float top_p = 1.0f;        // keep the smallest set of tokens whose probability reaches top_p
+  int top_k = 0;             // 0 or -1: all tokens
+  std::optional<uint64_t> seed;
+  bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+};
+
+// One token from one row of `vocab` logits; greedy ties go to the lowest id, as torch.argmax.
+int32_t Sample(const float* logits, int vocab, const SamplingParams& params, std::mt19937_64& rng);
 
 }  // namespace hsx

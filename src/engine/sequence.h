@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "tensor/tensor.h"
 
 namespace hsx {
@@ -16,11 +17,15 @@ struct Request {
   int max_new_tokens = 0;  // 0: prefill only (extraction)
   bool capture = true;     // keep hidden states of the prompt's tokens
   std::vector<int32_t> stop_token_ids;  // generation ends after emitting one of these
+  SamplingParams sampling;
 };
 
 class Sequence {
  public:
-  explicit Sequence(Request request) : request_(std::move(request)), tokens_(request_.prompt) {}
+  explicit Sequence(Request request)
+      : request_(std::move(request)),
+        tokens_(request_.prompt),
+        rng_(request_.sampling.seed ? *request_.sampling.seed : std::random_device{}()) {}
 
   const std::string& id() const { return request_.id; }
   const Request& request() const { return request_; }
@@ -46,11 +51,13 @@ class Sequence {
   void Stop() { stopped_ = true; }
   // Set when the request was cancelled (a client went away): it ends without a result.
   bool aborted = false;
+  std::mt19937_64& rng() { return rng_; }
 
  private:
   Request request_;
   std::vector<int32_t> tokens_;
   bool stopped_ = false;
+  std::mt19937_64 rng_;  // per request, so a seed reproduces its samples whatever the batch
 };
 
 }  // namespace hsx

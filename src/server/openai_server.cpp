@@ -142,18 +142,31 @@ void OpenAiServer::Routes() {
                                       config_.model_name + "'", "model");
     }
     if (body.value("stream", false) == true) return ReplyError(res, 400, "'stream': true is not supported yet", "stream");
-    if (body.contains("temperature") && !body["temperature"].is_null()) {
-      if (!body["temperature"].is_number()) return ReplyError(res, 400, "'temperature' must be a number", "temperature");
-      if (body["temperature"].get<double>() > 0) {
-        return ReplyError(res, 400, "only greedy decoding (temperature 0) is supported so far", "temperature");
-      }
-    }
     int max_tokens = 16;
     if (auto e = NonNegativeInt(body, "max_tokens", max_tokens)) return ReplyError(res, 400, *e, "max_tokens");
-    for (const char* key : {"top_p", "top_k", "seed"}) {
-      if (body.contains(key) && !body[key].is_null() && !body[key].is_number()) {
-        return ReplyError(res, 400, std::string("'") + key + "' must be a number", key);
+    SamplingParams sampling;
+    auto given = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
+    if (given("temperature")) {
+      if (!body["temperature"].is_number() || body["temperature"].get<double>() < 0) {
+        return ReplyError(res, 400, "'temperature' must be a number >= 0", "temperature");
       }
+      sampling.temperature = body["temperature"].get<float>();
+    }
+    if (given("top_p")) {
+      if (!body["top_p"].is_number() || !(body["top_p"].get<double>() > 0 && body["top_p"].get<double>() <= 1)) {
+        return ReplyError(res, 400, "'top_p' must be a number in (0, 1]", "top_p");
+      }
+      sampling.top_p = body["top_p"].get<float>();
+    }
+    if (given("top_k")) {
+      if (!body["top_k"].is_number_integer() || body["top_k"].get<int64_t>() < -1) {
+        return ReplyError(res, 400, "'top_k' must be an integer >= -1 (-1 or 0: no limit)", "top_k");
+      }
+      sampling.top_k = static_cast<int>(std::min<int64_t>(body["top_k"].get<int64_t>(), INT32_MAX));
+    }
+    if (given("seed")) {
+      if (!body["seed"].is_number_integer()) return ReplyError(res, 400, "'seed' must be an integer", "seed");
+      sampling.seed = static_cast<uint64_t>(body["seed"].get<int64_t>());
     }
     const bool return_token_ids = body.value("return_token_ids", false);
 
@@ -229,6 +242,7 @@ void OpenAiServer::Routes() {
       r.prompt = prompts[i];
       r.max_new_tokens = max_tokens;
       r.capture = extract;
+      r.sampling = sampling;
       if (!body.value("ignore_eos", false)) r.stop_token_ids = eos_token_ids_;
       const std::string path = !custom_path.empty() ? custom_path : config_.storage_dir + "/" + r.id + ".safetensors";
       const bool accepted = engine_.Submit(std::move(r), [this, promise, extract, path](const Status& status,

@@ -83,6 +83,15 @@ def test_openai_client_generates_the_golden_greedy_tokens(server, golden):
     assert res.usage.completion_tokens == 24
 
 
+def test_sampling_is_reproducible_with_a_seed(server, golden):
+    body = {"prompt": golden["prompt_1"].tolist(), "max_tokens": 12, "temperature": 1.5, "top_p": 0.95,
+            "top_k": 50, "seed": 1234, "return_token_ids": True}
+    runs = [post(server.url + "/v1/completions", body)[1]["choices"][0]["token_ids"] for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 12
+    greedy = post(server.url + "/v1/completions", {**body, "temperature": 0})[1]["choices"][0]["token_ids"]
+    assert greedy[:8] == golden["greedy_1"].tolist()
+
+
 @pytest.mark.parametrize("body,param", [
     (b"{not json", None),
     ({"prompt": "text, but this model has no tokenizer"}, "prompt"),
@@ -93,6 +102,10 @@ def test_openai_client_generates_the_golden_greedy_tokens(server, golden):
     ({"prompt": [1, 2], "max_tokens": -1}, "max_tokens"),
     ({"prompt": [1, 2], "max_tokens": "3"}, "max_tokens"),
     ({"prompt": [1, 2], "temperature": "hot"}, "temperature"),
+    ({"prompt": [1, 2], "temperature": -1}, "temperature"),
+    ({"prompt": [1, 2], "top_p": 1.5}, "top_p"),
+    ({"prompt": [1, 2], "top_k": -2}, "top_k"),
+    ({"prompt": [1, 2], "seed": "x"}, "seed"),
     ({"prompt": [1, 2], "stream": True}, "stream"),
     ({"prompt": [1, 2], "kv_transfer_params": {"hidden_states_path": "x.safetensors"}}, "kv_transfer_params"),
     ({}, "prompt"),
