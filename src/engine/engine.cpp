@@ -234,6 +234,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
       const float* row = logits.data<float>() + static_cast<int64_t>(next_sample++) * vocab;
       const int32_t token = Sample(row, vocab, seq->request().sampling, seq->rng());
       seq->Append(token);
+      if (seq->request().on_token) seq->request().on_token(token);
       const auto& stops = seq->request().stop_token_ids;
       if (std::find(stops.begin(), stops.end(), token) != stops.end()) seq->Stop();
     }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@ struct Request {
   bool capture = true;     // keep hidden states of the prompt's tokens
   std::vector<int32_t> stop_token_ids;  // generation ends after emitting one of these
   SamplingParams sampling;
+  // Called on the engine's thread with each generated token (streaming responses).
+  std::function<void(int32_t)> on_token;
 };
 
 class Sequence {

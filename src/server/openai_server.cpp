@@ -49,13 +49,6 @@ std::optional<std::string> NonNegativeInt(const json& body, const char* key, int
 
 }  // namespace
 
-struct OpenAiServer::Completion {
-  Status status;
-  std::unique_ptr<Sequence> seq;
-  std::string hidden_states_path;
-  bool server_error = false;  // the request was fine; the server could not store its output
-};
-
 OpenAiServer::OpenAiServer(ServerConfig config, EngineService& engine, const Tokenizer* tokenizer,
                            std::vector<int32_t> eos_token_ids)
     : config_(std::move(config)),
@@ -141,7 +134,10 @@ void OpenAiServer::Routes() {
       return ReplyError(res, 404, "the model '" + body["model"].dump() + "' does not exist; this server has '" +
                                       config_.model_name + "'", "model");
     }
-    if (body.value("stream", false) == true) return ReplyError(res, 400, "'stream': true is not supported yet", "stream");
+    if (body.contains("stream") && !body["stream"].is_null() && !body["stream"].is_boolean()) {
+      return ReplyError(res, 400, "'stream' must be true or false", "stream");
+    }
+    const bool stream = body.value("stream", false);
     int max_tokens = 16;
     if (auto e = NonNegativeInt(body, "max_tokens", max_tokens)) return ReplyError(res, 400, *e, "max_tokens");
     SamplingParams sampling;
@@ -202,6 +198,7 @@ void OpenAiServer::Routes() {
     } else if (auto e = add_prompt(prompt)) {
       return ReplyError(res, 400, *e, "prompt");
     }
+    if (stream && prompts.size() != 1) return ReplyError(res, 400, "streaming takes a single prompt", "stream");
 
     // Where the hidden states go: <storage>/<request id>.safetensors, or a custom path
     // inside the storage directory when the server allows it.
@@ -245,31 +242,10 @@ void OpenAiServer::Routes() {
       r.sampling = sampling;
       if (!body.value("ignore_eos", false)) r.stop_token_ids = eos_token_ids_;
       const std::string path = !custom_path.empty() ? custom_path : config_.storage_dir + "/" + r.id + ".safetensors";
-      const bool accepted = engine_.Submit(std::move(r), [this, promise, extract, path](const Status& status,
-                                                                                         std::unique_ptr<Sequence> seq) {
-        Completion c{status, std::move(seq), extract ? path : "", false};
-        if (c.status.ok() && extract) {
-          // Lock before the response names the file; the writer releases it when done.
-          std::shared_ptr<FileLock> lock;
-          if (config_.use_lock) {
-            auto acquired = FileLock::Acquire(path + ".lock");
-            if (!acquired.ok()) {
-              promise->set_value({acquired.status(), nullptr, "", true});
-              return;
-            }
-            lock = std::move(acquired).value();
-          }
-          std::shared_ptr<Sequence> shared(c.seq.release());
-          writers_->Submit([this, shared, lock, path] {
-            const auto t0 = std::chrono::steady_clock::now();
-            const Status written = WriteHiddenStatesTo(path, *shared);
-            write_micros_ += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
-            ++(written.ok() ? files_written_ : file_errors_);
-            if (!written.ok()) std::fprintf(stderr, "hsx serve: error: %s\n", written.message().c_str());
-          });
-          c.seq = std::make_unique<Sequence>(*shared);  // the response needs only its tokens
-        }
-        promise->set_value(std::move(c));
+      if (stream) return Stream(std::move(r), extract ? path : "", return_token_ids, max_tokens, res);
+      const bool accepted = engine_.Submit(std::move(r), [this, promise, path = extract ? path : ""](
+                                                             const Status& status, std::unique_ptr<Sequence> seq) {
+        promise->set_value(Finish(status, std::move(seq), path));
       });
       if (!accepted) {
         res.set_header("Retry-After", "1");
@@ -308,6 +284,120 @@ void OpenAiServer::Routes() {
                                 {"total_tokens", prompt_tokens + completion_tokens}}}};
     if (extract) response["kv_transfer_params"] = {{"hidden_states_path", first_path}};
     ReplyJson(res, response);
+  });
+}
+
+// A finished request: with extraction on, lock its file (before the response names it)
+// and queue the write, which releases the lock when the file is complete.
+OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_ptr<Sequence> seq,
+                                              const std::string& path) {
+  Completion c{status, std::move(seq), path, false};
+  if (!c.status.ok() || path.empty()) return c;
+  std::shared_ptr<FileLock> lock;
+  if (config_.use_lock) {
+    auto acquired = FileLock::Acquire(path + ".lock");
+    if (!acquired.ok()) return {acquired.status(), nullptr, "", true};
+    lock = std::move(acquired).value();
+  }
+  std::shared_ptr<Sequence> shared(c.seq.release());
+  writers_->Submit([this, shared, lock, path] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status written = WriteHiddenStatesTo(path, *shared);
+    write_micros_ += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+    ++(written.ok() ? files_written_ : file_errors_);
+    if (!written.ok()) std::fprintf(stderr, "hsx serve: error: %s\n", written.message().c_str());
+  });
+  c.seq = std::make_unique<Sequence>(*shared);  // the response needs only its tokens
+  return c;
+}
+
+// stream: true as server-sent events, one chunk per token in OpenAI's completion-chunk
+// shape, then a chunk with the finish reason (and kv_transfer_params), then [DONE].
+// A client that goes away cancels its request, which frees its KV blocks.
+void OpenAiServer::Stream(Request request, const std::string& path, bool return_token_ids, int max_tokens,
+                          httplib::Response& res) {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int32_t> tokens;
+    bool finished = false;
+    Completion result;
+  };
+  auto state = std::make_shared<State>();
+  const std::string id = request.id;
+  request.on_token = [state](int32_t token) {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->tokens.push_back(token);
+    state->cv.notify_one();
+  };
+  const bool accepted = engine_.Submit(std::move(request), [this, state, path](const Status& status,
+                                                                              std::unique_ptr<Sequence> seq) {
+    Completion c = Finish(status, std::move(seq), path);
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->result = std::move(c);
+    state->finished = true;
+    state->cv.notify_one();
+  });
+  if (!accepted) {
+    res.set_header("Retry-After", "1");
+    return ReplyError(res, 503, "the server is at capacity; retry shortly");
+  }
+  const int64_t created = Now();
+  auto sent = std::make_shared<size_t>(0);
+  auto text_so_far = std::make_shared<std::string>();
+  res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
+    std::unique_lock<std::mutex> lock(state->mu);
+    state->cv.wait(lock, [&] { return state->finished || state->tokens.size() > *sent; });
+    auto chunk = [&](json choice) {
+      json body = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", config_.model_name},
+                   {"choices", json::array({std::move(choice)})}};
+      return "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+    };
+    std::string out;
+    if (state->tokens.size() > *sent) {
+      std::vector<int32_t> fresh(state->tokens.begin() + static_cast<int64_t>(*sent), state->tokens.end());
+      std::string delta;
+      if (tokenizer_ != nullptr) {
+        auto text = tokenizer_->Decode(state->tokens);  // the text so far, minus what was sent
+        if (text.ok() && text->compare(0, text_so_far->size(), *text_so_far) == 0) {
+          delta = text->substr(text_so_far->size());
+          *text_so_far = *text;
+        }
+      }
+      json choice = {{"index", 0}, {"text", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+      if (return_token_ids) choice["token_ids"] = fresh;
+      out += chunk(std::move(choice));
+      *sent = state->tokens.size();
+    }
+    const bool done = state->finished;
+    if (done) {
+      const Completion& c = state->result;
+      if (!c.status.ok()) {
+        out += "data: " + json{{"error", {{"message", c.status.message()}, {"code", c.server_error ? 500 : 400}}}}.dump() + "\n\n";
+      } else {
+        json last = {{"index", 0}, {"text", ""}, {"logprobs", nullptr},
+                     {"finish_reason", c.seq->num_generated() < max_tokens ? "stop" : "length"}};
+        if (return_token_ids) last["prompt_token_ids"] = c.seq->request().prompt;
+        std::string final_chunk = chunk(std::move(last));
+        if (!c.hidden_states_path.empty()) {
+          json body = json::parse(final_chunk.substr(6));
+          body["kv_transfer_params"] = {{"hidden_states_path", c.hidden_states_path}};
+          final_chunk = "data: " + body.dump() + "\n\n";
+        }
+        out += final_chunk;
+      }
+      out += "data: [DONE]\n\n";
+    }
+    lock.unlock();
+    if (!out.empty() && !sink.write(out.data(), out.size())) {
+      engine_.Abort(id);  // the client is gone: free its blocks
+      return false;
+    }
+    if (done) sink.done();
+    return true;
+  }, [this, state, id](bool success) {
+    std::lock_guard<std::mutex> lock(state->mu);
+    if (!success && !state->finished) engine_.Abort(id);
   });
 }
 

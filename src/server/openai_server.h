@@ -15,6 +15,7 @@
 
 namespace httplib {
 class Server;
+struct Response;
 }
 
 namespace hsx {
@@ -43,7 +44,15 @@ class OpenAiServer {
 
  private:
   void Routes();
-  struct Completion;
+  struct Completion {
+    Status status;
+    std::unique_ptr<Sequence> seq;
+    std::string hidden_states_path;
+    bool server_error = false;  // the request was fine; the server could not store its output
+  };
+  Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& path);
+  void Stream(Request request, const std::string& path, bool return_token_ids, int max_tokens,
+              httplib::Response& res);
   std::string Metrics() const;
 
   ServerConfig config_;

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import signal
+import time
 import urllib.error
 import urllib.request
 
@@ -83,6 +84,48 @@ def test_openai_client_generates_the_golden_greedy_tokens(server, golden):
     assert res.usage.completion_tokens == 24
 
 
+def metric(server, name):
+    text = urllib.request.urlopen(server.url + "/metrics").read().decode()
+    return float([l for l in text.splitlines() if l.startswith(name + " ")][0].split()[-1])
+
+
+def test_streaming_with_the_openai_client(server, golden):
+    client = openai.Client(base_url=server.url + "/v1", api_key="unused")
+    chunks = list(client.completions.create(model="qwen3-fixture", prompt=golden["prompt_2"].tolist(), max_tokens=8,
+                                            stream=True, extra_body={"return_token_ids": True}))
+    tokens = [t for c in chunks for t in (getattr(c.choices[0], "token_ids", None) or [])]
+    assert tokens == golden["greedy_2"].tolist()
+    assert chunks[-1].choices[0].finish_reason == "length"
+    path = chunks[-1].kv_transfer_params["hidden_states_path"]
+    with open(path + ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        assert read_safetensors(path)["hidden_states"].shape == (130, len(LAYERS), 64)
+
+
+def test_a_client_that_disconnects_frees_its_blocks(server):
+    import http.client
+    failed = 'hsx_requests_total{status="failed"}'
+    finished = 'hsx_requests_total{status="finished"}'
+    failed_before, finished_before = metric(server, failed), metric(server, finished)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": [5] * 300, "max_tokens": 3700, "stream": True}),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.read(6) == b"data: "  # generation is under way
+    conn.sock.close()  # the client goes away mid-request
+    conn.close()
+    for _ in range(100):
+        if metric(server, "hsx_running_requests") == 0 and metric(server, "hsx_kv_cache_usage_ratio") == 0:
+            break
+        time.sleep(0.1)
+    assert metric(server, "hsx_running_requests") == 0
+    assert metric(server, "hsx_kv_cache_usage_ratio") == 0
+    # It was cancelled, not run to the end.
+    assert metric(server, failed) == failed_before + 1
+    assert metric(server, finished) == finished_before
+
+
 def test_sampling_is_reproducible_with_a_seed(server, golden):
     body = {"prompt": golden["prompt_1"].tolist(), "max_tokens": 12, "temperature": 1.5, "top_p": 0.95,
             "top_k": 50, "seed": 1234, "return_token_ids": True}
@@ -106,7 +149,8 @@ def test_sampling_is_reproducible_with_a_seed(server, golden):
     ({"prompt": [1, 2], "top_p": 1.5}, "top_p"),
     ({"prompt": [1, 2], "top_k": -2}, "top_k"),
     ({"prompt": [1, 2], "seed": "x"}, "seed"),
-    ({"prompt": [1, 2], "stream": True}, "stream"),
+    ({"prompt": [[1, 2], [3]], "stream": True}, "stream"),
+    ({"prompt": [1, 2], "stream": "yes"}, "stream"),
     ({"prompt": [1, 2], "kv_transfer_params": {"hidden_states_path": "x.safetensors"}}, "kv_transfer_params"),
     ({}, "prompt"),
 ])
