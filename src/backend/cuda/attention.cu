@@ -1,13 +1,12 @@
 // Causal variable-length attention over a paged KV cache, flash style: each block owns
 // 16 query rows per warp of one head of one sequence, walks the visible keys in tiles
-// of 64, and keeps a running max and sum per row (online softmax). QK^T and PV run on
-// the tensor cores through WMMA (bf16 in, f32 accumulate). GQA, sliding windows and
-// logit softcapping are handled in the softmax step.
+// of 64, and keeps a running max and sum per row (online softmax). GQA, sliding windows
+// and logit softcapping are handled in the softmax step.
 //
-// Two variants: for head dims up to 256 the scores and the output accumulator stay in
-// registers (RegisterKernel), relying on the m16n8k16 accumulator layout that WMMA
-// lowers to on sm_80+ (checked by the CPU-comparison tests); head dim 512 keeps the
-// output in shared memory (SharedKernel), slower but within the register budget.
+// Two variants: for head dims up to 256 (RegisterKernel) scores, probabilities and the
+// output accumulator stay in registers, with QK^T and PV as raw mma.sync m16n8k16 fed by
+// ldmatrix (FlashAttention-2's scheme); head dim 512 (SharedKernel) keeps the output in
+// shared memory and multiplies through WMMA, slower but within the register budget.
 #include <mma.h>
 
 #include "backend/cuda/kernels.h"
@@ -60,33 +59,81 @@ __device__ __forceinline__ void WaitAsync() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Query heads per block in RegisterKernel: as many of a KV group as fit in its 4 warps.
+// Raw tensor-core primitives (sm_80+ PTX): ldmatrix loads 8x8 b16 tiles from shared
+// memory straight into mma fragment layout; mma.sync m16n8k16 multiplies bf16 with f32
+// accumulation. Fragment layouts (g = lane / 4, t = lane % 4):
+//   A 16x16: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 8+2t..), a3 (g+8, 8+2t..)
+//   B 16x8:  b0 (k 2t..2t+1, n g), b1 (k 8+2t.., n g)
+//   C 16x8:  c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
+__device__ __forceinline__ unsigned SharedAddress(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(p)));
+}
+__device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(p)));
+}
+__device__ __forceinline__ void LoadMatrixX2(uint32_t (&r)[2], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(SharedAddress(p)));
+}
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Query heads per block in RegisterKernel: up to 4 of a KV group.
 __host__ __device__ constexpr int HeadsPerBlock(int group) { return group % 4 == 0 ? 4 : (group % 2 == 0 ? 2 : 1); }
 
-// Row and column of element i of a 16x16 f32 accumulator fragment held by `lane`.
-__device__ __forceinline__ int FragRow(int lane, int i) { return lane / 4 + 8 * ((i >> 1) & 1); }
-__device__ __forceinline__ int FragCol(int lane, int i) { return 2 * (lane % 4) + (i & 1) + 8 * (i >> 2); }
+// Warps per RegisterKernel block. 8 warps share each K/V tile among twice the query rows
+// (halving the L2 traffic of re-reading K and V); registers allow one such block per SM,
+// the same 8 warps as two blocks of 4. Head dim 256 needs every register for 4 warps.
+template <int D>
+__host__ __device__ constexpr int RegisterKernelWarps() {
+  return D <= 128 ? 8 : 4;
+}
 
 template <int D>
-__global__ void __launch_bounds__(128) RegisterKernel(AttentionArgs a) {
-  constexpr int kWarps = 4, kRows = 16 * kWarps, kThreads = 32 * kWarps, kTiles = kKeyTile / 16, kCols = D / 16;
-  // Rows padded by 16 bytes so the 8 rows a fragment load touches fall in distinct banks.
-  constexpr int kLd = D + 8, kPLd = kKeyTile + 8;
-  using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-  static_assert(Acc::num_elements == 8, "unexpected accumulator layout");
+constexpr size_t RegisterKernelSharedBytes() {
+  // Q rows, then two stages of K and V tiles.
+  return (size_t(16 * RegisterKernelWarps<D>()) + 4 * kKeyTile) * (D + 8) * 2;
+}
+
+template <int D>
+__global__ void __launch_bounds__(32 * RegisterKernelWarps<D>()) RegisterKernel(AttentionArgs a) {
+  constexpr int kWarps = RegisterKernelWarps<D>(), kThreads = 32 * kWarps;
+  constexpr int kKeyBlocks = kKeyTile / 8, kDimBlocks = D / 8, kSteps = D / 16;
+  // Rows padded by 16 bytes so the 8 rows an ldmatrix reads fall in distinct banks.
+  constexpr int kLd = D + 8;
+  // Q fragments stay in registers up to D = 128; wider heads reread them from shared
+  // memory every tile so that the output accumulator still fits in registers.
+  constexpr bool kQInRegisters = D <= 128;
+  constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);
-  bf16* kv_s = q_s + kRows * kLd;                  // two stages of [K tile, V tile]
-  bf16* p_s = kv_s + 4 * kKeyTile * kLd;
-  __shared__ int64_t row_offset_s[2][kKeyTile];     // cache row offsets of each stage's keys
+  bf16* kv_s = q_s + kWarps * 16 * kLd;          // two stages of [K tile, V tile]
+  __shared__ int64_t row_offset_s[2][kKeyTile];  // cache row offsets of each stage's keys
 
   // Query heads that share a KV head share a block, so each K/V tile is loaded once for
   // all of them: warp w takes head (w % heads_per_block) and row group (w / heads_per_block).
   const int group = a.num_heads / a.kv_heads, per_block = HeadsPerBlock(group);
   const int block_rows = 16 * (kWarps / per_block);
   const int seq = blockIdx.z, kvh = blockIdx.y / (group / per_block);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int head = kvh * group + (blockIdx.y % (group / per_block)) * per_block + warp % per_block;
   const int wr = (warp / per_block) * 16;  // this warp's first row within the block
   const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
@@ -105,19 +152,29 @@ __global__ void __launch_bounds__(128) RegisterKernel(AttentionArgs a) {
     reinterpret_cast<uint4*>(q_w + r * kLd)[c] = v;
   }
   __syncwarp();
-  FragA q_frag[kCols];
-  for (int d = 0; d < kCols; ++d) wmma::load_matrix_sync(q_frag[d], q_w + d * 16, kLd);
+  // A-operand addresses: lanes 0-15 give rows 0-15 at column 0, lanes 16-31 at column 8.
+  const bf16* q_lane = q_w + (lane % 16) * kLd + 8 * (lane / 16);
+  uint32_t q_frag[kQInRegisters ? kSteps : 1][4];
+  if constexpr (kQInRegisters) {
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) LoadMatrixX4(q_frag[s], q_lane + 16 * s);
+  }
 
-  Acc o_frag[kCols];
-  for (int c = 0; c < kCols; ++c) wmma::fill_fragment(o_frag[c], 0.0f);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane/4 and lane/4 + 8
-  bf16* p_w = p_s + warp * 16 * kPLd;
+  float o[kDimBlocks][4];
+#pragma unroll
+  for (int c = 0; c < kDimBlocks; ++c) o[c][0] = o[c][1] = o[c][2] = o[c][3] = 0.0f;
+  // Rows g and g + 8 of the warp: running max (log2 units) and this lane's partial sum.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   const int window = a.sliding_window;
   const int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
   const int key_end = first_pos + rows;
   const int32_t* table = a.block_tables + table_offset;
   const int num_tiles = (key_end - key_begin + kKeyTile - 1) / kKeyTile;
+  const int pos_lo = first_pos + wr, pos_hi = pos_lo + 15;  // positions of this warp's rows
+  const bool warp_live = wr < rows;
+  const float scale_log2 = a.scale * kLog2e;
+  const bool softcap = a.softcap > 0.0f;
 
   // Two-stage pipeline: while a tile is multiplied, the next one is in flight (cp.async).
   auto tile_offsets = [&](int tile) {
@@ -157,78 +214,116 @@ __global__ void __launch_bounds__(128) RegisterKernel(AttentionArgs a) {
       WaitAsync<0>();
     }
     __syncthreads();  // this tile's K and V have landed
+    // Skip tiles no row of this warp can see (past the diagonal, or before the window).
+    if (!warp_live || kt > pos_hi || (window > 0 && kt + kKeyTile - 1 <= pos_lo - window)) continue;
     const bf16* k_s = kv_s + (tile & 1) * 2 * kKeyTile * kLd;
     const bf16* v_s = k_s + kKeyTile * kLd;
 
-    Acc s_frag[kTiles];
-    for (int n = 0; n < kTiles; ++n) {
-      wmma::fill_fragment(s_frag[n], 0.0f);
-      for (int d = 0; d < kCols; ++d) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> kb;
-        wmma::load_matrix_sync(kb, k_s + n * 16 * kLd + d * 16, kLd);
-        wmma::mma_sync(s_frag[n], q_frag[d], kb, s_frag[n]);
+    // S = Q K^T: K rows are B's columns, so plain ldmatrix gives B fragments.
+    float s[kKeyBlocks][4];
+#pragma unroll
+    for (int j = 0; j < kKeyBlocks; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    if constexpr (D % 32 == 0) {
+#pragma unroll
+      for (int p = 0; p < D / 32; ++p) {
+        uint32_t qa[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (kQInRegisters) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qa[h][i] = q_frag[2 * p + h][i];
+          } else {
+            LoadMatrixX4(qa[h], q_lane + 32 * p + 16 * h);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kKeyBlocks; ++j) {
+          uint32_t b[4];  // keys 8j.., dims 32p + {0, 8, 16, 24}
+          LoadMatrixX4(b, k_s + (8 * j + lane % 8) * kLd + 32 * p + 8 * (lane / 8));
+          Mma(s[j], qa[0], b[0], b[1]);
+          Mma(s[j], qa[1], b[2], b[3]);
+        }
+      }
+    } else {  // D == 16
+#pragma unroll
+      for (int j = 0; j < kKeyBlocks; ++j) {
+        uint32_t b[2];
+        LoadMatrixX2(b, k_s + (8 * j + lane % 8) * kLd + 8 * ((lane / 8) % 2));
+        Mma(s[j], q_frag[0], b[0], b[1]);
       }
     }
 
-    // Online softmax in registers; a row's 64 scores are spread over one quad of lanes.
+    // Online softmax in registers (base 2); a row's 64 scores are spread over one quad.
+    const bool masked = kt + kKeyTile - 1 > pos_lo || (window > 0 && kt <= pos_hi - window);
     float mx[2] = {-INFINITY, -INFINITY};
-    for (int n = 0; n < kTiles; ++n) {
-      for (int i = 0; i < 8; ++i) {
-        const int h = (i >> 1) & 1, r = wr + FragRow(lane, i), p = kt + n * 16 + FragCol(lane, i);
-        const int pos = first_pos + r;
-        float v = s_frag[n].x[i] * a.scale;
-        if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
-        const bool visible = r < rows && p <= pos && (window <= 0 || pos - p < window);
-        v = visible ? v : -INFINITY;
-        s_frag[n].x[i] = v;
-        mx[h] = fmaxf(mx[h], v);
+#pragma unroll
+    for (int j = 0; j < kKeyBlocks; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float v = softcap ? a.softcap * tanhf(s[j][i] * a.scale / a.softcap) * kLog2e : s[j][i] * scale_log2;
+        if (masked) {
+          const int pos = pos_lo + g + 8 * (i / 2), p = kt + 8 * j + 2 * t + (i & 1);
+          if (p > pos || (window > 0 && pos - p >= window)) v = -INFINITY;
+        }
+        s[j][i] = v;
+        mx[i / 2] = fmaxf(mx[i / 2], v);
       }
     }
-    float alpha[2], m_new[2], sum[2] = {0.0f, 0.0f};
+    float base[2];
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
-      m_new[h] = fmaxf(m[h], mx[h]);
-      alpha[h] = m_new[h] == -INFINITY ? 1.0f : __expf(m[h] - m_new[h]);
-    }
-    for (int n = 0; n < kTiles; ++n) {
-      for (int i = 0; i < 8; ++i) {
-        const int h = (i >> 1) & 1;
-        const float v = s_frag[n].x[i];
-        const bf16 e = __float2bfloat16(v == -INFINITY ? 0.0f : __expf(v - m_new[h]));
-        sum[h] += __bfloat162float(e);
-        p_w[FragRow(lane, i) * kPLd + n * 16 + FragCol(lane, i)] = e;
+      const float m_new = fmaxf(m[h], mx[h]);
+      const float alpha = m_new == -INFINITY ? 1.0f : Exp2(m[h] - m_new);
+      base[h] = m_new == -INFINITY ? 0.0f : m_new;
+      m[h] = m_new;
+      l[h] *= alpha;
+#pragma unroll
+      for (int c = 0; c < kDimBlocks; ++c) {
+        o[c][2 * h] *= alpha;
+        o[c][2 * h + 1] *= alpha;
       }
     }
-    for (int h = 0; h < 2; ++h) {
-      sum[h] += __shfl_xor_sync(0xffffffff, sum[h], 1);
-      sum[h] += __shfl_xor_sync(0xffffffff, sum[h], 2);
-      l[h] = l[h] * alpha[h] + sum[h];
-      m[h] = m_new[h];
+    // P goes straight from the accumulator layout into A fragments (keys 16k..16k+15);
+    // the row sums add the bf16-rounded values that the PV product uses.
+    uint32_t p_frag[kKeyTile / 16][4];
+#pragma unroll
+    for (int j = 0; j < kKeyBlocks; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const __nv_bfloat162 e =
+            __floats2bfloat162_rn(Exp2(s[j][2 * h] - base[h]), Exp2(s[j][2 * h + 1] - base[h]));
+        l[h] += __low2float(e) + __high2float(e);
+        p_frag[j / 2][2 * (j % 2) + h] = *reinterpret_cast<const uint32_t*>(&e);
+      }
     }
-    for (int c = 0; c < kCols; ++c)
-      for (int i = 0; i < 8; ++i) o_frag[c].x[i] *= alpha[(i >> 1) & 1];
-    __syncwarp();
 
-    FragA p_frag[kTiles];
-    for (int k = 0; k < kTiles; ++k) wmma::load_matrix_sync(p_frag[k], p_w + k * 16, kPLd);
-    for (int c = 0; c < kCols; ++c) {
-      for (int k = 0; k < kTiles; ++k) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> vb;
-        wmma::load_matrix_sync(vb, v_s + k * 16 * kLd + c * 16, kLd);
-        wmma::mma_sync(o_frag[c], p_frag[k], vb, o_frag[c]);
+    // O += P V: V rows are B's rows, so ldmatrix.trans gives B fragments.
+#pragma unroll
+    for (int k = 0; k < kKeyTile / 16; ++k) {
+#pragma unroll
+      for (int c = 0; c < D / 16; ++c) {
+        uint32_t b[4];  // keys 16k.., dims 16c + {0, 8}
+        LoadMatrixX4Trans(b, v_s + (16 * k + lane % 16) * kLd + 16 * c + 8 * (lane / 16));
+        Mma(o[2 * c], p_frag[k], b[0], b[1]);
+        Mma(o[2 * c + 1], p_frag[k], b[2], b[3]);
       }
     }
-    __syncwarp();
   }
 
-  for (int c = 0; c < kCols; ++c) {
-    for (int i = 0; i < 8; ++i) {
-      const int r = wr + FragRow(lane, i), h = (i >> 1) & 1;
-      if (r >= rows) continue;
-      const float v = l[h] > 0.0f ? o_frag[c].x[i] / l[h] : 0.0f;
-      a.out[(int64_t(q_start + q0 + r) * a.num_heads + head) * D + c * 16 + FragCol(lane, i)] = __float2bfloat16(v);
-    }
+  if (!warp_live) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffff, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffff, l[h], 2);
+    const int r = wr + g + 8 * h;
+    if (r >= rows) continue;
+    const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+    bf16* out = a.out + (int64_t(q_start + q0 + r) * a.num_heads + head) * D + 2 * t;
+#pragma unroll
+    for (int c = 0; c < kDimBlocks; ++c)
+      *reinterpret_cast<__nv_bfloat162*>(out + 8 * c) = __floats2bfloat162_rn(o[c][2 * h] * inv, o[c][2 * h + 1] * inv);
   }
 }
 
@@ -362,17 +457,17 @@ __global__ void __launch_bounds__(32 * WarpsFor<D>()) SharedKernel(AttentionArgs
 template <int D>
 void Launch(const AttentionArgs& a, cudaStream_t stream) {
   if constexpr (D <= 256) {
-    constexpr int kRows = 64;
-    constexpr size_t kSmem = (size_t(kRows) + 4 * kKeyTile) * (D + 8) * 2 + size_t(kRows) * (kKeyTile + 8) * 2;
+    constexpr size_t kSmem = RegisterKernelSharedBytes<D>();
     static bool configured = [] {
       cudaFuncSetAttribute(RegisterKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
       return true;
     }();
     (void)configured;
+    constexpr int kWarps = RegisterKernelWarps<D>();
     const int group = a.num_heads / a.kv_heads, per_block = HeadsPerBlock(group);
-    const int block_rows = 16 * (4 / per_block);
+    const int block_rows = 16 * (kWarps / per_block);
     const dim3 grid((a.max_q_len + block_rows - 1) / block_rows, a.kv_heads * (group / per_block), a.num_seqs);
-    RegisterKernel<D><<<grid, 128, kSmem, stream>>>(a);
+    RegisterKernel<D><<<grid, 32 * kWarps, kSmem, stream>>>(a);
   } else {
     constexpr int kRows = 16 * WarpsFor<D>();
     constexpr size_t kSmem = SharedBytes<D>();

@@ -188,34 +188,41 @@ __global__ void RopeKernel(bf16* x, const int32_t* positions, const float* inv_f
 
 // One warp per (token, head); the normalized row goes through shared memory so each lane
 // can read its rotate-half partner.
+// One block per token: its cos/sin are computed once into shared memory for all of its
+// heads rather than by every element; one warp per head.
 __global__ void RmsNormRopeKernel(bf16* x, const bf16* w, float eps, float plus, const int32_t* positions,
-                                  const float* inv_freq, int64_t rows, int64_t heads, int dim, int half) {
-  extern __shared__ float row_s[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + warp;
-  if (row >= rows) return;
-  float* r_s = row_s + warp * dim;
-  bf16* xr = x + row * dim;
-  float ss = 0.0f;
-  for (int i = lane; i < dim; i += 32) {
-    const float v = ToF(xr[i]);
-    r_s[i] = v;
-    ss += v * v;
-  }
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
-  const float inv = rsqrtf(ss / dim + eps);
-  for (int i = lane; i < dim; i += 32) r_s[i] = ToF(ToB(r_s[i] * inv * (ToF(w[i]) + plus)));
-  __syncwarp();
-  const float pos = static_cast<float>(positions[row / heads]);
-  for (int i = lane; i < dim; i += 32) {
-    float v = r_s[i];
-    if (i < 2 * half) {
-      const int j = i < half ? i : i - half;
-      float s, c;
-      sincosf(pos * inv_freq[j], &s, &c);
-      v = i < half ? v * c - r_s[i + half] * s : v * c + r_s[i - half] * s;
+                                  const float* inv_freq, int heads, int dim, int half) {
+  extern __shared__ float shared[];
+  float* cos_s = shared;
+  float* sin_s = cos_s + half;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  float* r_s = sin_s + half + warp * dim;
+  const int64_t token = blockIdx.x;
+  const float pos = static_cast<float>(positions[token]);
+  for (int j = threadIdx.x; j < half; j += blockDim.x) sincosf(pos * inv_freq[j], &sin_s[j], &cos_s[j]);
+  __syncthreads();
+  for (int head = warp; head < heads; head += warps) {
+    bf16* xr = x + (token * heads + head) * dim;
+    float ss = 0.0f;
+    for (int i = lane; i < dim; i += 32) {
+      const float v = ToF(xr[i]);
+      r_s[i] = v;
+      ss += v * v;
     }
-    xr[i] = ToB(v);
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
+    const float inv = rsqrtf(ss / dim + eps);
+    for (int i = lane; i < dim; i += 32) r_s[i] = ToF(ToB(r_s[i] * inv * (ToF(w[i]) + plus)));
+    __syncwarp();
+    for (int i = lane; i < dim; i += 32) {
+      float v = r_s[i];
+      if (i < half) {
+        v = v * cos_s[i] - r_s[i + half] * sin_s[i];
+      } else if (i < 2 * half) {
+        v = v * cos_s[i - half] + r_s[i - half] * sin_s[i - half];
+      }
+      xr[i] = ToB(v);
+    }
+    __syncwarp();  // the next head reuses r_s
   }
 }
 
@@ -369,11 +376,12 @@ void RmsNormRope(bf16* x, const bf16* w, float eps, bool one_plus_weight, const 
                  const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim, int64_t rotary_dims,
                  cudaStream_t stream) {
   constexpr int kWarps = 4;
-  const int64_t rows = tokens * heads;
-  if (rows > 0)
-    RmsNormRopeKernel<<<(rows + kWarps - 1) / kWarps, 32 * kWarps, kWarps * dim * sizeof(float), stream>>>(
-        x, w, eps, one_plus_weight ? 1.0f : 0.0f, positions, inv_freq, rows, heads, static_cast<int>(dim),
-        static_cast<int>(rotary_dims / 2));
+  const int half = static_cast<int>(rotary_dims / 2);
+  const size_t smem = (2 * half + kWarps * dim) * sizeof(float);
+  if (tokens > 0 && heads > 0)
+    RmsNormRopeKernel<<<tokens, 32 * kWarps, smem, stream>>>(x, w, eps, one_plus_weight ? 1.0f : 0.0f, positions,
+                                                             inv_freq, static_cast<int>(heads), static_cast<int>(dim),
+                                                             half);
 }
 void StoreKV(const bf16* k, const bf16* v, const int32_t* slots, int64_t tokens, int64_t k_row, int64_t v_row,
              bf16* k_cache, bf16* v_cache, cudaStream_t stream) {
