@@ -142,3 +142,136 @@ TEST(EngineTest, AbortFreesBlocksAndReportsTheRequest) {
 
 }  // namespace
 }  // namespace hsx
+
+namespace hsx {
+namespace {
+
+// include_output_tokens (vLLM's semantics): the rows of prompt + generated[:-1], each
+// equal to what a cold prefill of exactly those tokens captures.
+class IncludeOutputTokensTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = Model::Load(test::ModelDir("qwen3"), backend_);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    model_ = std::move(m).value();
+    golden_ = std::make_unique<SafetensorsFile>(test::Golden(test::ModelDir("qwen3") + "/golden.safetensors"));
+  }
+
+  static EngineConfig Config() {
+    EngineConfig c;
+    c.num_blocks = 64;
+    c.capture_dtype = DType::kF32;
+    c.capture_layers = {0, 2, 4};
+    return c;
+  }
+
+  std::vector<int32_t> Prompt(int k) const { return test::AsIds(golden_->Get("prompt_" + std::to_string(k)).value()); }
+  std::vector<int32_t> Greedy(int k) const { return test::AsIds(golden_->Get("greedy_" + std::to_string(k)).value()); }
+
+  // Runs the three golden prompts with include_output_tokens and 8 new tokens.
+  std::map<std::string, std::unique_ptr<Sequence>> RunAll(Engine& engine) {
+    for (int k = 0; k < 3; ++k) {
+      Request r{"p" + std::to_string(k), Prompt(k), 8};
+      r.include_output_tokens = true;
+      EXPECT_TRUE(engine.Add(std::move(r)).ok());
+    }
+    std::map<std::string, std::unique_ptr<Sequence>> done;
+    while (engine.has_work())
+      for (auto& s : engine.Step()) done[s->id()] = std::move(s);
+    return done;
+  }
+
+  // The rows a cold, prefill-only run captures for `tokens`.
+  Tensor ColdRows(const std::vector<int32_t>& tokens) {
+    EngineConfig c = Config();
+    c.enable_prefix_caching = false;
+    Engine engine(*model_, c);
+    EXPECT_TRUE(engine.Add({"cold", tokens, 0}).ok());
+    Tensor rows;
+    while (engine.has_work())
+      for (auto& s : engine.Step()) rows = s->hidden_states;
+    return rows;
+  }
+
+  // Each sequence's file content: T = prompt + 7 rows, equal to a cold prefill.
+  void ExpectColdRows(const std::map<std::string, std::unique_ptr<Sequence>>& done) {
+    ASSERT_EQ(done.size(), 3u);
+    for (int k = 0; k < 3; ++k) {
+      const Sequence& seq = *done.at("p" + std::to_string(k));
+      ASSERT_EQ(seq.generated(), Greedy(k)) << "prompt " << k;
+      std::vector<int32_t> fed = seq.tokens();
+      fed.pop_back();  // the last generated token never ran through the model
+      ASSERT_EQ(seq.hidden_states.shape(), (Shape{static_cast<int64_t>(fed.size()), 3, 64})) << "prompt " << k;
+      EXPECT_LE(test::RelativeMaxError(test::AsFloats(seq.hidden_states), test::AsFloats(ColdRows(fed))), 1e-5)
+          << "prompt " << k;
+    }
+  }
+
+  CpuBackend backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<SafetensorsFile> golden_;
+};
+
+TEST_F(IncludeOutputTokensTest, GeneratedRowsEqualAColdPrefillOfPromptAndOutput) {
+  Engine engine(*model_, Config());
+  ExpectColdRows(RunAll(engine));
+  // Off (the default), the same request keeps only its prompt rows.
+  ASSERT_TRUE(engine.Add({"prompt-only", Prompt(1), 8}).ok());
+  std::unique_ptr<Sequence> plain;
+  while (engine.has_work())
+    for (auto& s : engine.Step()) plain = std::move(s);
+  EXPECT_EQ(plain->hidden_states.size(0), static_cast<int64_t>(Prompt(1).size()));
+}
+
+TEST_F(IncludeOutputTokensTest, StopTokenTrimsTheRowsToWhatRan) {
+  Engine engine(*model_, Config());
+  Request r{"stops", Prompt(0), 8};
+  r.include_output_tokens = true;
+  r.stop_token_ids = {Greedy(0)[2]};  // the third greedy token (the first two differ from it)
+  ASSERT_TRUE(engine.Add(std::move(r)).ok());
+  std::unique_ptr<Sequence> seq;
+  while (engine.has_work())
+    for (auto& s : engine.Step()) seq = std::move(s);
+  ASSERT_EQ(seq->num_generated(), 3);
+  std::vector<int32_t> fed = Prompt(0);
+  const std::vector<int32_t> greedy = Greedy(0);
+  fed.insert(fed.end(), greedy.begin(), greedy.begin() + 2);
+  ASSERT_EQ(seq->hidden_states.size(0), static_cast<int64_t>(fed.size()));
+  EXPECT_LE(test::RelativeMaxError(test::AsFloats(seq->hidden_states), test::AsFloats(ColdRows(fed))), 1e-5);
+}
+
+// The three prompts fit the KV cache (45 of 46 blocks of 4) but their outputs do not:
+// the newest is preempted mid-generation and later re-prefills prompt + generated
+// tokens (with prefix caching, only what its cached blocks lack). Its rows are
+// rewritten in place, none lost or doubled.
+class IncludeOutputTokensPreemptionTest : public IncludeOutputTokensTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(IncludeOutputTokensPreemptionTest, RecomputeKeepsEveryRow) {
+  EngineConfig config = Config();
+  config.block_size = 4;
+  config.num_blocks = 46;
+  config.enable_prefix_caching = GetParam();
+  Engine engine(*model_, config);
+  auto done = RunAll(engine);
+  EXPECT_GT(engine.num_preemptions(), 0u);
+  EXPECT_GT(done.at("p2")->preemptions, 0);
+  uint64_t rows = 0;
+  for (const auto& [id, seq] : done) rows += seq->hidden_states.size(0);
+  EXPECT_GT(engine.stats().tokens_computed, rows) << "expected some tokens to be recomputed";
+  ExpectColdRows(done);
+}
+
+INSTANTIATE_TEST_SUITE_P(PrefixCaching, IncludeOutputTokensPreemptionTest, ::testing::Bool());
+
+// A prompt whose blocks are cached computes only its tail and generated tokens, yet
+// its rows are the full cold ones.
+TEST_F(IncludeOutputTokensTest, PrefixCachedPromptStillGetsEveryRow) {
+  Engine engine(*model_, Config());
+  RunAll(engine);
+  const uint64_t before = engine.stats().tokens_computed;
+  ExpectColdRows(RunAll(engine));
+  EXPECT_LT(engine.stats().tokens_computed - before, 3u * 8u + 3u * 16u) << "expected the prompts' blocks to be reused";
+}
+
+}  // namespace
+}  // namespace hsx

@@ -69,7 +69,7 @@ Status Engine::Add(Request request) {
   auto seq = std::make_unique<Sequence>(std::move(request));
   if (seq->request().capture && !config_.capture_layers.empty()) {
     const int64_t layers = static_cast<int64_t>(config_.capture_layers.size());
-    seq->hidden_states = Tensor::Host(config_.capture_dtype, {seq->prompt_len(), layers, model_.config().hidden_size});
+    seq->hidden_states = Tensor::Host(config_.capture_dtype, {seq->max_capture_rows(), layers, model_.config().hidden_size});
   }
   scheduler_.Add(std::move(seq));
   return {};
@@ -98,8 +98,10 @@ ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const
   return batch;
 }
 
-// Copies a step's prompt rows out of its [L, T, H] capture (now on the host) into each
-// sequence's [prompt_len, L, H] buffer, converting to the output dtype; rows in parallel.
+// Copies a step's rows out of its [L, T, H] capture (now on the host) into each
+// sequence's [rows, L, H] buffer by position, converting to the output dtype; rows in
+// parallel. Positions are absolute, so a recompute after preemption rewrites the same
+// rows instead of adding any.
 void Engine::StoreCaptured(const PendingCapture& step) {
   const Tensor& captured = step.host_view;
   const int64_t layers = captured.size(0), total = captured.size(1), h = captured.size(2);
@@ -109,7 +111,7 @@ void Engine::StoreCaptured(const PendingCapture& step) {
     for (int64_t r = b; r < e; ++r) {
       const auto [seq, pos, slot] = step.rows[r];
       Tensor& dst = seq->hidden_states;
-      if (!dst.defined() || pos >= seq->prompt_len()) continue;
+      if (!dst.defined() || pos >= dst.size(0)) continue;
       const size_t out_size = DTypeSize(dst.dtype());
       for (int64_t l = 0; l < layers; ++l) {
         const char* src = captured.data<char>() + (l * total + r) * h * in_size;
@@ -175,6 +177,7 @@ void Engine::Commit(Sequence& seq, int tokens) {
 
 void Engine::Retire(std::unique_ptr<Sequence> seq, std::vector<std::unique_ptr<Sequence>>& finished) {
   blocks_.Release(*seq);
+  if (seq->hidden_states.defined()) seq->hidden_states = seq->hidden_states.Rows(0, seq->num_capture_rows());
   finished.push_back(std::move(seq));
 }
 
@@ -184,7 +187,7 @@ void Engine::CopyCachedRows(Sequence& seq) {
   seq.num_cached_tokens = 0;
   if (cached == 0 || !capture_cache_.defined() || !seq.hidden_states.defined()) return;
   const int bs = config_.block_size;
-  const size_t row_bytes = seq.hidden_states.nbytes() / static_cast<size_t>(seq.prompt_len());
+  const size_t row_bytes = seq.hidden_states.nbytes() / static_cast<size_t>(seq.hidden_states.size(0));
   for (int pos = 0; pos < cached; ++pos) {
     const int64_t slot = static_cast<int64_t>(seq.block_table[pos / bs]) * bs + pos % bs;
     std::memcpy(seq.hidden_states.data<char>() + pos * row_bytes, capture_cache_.data<char>() + slot * row_bytes,

@@ -8,6 +8,7 @@ void Scheduler::Preempt() {
   std::unique_ptr<Sequence> victim = std::move(running_.back());
   running_.pop_back();
   blocks_.Release(*victim);
+  ++victim->preemptions;
   waiting_.push_front(std::move(victim));
   ++preemptions_;
 }

@@ -2,6 +2,7 @@
 // cache blocks it holds and the hidden-state rows captured so far.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -17,6 +18,9 @@ struct Request {
   std::vector<int32_t> prompt;
   int max_new_tokens = 0;  // 0: prefill only (extraction)
   bool capture = true;     // keep hidden states of the prompt's tokens
+  // Also keep the rows of generated tokens fed back through the model: all tokens but
+  // the last, which never runs (vLLM's kv_transfer_params include_output_tokens).
+  bool include_output_tokens = false;
   std::vector<int32_t> stop_token_ids;  // generation ends after emitting one of these
   SamplingParams sampling;
   // Called on the engine's thread with each generated token (streaming responses).
@@ -46,8 +50,16 @@ class Sequence {
   // captured rows are still to be copied in by the engine).
   std::vector<uint64_t> block_hashes;
   int num_cached_tokens = 0;
-  // Host [prompt_len, L, H] in the output dtype, filled as prefill chunks run.
+  int preemptions = 0;  // times its blocks were taken back for a later recompute
+  // Host [rows, L, H] in the output dtype, filled by position as steps run: room for
+  // max_capture_rows() while running, trimmed to num_capture_rows() once finished.
   Tensor hidden_states;
+  int max_capture_rows() const {
+    return prompt_len() + (request_.include_output_tokens ? std::max(0, request_.max_new_tokens - 1) : 0);
+  }
+  int num_capture_rows() const {
+    return request_.include_output_tokens ? std::max(prompt_len(), num_tokens() - 1) : prompt_len();
+  }
 
   bool wants_more_tokens() const { return !stopped_ && num_generated() < request_.max_new_tokens; }
   void Append(int32_t token) { tokens_.push_back(token); }
