@@ -138,7 +138,9 @@ __global__ void __launch_bounds__(32 * RegisterKernelWarps<D>()) RegisterKernel(
   const int wr = (warp / per_block) * 16;  // this warp's first row within the block
   const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
   const int ctx_len = a.seq_info[seq * 4 + 2], table_offset = a.seq_info[seq * 4 + 3];
-  const int q0 = blockIdx.x * block_rows;
+  // Blocks start with the last rows, which see the most keys, so the longest work is
+  // dispatched first and the kernel's tail is short.
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * block_rows;
   if (q0 >= q_len) return;
   const int rows = min(block_rows, q_len - q0);
   const int first_pos = ctx_len - q_len + q0;
