@@ -29,6 +29,9 @@ Tensor Tensor::Host(DType dtype, Shape shape) {
     // Large buffers (KV caches, captures) come from mmap: zeroed pages, committed only when touched.
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
+    // Huge pages where the kernel offers them: a multi-GB capture touched for the first
+    // time takes 512x fewer page faults (the advice is only a hint; failure is harmless).
+    if (bytes >= (2u << 20)) ::madvise(p, bytes, MADV_HUGEPAGE);
     owner = std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });
   } else {
     const size_t rounded = (bytes + 63) / 64 * 64;
