@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "capture/file_lock.h"
-#include "capture/hidden_states_file.h"
+#include "tensor/safetensors.h"
 
 namespace hsx {
 namespace {
@@ -45,6 +45,16 @@ std::optional<std::string> NonNegativeInt(const json& body, const char* key, int
   }
   out = body[key].get<int>();
   return std::nullopt;
+}
+
+// vLLM's file: hidden_states [T, L, H] and token_ids [T], the tokens those rows belong
+// to: the prompt, plus the generated tokens fed back with include_output_tokens.
+Status WriteHiddenStates(const std::string& path, const Sequence& seq) {
+  const int64_t t = seq.hidden_states.size(0);
+  Tensor ids = Tensor::Host(DType::kI64, {t});
+  for (int64_t i = 0; i < t; ++i) ids.data<int64_t>()[i] = seq.tokens()[i];
+  return WriteSafetensors(path, {{"hidden_states", seq.hidden_states}, {"token_ids", ids}})
+      .with_context("request '" + seq.id() + "'");
 }
 
 }  // namespace
@@ -204,9 +214,17 @@ void OpenAiServer::Routes() {
     // inside the storage directory when the server allows it.
     const bool extract = !config_.storage_dir.empty();
     std::string custom_path;
+    bool include_output_tokens = false;
     if (body.contains("kv_transfer_params") && !body["kv_transfer_params"].is_null()) {
       const json& kv = body["kv_transfer_params"];
       if (!kv.is_object()) return ReplyError(res, 400, "'kv_transfer_params' must be an object", "kv_transfer_params");
+      if (kv.contains("include_output_tokens") && !kv["include_output_tokens"].is_null()) {
+        if (!kv["include_output_tokens"].is_boolean()) {
+          return ReplyError(res, 400, "'kv_transfer_params.include_output_tokens' must be true or false",
+                            "kv_transfer_params");
+        }
+        include_output_tokens = kv["include_output_tokens"].get<bool>();
+      }
       if (kv.contains("hidden_states_path") && !kv["hidden_states_path"].is_null()) {
         if (!extract || !config_.allow_custom_path) {
           return ReplyError(res, 400, "a custom hidden_states_path needs --allow-custom-save-path", "kv_transfer_params");
@@ -239,6 +257,7 @@ void OpenAiServer::Routes() {
       r.prompt = prompts[i];
       r.max_new_tokens = max_tokens;
       r.capture = extract;
+      r.include_output_tokens = include_output_tokens;
       r.sampling = sampling;
       if (!body.value("ignore_eos", false)) r.stop_token_ids = eos_token_ids_;
       const std::string path = !custom_path.empty() ? custom_path : config_.storage_dir + "/" + r.id + ".safetensors";
@@ -302,7 +321,7 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
   std::shared_ptr<Sequence> shared(c.seq.release());
   writers_->Submit([this, shared, lock, path] {
     const auto t0 = std::chrono::steady_clock::now();
-    const Status written = WriteHiddenStatesTo(path, *shared);
+    const Status written = WriteHiddenStates(path, *shared);
     write_micros_ += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
     ++(written.ok() ? files_written_ : file_errors_);
     if (!written.ok()) std::fprintf(stderr, "hsx serve: error: %s\n", written.message().c_str());

@@ -126,6 +126,42 @@ def test_a_client_that_disconnects_frees_its_blocks(server):
     assert metric(server, finished) == finished_before
 
 
+def test_include_output_tokens_saves_prompt_and_generated_but_last(server, golden):
+    client = openai.Client(base_url=server.url + "/v1", api_key="unused")
+    prompt = golden["prompt_1"].tolist()
+    res = client.completions.create(model="qwen3-fixture", prompt=prompt, max_tokens=8,
+                                    extra_body={"return_token_ids": True,
+                                                "kv_transfer_params": {"include_output_tokens": True}})
+    generated = res.choices[0].token_ids
+    assert generated == golden["greedy_1"].tolist()
+    path = res.kv_transfer_params["hidden_states_path"]
+    with open(path + ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        data = read_safetensors(path)
+    assert data["token_ids"].tolist() == prompt + generated[:-1]
+    assert data["hidden_states"].shape == (len(prompt) + 7, len(LAYERS), 64)
+    want = expected_states(golden, 1)
+    assert np.abs(data["hidden_states"][:len(prompt)] - want).max() / np.abs(want).max() < 8e-3
+    # The generated tokens' rows are those a prefill of prompt + generated[:-1] captures.
+    status, cold, _ = post(server.url + "/v1/completions", {"prompt": prompt + generated[:-1], "max_tokens": 1})
+    assert status == 200
+    with open(cold["kv_transfer_params"]["hidden_states_path"] + ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        cold_states = read_safetensors(cold["kv_transfer_params"]["hidden_states_path"])["hidden_states"]
+    err = np.abs(data["hidden_states"] - cold_states).max() / np.abs(cold_states).max()
+    assert err < 1e-2, err
+    status, err, _ = post(server.url + "/v1/completions",
+                          {"prompt": prompt, "kv_transfer_params": {"include_output_tokens": 1}})
+    assert status == 400 and "include_output_tokens" in err["error"]["message"], err
+    # max_tokens=1: nothing generated was fed back, so it is the prompt alone either way.
+    status, one, _ = post(server.url + "/v1/completions",
+                          {"prompt": prompt, "max_tokens": 1, "kv_transfer_params": {"include_output_tokens": True}})
+    assert status == 200
+    with open(one["kv_transfer_params"]["hidden_states_path"] + ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        assert read_safetensors(one["kv_transfer_params"]["hidden_states_path"])["token_ids"].tolist() == prompt
+
+
 def test_sampling_is_reproducible_with_a_seed(server, golden):
     body = {"prompt": golden["prompt_1"].tolist(), "max_tokens": 12, "temperature": 1.5, "top_p": 0.95,
             "top_k": 50, "seed": 1234, "return_token_ids": True}
@@ -152,6 +188,7 @@ def test_sampling_is_reproducible_with_a_seed(server, golden):
     ({"prompt": [[1, 2], [3]], "stream": True}, "stream"),
     ({"prompt": [1, 2], "stream": "yes"}, "stream"),
     ({"prompt": [1, 2], "kv_transfer_params": {"hidden_states_path": "x.safetensors"}}, "kv_transfer_params"),
+    ({"prompt": [1, 2], "kv_transfer_params": {"include_output_tokens": "yes"}}, "kv_transfer_params"),
     ({}, "prompt"),
 ])
 def test_bad_requests_get_openai_style_400s_and_the_server_stays_up(server, body, param):
