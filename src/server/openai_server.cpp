@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "capture/file_lock.h"
+#include "server/peer_socket.h"
 #include "tensor/safetensors.h"
 
 namespace hsx {
@@ -56,6 +57,22 @@ Status WriteHiddenStates(const std::string& path, const Sequence& seq) {
   return WriteSafetensors(path, {{"hidden_states", seq.hidden_states}, {"token_ids", ids}})
       .with_context("request '" + seq.id() + "'");
 }
+
+// Whether the client of a waiting handler has gone; finds its socket on first use, so
+// requests answered quickly never look for it.
+class ClientWatch {
+ public:
+  explicit ClientWatch(const httplib::Request& req) : req_(req) {}
+  bool Gone() {
+    if (fd_ == kUnknown) fd_ = FindPeerSocket(req_.local_addr, req_.local_port, req_.remote_addr, req_.remote_port);
+    return fd_ >= 0 && PeerHasClosed(fd_);
+  }
+
+ private:
+  static constexpr int kUnknown = -2;
+  const httplib::Request& req_;
+  int fd_ = kUnknown;
+};
 
 }  // namespace
 
@@ -249,6 +266,9 @@ void OpenAiServer::Routes() {
     // Submit every prompt; each finishes through its own promise.
     const std::string id = "cmpl-" + std::to_string(Now()) + "-" + std::to_string(next_id_++);
     std::vector<std::future<Completion>> futures;
+    auto abort_all = [&] {
+      for (size_t i = 0; i < futures.size(); ++i) engine_.Abort(id + "-" + std::to_string(i));
+    };
     for (size_t i = 0; i < prompts.size(); ++i) {
       auto promise = std::make_shared<std::promise<Completion>>();
       futures.push_back(promise->get_future());
@@ -267,8 +287,19 @@ void OpenAiServer::Routes() {
         promise->set_value(Finish(status, std::move(seq), path));
       });
       if (!accepted) {
+        futures.pop_back();
+        abort_all();  // the prompts already in would answer nobody
         res.set_header("Retry-After", "1");
         return ReplyError(res, 503, "the server is at capacity; retry shortly");
+      }
+    }
+
+    // Wait without delaying the answer (a result wakes us at once), looking at the
+    // client every 50 ms: one that went away cancels its prompts and frees their blocks.
+    ClientWatch client(req);
+    for (auto& f : futures) {
+      while (f.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+        if (client.Gone()) return abort_all();  // nobody is left to read a response
       }
     }
 

@@ -126,6 +126,47 @@ def test_a_client_that_disconnects_frees_its_blocks(server):
     assert metric(server, finished) == finished_before
 
 
+def test_a_non_streaming_client_that_disconnects_is_cancelled(server):
+    import socket
+    failed = 'hsx_requests_total{status="failed"}'
+    finished = 'hsx_requests_total{status="finished"}'
+    failed_before, finished_before = metric(server, failed), metric(server, finished)
+    steps_before = metric(server, "hsx_computed_tokens_total")
+    body = json.dumps({"prompt": [5] * 300, "max_tokens": 3700}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        for _ in range(100):  # until generation is under way
+            if metric(server, "hsx_computed_tokens_total") > steps_before + 300:
+                break
+            time.sleep(0.05)
+        assert metric(server, "hsx_running_requests") == 1
+    # The client went away mid-request.
+    for _ in range(100):
+        if metric(server, "hsx_running_requests") == 0 and metric(server, "hsx_kv_cache_usage_ratio") == 0:
+            break
+        time.sleep(0.1)
+    assert metric(server, "hsx_running_requests") == 0
+    assert metric(server, "hsx_kv_cache_usage_ratio") == 0
+    assert metric(server, failed) == failed_before + 1
+    assert metric(server, finished) == finished_before
+    # Well short of the 3700 tokens it asked for.
+    assert metric(server, "hsx_computed_tokens_total") < steps_before + 300 + 3000
+
+
+def test_a_kept_alive_client_waiting_for_a_long_answer_gets_it(server, golden):
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    for _ in range(2):  # the second request reuses the connection
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": golden["prompt_1"].tolist(), "max_tokens": 200,
+                                                            "ignore_eos": True, "return_token_ids": True}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        assert len(json.loads(resp.read())["choices"][0]["token_ids"]) == 200
+    conn.close()
+
+
 def test_include_output_tokens_saves_prompt_and_generated_but_last(server, golden):
     client = openai.Client(base_url=server.url + "/v1", api_key="unused")
     prompt = golden["prompt_1"].tolist()
