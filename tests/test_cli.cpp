@@ -220,6 +220,12 @@ TEST_F(CliTest, InspectDescribesLayersAndRejectsUnknownModels) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Gemma4ForCausalLM"), std::string::npos);
   EXPECT_NE(r.out.find("7 full     head_dim 32   kv_heads 1   k=v kv-shared-from 5"), std::string::npos) << r.out;
+  // Named configs are described without filling their weights (31B would not fit as f32).
+  CommandResult gemma = Hsx("inspect --model gemma-4-31b --load-format dummy");
+  ASSERT_EQ(gemma.exit_code, 0) << gemma.err;
+  EXPECT_NE(gemma.out.find("parameters        30.697B"), std::string::npos) << gemma.out;
+  EXPECT_NE(gemma.out.find("  4 sliding  head_dim 256  kv_heads 16"), std::string::npos) << gemma.out;
+  EXPECT_NE(gemma.out.find(" 59 full     head_dim 512  kv_heads 4   k=v"), std::string::npos) << gemma.out;
   CommandResult bad = Hsx("inspect --model no-such-model --load-format dummy");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("neither a model directory nor a named config"), std::string::npos) << bad.err;

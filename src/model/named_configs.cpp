@@ -32,6 +32,18 @@ const std::map<std::string, const char*>& NamedConfigs() {
         "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
         "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000, "max_position_embeddings": 40960,
         "tie_word_embeddings": false, "eos_token_id": 151645})"},
+      // Five sliding layers then one full-attention layer (the hub file lists all 60
+      // layer_types; sliding_window_pattern 6 spells the same sequence).
+      {"gemma-4-31b", R"({"architectures": ["Gemma4ForConditionalGeneration"], "text_config": {
+        "dtype": "bfloat16", "hidden_size": 5376, "num_hidden_layers": 60, "num_attention_heads": 32,
+        "num_key_value_heads": 16, "head_dim": 256, "num_global_key_value_heads": 4, "global_head_dim": 512,
+        "attention_k_eq_v": true, "intermediate_size": 21504, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0, "sliding_window": 1024,
+        "sliding_window_pattern": 6, "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+        "rope_type": "proportional"}, "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+        "vocab_size": 262144, "max_position_embeddings": 262144, "tie_word_embeddings": true,
+        "eos_token_id": 1}})"},
   };
   return kConfigs;
 }
