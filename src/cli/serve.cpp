@@ -162,6 +162,9 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--max-num-seqs", o->max_num_seqs);
   app->add_option("--max-queued-requests", o->max_queued, "Beyond this, requests get 503 with Retry-After");
   app->add_option("--kv-cache-gib", o->kv_cache_gib);
+  app->add_option("--http-threads", o->server.http_threads,
+                  "Client connections served at once (an idle keep-alive connection holds one)")
+      ->check(CLI::PositiveNumber);
   app->add_flag("!--no-enable-prefix-caching", o->prefix_caching);
   app->callback([o] { ExitCode() = RunServe(*o); });
 }

@@ -9,8 +9,9 @@
 #include <sstream>
 
 #include "capture/file_lock.h"
+#include "capture/hidden_states_file.h"
+#include "server/http_server.h"
 #include "server/peer_socket.h"
-#include "tensor/safetensors.h"
 
 namespace hsx {
 namespace {
@@ -48,16 +49,6 @@ std::optional<std::string> NonNegativeInt(const json& body, const char* key, int
   return std::nullopt;
 }
 
-// vLLM's file: hidden_states [T, L, H] and token_ids [T], the tokens those rows belong
-// to: the prompt, plus the generated tokens fed back with include_output_tokens.
-Status WriteHiddenStates(const std::string& path, const Sequence& seq) {
-  const int64_t t = seq.hidden_states.size(0);
-  Tensor ids = Tensor::Host(DType::kI64, {t});
-  for (int64_t i = 0; i < t; ++i) ids.data<int64_t>()[i] = seq.tokens()[i];
-  return WriteSafetensors(path, {{"hidden_states", seq.hidden_states}, {"token_ids", ids}})
-      .with_context("request '" + seq.id() + "'");
-}
-
 // Whether the client of a waiting handler has gone; finds its socket on first use, so
 // requests answered quickly never look for it.
 class ClientWatch {
@@ -82,7 +73,7 @@ OpenAiServer::OpenAiServer(ServerConfig config, EngineService& engine, const Tok
       engine_(engine),
       tokenizer_(tokenizer),
       eos_token_ids_(std::move(eos_token_ids)),
-      http_(std::make_unique<httplib::Server>()) {
+      http_(std::make_unique<HttpServer>(static_cast<size_t>(std::max(1, config_.http_threads)))) {
   if (!config_.storage_dir.empty()) writers_ = std::make_unique<WriterPool>(config_.writer_threads, 64);
   Routes();
 }
@@ -90,10 +81,9 @@ OpenAiServer::OpenAiServer(ServerConfig config, EngineService& engine, const Tok
 OpenAiServer::~OpenAiServer() { Stop(); }
 
 Status OpenAiServer::Run() {
-  if (!http_->bind_to_port(config_.host.c_str(), config_.port)) {
+  if (!http_->Listen(config_.host, config_.port, 1024)) {
     return Error("--host " + config_.host + " --port " + std::to_string(config_.port) + ": cannot listen (address in use?)");
   }
-  http_->listen_after_bind();
   return {};
 }
 
@@ -309,6 +299,8 @@ void OpenAiServer::Routes() {
     for (size_t i = 0; i < futures.size(); ++i) {
       Completion c = futures[i].get();
       if (!c.status.ok()) return ReplyError(res, c.server_error ? 500 : 400, c.status.message(), c.server_error ? "" : "prompt");
+      // The answer waits for the file, so a write that fails (a full disk) fails the request.
+      if (c.written.valid() && !c.written.get().ok()) return ReplyError(res, 500, c.written.get().message());
       const std::vector<int32_t> out = c.seq->generated();
       json choice = {{"index", i}, {"text", ""}, {"logprobs", nullptr},
                      {"finish_reason", c.seq->num_generated() < max_tokens ? "stop" : "length"}};
@@ -350,12 +342,16 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
     lock = std::move(acquired).value();
   }
   std::shared_ptr<Sequence> shared(c.seq.release());
-  writers_->Submit([this, shared, lock, path] {
+  auto written = std::make_shared<std::promise<Status>>();
+  c.written = written->get_future().share();
+  writers_->Submit([this, shared, lock, path, written]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
-    const Status written = WriteHiddenStates(path, *shared);
+    Status status = WriteHiddenStatesTo(path, *shared);
     write_micros_ += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
-    ++(written.ok() ? files_written_ : file_errors_);
-    if (!written.ok()) std::fprintf(stderr, "hsx serve: error: %s\n", written.message().c_str());
+    ++(status.ok() ? files_written_ : file_errors_);
+    if (!status.ok()) std::fprintf(stderr, "hsx serve: error: %s\n", status.message().c_str());
+    lock.reset();  // the file is complete (or absent): readers may go ahead
+    written->set_value(std::move(status));
   });
   c.seq = std::make_unique<Sequence>(*shared);  // the response needs only its tokens
   return c;
@@ -422,8 +418,11 @@ void OpenAiServer::Stream(Request request, const std::string& path, bool return_
     const bool done = state->finished;
     if (done) {
       const Completion& c = state->result;
-      if (!c.status.ok()) {
-        out += "data: " + json{{"error", {{"message", c.status.message()}, {"code", c.server_error ? 500 : 400}}}}.dump() + "\n\n";
+      const bool write_failed = c.status.ok() && c.written.valid() && !c.written.get().ok();
+      if (!c.status.ok() || write_failed) {
+        const Status& failure = write_failed ? c.written.get() : c.status;
+        const int code = write_failed || c.server_error ? 500 : 400;
+        out += "data: " + json{{"error", {{"message", failure.message()}, {"code", code}}}}.dump() + "\n\n";
       } else {
         json last = {{"index", 0}, {"text", ""}, {"logprobs", nullptr},
                      {"finish_reason", c.seq->num_generated() < max_tokens ? "stop" : "length"}};

@@ -3,9 +3,10 @@
 // kv_transfer_params), /v1/models, /health, /metrics, /tokenize, /detokenize.
 #pragma once
 
+#include <atomic>
+#include <future>
 #include <memory>
 #include <optional>
-#include <atomic>
 #include <string>
 #include <vector>
 
@@ -14,11 +15,12 @@
 #include "tokenizer/tokenizer.h"
 
 namespace httplib {
-class Server;
 struct Response;
 }
 
 namespace hsx {
+
+class HttpServer;
 
 struct ServerConfig {
   std::string host = "127.0.0.1";
@@ -31,6 +33,8 @@ struct ServerConfig {
   int writer_threads = 8;
   bool use_lock = true;
   bool allow_custom_path = false;
+  // Connections served at once (each holds a thread while open, idle keep-alive ones too).
+  int http_threads = 512;
 };
 
 class OpenAiServer {
@@ -49,6 +53,7 @@ class OpenAiServer {
     std::unique_ptr<Sequence> seq;
     std::string hidden_states_path;
     bool server_error = false;  // the request was fine; the server could not store its output
+    std::shared_future<Status> written;  // the file's write, when there is one
   };
   Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& path);
   void Stream(Request request, const std::string& path, bool return_token_ids, int max_tokens,
@@ -59,7 +64,7 @@ class OpenAiServer {
   EngineService& engine_;
   const Tokenizer* tokenizer_;
   std::vector<int32_t> eos_token_ids_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpServer> http_;
   std::unique_ptr<WriterPool> writers_;
   std::atomic<uint64_t> next_id_{0};
   std::atomic<uint64_t> http_requests_{0}, files_written_{0}, file_errors_{0};
