@@ -17,7 +17,7 @@ Status ValidateRequestId(const std::string& id) {
 }
 
 Status WriteHiddenStatesTo(const std::string& path, const Sequence& seq) {
-  const int64_t t = seq.prompt_len();
+  const int64_t t = seq.hidden_states.size(0);  // the prompt, plus fed-back outputs with include_output_tokens
   Tensor ids = Tensor::Host(DType::kI64, {t});
   for (int64_t i = 0; i < t; ++i) ids.data<int64_t>()[i] = seq.tokens()[i];
   return WriteSafetensors(path, {{"hidden_states", seq.hidden_states}, {"token_ids", ids}})

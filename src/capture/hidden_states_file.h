@@ -1,5 +1,6 @@
 // The per-request output file, in vLLM's hidden-state extraction format:
-// hidden_states [T, L, H] (layers in ascending id order) and token_ids [T] int64.
+// hidden_states [T, L, H] (layers in ascending id order) and token_ids [T] int64, the
+// tokens of those rows: the prompt, plus the fed-back outputs with include_output_tokens.
 #pragma once
 
 #include <string>
