@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe]   (all = tests + bench; sweep includes moe)
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma]
+#   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
+#   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
@@ -38,4 +40,17 @@ if [ "$what" = sweep ] || [ "$what" = moe ]; then
   timeout 240 .devbin/hsx bench --device cuda --model qwen3-30b-a3b --load-format dummy --num-prompts 64 --median-len 700 \
     --min-len 32 --max-len 4096 --layers 2,24,45,48 --max-num-batched-tokens 16384 --kv-cache-gib 20 \
     --dir /dev/shm/hsx-moe 2>"$OUT/moe.err" || echo "moe bench exit $?"
+fi
+if [ "$what" = server ]; then
+  python3 bench/server_load.py --hsx .devbin/hsx --device cuda --load-format dummy --model qwen3-8b \
+    --layers 2,18,33,36 --num-prompts 768 --median-len 700 --min-len 32 --max-len 4096 \
+    --max-num-batched-tokens 8192 --kv-cache-gib 40 --storage /dev/shm/hsx-serve-bench 2>"$OUT/server.err" \
+    | tee "$OUT/server.jsonl"
+  tail -3 "$OUT/server.err"
+fi
+if [ "$what" = gemma ]; then
+  timeout 300 .devbin/hsx bench --device cuda --model gemma-4-31b --load-format dummy --num-prompts 64 --median-len 700 \
+    --min-len 32 --max-len 4096 --layers 2,30,57,60 --max-num-batched-tokens 16384 --kv-cache-gib 30 \
+    --dir /dev/shm/hsx-gemma 2>"$OUT/gemma.err" || echo "gemma bench exit $?"
+  tail -2 "$OUT/gemma.err"
 fi
