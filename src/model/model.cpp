@@ -135,7 +135,9 @@ void Model::MlpBlock(int layer, const Tensor& x, Tensor& out) {
   const int64_t t = x.size(0);
   const DType dt = backend_.compute_dtype();
   if (config_.layers[layer].moe) {
-    Tensor router_logits = backend_.Empty(dt, {t, config_.num_experts});
+    // Routing is discontinuous: bf16 logits flip near-tied experts that the f32
+    // reference keeps apart, so the router's GEMM writes f32 (the same bf16 inputs).
+    Tensor router_logits = backend_.Empty(DType::kF32, {t, config_.num_experts});
     backend_.Linear(x, w.router, nullptr, router_logits);
     backend_.MoeMlp(x, router_logits, w.experts, config_.experts_per_token, config_.norm_topk_prob,
                     config_.activation, out);

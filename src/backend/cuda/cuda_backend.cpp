@@ -464,7 +464,7 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   Tensor ids = Empty(DType::kI32, {pairs}), weights = Empty(DType::kF32, {pairs});
   Tensor counts = Empty(DType::kI32, {num_experts});
   HSX_CUDA_CHECK(cudaMemsetAsync(counts.raw(), 0, counts.nbytes(), stream));
-  cuda::MoeRoute(B(router_logits), tokens, num_experts, top_k, renormalize, ids.data<int32_t>(), weights.data<float>(),
+  cuda::MoeRoute(router_logits.data<float>(), tokens, num_experts, top_k, renormalize, ids.data<int32_t>(), weights.data<float>(),
                  counts.data<int32_t>(), stream);
   HSX_LAUNCH_CHECK();
   const Tensor host_counts = Download(counts);

@@ -249,17 +249,17 @@ __global__ void ScatterAddWeightedKernel(const bf16* y, const int32_t* rows, con
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] += w * ToF(y[blockIdx.x * hidden + i]);
 }
 
-__global__ void MoeRouteKernel(const bf16* logits, int64_t tokens, int experts, int top_k, bool renormalize,
+__global__ void MoeRouteKernel(const float* logits, int64_t tokens, int experts, int top_k, bool renormalize,
                                int32_t* ids, float* weights, int32_t* counts) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (t >= tokens) return;
-  const bf16* row = logits + t * experts;
+  const float* row = logits + t * experts;
   float mx = -INFINITY;
-  for (int e = lane; e < experts; e += 32) mx = fmaxf(mx, ToF(row[e]));
+  for (int e = lane; e < experts; e += 32) mx = fmaxf(mx, row[e]);
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
   float sum = 0.0f;
-  for (int e = lane; e < experts; e += 32) sum += __expf(ToF(row[e]) - mx);
+  for (int e = lane; e < experts; e += 32) sum += __expf(row[e] - mx);
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
   // top_k rounds of a warp-wide argmax over the logits (softmax is monotone).
   float kept = 0.0f;
@@ -271,7 +271,7 @@ __global__ void MoeRouteKernel(const bf16* logits, int64_t tokens, int experts, 
     for (int e = lane; e < experts; e += 32) {
       bool taken = false;
       for (int i = 0; i < j; ++i) taken |= chosen[i] == e;
-      const float v = ToF(row[e]);
+      const float v = row[e];
       if (!taken && (v > best || (v == best && e < best_e))) {
         best = v;
         best_e = e;
@@ -402,7 +402,7 @@ void ScatterAddWeighted(const bf16* y, const int32_t* rows, const float* weights
 void ToBF16(const float* x, int64_t n, bf16* out, cudaStream_t stream) {
   ToBF16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, out);
 }
-void MoeRoute(const bf16* logits, int64_t tokens, int experts, int top_k, bool renormalize, int32_t* ids,
+void MoeRoute(const float* logits, int64_t tokens, int experts, int top_k, bool renormalize, int32_t* ids,
               float* weights, int32_t* counts, cudaStream_t stream) {
   constexpr int kWarpsPerBlock = 8;
   if (tokens > 0)

@@ -44,7 +44,7 @@ void ToBF16(const float* x, int64_t n, bf16* out, cudaStream_t stream);
 
 // MoE routing, one warp per token: softmax over the experts (f32), top_k (ties to the
 // lower id), optional renormalization; counts[e] += tokens routed to e (zero it first).
-void MoeRoute(const bf16* logits, int64_t tokens, int experts, int top_k, bool renormalize, int32_t* ids,
+void MoeRoute(const float* logits, int64_t tokens, int experts, int top_k, bool renormalize, int32_t* ids,
               float* weights, int32_t* counts, cudaStream_t stream);
 // Groups the (token, choice) pairs by expert: slot = cursor[e]++ (cursor starts at each
 // expert's offset), rows[slot] = token, inverse[token * top_k + j] = slot.
