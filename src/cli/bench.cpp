@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -56,6 +57,7 @@ int RunBench(BenchOptions o) {
   o.extract.input = dir + "/prompts.jsonl";
   o.extract.output = dir + "/out";
   o.extract.quiet = true;
+  o.extract.warmup = true;  // as the HF baseline warms up with one forward
   int64_t total_tokens = 0;
   {
     std::ofstream prompts(o.extract.input);
@@ -126,8 +128,9 @@ void RegisterBench(CLI::App& root) {
         return;
       }
       const int n = config->num_layers;
-      o->extract.layers = std::to_string(std::min(2, n)) + "," + std::to_string(n / 2) + "," +
-                          std::to_string(std::max(0, n - 3)) + "," + std::to_string(n);
+      // Distinct ids in order (a model of few layers would repeat some).
+      const std::set<int> ids = {std::min(2, n), n / 2, std::max(0, n - 3), n};
+      for (int id : ids) o->extract.layers += (o->extract.layers.empty() ? "" : ",") + std::to_string(id);
     }
     ExitCode() = RunBench(*o);
   });

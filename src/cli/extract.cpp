@@ -96,6 +96,13 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   ec.capture_dtype = dtype;
   ec.enable_prefix_caching = o.prefix_caching;
   Engine engine(*loaded->model, ec);
+  if (o.warmup) {
+    const int n = std::max(1, std::min(o.max_num_batched_tokens, config.max_position_embeddings) - 1);
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i % config.vocab_size;
+    if (Status s = engine.Add(Request{"hsx-warmup", std::move(ids), 0}); !s.ok()) return {Fail(cmd, s)};
+    while (engine.has_work()) engine.Step();
+  }
 
   const auto start = std::chrono::steady_clock::now();
   std::atomic<int64_t> written{0}, failed{0}, tokens_done{0};

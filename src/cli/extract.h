@@ -17,6 +17,9 @@ struct ExtractOptions {
   int writer_queue = 16;
   bool prefix_caching = true;
   bool quiet = false;  // no per-file lines on stdout, no summary
+  // One untimed step of max_num_batched_tokens throwaway tokens first, so that kernel
+  // loading and GEMM plans for full steps stay out of the timed run (benchmarks).
+  bool warmup = false;
 };
 
 struct ExtractResult {
