@@ -118,6 +118,7 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--max-num-batched-tokens", o->extract.max_num_batched_tokens);
   app->add_option("--max-num-seqs", o->extract.max_num_seqs);
   app->add_option("--kv-cache-gib", o->extract.kv_cache_gib);
+  app->add_option("--writer-threads", o->extract.writer_threads, "File writer threads");
   app->add_flag("!--no-enable-prefix-caching", o->extract.prefix_caching, "Measure without prefix caching");
   app->add_option("--dir", o->extract.output, "Scratch directory; prompts.jsonl stays there afterwards");
   app->callback([o] {

@@ -13,7 +13,7 @@ struct ExtractOptions {
   int max_num_batched_tokens = 8192;
   int max_num_seqs = 256;
   double kv_cache_gib = 2.0;
-  int writer_threads = 2;
+  int writer_threads = 8;  // as serve's num_writer_threads; 2 could not keep up with an H200
   int writer_queue = 16;
   bool prefix_caching = true;
   bool quiet = false;  // no per-file lines on stdout, no summary
