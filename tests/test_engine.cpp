@@ -148,14 +148,8 @@ namespace {
 
 // include_output_tokens (vLLM's semantics): the rows of prompt + generated[:-1], each
 // equal to what a cold prefill of exactly those tokens captures.
-class IncludeOutputTokensTest : public ::testing::Test {
+class IncludeOutputTokensTest : public test::Qwen3FixtureTest {
  protected:
-  void SetUp() override {
-    auto m = Model::Load(test::ModelDir("qwen3"), backend_);
-    ASSERT_TRUE(m.ok()) << m.status().message();
-    model_ = std::move(m).value();
-    golden_ = std::make_unique<SafetensorsFile>(test::Golden(test::ModelDir("qwen3") + "/golden.safetensors"));
-  }
 
   static EngineConfig Config() {
     EngineConfig c;
@@ -165,7 +159,6 @@ class IncludeOutputTokensTest : public ::testing::Test {
     return c;
   }
 
-  std::vector<int32_t> Prompt(int k) const { return test::AsIds(golden_->Get("prompt_" + std::to_string(k)).value()); }
   std::vector<int32_t> Greedy(int k) const { return test::AsIds(golden_->Get("greedy_" + std::to_string(k)).value()); }
 
   // Runs the three golden prompts with include_output_tokens and 8 new tokens.
@@ -207,9 +200,6 @@ class IncludeOutputTokensTest : public ::testing::Test {
     }
   }
 
-  CpuBackend backend_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<SafetensorsFile> golden_;
 };
 
 TEST_F(IncludeOutputTokensTest, GeneratedRowsEqualAColdPrefillOfPromptAndOutput) {

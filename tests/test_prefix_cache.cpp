@@ -10,14 +10,8 @@
 namespace hsx {
 namespace {
 
-class PrefixCacheTest : public ::testing::Test {
+class PrefixCacheTest : public test::Qwen3FixtureTest {
  protected:
-  void SetUp() override {
-    auto m = Model::Load(test::ModelDir("qwen3"), backend_);
-    ASSERT_TRUE(m.ok()) << m.status().message();
-    model_ = std::move(m).value();
-    golden_ = std::make_unique<SafetensorsFile>(test::Golden(test::ModelDir("qwen3") + "/golden.safetensors"));
-  }
 
   EngineConfig Config(bool prefix_caching, int num_blocks = 64) {
     EngineConfig c;
@@ -36,11 +30,7 @@ class PrefixCacheTest : public ::testing::Test {
     return out;
   }
 
-  std::vector<int32_t> Prompt(int k) { return test::AsIds(golden_->Get("prompt_" + std::to_string(k)).value()); }
 
-  CpuBackend backend_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<SafetensorsFile> golden_;
 };
 
 TEST_F(PrefixCacheTest, SharedPrefixGetsFullColdStatesAndComputesOnlyTheRest) {

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "tensor/safetensors.h"
 
@@ -98,5 +100,21 @@ inline GoldenPrefill RunGoldenPrefill(Model& model, const SafetensorsFile& golde
   }
   return result;
 }
+
+// The qwen3 fixture on the CPU backend, with its golden file, for engine-level tests.
+class Qwen3FixtureTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = Model::Load(ModelDir("qwen3"), backend_);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    model_ = std::move(m).value();
+    golden_ = std::make_unique<SafetensorsFile>(Golden(ModelDir("qwen3") + "/golden.safetensors"));
+  }
+  std::vector<int32_t> Prompt(int k) const { return AsIds(golden_->Get("prompt_" + std::to_string(k)).value()); }
+
+  CpuBackend backend_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<SafetensorsFile> golden_;
+};
 
 }  // namespace hsx::test

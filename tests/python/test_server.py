@@ -89,6 +89,16 @@ def metric(server, name):
     return float([l for l in text.splitlines() if l.startswith(name + " ")][0].split()[-1])
 
 
+def assert_idle_soon(server):
+    """Within 10 s nothing runs and every KV block is free (cancelled requests let go)."""
+    for _ in range(100):
+        if metric(server, "hsx_running_requests") == 0 and metric(server, "hsx_kv_cache_usage_ratio") == 0:
+            break
+        time.sleep(0.1)
+    assert metric(server, "hsx_running_requests") == 0
+    assert metric(server, "hsx_kv_cache_usage_ratio") == 0
+
+
 def test_streaming_with_the_openai_client(server, golden):
     client = openai.Client(base_url=server.url + "/v1", api_key="unused")
     chunks = list(client.completions.create(model="qwen3-fixture", prompt=golden["prompt_2"].tolist(), max_tokens=8,
@@ -115,12 +125,7 @@ def test_a_client_that_disconnects_frees_its_blocks(server):
     assert resp.read(6) == b"data: "  # generation is under way
     conn.sock.close()  # the client goes away mid-request
     conn.close()
-    for _ in range(100):
-        if metric(server, "hsx_running_requests") == 0 and metric(server, "hsx_kv_cache_usage_ratio") == 0:
-            break
-        time.sleep(0.1)
-    assert metric(server, "hsx_running_requests") == 0
-    assert metric(server, "hsx_kv_cache_usage_ratio") == 0
+    assert_idle_soon(server)
     # It was cancelled, not run to the end.
     assert metric(server, failed) == failed_before + 1
     assert metric(server, finished) == finished_before
@@ -142,12 +147,7 @@ def test_a_non_streaming_client_that_disconnects_is_cancelled(server):
             time.sleep(0.05)
         assert metric(server, "hsx_running_requests") == 1
     # The client went away mid-request.
-    for _ in range(100):
-        if metric(server, "hsx_running_requests") == 0 and metric(server, "hsx_kv_cache_usage_ratio") == 0:
-            break
-        time.sleep(0.1)
-    assert metric(server, "hsx_running_requests") == 0
-    assert metric(server, "hsx_kv_cache_usage_ratio") == 0
+    assert_idle_soon(server)
     assert metric(server, failed) == failed_before + 1
     assert metric(server, finished) == finished_before
     # Well short of the 3700 tokens it asked for.
