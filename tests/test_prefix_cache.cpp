@@ -3,6 +3,8 @@
 // [T, L, H], equal to a cold run (vLLM returns short files here: vllm issue #44485).
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
 #include "test_util.h"
@@ -12,7 +14,6 @@ namespace {
 
 class PrefixCacheTest : public test::Qwen3FixtureTest {
  protected:
-
   EngineConfig Config(bool prefix_caching, int num_blocks = 64) {
     EngineConfig c;
     c.enable_prefix_caching = prefix_caching;
@@ -29,8 +30,6 @@ class PrefixCacheTest : public test::Qwen3FixtureTest {
       for (auto& s : engine.Step()) out = std::move(s);
     return out;
   }
-
-
 };
 
 TEST_F(PrefixCacheTest, SharedPrefixGetsFullColdStatesAndComputesOnlyTheRest) {
@@ -77,6 +76,47 @@ TEST_F(PrefixCacheTest, EvictedBlocksAreRecomputedCorrectly) {
   const auto again = Run(engine, "a-again", Prompt(2));
   EXPECT_EQ(engine.stats().tokens_computed - before, 130u) << "expected a cold recompute after eviction";
   EXPECT_EQ(test::AsFloats(again->hidden_states), test::AsFloats(first->hidden_states));
+}
+
+// Many prompts sharing prefixes, generating, in a cache too small for them all: chunked
+// prefill, preemption, re-admission onto cached blocks and eviction interleave. Every
+// file and every token must equal the prompt run alone without prefix caching.
+TEST_F(PrefixCacheTest, SharedPrefixesUnderPreemptionMatchColdRuns) {
+  std::vector<std::vector<int32_t>> prompts;
+  const std::vector<int32_t> base = Prompt(2), other = Prompt(1);
+  for (int i = 0; i < 10; ++i) {
+    const int shared = 16 * (1 + i % 4) + (i % 3);  // 1-4 blocks, sometimes a partial one
+    std::vector<int32_t> p(base.begin(), base.begin() + shared);
+    p.insert(p.end(), other.begin() + i, other.begin() + i + 5 + 3 * i);
+    prompts.push_back(std::move(p));
+  }
+  constexpr int kNew = 6;
+  std::vector<std::unique_ptr<Sequence>> cold;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Engine engine(*model_, Config(false));
+    cold.push_back(Run(engine, "cold", prompts[i], kNew));
+  }
+
+  EngineConfig c = Config(true, 14);  // 224 slots for ~540 prompt tokens and 60 new ones
+  c.scheduler.max_num_batched_tokens = 48;
+  c.scheduler.max_num_seqs = 6;
+  Engine engine(*model_, c);
+  for (size_t i = 0; i < prompts.size(); ++i) ASSERT_TRUE(engine.Add({"p" + std::to_string(i), prompts[i], kNew}).ok());
+  std::map<std::string, std::unique_ptr<Sequence>> done;
+  while (engine.has_work())
+    for (auto& s : engine.Step()) done[s->id()] = std::move(s);
+  ASSERT_EQ(done.size(), prompts.size());
+  EXPECT_GT(engine.prefix_cache_hit_rate(), 0.0);
+  int preemptions = 0;
+  for (const auto& [id, seq] : done) preemptions += seq->preemptions;
+  EXPECT_GT(preemptions, 0) << "the cache was meant to be too small";
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Sequence& seq = *done.at("p" + std::to_string(i));
+    EXPECT_EQ(seq.generated(), cold[i]->generated()) << "prompt " << i;
+    ASSERT_EQ(seq.hidden_states.shape(), cold[i]->hidden_states.shape()) << "prompt " << i;
+    EXPECT_LE(test::RelativeMaxError(test::AsFloats(seq.hidden_states), test::AsFloats(cold[i]->hidden_states)), 1e-5)
+        << "prompt " << i;
+  }
 }
 
 }  // namespace

@@ -109,7 +109,7 @@ void Engine::StoreCaptured(const PendingCapture& step) {
   ThreadPool::Global().ParallelFor(total, [&](int64_t b, int64_t e) {
     std::vector<float> f32(static_cast<size_t>(h));
     for (int64_t r = b; r < e; ++r) {
-      const auto [seq, pos, slot] = step.rows[r];
+      const auto& [seq, pos, slot, preemptions] = step.rows[r];
       Tensor& dst = seq->hidden_states;
       if (!dst.defined() || pos >= dst.size(0)) continue;
       const size_t out_size = DTypeSize(dst.dtype());
@@ -141,7 +141,8 @@ std::unique_ptr<Engine::PendingCapture> Engine::StartCapture(const std::vector<S
   for (const auto& [seq, n] : chunks) {
     for (int i = 0; i < n; ++i) {
       const int64_t pos = seq->num_computed + i;
-      step->rows.push_back({seq, pos, static_cast<int64_t>(seq->block_table[pos / bs]) * bs + pos % bs});
+      step->rows.push_back(
+          {seq, pos, static_cast<int64_t>(seq->block_table[pos / bs]) * bs + pos % bs, seq->preemptions});
     }
   }
   Tensor& buffer = host_buffers_[stats_.steps % 2];
@@ -165,7 +166,11 @@ void Engine::FinishCapture(std::vector<std::unique_ptr<Sequence>>& finished) {
   profile_seconds_[1] += Seconds(t0, t1);
   profile_seconds_[2] += Seconds(t1, Clock::now());
   // Blocks whose rows are now all stored can be shared; then the finished let go of theirs.
-  for (const auto& row : pending_->rows) Commit(*row.seq, static_cast<int>(row.pos) + 1);
+  // A sequence preempted since this step ran holds other blocks now, whose rows (from
+  // its recompute) are still to come: registering those would share unstored rows.
+  for (const auto& row : pending_->rows) {
+    if (row.seq->preemptions == row.preemptions) Commit(*row.seq, static_cast<int>(row.pos) + 1);
+  }
   for (auto& seq : pending_->finishing) Retire(std::move(seq), finished);
   pending_.reset();
 }

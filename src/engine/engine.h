@@ -66,6 +66,7 @@ class Engine {
       Sequence* seq;
       int64_t pos;
       int64_t slot;  // KV slot: where the row lives in the capture cache
+      int preemptions;  // the sequence's count when the row ran (see FinishCapture)
     };
     std::vector<Row> rows;  // one per batch row
     Tensor device, host_view;
