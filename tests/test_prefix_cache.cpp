@@ -83,11 +83,12 @@ TEST_F(PrefixCacheTest, EvictedBlocksAreRecomputedCorrectly) {
 // file and every token must equal the prompt run alone without prefix caching.
 TEST_F(PrefixCacheTest, SharedPrefixesUnderPreemptionMatchColdRuns) {
   std::vector<std::vector<int32_t>> prompts;
-  const std::vector<int32_t> base = Prompt(2), other = Prompt(1);
+  const std::vector<int32_t> base = Prompt(2);  // 130 tokens
   for (int i = 0; i < 10; ++i) {
     const int shared = 16 * (1 + i % 4) + (i % 3);  // 1-4 blocks, sometimes a partial one
     std::vector<int32_t> p(base.begin(), base.begin() + shared);
-    p.insert(p.end(), other.begin() + i, other.begin() + i + 5 + 3 * i);
+    // A tail of its own: 5 to 32 tokens from further on in the same prompt.
+    p.insert(p.end(), base.begin() + 70 + i, base.begin() + 70 + i + 5 + 3 * i);
     prompts.push_back(std::move(p));
   }
   constexpr int kNew = 6;
