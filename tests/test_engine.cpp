@@ -107,11 +107,6 @@ TEST(EngineTest, RejectsBadRequestsAlone) {
   EXPECT_EQ(done[0]->num_generated(), 2);
 }
 
-}  // namespace
-}  // namespace hsx
-
-namespace hsx {
-namespace {
 
 // A cancelled request (its client went away) comes back marked aborted and its KV
 // blocks return to the pool, mid-prefill as well as while queued.
@@ -140,11 +135,6 @@ TEST(EngineTest, AbortFreesBlocksAndReportsTheRequest) {
   EXPECT_EQ(engine.num_free_blocks(), baseline);
 }
 
-}  // namespace
-}  // namespace hsx
-
-namespace hsx {
-namespace {
 
 // include_output_tokens (vLLM's semantics): the rows of prompt + generated[:-1], each
 // equal to what a cold prefill of exactly those tokens captures.

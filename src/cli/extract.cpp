@@ -114,28 +114,25 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   Progress progress("hsx extract", PromptReader::CountLines(o.input) - static_cast<int64_t>(already.size()));
   std::unordered_map<std::string, int> seen;  // id -> line, within this input
   int64_t skipped = 0;
-  bool input_done = false;
+  bool more_input = true;
   const size_t max_in_flight = static_cast<size_t>(std::max(1, o.max_num_seqs)) * 2;
+  auto admit = [&](PromptLine& p) {
+    if (!p.error.ok()) return report(p.error);
+    const std::string where = o.input + ":" + std::to_string(p.line) + ": ";
+    if (already.count(p.id)) {
+      ++skipped;
+      return;
+    }
+    if (auto [it, fresh] = seen.emplace(p.id, p.line); !fresh) {
+      return report(Error(where + "duplicate id '" + p.id + "' (first on line " + std::to_string(it->second) + ")"));
+    }
+    if (Status s = ValidateRequestId(p.id); !s.ok()) return report(Error(where + s.message()));
+    if (Status s = engine.Add(Request{p.id, std::move(p.token_ids), 0}); !s.ok()) report(Error(where + s.message()));
+  };
   {
     WriterPool writers(o.writer_threads, static_cast<size_t>(std::max(1, o.writer_queue)));
-    while (!input_done || engine.has_work()) {
-      while (!input_done && engine.num_unfinished() < max_in_flight) {
-        std::optional<PromptLine> p = reader->Next();
-        if (!p) {
-          input_done = true;
-          break;
-        }
-        if (!p->error.ok()) { report(p->error); continue; }
-        const std::string where = o.input + ":" + std::to_string(p->line) + ": ";
-        if (already.count(p->id)) { ++skipped; continue; }
-        if (auto [it, fresh] = seen.emplace(p->id, p->line); !fresh) {
-          report(Error(where + "duplicate id '" + p->id + "' (first on line " + std::to_string(it->second) + ")"));
-          continue;
-        }
-        if (Status s = ValidateRequestId(p->id); !s.ok()) { report(Error(where + s.message())); continue; }
-        Request r{p->id, std::move(p->token_ids), 0};
-        if (Status s = engine.Add(std::move(r)); !s.ok()) report(Error(where + s.message()));
-      }
+    while (more_input || engine.has_work()) {
+      if (more_input) more_input = ReadAhead(*reader, engine, max_in_flight, admit);
       for (auto& done : engine.Step()) {
         std::shared_ptr<Sequence> seq(std::move(done));
         writers.Submit([&, seq] {

@@ -27,25 +27,20 @@ int RunGenerate(const GenerateOptions& o) {
   ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
   Engine engine(*loaded->model, ec);
   int failed = 0;
-  bool input_done = false;
-  // Read ahead only while the engine has room, so memory stays bounded on any input size.
   const size_t max_in_flight = 2 * static_cast<size_t>(ec.scheduler.max_num_seqs);
-  while (!input_done || engine.has_work()) {
-    while (!input_done && engine.num_unfinished() < max_in_flight) {
-      std::optional<PromptLine> p = reader->Next();
-      if (!p) {
-        input_done = true;
-        break;
-      }
-      Status s = p->error;
-      if (s.ok()) {
-        Request r{p->id, std::move(p->token_ids), o.max_tokens};
-        if (!o.ignore_eos) r.stop_token_ids = loaded->model->config().eos_token_ids;
-        s = engine.Add(std::move(r));
-        if (!s.ok()) s = Error(o.input + ":" + std::to_string(p->line) + ": " + s.message());
-      }
-      if (!s.ok()) failed += Fail(cmd, s);
+  auto admit = [&](PromptLine& p) {
+    Status s = p.error;
+    if (s.ok()) {
+      Request r{p.id, std::move(p.token_ids), o.max_tokens};
+      if (!o.ignore_eos) r.stop_token_ids = loaded->model->config().eos_token_ids;
+      s = engine.Add(std::move(r));
+      if (!s.ok()) s = Error(o.input + ":" + std::to_string(p.line) + ": " + s.message());
     }
+    if (!s.ok()) failed += Fail(cmd, s);
+  };
+  bool more_input = true;
+  while (more_input || engine.has_work()) {
+    if (more_input) more_input = ReadAhead(*reader, engine, max_in_flight, admit);
     for (const auto& seq : engine.Step()) {
       nlohmann::json out = {{"id", seq->id()}, {"token_ids", seq->generated()}};
       if (tok != nullptr) {
