@@ -231,5 +231,11 @@ TEST_F(CliTest, InspectDescribesLayersAndRejectsUnknownModels) {
   EXPECT_NE(bad.err.find("neither a model directory nor a named config"), std::string::npos) << bad.err;
 }
 
+TEST_F(CliTest, ServeRejectsAnEmptyConnectionPool) {
+  CommandResult r = Hsx("serve " + test::ModelDir("qwen3") + " --http-threads 0");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--http-threads: Value 0 not in range 1 to 65536"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace hsx

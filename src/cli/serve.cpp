@@ -164,7 +164,7 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--kv-cache-gib", o->kv_cache_gib);
   app->add_option("--http-threads", o->server.http_threads,
                   "Client connections served at once (an idle keep-alive connection holds one)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 65536));
   app->add_flag("!--no-enable-prefix-caching", o->prefix_caching);
   app->callback([o] { ExitCode() = RunServe(*o); });
 }
