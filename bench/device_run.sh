@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
-#   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape
+#   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
+#   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
+#   AB_B=HSX_ATTENTION=mma), two runs each, plus one HSX_PROFILE run of each
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
@@ -15,11 +17,14 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 if [ "$what" = tests ] || [ "$what" = all ]; then
   HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='*Cuda*' 2>&1 | tee "$OUT/tests.log" | grep -E "^\[bf16\]|OK|FAILED|Failure|Expected|actual|error" | head -60
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
-  dir=/dev/shm/hsx-bench
+qwen3_8b_bench() {
   .devbin/hsx bench --device cuda --model qwen3-8b --load-format dummy --num-prompts 256 --median-len 700 \
     --min-len 32 --max-len 4096 --layers 2,18,33,36 --max-num-batched-tokens 16384 --kv-cache-gib 40 \
-    --dir "$dir" 2>"$OUT/bench.err" | tee "$OUT/bench.jsonl"
+    --dir /dev/shm/hsx-bench "$@"
+}
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  dir=/dev/shm/hsx-bench
+  qwen3_8b_bench 2>"$OUT/bench.err" | tee "$OUT/bench.jsonl"
   tail -3 "$OUT/bench.err"
   if [ "${HF:-1}" = 1 ]; then
     python3 bench/hf_baseline.py "$dir/prompts.jsonl" /dev/shm/hf-out 2,18,33,36 2>"$OUT/hf.err" | tee -a "$OUT/bench.jsonl"
@@ -53,4 +58,17 @@ if [ "$what" = gemma ]; then
     --min-len 32 --max-len 4096 --layers 2,30,57,60 --max-num-batched-tokens 16384 --kv-cache-gib 30 \
     --dir /dev/shm/hsx-gemma 2>"$OUT/gemma.err" || echo "gemma bench exit $?"
   tail -2 "$OUT/gemma.err"
+fi
+if [ "$what" = ab ]; then
+  for side in A B; do
+    var="AB_$side"
+    echo "== $side: ${!var:-default}"
+    env ${!var:-} HSX_PROFILE=1 bash -c "$(declare -f qwen3_8b_bench); qwen3_8b_bench" 2>&1 >/dev/null | grep "hsx profile"
+  done
+  for round in 1 2; do
+    for side in A B; do
+      var="AB_$side"
+      echo "$side $(env ${!var:-} bash -c "$(declare -f qwen3_8b_bench); qwen3_8b_bench" 2>/dev/null | grep extract_tokens_per_s)"
+    done
+  done | tee "$OUT/ab.txt"
 fi

@@ -171,9 +171,14 @@ TEST(CudaKernelTest, MoeMlpMatchesCpu) {
 
 // Varlen paged attention: chunked (q_len < ctx_len), T = 1, long, GQA, windows, softcap,
 // every supported head dim; block tables deliberately out of order.
+// Head dim 128 runs on the wgmma kernel on Hopper; each case also runs on the mma.sync
+// kernel (HSX_ATTENTION=mma), so both stay tested.
 TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
+  setenv("HSX_ATTENTION", "mma", 1);
+  auto gpu_mma = Gpu();
+  unsetenv("HSX_ATTENTION");
   CpuBackend cpu;
   std::mt19937 rng(3);
   constexpr int kBlock = 16;
@@ -181,6 +186,7 @@ TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
   struct Case { int64_t d; int window; float softcap; int64_t heads, kv_heads; };
   for (const Case& c : std::vector<Case>{{16, 0, 0, 8, 2}, {32, 16, 0, 4, 2}, {64, 0, 30, 8, 2}, {128, 0, 0, 8, 2},
                                          {128, 100, 0, 4, 4}, {128, 0, 0, 16, 2}, {128, 0, 0, 6, 2},
+                                         {128, 0, 50, 32, 8}, {128, 300, 0, 2, 1},
                                          {256, 0, 0, 8, 2}, {512, 0, 0, 8, 2}}) {
     const int64_t heads = c.heads, kv_heads = c.kv_heads;
     std::vector<std::pair<int, int>> shapes = {{1, 1}, {17, 17}, {5, 300}, {1, 777}, {130, 200}};
@@ -212,10 +218,13 @@ TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
     params.block_size = kBlock;
     Tensor o_cpu = cpu.Empty(DType::kF32, {t, heads, c.d}), o_gpu = gpu->Empty(DType::kBF16, {t, heads, c.d});
     cpu.Attention(q, kc, vc, MakeAttentionBatch(cpu, seqs), params, o_cpu);
-    gpu->Attention(gpu->Upload(ToBf16(q)), gpu->Upload(ToBf16(kc)), gpu->Upload(ToBf16(vc)), MakeAttentionBatch(*gpu, seqs),
+    for (CudaBackend* g : {gpu.get(), gpu_mma.get()}) {
+      g->Attention(g->Upload(ToBf16(q)), g->Upload(ToBf16(kc)), g->Upload(ToBf16(vc)), MakeAttentionBatch(*g, seqs),
                    params, o_gpu);
-    EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 2e-2) << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap << " heads=" << heads << "/"
-        << kv_heads;
+      EXPECT_LE(GpuVsCpu(*g, o_gpu, o_cpu), 2e-2)
+          << (g == gpu.get() ? "default" : "mma") << " kernel, d=" << c.d << " window=" << c.window
+          << " softcap=" << c.softcap << " heads=" << heads << "/" << kv_heads;
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 // shared memory and multiplies through WMMA, slower but within the register budget.
 #include <mma.h>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace hsx::cuda {
@@ -46,17 +47,6 @@ __device__ void LoadRows(bf16* dst, int rows, int valid, int threads, RowPtr row
     if (r < valid) v = reinterpret_cast<const uint4*>(row_ptr(r))[c];
     reinterpret_cast<uint4*>(dst + r * stride)[c] = v;
   }
-}
-
-// Asynchronous 16-byte global-to-shared copy; with `valid` false it writes zeros.
-__device__ __forceinline__ void CopyAsync16(void* dst, const void* src, bool valid) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CommitAsync() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void WaitAsync() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
 // Raw tensor-core primitives (sm_80+ PTX): ldmatrix loads 8x8 b16 tiles from shared
@@ -487,6 +477,7 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
 
 bool Attention(const AttentionArgs& a, cudaStream_t stream) {
   if (a.num_seqs == 0 || a.max_q_len == 0) return true;
+  if (a.hopper && AttentionHopper(a, stream)) return true;
   switch (a.head_dim) {
     case 16: Launch<16>(a, stream); return true;
     case 32: Launch<32>(a, stream); return true;

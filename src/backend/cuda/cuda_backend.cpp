@@ -115,6 +115,9 @@ struct CudaBackend::Impl {
   cublasHandle_t blas = nullptr;  // grouped GEMMs (MoE experts)
   std::shared_ptr<DeviceAllocator> allocator = std::make_shared<DeviceAllocator>();
   std::shared_ptr<void> workspace;
+  // Head dim 128 attention on warpgroup MMAs (sm_90); HSX_ATTENTION=mma keeps the
+  // mma.sync kernel, for comparison.
+  bool hopper_attention = false;
   static constexpr size_t kWorkspaceBytes = 64ull << 20;
 
   // One matmul plan per shape: descriptors plus the heuristic's best algorithm.
@@ -191,6 +194,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index) {
   cudaDeviceProp prop;
   HSX_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
   impl->name = std::string("cuda:") + prop.name;
+  const char* attention = std::getenv("HSX_ATTENTION");
+  impl->hopper_attention = prop.major == 9 && !(attention && std::string(attention) == "mma");
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking));
   Check(cublasLtCreate(&impl->lt), "cublasLtCreate");
@@ -414,6 +419,9 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.v_cache = B(v_cache);
   a.out = B(out);
   a.seq_info = batch.seq_info.data<int32_t>();
+  std::vector<int32_t> host_info;  // what the wgmma kernel's schedule is made from
+  for (const SequenceSlice& s : batch.seqs) host_info.insert(host_info.end(), {s.q_start, s.q_len, s.ctx_len, 0});
+  a.host_seq_info = host_info.data();
   a.block_tables = batch.block_tables.data<int32_t>();
   a.num_seqs = static_cast<int>(batch.seqs.size());
   a.max_q_len = batch.max_q_len;
@@ -424,6 +432,7 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.sliding_window = params.sliding_window;
   a.scale = params.scale;
   a.softcap = params.softcap;
+  a.hopper = impl_->hopper_attention;
   if (!cuda::Attention(a, impl_->stream)) {
     std::fprintf(stderr, "hsx: CUDA attention supports head dims 16, 32, 64, 128, 256, 512; got %d\n", a.head_dim);
     std::abort();

@@ -2,6 +2,11 @@
 // whole elements in f32 and writes bf16; launches use grid-stride loops.
 #include <cuda_fp16.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace hsx::cuda {
@@ -186,23 +191,30 @@ __global__ void RopeKernel(bf16* x, const int32_t* positions, const float* inv_f
   }
 }
 
-// One warp per (token, head); the normalized row goes through shared memory so each lane
-// can read its rotate-half partner.
-// One block per token: its cos/sin are computed once into shared memory for all of its
-// heads rather than by every element; one warp per head.
+// One block per token. Its heads are staged in shared memory with cp.async (the whole
+// row in flight at once), its cos/sin computed once for all heads, then one warp per
+// head normalizes and rotates (through a float row, so each lane can read its
+// rotate-half partner), and the block writes the row back with 16-byte stores.
 __global__ void RmsNormRopeKernel(bf16* x, const bf16* w, float eps, float plus, const int32_t* positions,
                                   const float* inv_freq, int heads, int dim, int half) {
-  extern __shared__ float shared[];
-  float* cos_s = shared;
-  float* sin_s = cos_s + half;
+  extern __shared__ __align__(16) unsigned char shared[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  bf16* x_s = reinterpret_cast<bf16*>(shared);  // the token's heads [heads, dim]
+  float* cos_s = reinterpret_cast<float*>(x_s + heads * dim);
+  float* sin_s = cos_s + half;
   float* r_s = sin_s + half + warp * dim;
   const int64_t token = blockIdx.x;
+  uint4* x_g = reinterpret_cast<uint4*>(x + token * heads * dim);
+  uint4* x_s4 = reinterpret_cast<uint4*>(x_s);
+  const int chunks = heads * dim / 8;
+  for (int i = threadIdx.x; i < chunks; i += blockDim.x) CopyAsync16(x_s4 + i, x_g + i);
+  CommitAsync();
   const float pos = static_cast<float>(positions[token]);
   for (int j = threadIdx.x; j < half; j += blockDim.x) sincosf(pos * inv_freq[j], &sin_s[j], &cos_s[j]);
+  WaitAsync<0>();
   __syncthreads();
   for (int head = warp; head < heads; head += warps) {
-    bf16* xr = x + (token * heads + head) * dim;
+    bf16* xr = x_s + head * dim;
     float ss = 0.0f;
     for (int i = lane; i < dim; i += 32) {
       const float v = ToF(xr[i]);
@@ -224,6 +236,8 @@ __global__ void RmsNormRopeKernel(bf16* x, const bf16* w, float eps, float plus,
     }
     __syncwarp();  // the next head reuses r_s
   }
+  __syncthreads();
+  for (int i = threadIdx.x; i < chunks; i += blockDim.x) x_g[i] = x_s4[i];
 }
 
 __global__ void StoreKVKernel(const bf16* k, const bf16* v, const int32_t* slots, int64_t k_row, int64_t v_row,
@@ -376,8 +390,19 @@ void RmsNormRope(bf16* x, const bf16* w, float eps, bool one_plus_weight, const 
                  const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim, int64_t rotary_dims,
                  cudaStream_t stream) {
   constexpr int kWarps = 4;
+  // 16-byte chunks: rows start 16-byte aligned (activations are whole allocations) and
+  // every head dim the backend runs (16..512) is a multiple of 8.
+  if (dim % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) {
+    std::fprintf(stderr, "hsx: RmsNormRope needs 16-byte aligned rows (head dim %ld)\n", static_cast<long>(dim));
+    std::abort();
+  }
+  static bool configured = [] {
+    cudaFuncSetAttribute(RmsNormRopeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 << 10);
+    return true;
+  }();
+  (void)configured;
   const int half = static_cast<int>(rotary_dims / 2);
-  const size_t smem = (2 * half + kWarps * dim) * sizeof(float);
+  const size_t smem = heads * dim * sizeof(bf16) + (2 * half + kWarps * dim) * sizeof(float);
   if (tokens > 0 && heads > 0)
     RmsNormRopeKernel<<<tokens, 32 * kWarps, smem, stream>>>(x, w, eps, one_plus_weight ? 1.0f : 0.0f, positions,
                                                              inv_freq, static_cast<int>(heads), static_cast<int>(dim),

@@ -61,11 +61,16 @@ struct AttentionArgs {
   const bf16* v_cache;
   bf16* out;            // [T, num_heads, head_dim]
   const int32_t* seq_info;      // [num_seqs, 4]: q_start, q_len, ctx_len, block table offset
+  const int32_t* host_seq_info; // the same on the host, for scheduling; may be null
   const int32_t* block_tables;
   int num_seqs, max_q_len, num_heads, kv_heads, head_dim, block_size, sliding_window;
   float scale, softcap;
+  bool hopper;  // the device is sm_90: head dim 128 may run on warpgroup MMAs
 };
 // False if head_dim is not one of 16, 32, 64, 128, 256, 512.
 bool Attention(const AttentionArgs& args, cudaStream_t stream);
+// The wgmma kernel (attention_hopper.cu); false, launching nothing, unless head_dim is
+// 128, the GQA group divides 128 and host_seq_info is given for up to 1024 sequences.
+bool AttentionHopper(const AttentionArgs& args, cudaStream_t stream);
 
 }  // namespace hsx::cuda
