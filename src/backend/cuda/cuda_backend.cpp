@@ -5,14 +5,19 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/cuda/kernels.h"
 
@@ -103,6 +108,11 @@ cudaDataType_t CudaType(DType t) {
 
 cuda::bf16* B(const Tensor& t) { return static_cast<cuda::bf16*>(t.raw()); }
 int64_t RowsOf(const Tensor& t) { return t.numel() / t.size(-1); }
+// Whether two tensors' bytes overlap.
+bool Overlap(const Tensor& a, const Tensor& b) {
+  const char *pa = a.data<char>(), *pb = b.data<char>();
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
 
 }  // namespace
 
@@ -120,13 +130,26 @@ struct CudaBackend::Impl {
   bool hopper_attention = false;
   static constexpr size_t kWorkspaceBytes = 64ull << 20;
 
-  // One matmul plan per shape: descriptors plus the heuristic's best algorithm.
+  // One matmul plan per exact shape: descriptors plus the algorithm it runs.
   struct Plan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
+    int64_t m;
+    std::string label;  // "linear NxK": the profile's entry for this GEMM shape
   };
   std::map<std::tuple<int64_t, int64_t, int64_t, int>, Plan> plans;
+
+  // HSX_GEMM_TUNE=0 runs the heuristic's first algorithm instead of the fastest of its top
+  // candidates, so a benchmark can compare both.
+  bool tune = [] {
+    const char* e = std::getenv("HSX_GEMM_TUNE");
+    return e == nullptr || std::string_view(e) != "0";
+  }();
+  static constexpr int kTuneCandidates = 8;
+  // The timed winner per (n, k, out dtype, m bucket). m changes nearly every step, so timing
+  // each exact m would tune on most steps; m's of one power-of-two bucket share one timing.
+  std::map<std::tuple<int64_t, int64_t, int, int64_t>, cublasLtMatmulAlgo_t> tuned;
 
   // HSX_PROFILE=1: each op is timed with events and synchronized (so the total slows
   // down, the split stays right); the totals print when the backend is destroyed.
@@ -135,8 +158,8 @@ struct CudaBackend::Impl {
   cudaEvent_t t0 = nullptr, t1 = nullptr;
   struct Timer {
     Impl& impl;
-    const char* name;
-    Timer(Impl& i, const char* n) : impl(i), name(n) {
+    std::string_view name;  // a literal or a Plan's label, both outlive the timer
+    Timer(Impl& i, std::string_view n) : impl(i), name(n) {
       if (impl.profile) cudaEventRecord(impl.t0, impl.stream);
     }
     ~Timer() {
@@ -145,18 +168,17 @@ struct CudaBackend::Impl {
       cudaEventSynchronize(impl.t1);
       float ms = 0;
       cudaEventElapsedTime(&ms, impl.t0, impl.t1);
-      auto& e = impl.profile_ms[name];
+      auto& e = impl.profile_ms[std::string(name)];
       e.first += ms;
       ++e.second;
     }
   };
 
-  const Plan& GetPlan(int64_t m, int64_t n, int64_t k, DType out) {
-    auto key = std::make_tuple(m, n, k, static_cast<int>(out));
-    auto it = plans.find(key);
-    if (it != plans.end()) return it->second;
-    // Row-major y[m, n] = x[m, k] w[n, k]^T is column-major y^T = w x^T: A = w (transposed), B = x.
+  // Row-major y[m, n] = x[m, k] w[n, k]^T is column-major y^T = w x^T: A = w (transposed), B = x.
+  Plan MakePlan(int64_t m, int64_t n, int64_t k, DType out) {
     Plan p;
+    p.m = m;
+    p.label = "linear " + std::to_string(n) + "x" + std::to_string(k);
     Check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
     Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa), "TRANSA");
@@ -164,20 +186,103 @@ struct CudaBackend::Impl {
     Check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k), "layout A");
     Check(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k), "layout B");
     Check(cublasLtMatrixLayoutCreate(&p.c, CudaType(out), n, m, n), "layout C");
+    return p;
+  }
+
+  // The heuristic's algorithms for p within the workspace, best guess first (at least one).
+  std::vector<cublasLtMatmulHeuristicResult_t> Candidates(const Plan& p, int count) {
     cublasLtMatmulPreference_t pref;
     Check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
     const size_t ws = kWorkspaceBytes;
     Check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "pref");
-    cublasLtMatmulHeuristicResult_t result;
+    std::vector<cublasLtMatmulHeuristicResult_t> results(count);
     int found = 0;
-    Check(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found), "heuristic");
+    Check(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, count, results.data(), &found),
+          "heuristic");
     cublasLtMatmulPreferenceDestroy(pref);
     if (found == 0) {
-      std::fprintf(stderr, "hsx: cuBLASLt has no algorithm for %ldx%ldx%ld\n", long(m), long(n), long(k));
+      std::fprintf(stderr, "hsx: cuBLASLt has no algorithm for %s at m=%ld\n", p.label.c_str(), long(p.m));
       std::abort();
     }
-    p.algo = result.algo;
-    return plans.emplace(key, p).first->second;
+    results.resize(found);
+    return results;
+  }
+
+  cublasStatus_t Matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* w, const void* x, void* y) {
+    const float alpha = 1.0f, beta = 0.0f;
+    return cublasLtMatmul(lt, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &algo, workspace.get(),
+                          kWorkspaceBytes, stream);
+  }
+
+  // Mean milliseconds of 3 runs after a warm-up; infinity if cuBLASLt refuses to launch it.
+  float TimeAlgo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* w, const void* x, void* y,
+                 cudaEvent_t start, cudaEvent_t stop) {
+    constexpr int kRuns = 3;
+    if (Matmul(p, algo, w, x, y) != CUBLAS_STATUS_SUCCESS) {
+      cudaGetLastError();  // a refused launch must not surface at the next op's check
+      return std::numeric_limits<float>::infinity();
+    }
+    HSX_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int r = 0; r < kRuns; ++r) {
+      if (Matmul(p, algo, w, x, y) != CUBLAS_STATUS_SUCCESS) {
+        cudaGetLastError();
+        return std::numeric_limits<float>::infinity();
+      }
+    }
+    HSX_CUDA_CHECK(cudaEventRecord(stop, stream));
+    HSX_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    HSX_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms / kRuns;
+  }
+
+  // Times the heuristic's top candidates on this call's own buffers (y is written, the real
+  // call overwrites it after) and returns the fastest: the heuristic ranks by a model of the
+  // GPU, not by a measurement.
+  cublasLtMatmulAlgo_t Tune(const Plan& p, int64_t bucket, const void* w, const void* x, void* y) {
+    const auto candidates = Candidates(p, kTuneCandidates);
+    cudaEvent_t start, stop;
+    HSX_CUDA_CHECK(cudaEventCreate(&start));
+    HSX_CUDA_CHECK(cudaEventCreate(&stop));
+    std::vector<float> ms;
+    for (const auto& c : candidates) ms.push_back(TimeAlgo(p, c.algo, w, x, y, start, stop));
+    HSX_CUDA_CHECK(cudaEventDestroy(start));
+    HSX_CUDA_CHECK(cudaEventDestroy(stop));
+    // If every launch was refused, the first candidate runs and Linear reports its error.
+    const size_t best = std::min_element(ms.begin(), ms.end()) - ms.begin();
+    if (profile)
+      std::fprintf(stderr, "hsx gemm tune: %s m<=%ld (at m=%ld): algo %zu of %zu, %.4f ms vs heuristic-first %.4f ms\n",
+                   p.label.c_str(), long(bucket), long(p.m), best, candidates.size(), ms[best], ms[0]);
+    return candidates[best].algo;
+  }
+
+  // Whether cuBLASLt runs algo (tuned at another m of the bucket) on p's exact shape within
+  // the workspace.
+  bool Accepts(const Plan& p, const cublasLtMatmulAlgo_t& algo) {
+    cublasLtMatmulHeuristicResult_t result;
+    return cublasLtMatmulAlgoCheck(lt, p.op, p.a, p.b, p.c, p.c, &algo, &result) == CUBLAS_STATUS_SUCCESS &&
+           result.workspaceSize <= kWorkspaceBytes;
+  }
+
+  // The bucket's timed algorithm (tuning it on this call if it is the bucket's first) when
+  // it accepts p's m, else the heuristic's first for p.
+  cublasLtMatmulAlgo_t TunedAlgo(const Plan& p, int64_t n, int64_t k, DType out, const void* w, const void* x,
+                                 void* y) {
+    const int64_t bucket = std::max<int64_t>(16, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(p.m))));
+    const auto key = std::make_tuple(n, k, static_cast<int>(out), bucket);
+    auto it = tuned.find(key);
+    if (it == tuned.end()) it = tuned.emplace(key, Tune(p, bucket, w, x, y)).first;
+    return Accepts(p, it->second) ? it->second : Candidates(p, 1)[0].algo;
+  }
+
+  // Plans are cached per exact m: layouts are cheap, and m repeats (decode steps, full prefill budgets).
+  const Plan& GetPlan(int64_t m, int64_t n, int64_t k, DType out, const void* w, const void* x, void* y) {
+    auto key = std::make_tuple(m, n, k, static_cast<int>(out));
+    auto it = plans.find(key);
+    if (it != plans.end()) return it->second;
+    Plan p = MakePlan(m, n, k, out);
+    p.algo = tune ? TunedAlgo(p, n, k, out, w, x, y) : Candidates(p, 1)[0].algo;
+    return plans.emplace(key, std::move(p)).first->second;
   }
 };
 
@@ -217,7 +322,7 @@ CudaBackend::~CudaBackend() {
     double total = 0;
     for (const auto& [name, e] : impl_->profile_ms) total += e.first;
     for (const auto& [name, e] : impl_->profile_ms)
-      std::fprintf(stderr, "hsx profile: %-12s %10.1f ms %5.1f%% %8ld calls\n", name.c_str(), e.first,
+      std::fprintf(stderr, "hsx profile: %-18s %10.1f ms %5.1f%% %8ld calls\n", name.c_str(), e.first,
                    100.0 * e.first / total, static_cast<long>(e.second));
   }
   for (auto& [key, p] : impl_->plans) {
@@ -318,14 +423,17 @@ void CudaBackend::Embed(const Tensor& table, const Tensor& ids, float scale, Ten
 }
 
 void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
-  Impl::Timer timer(*impl_, "linear");
   const int64_t m = RowsOf(x), k = x.size(-1), n = w.size(0);
   if (m == 0) return;
-  const Impl::Plan& p = impl_->GetPlan(m, n, k, y.dtype());
-  const float alpha = 1.0f, beta = 0.0f;
-  Check(cublasLtMatmul(impl_->lt, p.op, &alpha, w.raw(), p.a, x.raw(), p.b, &beta, y.raw(), p.c, y.raw(), p.c, &p.algo,
-                       impl_->workspace.get(), Impl::kWorkspaceBytes, impl_->stream),
-        "cublasLtMatmul");
+  // cuBLASLt reads x and w while writing y, and tuning writes y before the real call.
+  if (Overlap(y, x) || Overlap(y, w)) {
+    std::fprintf(stderr, "hsx: Linear's output overlaps its input or weight\n");
+    std::abort();
+  }
+  // Planning (and tuning) comes before the timer so the profile shows only the GEMM.
+  const Impl::Plan& p = impl_->GetPlan(m, n, k, y.dtype(), w.raw(), x.raw(), y.raw());
+  Impl::Timer timer(*impl_, p.label);
+  Check(impl_->Matmul(p, p.algo, w.raw(), x.raw(), y.raw()), "cublasLtMatmul");
   if (bias != nullptr) {
     cuda::AddBias(B(y), B(*bias), m, n, impl_->stream);
     HSX_LAUNCH_CHECK();
