@@ -11,6 +11,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/online_softmax.cuh"
 
 namespace hsx::cuda {
 namespace {
@@ -80,12 +81,6 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Query heads per block in RegisterKernel: up to 4 of a KV group.
 __host__ __device__ constexpr int HeadsPerBlock(int group) { return group % 4 == 0 ? 4 : (group % 2 == 0 ? 2 : 1); }
 
@@ -264,13 +259,7 @@ __global__ void __launch_bounds__(32 * RegisterKernelWarps<D>()) RegisterKernel(
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
-      const float m_new = fmaxf(m[h], mx[h]);
-      const float alpha = m_new == -INFINITY ? 1.0f : Exp2(m[h] - m_new);
-      base[h] = m_new == -INFINITY ? 0.0f : m_new;
-      m[h] = m_new;
-      l[h] *= alpha;
+      const float alpha = OnlineSoftmaxStep(mx[h], m[h], l[h], base[h]);
 #pragma unroll
       for (int c = 0; c < kDimBlocks; ++c) {
         o[c][2 * h] *= alpha;

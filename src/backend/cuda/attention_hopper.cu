@@ -13,6 +13,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/online_softmax.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace hsx::cuda {
@@ -46,12 +47,6 @@ struct Schedule {
 // Element offset of 16-byte chunk c of row r in a swizzled tile.
 __device__ __forceinline__ int Swizzled(int r, int c) {
   return (c / 8) * (128 * kHalf) + r * kHalf + ((c % 8) ^ (r % 8)) * 8;
-}
-
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 __global__ void __launch_bounds__(kThreads, 1) HopperKernel(AttentionArgs a, const __grid_constant__ Schedule sched) {
@@ -98,11 +93,12 @@ __global__ void __launch_bounds__(kThreads, 1) HopperKernel(AttentionArgs a, con
 
   auto tile_offsets = [&](int tile) {
     const int kt = key_begin + tile * kKeys;
-    for (int r = tid; r < kKeys; r += kThreads) {
-      const int p = min(kt + r, key_end - 1);
-      const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-      row_offset_s[(tile & 1) * kKeys + r] = (slot * a.kv_heads + kvh) * kD;
-    }
+    // Both warpgroups compute (and store) the same 128 offsets: no divergent path, which
+    // would make ptxas serialize the wgmma around it (C7518).
+    const int r = tid % kKeys;
+    const int p = min(kt + r, key_end - 1);
+    const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+    row_offset_s[(tile & 1) * kKeys + r] = (slot * a.kv_heads + kvh) * kD;
   };
   auto tile_issue = [&](int tile) {
     const int valid = min(kKeys, key_end - key_begin - tile * kKeys);
@@ -152,20 +148,24 @@ __global__ void __launch_bounds__(kThreads, 1) HopperKernel(AttentionArgs a, con
     // Warpgroups skip tiles none of their rows can see (past the diagonal, before the window).
     const bool live = wg_live && kt <= wg_pos_hi && !(window > 0 && kt + kKeys - 1 <= wg_pos_lo - window);
 
+    // Tile + 2's offsets are looked up while S multiplies (its stage's offsets were used
+    // before the last barrier); a skipped tile looks them up at once.
+    if (!live) {
+      if (tile + 2 < num_tiles) tile_offsets(tile + 2);
+      continue;
+    }
+
     // S = Q K^T over D in steps of 16: 32 bytes along a swizzled row, then the next half.
     float s[64];
-    if (live) {
-      wgmma::Fence();
+    wgmma::Fence();
 #pragma unroll
-      for (int k = 0; k < kD / 16; ++k) {
-        const int col = (k / 4) * (128 * kHalf) + (k % 4) * 16;
-        wgmma::MmaSharedA(s, wgmma::Descriptor(q_s + wg * 64 * kHalf + col, 16, kGroupBytes),
-                          wgmma::Descriptor(k_s + col, 16, kGroupBytes), k > 0);
-      }
-      wgmma::Commit();
+    for (int k = 0; k < kD / 16; ++k) {
+      const int col = (k / 4) * (128 * kHalf) + (k % 4) * 16;
+      wgmma::MmaSharedA(s, wgmma::Descriptor(q_s + wg * 64 * kHalf + col, 16, kGroupBytes),
+                        wgmma::Descriptor(k_s + col, 16, kGroupBytes), k > 0);
     }
-    if (tile + 2 < num_tiles) tile_offsets(tile + 2);  // its stage's offsets were used before the last barrier
-    if (!live) continue;
+    wgmma::Commit();
+    if (tile + 2 < num_tiles) tile_offsets(tile + 2);
     wgmma::WaitAll();
     wgmma::PinRegisters(s);
 
@@ -186,13 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1) HopperKernel(AttentionArgs a, con
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
-      const float m_new = fmaxf(m[h], mx[h]);
-      const float alpha = m_new == -INFINITY ? 1.0f : Exp2(m[h] - m_new);
-      base[h] = m_new == -INFINITY ? 0.0f : m_new;
-      m[h] = m_new;
-      l[h] *= alpha;
+      const float alpha = OnlineSoftmaxStep(mx[h], m[h], l[h], base[h]);
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         o[4 * j + 2 * h] *= alpha;
