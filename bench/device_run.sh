@@ -17,11 +17,12 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 if [ "$what" = tests ] || [ "$what" = all ]; then
   HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='*Cuda*' 2>&1 | tee "$OUT/tests.log" | grep -E "^\[bf16\]|OK|FAILED|Failure|Expected|actual|error" | head -60
 fi
-qwen3_8b_bench() {
+qwen3_8b_bench() {  # exported, so `env VAR=... bash -c qwen3_8b_bench` can run it
   .devbin/hsx bench --device cuda --model qwen3-8b --load-format dummy --num-prompts 256 --median-len 700 \
     --min-len 32 --max-len 4096 --layers 2,18,33,36 --max-num-batched-tokens 16384 --kv-cache-gib 40 \
     --dir /dev/shm/hsx-bench "$@"
 }
+export -f qwen3_8b_bench
 if [ "$what" = bench ] || [ "$what" = all ]; then
   dir=/dev/shm/hsx-bench
   qwen3_8b_bench 2>"$OUT/bench.err" | tee "$OUT/bench.jsonl"
@@ -63,12 +64,12 @@ if [ "$what" = ab ]; then
   for side in A B; do
     var="AB_$side"
     echo "== $side: ${!var:-default}"
-    env ${!var:-} HSX_PROFILE=1 bash -c "$(declare -f qwen3_8b_bench); qwen3_8b_bench" 2>&1 >/dev/null | grep "hsx profile"
+    env ${!var:-} HSX_PROFILE=1 bash -c qwen3_8b_bench 2>&1 >/dev/null | grep "hsx profile"
   done
   for round in 1 2; do
     for side in A B; do
       var="AB_$side"
-      echo "$side $(env ${!var:-} bash -c "$(declare -f qwen3_8b_bench); qwen3_8b_bench" 2>/dev/null | grep extract_tokens_per_s)"
+      echo "$side $(env ${!var:-} bash -c qwen3_8b_bench 2>/dev/null | grep extract_tokens_per_s)"
     done
   done | tee "$OUT/ab.txt"
 fi

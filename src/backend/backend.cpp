@@ -30,6 +30,7 @@ AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> s
       return backend.Upload(t);
     };
     batch.seq_info = upload(info, {static_cast<int64_t>(seqs.size()), 4});
+    batch.seq_info_host = std::move(info);
     batch.block_tables = upload(tables, {static_cast<int64_t>(tables.size())});
   }
   batch.seqs = std::move(seqs);

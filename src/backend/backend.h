@@ -36,6 +36,7 @@ struct SequenceSlice {
 struct AttentionBatch {
   std::vector<SequenceSlice> seqs;
   Tensor seq_info;      // int32 [S, 4] on the device: q_start, q_len, ctx_len, offset into block_tables
+  std::vector<int32_t> seq_info_host;  // the same on the host, where a backend schedules from it
   Tensor block_tables;  // int32, every sequence's block table, concatenated
   int32_t max_q_len = 0;
 };

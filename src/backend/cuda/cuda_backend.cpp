@@ -527,9 +527,7 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.v_cache = B(v_cache);
   a.out = B(out);
   a.seq_info = batch.seq_info.data<int32_t>();
-  std::vector<int32_t> host_info;  // what the wgmma kernel's schedule is made from
-  for (const SequenceSlice& s : batch.seqs) host_info.insert(host_info.end(), {s.q_start, s.q_len, s.ctx_len, 0});
-  a.host_seq_info = host_info.data();
+  a.host_seq_info = batch.seq_info_host.data();
   a.block_tables = batch.block_tables.data<int32_t>();
   a.num_seqs = static_cast<int>(batch.seqs.size());
   a.max_q_len = batch.max_q_len;
