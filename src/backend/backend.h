@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/sampling.h"
 #include "tensor/tensor.h"
 
 namespace hsx {
@@ -121,6 +122,9 @@ class Backend {
   // out = sum of weighted expert MLPs.
   virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
                       bool renormalize, Activation act, Tensor& out) = 0;
+  // One token per row of logits f32 [rows, vocab] (backend/sampling.h); only the tokens
+  // and logprobs come back to the host.
+  virtual SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch) = 0;
 };
 
 AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> seqs);

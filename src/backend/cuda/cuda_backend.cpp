@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/sampling_kernel.h"
 
 namespace hsx {
 namespace {
@@ -554,6 +556,37 @@ void CudaBackend::GatherRows(const Tensor& x, const std::vector<int32_t>& rows, 
   cuda::GatherRows(x.raw(), idx.data<int32_t>(), static_cast<int64_t>(rows.size()),
                    static_cast<int64_t>(x.nbytes() / x.size(0)), out.raw(), impl_->stream);
   HSX_LAUNCH_CHECK();
+}
+
+SampledTokens CudaBackend::Sample(const Tensor& logits, const SamplingBatch& batch) {
+  Impl::Timer timer(*impl_, "sample");
+  const auto rows = static_cast<int32_t>(logits.size(0));
+  const auto vocab = static_cast<int32_t>(logits.size(1));
+  const int32_t width = batch.max_logprobs;
+  // Parameters up; one download of every result.
+  auto upload_bytes = [&](const void* data, size_t bytes) {  // both structs are 4-byte words
+    Tensor host = Tensor::Host(DType::kI32, {static_cast<int64_t>(std::max<size_t>(bytes / 4, 1))});
+    if (bytes > 0) std::memcpy(host.raw(), data, bytes);
+    return Upload(host);
+  };
+  const Tensor params = upload_bytes(batch.rows.data(), batch.rows.size() * sizeof(SamplingRow));
+  const Tensor adjust = upload_bytes(batch.adjust.data(), batch.adjust.size() * sizeof(TokenAdjust));
+  Tensor work = Empty(DType::kF32, {rows, vocab});
+  Tensor out = Empty(DType::kI32, {2 * rows + 2 * rows * width});
+  cuda::Sample(logits.data<float>(), rows, vocab, static_cast<const SamplingRow*>(params.raw()),
+               static_cast<const TokenAdjust*>(adjust.raw()), width, work.data<float>(), out.data<int32_t>(),
+               impl_->stream);
+  HSX_LAUNCH_CHECK();
+  const Tensor host = Download(out);
+  const int32_t* words = host.data<int32_t>();
+  SampledTokens result;
+  result.tokens.assign(words, words + rows);
+  result.logprobs.resize(rows);
+  std::memcpy(result.logprobs.data(), words + rows, rows * sizeof(float));
+  result.top_ids.assign(words + 2 * rows, words + 2 * rows + rows * width);
+  result.top_logprobs.resize(static_cast<size_t>(rows) * width);
+  std::memcpy(result.top_logprobs.data(), words + 2 * rows + rows * width, result.top_logprobs.size() * sizeof(float));
+  return result;
 }
 
 void CudaBackend::SliceColumns(const Tensor& x, int64_t begin, Tensor& out) {

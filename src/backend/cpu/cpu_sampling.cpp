@@ -1,0 +1,25 @@
+// CpuBackend::Sample: the host reference, row by row.
+#include "backend/cpu/cpu_backend.h"
+
+#include <limits>
+
+namespace hsx {
+
+SampledTokens CpuBackend::Sample(const Tensor& logits, const SamplingBatch& batch) {
+  const int64_t rows = logits.size(0);
+  const auto vocab = static_cast<int32_t>(logits.size(1));
+  const int64_t width = batch.max_logprobs;
+  SampledTokens out;
+  out.tokens.resize(rows);
+  out.logprobs.resize(rows);
+  out.top_ids.assign(rows * width, -1);
+  out.top_logprobs.assign(rows * width, -std::numeric_limits<float>::infinity());
+  for (int64_t r = 0; r < rows; ++r) {
+    out.tokens[r] = SampleRowOnHost(logits.data<float>() + r * vocab, vocab, batch.rows[r], batch.adjust.data(),
+                                    &out.logprobs[r], out.top_ids.data() + r * width,
+                                    out.top_logprobs.data() + r * width);
+  }
+  return out;
+}
+
+}  // namespace hsx

@@ -1,0 +1,120 @@
+#include "backend/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "backend/sampling_math.h"
+
+namespace hsx {
+
+using sampling::Before;
+using sampling::FloatBits;
+using sampling::OrderedKey;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The first entry of `v` in Before order that comes after (after_v, after_i); after_i < 0:
+// the first of all.
+int32_t NextBest(const float* v, int32_t n, float after_v, int32_t after_i) {
+  int32_t best = -1;
+  for (int32_t i = 0; i < n; ++i) {
+    if (after_i >= 0 && !Before(after_v, after_i, v[i], i)) continue;
+    if (best < 0 || Before(v[i], i, v[best], best)) best = i;
+  }
+  return best;
+}
+
+// The largest bit pattern t with measure(t) >= need, for a measure that falls as t
+// grows: a search from the top bit down, which the device runs with block-wide sums.
+template <class Measure>
+uint32_t LargestThreshold(int first_bit, double need, Measure measure) {
+  uint32_t t = 0;
+  for (int bit = first_bit; bit >= 0; --bit) {
+    const uint32_t candidate = t | (1u << bit);
+    if (measure(candidate) >= need) t = candidate;
+  }
+  return t;
+}
+
+}  // namespace
+
+int32_t SampleRowOnHost(const float* logits, int32_t vocab, const SamplingRow& row, const TokenAdjust* adjust,
+                        float* logprob, int32_t* top_ids, float* top_logprobs) {
+  // Raw logprobs: the log-softmax of the logits as the model gave them.
+  float top = kNegInf;
+  for (int32_t i = 0; i < vocab; ++i) top = std::fmax(top, logits[i]);
+  double sum = 0;
+  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - top);
+  const float lse = top + static_cast<float>(std::log(sum));
+  for (int32_t n = 0, prev = -1; n < row.num_logprobs; ++n) {
+    prev = NextBest(logits, vocab, prev >= 0 ? logits[prev] : 0.0f, prev);
+    top_ids[n] = prev;
+    top_logprobs[n] = logits[prev] - lse;
+  }
+
+  // Bans and penalties, one entry per distinct token.
+  std::vector<float> l(logits, logits + vocab);
+  for (int32_t a = row.adjust_begin; a < row.adjust_end; ++a) {
+    const TokenAdjust& adj = adjust[a];
+    float& x = l[adj.token];
+    if (adj.flags & TokenAdjust::kBanned) {
+      x = kNegInf;
+      continue;
+    }
+    if (row.repetition_penalty != 1.0f && ((adj.flags & TokenAdjust::kInPrompt) || adj.output_count > 0)) {
+      x = x > 0 ? x / row.repetition_penalty : x * row.repetition_penalty;
+    }
+    if (adj.output_count > 0) x -= row.frequency_penalty * static_cast<float>(adj.output_count) + row.presence_penalty;
+  }
+
+  int32_t token = 0;
+  if (row.temperature <= 0.0f || !(*std::max_element(l.begin(), l.end()) > kNegInf)) {
+    token = NextBest(l.data(), vocab, 0.0f, -1);
+  } else {
+    float lmax = kNegInf;
+    for (int32_t i = 0; i < vocab; ++i) lmax = std::fmax(lmax, l[i] /= row.temperature);
+    // e = exp(l - max): the probabilities up to one factor; e = 0 marks a dropped token.
+    std::vector<float> e(static_cast<size_t>(vocab));
+    for (int32_t i = 0; i < vocab; ++i) {
+      e[i] = std::exp(l[i] - lmax);
+      if (e[i] < row.min_p) e[i] = 0.0f;  // min-p: p_i / p_max = e_i
+    }
+    if (row.top_k > 0) {
+      const uint32_t kth = LargestThreshold(31, row.top_k, [&](uint32_t t) {
+        double count = 0;
+        for (int32_t i = 0; i < vocab; ++i) count += e[i] > 0.0f && OrderedKey(l[i]) >= t;
+        return count;
+      });
+      for (int32_t i = 0; i < vocab; ++i) {
+        if (OrderedKey(l[i]) < kth) e[i] = 0.0f;
+      }
+    }
+    if (row.top_p < 1.0f) {
+      double kept = 0;
+      for (int32_t i = 0; i < vocab; ++i) kept += e[i];
+      const uint32_t cut = LargestThreshold(30, row.top_p * kept, [&](uint32_t t) {
+        double mass = 0;
+        for (int32_t i = 0; i < vocab; ++i) mass += FloatBits(e[i]) >= t ? e[i] : 0.0f;
+        return mass;
+      });
+      for (int32_t i = 0; i < vocab; ++i) {
+        if (FloatBits(e[i]) < cut) e[i] = 0.0f;
+      }
+    }
+    float best = kNegInf;
+    token = -1;
+    for (int32_t i = 0; i < vocab; ++i) {
+      if (e[i] <= 0.0f) continue;
+      const float score = l[i] + sampling::Gumbel(row.seed_lo, row.seed_hi, row.draw, i);
+      if (token < 0 || score > best) best = score, token = i;
+    }
+    if (token < 0) token = NextBest(l.data(), vocab, 0.0f, -1);  // parameters that keep nothing
+  }
+  *logprob = logits[token] - lse;
+  return token;
+}
+
+}  // namespace hsx

@@ -1,0 +1,60 @@
+// Arithmetic both sampling implementations share, compiled for host and device, so the
+// CPU and CUDA backends draw from the same random numbers and cut at the same thresholds.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define HSX_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define HSX_HOST_DEVICE inline
+#endif
+
+namespace hsx::sampling {
+
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"): a
+// counter-based generator, so token i of draw d of a seed gets its number without any
+// state; the first of the four output words.
+HSX_HOST_DEVICE uint32_t Philox(uint32_t key0, uint32_t key1, uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3) {
+  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u, kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = static_cast<uint64_t>(kMul0) * c0;
+    const uint64_t p1 = static_cast<uint64_t>(kMul1) * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ key0;
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ key1;
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+    key0 += kWeyl0;
+    key1 += kWeyl1;
+  }
+  return c0;
+}
+
+// Gumbel noise for `token` of a row's draw: argmax(logit + noise) over the kept tokens is
+// an exact draw from their softmax. u is in (0, 1) on a 2^-24 grid.
+HSX_HOST_DEVICE float Gumbel(uint32_t seed_lo, uint32_t seed_hi, uint32_t draw, int32_t token) {
+  const uint32_t bits = Philox(seed_lo, seed_hi, static_cast<uint32_t>(token), draw, 0x68737821u, 0u);
+  const float u = (static_cast<float>(bits >> 8) + 0.5f) * (1.0f / 16777216.0f);
+  return -logf(-logf(u));
+}
+
+HSX_HOST_DEVICE uint32_t FloatBits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// A key whose unsigned order is the float order (-inf lowest); NaN is not expected.
+HSX_HOST_DEVICE uint32_t OrderedKey(float f) {
+  const uint32_t u = FloatBits(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Whether (a, ia) comes before (b, ib) in "highest value, then lowest id" order.
+HSX_HOST_DEVICE bool Before(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
+
+}  // namespace hsx::sampling

@@ -1,0 +1,209 @@
+// The sampling op (backend/sampling.h) on the CPU backend: each option's draws follow the
+// distribution an independent sort-based reading of vLLM's rules gives (chi-square, with
+// a negative control), a row's token does not depend on its batch, logprobs are the
+// log-softmax, and bans and penalties change what is drawn.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace hsx {
+namespace {
+
+Tensor Logits(const std::vector<std::vector<float>>& rows) {
+  Tensor t = Tensor::Host(DType::kF32, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
+  for (size_t r = 0; r < rows.size(); ++r) std::copy(rows[r].begin(), rows[r].end(), t.data<float>() + r * rows[0].size());
+  return t;
+}
+
+// The probabilities vLLM's sampler gives, computed the plain way: softmax at the
+// temperature, min-p against the top probability, top-k by sorting, then top-p as the
+// shortest prefix of the sorted renormalized probabilities reaching p.
+std::vector<double> Expected(std::vector<float> logits, const SamplingRow& row) {
+  const size_t v = logits.size();
+  std::vector<double> p(v);
+  double top = -INFINITY;
+  for (float& l : logits) top = std::max<double>(top, l /= row.temperature);
+  double z = 0;
+  for (size_t i = 0; i < v; ++i) z += p[i] = std::exp(logits[i] - top);
+  for (double& x : p) x /= z;
+  const double pmax = *std::max_element(p.begin(), p.end());
+  for (double& x : p) x = x < row.min_p * pmax ? 0 : x;
+  std::vector<size_t> order(v);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p[a] > p[b]; });
+  if (row.top_k > 0) {
+    for (size_t i = row.top_k; i < v; ++i) p[order[i]] = 0;
+  }
+  double kept = std::accumulate(p.begin(), p.end(), 0.0), mass = 0;
+  size_t i = 0;
+  for (; i < v && mass < row.top_p * kept; ++i) mass += p[order[i]];
+  for (; i < v; ++i) p[order[i]] = 0;
+  kept = std::accumulate(p.begin(), p.end(), 0.0);
+  for (double& x : p) x /= kept;
+  return p;
+}
+
+// Pearson's statistic of `counts` against `expected`; a token expected never must never come.
+double ChiSquare(const std::vector<int>& counts, const std::vector<double>& expected, int n, int* dof) {
+  double chi = 0;
+  *dof = -1;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (expected[i] == 0) {
+      if (counts[i] > 0) return INFINITY;
+      continue;
+    }
+    const double e = expected[i] * n;
+    chi += (counts[i] - e) * (counts[i] - e) / e;
+    ++*dof;
+  }
+  return chi;
+}
+
+// The chi-square quantile at z standard deviations (Wilson-Hilferty); z = 4.5: p ~ 3e-6.
+double ChiSquareBound(int dof, double z = 4.5) {
+  const double a = 2.0 / (9.0 * dof);
+  return dof * std::pow(1 - a + z * std::sqrt(a), 3);
+}
+
+std::vector<int> Draw(CpuBackend& cpu, const std::vector<float>& logits, SamplingRow row, int n) {
+  std::vector<int> counts(logits.size(), 0);
+  SamplingBatch batch;
+  for (int i = 0; i < n; ++i) {
+    row.draw = static_cast<uint32_t>(i);
+    batch.rows.push_back(row);
+  }
+  const Tensor t = Logits(std::vector<std::vector<float>>(n, logits));
+  for (int32_t token : cpu.Sample(t, batch).tokens) ++counts[token];
+  return counts;
+}
+
+const std::vector<float> kLogits = {1.0f, 2.5f, 0.3f, 2.4f, -1.0f, 1.7f, 0.0f, 2.5f, -3.0f, 1.2f};
+
+TEST(SamplingOp, EachOptionFollowsItsDistribution) {
+  CpuBackend cpu;
+  struct Case {
+    const char* name;
+    SamplingRow row;
+  };
+  auto make = [](float t, float top_p, int top_k, float min_p) {
+    SamplingRow r;
+    r.temperature = t;
+    r.top_p = top_p;
+    r.top_k = top_k;
+    r.min_p = min_p;
+    r.seed_lo = 12345;
+    r.seed_hi = 6;
+    return r;
+  };
+  const Case cases[] = {{"temperature 1", make(1.0f, 1.0f, 0, 0.0f)},   {"temperature 0.6", make(0.6f, 1.0f, 0, 0.0f)},
+                        {"temperature 2", make(2.0f, 1.0f, 0, 0.0f)},   {"top-k 4", make(1.0f, 1.0f, 4, 0.0f)},
+                        {"top-p 0.7", make(1.0f, 0.7f, 0, 0.0f)},       {"min-p 0.3", make(1.0f, 1.0f, 0, 0.3f)},
+                        {"all", make(0.8f, 0.9f, 6, 0.05f)}};
+  const int n = 40000;
+  for (const Case& c : cases) {
+    const std::vector<int> counts = Draw(cpu, kLogits, c.row, n);
+    int dof = 0;
+    const double chi = ChiSquare(counts, Expected(kLogits, c.row), n, &dof);
+    EXPECT_LT(chi, ChiSquareBound(std::max(dof, 1))) << c.name;
+    // Negative control: the same draws against the untruncated softmax at temperature 1
+    // must fail, so the test can tell the options apart.
+    SamplingRow plain = make(1.0f, 1.0f, 0, 0.0f);
+    if (std::string(c.name) != "temperature 1") {
+      const double wrong = ChiSquare(counts, Expected(kLogits, plain), n, &dof);
+      EXPECT_GT(wrong, ChiSquareBound(std::max(dof, 1))) << c.name << ": the control did not fail";
+    }
+  }
+}
+
+TEST(SamplingOp, ARowsTokenDoesNotDependOnItsBatch) {
+  CpuBackend cpu;
+  std::vector<float> a(500), b(500);
+  for (int i = 0; i < 500; ++i) a[i] = std::sin(i * 0.37f) * 4, b[i] = std::cos(i * 1.3f) * 3;
+  SamplingRow row;
+  row.temperature = 1.0f;
+  row.top_p = 0.95f;
+  row.seed_lo = 99;
+  SamplingRow other = row;
+  other.seed_lo = 7;
+  other.top_k = 5;
+  for (uint32_t draw = 0; draw < 50; ++draw) {
+    row.draw = other.draw = draw;
+    SamplingBatch alone{{row}, {}, 0};
+    SamplingBatch mixed{{other, other, row}, {}, 0};
+    const int32_t t1 = cpu.Sample(Logits({a}), alone).tokens[0];
+    const int32_t t2 = cpu.Sample(Logits({b, a, a}), mixed).tokens[2];
+    EXPECT_EQ(t1, t2) << "draw " << draw;
+  }
+  // Different draws of one seed differ (the stream advances).
+  std::vector<int> seen(500, 0);
+  for (int token : Draw(cpu, a, row, 200)) seen[token] = 1;
+  EXPECT_GT(std::accumulate(seen.begin(), seen.end(), 0), 5);
+}
+
+TEST(SamplingOp, LogprobsAreTheRawLogSoftmax) {
+  CpuBackend cpu;
+  std::vector<float> l(300);
+  for (int i = 0; i < 300; ++i) l[i] = std::sin(i * 0.91f) * 6;
+  l[17] = l[42] = 9.0f;  // a tie at the top: lower id first
+  double z = 0;
+  for (float x : l) z += std::exp(static_cast<double>(x));
+  SamplingRow row;
+  row.temperature = 0.7f;
+  row.repetition_penalty = 1.3f;  // penalties change the draw, not the reported logprobs
+  row.num_logprobs = 5;
+  row.adjust_end = 1;
+  SamplingBatch batch{{row}, {{17, 2, 0}}, 8};
+  const SampledTokens s = cpu.Sample(Logits({l}), batch);
+  std::vector<int> order(300);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+  for (int k = 0; k < 5; ++k) {
+    EXPECT_EQ(s.top_ids[k], order[k]);
+    EXPECT_NEAR(s.top_logprobs[k], l[order[k]] - std::log(z), 1e-4);
+  }
+  for (int k = 5; k < 8; ++k) EXPECT_EQ(s.top_ids[k], -1);
+  EXPECT_NEAR(s.logprobs[0], l[s.tokens[0]] - std::log(z), 1e-4);
+}
+
+TEST(SamplingOp, GreedyBansAndPenalties) {
+  CpuBackend cpu;
+  const std::vector<float> l = {0.5f, 3.0f, 3.0f, 2.9f, -1.0f};
+  SamplingRow greedy;
+  EXPECT_EQ(cpu.Sample(Logits({l}), {{greedy}, {}, 0}).tokens[0], 1);  // lowest id of the tie
+  // Banning 1 and 2 (min_tokens holding back stop tokens) leaves 3.
+  greedy.adjust_end = 2;
+  EXPECT_EQ(cpu.Sample(Logits({l}), {{greedy}, {{1, 0, TokenAdjust::kBanned}, {2, 0, TokenAdjust::kBanned}}, 0}).tokens[0], 3);
+  // Repetition penalty 2 on prompt token 1: 3.0 / 2 = 1.5 < 3.0, so 2 wins.
+  SamplingRow rep;
+  rep.repetition_penalty = 2.0f;
+  rep.adjust_end = 1;
+  EXPECT_EQ(cpu.Sample(Logits({l}), {{rep}, {{1, 0, TokenAdjust::kInPrompt}}, 0}).tokens[0], 2);
+  // Frequency 0.05 * 3 outputs and presence 0.01 take token 1 to 2.84 and token 2 stays: 2.
+  SamplingRow freq;
+  freq.frequency_penalty = 0.05f;
+  freq.presence_penalty = 0.01f;
+  freq.adjust_end = 1;
+  EXPECT_EQ(cpu.Sample(Logits({l}), {{freq}, {{1, 3, 0}}, 0}).tokens[0], 2);
+  // Sampling never draws a banned token.
+  SamplingRow hot;
+  hot.temperature = 5.0f;
+  hot.adjust_end = 1;
+  SamplingBatch banned;
+  for (uint32_t d = 0; d < 2000; ++d) {
+    hot.draw = d;
+    banned.rows.push_back(hot);
+  }
+  banned.adjust = {{3, 0, TokenAdjust::kBanned}};
+  for (auto& r : banned.rows) r.adjust_begin = 0;
+  const SampledTokens s = cpu.Sample(Logits(std::vector<std::vector<float>>(2000, l)), banned);
+  EXPECT_EQ(std::count(s.tokens.begin(), s.tokens.end(), 3), 0);
+  EXPECT_GT(std::count(s.tokens.begin(), s.tokens.end(), 4), 0);  // hot enough to reach the worst token
+}
+
+}  // namespace
+}  // namespace hsx
