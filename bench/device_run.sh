@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
-#   AB_B=HSX_ATTENTION=mma), two runs each, plus one HSX_PROFILE run of each
+#   AB_B=HSX_ATTENTION=mma), two runs each, plus one HSX_PROFILE run of each;
+#   decode = hsx bench --decode (batch 1, 32, 128; greedy, and temperature 1 / top-p 0.9
+#   at 32) against HF transformers' generate
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
@@ -72,4 +74,17 @@ if [ "$what" = ab ]; then
       echo "$side $(env ${!var:-} bash -c qwen3_8b_bench 2>/dev/null | grep extract_tokens_per_s)"
     done
   done | tee "$OUT/ab.txt"
+fi
+if [ "$what" = decode ]; then
+  decode_bench() {
+    .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --new-tokens 256 \
+      --kv-cache-gib 40 "$@"
+  }
+  { decode_bench --batch-sizes 1,32,128; decode_bench --batch-sizes 32 --temperature 1 --top-p 0.9 | grep batch; } \
+    2>"$OUT/decode.err" | tee "$OUT/decode.jsonl"
+  HSX_PROFILE=1 decode_bench --batch-sizes 32 --new-tokens 64 2>&1 >/dev/null | grep "hsx profile" | tail -3
+  if [ "${HF:-1}" = 1 ]; then
+    timeout 300 python3 bench/hf_decode.py 512 256 1,32,128 2>"$OUT/hf_decode.err" | tee -a "$OUT/decode.jsonl"
+    tail -2 "$OUT/hf_decode.err"
+  fi
 fi

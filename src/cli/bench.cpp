@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "cli/bench_decode.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/extract.h"
@@ -22,6 +23,7 @@ struct BenchOptions {
   double median_len = 256;
   int min_len = 32, max_len = 1024;
   uint64_t seed = 0;
+  bool decode = false;  // run RunDecodeBench instead
 };
 
 double Seconds(std::chrono::steady_clock::time_point since) {
@@ -107,8 +109,10 @@ int RunBench(BenchOptions o) {
 
 void RegisterBench(CLI::App& root) {
   auto o = std::make_shared<BenchOptions>();
+  auto decode = std::make_shared<DecodeBenchOptions>();
   o->extract.layers = "";
-  CLI::App* app = root.add_subcommand("bench", "Extraction throughput on synthetic prompts vs this machine's GEMM");
+  CLI::App* app = root.add_subcommand(
+      "bench", "Extraction throughput on synthetic prompts vs this machine's GEMM; --decode: generation throughput");
   o->extract.model.Register(*app);
   app->add_option("--layers", o->extract.layers, "Layer ids to capture (default: 2, N/2, N-3, N)");
   app->add_option("--num-prompts", o->num_prompts);
@@ -121,7 +125,22 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--writer-threads", o->extract.writer_threads, "File writer threads");
   app->add_flag("!--no-enable-prefix-caching", o->extract.prefix_caching, "Measure without prefix caching");
   app->add_option("--dir", o->extract.output, "Scratch directory; prompts.jsonl stays there afterwards");
-  app->callback([o] {
+  app->add_flag("--decode", o->decode, "Measure generation per batch size instead of extraction");
+  app->add_option("--batch-sizes", decode->batch_sizes, "Decode: concurrent sequences, one run each")->delimiter(',');
+  app->add_option("--prompt-len", decode->prompt_len, "Decode: prompt tokens per sequence");
+  app->add_option("--new-tokens", decode->new_tokens, "Decode: tokens generated per sequence (end-of-sequence ignored)");
+  app->add_option("--temperature", decode->sampling.temperature, "Decode: 0 is greedy");
+  app->add_option("--top-p", decode->sampling.top_p);
+  app->add_option("--top-k", decode->sampling.top_k);
+  app->callback([o, decode, app] {
+    if (o->decode) {
+      decode->model = o->extract.model;
+      if (app->count("--kv-cache-gib") > 0) decode->kv_cache_gib = o->extract.kv_cache_gib;
+      if (app->count("--max-num-batched-tokens") > 0) decode->max_num_batched_tokens = o->extract.max_num_batched_tokens;
+      decode->sampling.seed = 0;
+      ExitCode() = RunDecodeBench(*decode);
+      return;
+    }
     if (o->extract.layers.empty()) {
       auto config = LoadConfig(o->extract.model);
       if (!config.ok()) {

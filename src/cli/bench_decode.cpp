@@ -1,0 +1,136 @@
+// hsx bench --decode: generation throughput per batch size on synthetic prompts, next to
+// the memory-traffic bound (weights plus KV read once per step) at the device's copy
+// bandwidth measured in the same run. Prints JSON lines.
+#include "cli/bench_decode.h"
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/common.h"
+#include "engine/engine.h"
+#include "model/weights.h"
+
+namespace hsx::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// Bytes per second of a device-to-device copy (read + write), best of a few; the
+// bandwidth a decode step's weight reads can reach.
+double CopyBandwidth(Backend& backend) {
+  const int64_t n = int64_t{1} << 29;  // 1 GiB of bf16 each way
+  Tensor a = backend.Empty(DType::kBF16, {n}), b = backend.Empty(DType::kBF16, {n});
+  backend.FillUniform(a, 1, -1.0f, 1.0f);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    backend.Synchronize();
+    const auto t0 = Clock::now();
+    backend.Copy(a, b);
+    backend.Synchronize();
+    best = std::max(best, 2.0 * static_cast<double>(a.nbytes()) / Seconds(t0, Clock::now()));
+  }
+  return best;
+}
+
+// Bytes of KV cache one token of context occupies (layers that own a cache).
+int64_t KvBytesPerToken(const ModelConfig& c, DType dtype) {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    const LayerSpec& l = c.layers[i];
+    if (l.kv_source != static_cast<int>(i)) continue;
+    bytes += (l.k_eq_v ? 1 : 2) * static_cast<int64_t>(l.num_kv_heads) * l.head_dim * DTypeSize(dtype);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+int RunDecodeBench(const DecodeBenchOptions& o) {
+  auto loaded = LoadModelAndTokenizer(o.model);
+  if (!loaded.ok()) return Fail("bench", loaded.status());
+  Model& model = *loaded->model;
+  Backend& backend = *loaded->backend;
+  const ModelConfig& c = model.config();
+  const DType dtype = backend.compute_dtype();
+  // Weights a decode step reads: all but the embedding table (only B rows are gathered),
+  // which the LM head reads in full when tied.
+  const int64_t embedding = static_cast<int64_t>(c.vocab_size) * c.hidden_size;
+  const double weight_bytes =
+      static_cast<double>(CountParameters(c) - (c.tie_word_embeddings ? 0 : embedding)) * DTypeSize(dtype);
+  const double bandwidth = backend.device() == Device::kCPU ? 0.0 : CopyBandwidth(backend);
+  const int64_t kv_per_token = KvBytesPerToken(c, dtype);
+  auto line = [](const nlohmann::json& j) { std::printf("%s\n", j.dump().c_str()); };
+  if (bandwidth > 0) line({{"metric", "device_copy_bandwidth_gbps"}, {"value", bandwidth / 1e9}, {"device", o.model.device}});
+
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
+  for (int batch : o.batch_sizes) {
+    EngineConfig ec;
+    ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
+    ec.scheduler.max_num_seqs = std::max(batch, ec.scheduler.max_num_seqs);
+    ec.scheduler.max_num_batched_tokens = std::max(o.max_num_batched_tokens, batch);
+    ec.enable_prefix_caching = false;  // random prompts share nothing; keep the bookkeeping out
+    Engine engine(model, ec);
+    auto run = [&](int new_tokens, double* decode_seconds, int64_t* decode_tokens, uint64_t* decode_steps) -> Status {
+      for (int i = 0; i < batch; ++i) {
+        Request r;
+        r.id = "d" + std::to_string(i);
+        r.prompt.resize(o.prompt_len);
+        for (int32_t& t : r.prompt) t = token(rng);
+        r.max_new_tokens = new_tokens;
+        r.capture = false;
+        r.sampling = o.sampling;
+        if (r.sampling.seed) r.sampling.seed = *r.sampling.seed + i;
+        HSX_RETURN_IF_ERROR(engine.Add(std::move(r)));
+      }
+      // Decode phase: from the step that finished the last prompt to the end. Each
+      // token computed after it is one row of a decode step and one token sampled.
+      const int64_t prompt_tokens = static_cast<int64_t>(batch) * o.prompt_len;
+      const uint64_t tokens0 = engine.stats().tokens_computed;
+      std::optional<Clock::time_point> start;
+      int64_t tokens_at_start = 0;
+      uint64_t steps_at_start = 0;
+      while (engine.has_work()) {
+        for (const auto& seq : engine.Step()) {
+          if (seq->num_generated() != new_tokens) return Error("request " + seq->id() + " ended early");
+        }
+        const int64_t computed = static_cast<int64_t>(engine.stats().tokens_computed - tokens0);
+        if (!start && computed >= prompt_tokens) {
+          backend.Synchronize();
+          start = Clock::now();
+          tokens_at_start = computed;
+          steps_at_start = engine.stats().steps;
+        }
+      }
+      backend.Synchronize();
+      *decode_seconds = Seconds(*start, Clock::now());
+      *decode_tokens = static_cast<int64_t>(engine.stats().tokens_computed - tokens0) - tokens_at_start;
+      *decode_steps = engine.stats().steps - steps_at_start;
+      return {};
+    };
+    double seconds = 0;
+    int64_t tokens = 0;
+    uint64_t steps = 0;
+    Status warm = run(4, &seconds, &tokens, &steps);  // first-use costs (GEMM tuning, allocator)
+    if (warm.ok()) warm = run(o.new_tokens, &seconds, &tokens, &steps);
+    if (!warm.ok()) return Fail("bench", warm);
+    const double step_ms = 1e3 * seconds / std::max<uint64_t>(steps, 1);
+    // The bound: each step reads the weights once and every sequence's KV (mean context).
+    const double mean_context = o.prompt_len + o.new_tokens / 2.0;
+    const double step_bytes = weight_bytes + static_cast<double>(batch) * mean_context * kv_per_token;
+    const double bound_tok_s = bandwidth > 0 ? batch * bandwidth / step_bytes : 0.0;
+    const double tok_s = tokens / seconds;
+    line({{"metric", "decode_tokens_per_s"}, {"value", tok_s}, {"batch", batch}, {"model", o.model.model},
+          {"prompt_len", o.prompt_len}, {"new_tokens", o.new_tokens}, {"step_ms", step_ms}, {"steps", steps},
+          {"temperature", o.sampling.temperature}, {"top_p", o.sampling.top_p}, {"top_k", o.sampling.top_k},
+          {"bound_tokens_per_s", bound_tok_s}, {"fraction_of_bound", bound_tok_s > 0 ? tok_s / bound_tok_s : 0.0},
+          {"device", o.model.device}});
+  }
+  return 0;
+}
+
+}  // namespace hsx::cli

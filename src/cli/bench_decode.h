@@ -1,0 +1,24 @@
+// The decode mode of hsx bench (bench_decode.cpp).
+#pragma once
+
+#include <vector>
+
+#include "cli/common.h"
+#include "engine/sampler.h"
+
+namespace hsx::cli {
+
+struct DecodeBenchOptions {
+  ModelOptions model;
+  std::vector<int> batch_sizes = {1, 32, 128};
+  int prompt_len = 512;
+  int new_tokens = 256;  // generated past end-of-sequence tokens: the prompts are random
+  int max_num_batched_tokens = 16384;
+  double kv_cache_gib = 40;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+};
+
+int RunDecodeBench(const DecodeBenchOptions& options);
+
+}  // namespace hsx::cli
