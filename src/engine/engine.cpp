@@ -229,19 +229,36 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   profile_seconds_[0] += Seconds(t0, Clock::now());
   std::unique_ptr<PendingCapture> capture;
   if (!config_.capture_layers.empty()) capture = StartCapture(chunks, std::move(out.captured));
-  Tensor logits;
-  if (out.logits.defined()) logits = model_.backend().Download(out.logits);
+  // Sample on the device: one row per sequence whose known tokens this step completes.
+  std::vector<Sequence*> sampling;
+  SamplingBatch rows;
+  for (const auto& [seq, n] : chunks) {
+    if (seq->num_computed + n == seq->num_tokens() && seq->wants_more_tokens()) {
+      sampling.push_back(seq);
+      rows.rows.push_back(MakeSamplingRow(*seq, {}, rows.adjust));
+      rows.max_logprobs = std::max(rows.max_logprobs, seq->request().sampling.logprobs);
+    }
+  }
+  SampledTokens sampled;
+  if (!sampling.empty()) sampled = model_.backend().Sample(out.logits, rows);
 
   ++stats_.steps;
   stats_.tokens_computed += batch.token_ids.size();
   size_t next_sample = 0;
   for (const auto& [seq, n] : chunks) {
     seq->num_computed += n;
-    if (seq->num_computed == seq->num_tokens() && seq->wants_more_tokens()) {
-      const int vocab = static_cast<int>(logits.size(1));
-      const float* row = logits.data<float>() + static_cast<int64_t>(next_sample++) * vocab;
-      const int32_t token = Sample(row, vocab, seq->request().sampling, seq->rng());
+    if (next_sample < sampling.size() && sampling[next_sample] == seq) {
+      const size_t r = next_sample++;
+      const int32_t token = sampled.tokens[r];
       seq->Append(token);
+      if (const int k = seq->request().sampling.logprobs; k > 0) {
+        Sequence::TokenLogprobs lp{sampled.logprobs[r], {}};
+        for (int j = 0; j < k; ++j) {
+          const size_t at = r * rows.max_logprobs + j;
+          lp.top.emplace_back(sampled.top_ids[at], sampled.top_logprobs[at]);
+        }
+        seq->logprobs.push_back(std::move(lp));
+      }
       if (seq->request().on_token) seq->request().on_token(token);
       const auto& stops = seq->request().stop_token_ids;
       if (std::find(stops.begin(), stops.end(), token) != stops.end()) seq->Stop();

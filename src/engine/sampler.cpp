@@ -1,49 +1,49 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
-#include <vector>
+#include <unordered_map>
+
+#include "engine/sequence.h"
 
 namespace hsx {
-namespace {
 
-int32_t Argmax(const float* row, int vocab) { return static_cast<int32_t>(std::max_element(row, row + vocab) - row); }
-
-}  // namespace
-
-int32_t Sample(const float* logits, int vocab, const SamplingParams& params, std::mt19937_64& rng) {
-  if (params.greedy()) return Argmax(logits, vocab);
-  // Candidates by descending logit, cut to top_k.
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  const int k = params.top_k > 0 ? std::min(params.top_k, vocab) : vocab;
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), by_logit);
-  order.resize(static_cast<size_t>(k));
-  // Softmax at the temperature, then the nucleus: the shortest prefix reaching top_p.
-  std::vector<double> prob(order.size());
-  const double top = logits[order[0]];
-  double sum = 0;
-  for (size_t i = 0; i < order.size(); ++i) sum += (prob[i] = std::exp((logits[order[i]] - top) / params.temperature));
-  size_t keep = order.size();
-  if (params.top_p < 1.0f) {
-    double mass = 0;
-    for (size_t i = 0; i < order.size(); ++i) {
-      mass += prob[i] / sum;
-      if (mass >= params.top_p) {
-        keep = i + 1;
-        break;
+SamplingRow MakeSamplingRow(const Sequence& seq, const std::vector<int32_t>& banned, std::vector<TokenAdjust>& adjust) {
+  const SamplingParams& p = seq.request().sampling;
+  SamplingRow row;
+  row.temperature = p.top_k == 1 ? 0.0f : p.temperature;
+  row.top_p = p.top_p;
+  row.top_k = p.top_k;
+  row.min_p = p.min_p;
+  row.repetition_penalty = p.repetition_penalty;
+  row.frequency_penalty = p.frequency_penalty;
+  row.presence_penalty = p.presence_penalty;
+  row.seed_lo = static_cast<uint32_t>(seq.seed());
+  row.seed_hi = static_cast<uint32_t>(seq.seed() >> 32);
+  row.draw = static_cast<uint32_t>(seq.num_generated());
+  row.num_logprobs = p.logprobs;
+  row.adjust_begin = static_cast<int32_t>(adjust.size());
+  // One entry per distinct token: generated counts, prompt membership, bans.
+  std::unordered_map<int32_t, TokenAdjust> entries;
+  if (p.penalized()) {
+    const std::vector<int32_t>& tokens = seq.tokens();
+    for (int i = 0; i < seq.num_tokens(); ++i) {
+      TokenAdjust& e = entries[tokens[i]];
+      e.token = tokens[i];
+      if (i < seq.prompt_len()) {
+        e.flags |= TokenAdjust::kInPrompt;
+      } else {
+        ++e.output_count;
       }
     }
   }
-  double kept = 0;
-  for (size_t i = 0; i < keep; ++i) kept += prob[i];
-  double u = std::uniform_real_distribution<double>(0.0, kept)(rng);
-  for (size_t i = 0; i < keep; ++i) {
-    if ((u -= prob[i]) <= 0) return order[i];
+  for (int32_t t : banned) {
+    TokenAdjust& e = entries[t];
+    e.token = t;
+    e.flags |= TokenAdjust::kBanned;
   }
-  return order[keep - 1];
+  for (const auto& [token, e] : entries) adjust.push_back(e);
+  row.adjust_end = static_cast<int32_t>(adjust.size());
+  return row;
 }
 
 }  // namespace hsx

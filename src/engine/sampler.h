@@ -1,23 +1,33 @@
-// Picks the next token from a row of logits: greedy, or temperature / top-k / top-p
-// sampling with a per-request seeded generator.
+// A request's sampling parameters (vLLM's names and defaults) and the per-step row the
+// backend's Sample op takes for a sequence (backend/sampling.h holds the rules).
 #pragma once
 
 #include <cstdint>
 #include <optional>
-#include <random>
+#include <vector>
 
+#include "backend/sampling.h"
 
 namespace hsx {
 
+class Sequence;
+
 struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy
-  float top_p = 1.0f;        // keep the smallest set of tokens whose probability reaches top_p
-  int top_k = 0;             // 0 or -1: all tokens
-  std::optional<uint64_t> seed;
-  bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+  float temperature = 0.0f;         // 0: greedy
+  float top_p = 1.0f;               // in (0, 1]
+  int top_k = 0;                    // 0 or -1: all tokens
+  float min_p = 0.0f;               // in [0, 1]
+  float repetition_penalty = 1.0f;  // > 0; 1: none
+  float frequency_penalty = 0.0f;   // in [-2, 2]
+  float presence_penalty = 0.0f;    // in [-2, 2]
+  std::optional<uint64_t> seed;     // none: a random one per request
+  int logprobs = 0;                 // top raw logprobs kept per generated token
+  bool penalized() const { return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f; }
 };
 
-// One token from one row of `vocab` logits; greedy ties go to the lowest id, as torch.argmax.
-int32_t Sample(const float* logits, int vocab, const SamplingParams& params, std::mt19937_64& rng);
+// The Sample op's row for seq's next token: its parameters, its seed and the draw index
+// (the token's output position, so a recompute draws the same). Appends to `adjust` the
+// tokens its penalties touch, and bans `banned` (stop tokens before min_tokens).
+SamplingRow MakeSamplingRow(const Sequence& seq, const std::vector<int32_t>& banned, std::vector<TokenAdjust>& adjust);
 
 }  // namespace hsx

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,7 @@ class Sequence {
   explicit Sequence(Request request)
       : request_(std::move(request)),
         tokens_(request_.prompt),
-        rng_(request_.sampling.seed ? *request_.sampling.seed : std::random_device{}()) {}
+        seed_(request_.sampling.seed ? *request_.sampling.seed : RandomSeed()) {}
 
   const std::string& id() const { return request_.id; }
   const Request& request() const { return request_; }
@@ -66,13 +67,25 @@ class Sequence {
   void Stop() { stopped_ = true; }
   // Set when the request was cancelled (a client went away): it ends without a result.
   bool aborted = false;
-  std::mt19937_64& rng() { return rng_; }
+  // The random stream of its draws: the request's seed, or a random one, so a seed
+  // reproduces its tokens whatever the batch.
+  uint64_t seed() const { return seed_; }
+  // Raw logprobs of each generated token, when the request asks for them.
+  struct TokenLogprobs {
+    float logprob = 0.0f;
+    std::vector<std::pair<int32_t, float>> top;
+  };
+  std::vector<TokenLogprobs> logprobs;
 
  private:
   Request request_;
   std::vector<int32_t> tokens_;
   bool stopped_ = false;
-  std::mt19937_64 rng_;  // per request, so a seed reproduces its samples whatever the batch
+  uint64_t seed_;
+  static uint64_t RandomSeed() {
+    std::random_device device;
+    return (static_cast<uint64_t>(device()) << 32) | device();
+  }
 };
 
 }  // namespace hsx
