@@ -2,10 +2,12 @@
 
 #include <httplib.h>
 
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "capture/file_lock.h"
@@ -37,6 +39,27 @@ void ReplyJson(httplib::Response& res, const json& body) {
 
 int64_t Now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A request id as vLLM makes them: "cmpl-" and a random (version 4) UUID's 32 hex digits
+// from the OS's random source, so servers, or a restarted server, sharing one storage
+// directory never name the same file (ids made of the time and a counter did).
+std::string NewRequestId() {
+  thread_local std::random_device source;  // getrandom(2) or /dev/urandom in libstdc++
+  std::array<uint8_t, 16> bytes;
+  for (size_t i = 0; i < bytes.size(); i += 4) {
+    const uint32_t r = source();
+    for (size_t k = 0; k < 4; ++k) bytes[i + k] = static_cast<uint8_t>(r >> (8 * k));
+  }
+  bytes[6] = static_cast<uint8_t>((bytes[6] & 0x0f) | 0x40);  // version 4
+  bytes[8] = static_cast<uint8_t>((bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = "cmpl-";
+  for (uint8_t b : bytes) {
+    id += kHex[b >> 4];
+    id += kHex[b & 15];
+  }
+  return id;
 }
 
 // A request field that must be a non-negative integer, or the field's default.
@@ -254,7 +277,7 @@ void OpenAiServer::Routes() {
     }
 
     // Submit every prompt; each finishes through its own promise.
-    const std::string id = "cmpl-" + std::to_string(Now()) + "-" + std::to_string(next_id_++);
+    const std::string id = NewRequestId();
     std::vector<std::future<Completion>> futures;
     auto abort_all = [&] {
       for (size_t i = 0; i < futures.size(); ++i) engine_.Abort(id + "-" + std::to_string(i));

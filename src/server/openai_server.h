@@ -66,7 +66,6 @@ class OpenAiServer {
   std::vector<int32_t> eos_token_ids_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<WriterPool> writers_;
-  std::atomic<uint64_t> next_id_{0};
   std::atomic<uint64_t> http_requests_{0}, files_written_{0}, file_errors_{0};
   std::atomic<uint64_t> write_micros_{0};
 };
