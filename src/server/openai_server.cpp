@@ -96,12 +96,16 @@ OpenAiServer::OpenAiServer(ServerConfig config, EngineService& engine, const Tok
       engine_(engine),
       tokenizer_(tokenizer),
       eos_token_ids_(std::move(eos_token_ids)),
-      http_(std::make_unique<HttpServer>(static_cast<size_t>(std::max(1, config_.http_threads)))) {
+      http_(std::make_unique<HttpServer>(HttpServer::Limits{static_cast<size_t>(std::max(1, config_.http_threads)),
+                                                            config_.header_timeout, config_.read_timeout})) {
   if (!config_.storage_dir.empty()) writers_ = std::make_unique<WriterPool>(config_.writer_threads, 64);
   Routes();
 }
 
-OpenAiServer::~OpenAiServer() { Stop(); }
+OpenAiServer::~OpenAiServer() {
+  Stop();
+  if (writers_) writers_->Drain();  // the writes of requests whose clients left
+}
 
 Status OpenAiServer::Run() {
   if (!http_->Listen(config_.host, config_.port, 1024)) {
@@ -110,15 +114,23 @@ Status OpenAiServer::Run() {
   return {};
 }
 
-void OpenAiServer::Stop() {
-  http_->stop();
-  if (writers_) writers_->Drain();
+void OpenAiServer::Stop() { http_->StopAccepting(); }
+
+void OpenAiServer::StopNow() {
+  cut_short_ = true;
+  engine_.AbortAll();
+  http_->Cut();
 }
 
 void OpenAiServer::Routes() {
   // Every route checks the bearer token first when one is configured.
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     ++http_requests_;
+    if (http_->stopping()) {  // draining: only requests already under way are served
+      res.set_header("Connection", "close");
+      ReplyError(res, 503, "the server is shutting down");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (config_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") != "Bearer " + config_.api_key) {
       ReplyError(res, 401, "missing or wrong API key (expected 'Authorization: Bearer <key>')");
@@ -356,7 +368,7 @@ void OpenAiServer::Routes() {
 // and queue the write, which releases the lock when the file is complete.
 OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_ptr<Sequence> seq,
                                               const std::string& path) {
-  Completion c{status, std::move(seq), path, false};
+  Completion c{status, std::move(seq), path, !status.ok() && cut_short_};  // failed by StopNow: not the client's fault
   if (!c.status.ok() || path.empty()) return c;
   std::shared_ptr<FileLock> lock;
   if (config_.use_lock) {
