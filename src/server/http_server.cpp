@@ -21,9 +21,11 @@ using Clock = std::chrono::steady_clock;
 // A request's line and headers together; 0.11 bounds each header line, not their number.
 constexpr size_t kMaxHeaderBytes = 64 << 10;
 
-Clock::time_point After(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+Clock::duration Seconds(double seconds) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
+
+Clock::time_point After(double seconds) { return Clock::now() + Seconds(seconds); }
 
 void Signal(int event_fd) {
   const uint64_t one = 1;
@@ -38,15 +40,15 @@ class ConnectionStream : public httplib::Stream {
   ConnectionStream(int sock, int stop_event, int cut_event, const HttpServer::Limits& limits)
       : sock_(sock), stop_event_(stop_event), cut_event_(cut_event), limits_(limits) {}
 
-  // Whether a next request begins within `seconds`; false once stopping with none begun.
-  bool WaitForRequest(double seconds) { return off_ < len_ || Wait(POLLIN, After(seconds), true); }
+  // Whether a next request begins by `deadline`; false once stopping with none begun.
+  bool WaitForRequest(Clock::time_point deadline) { return off_ < len_ || Wait(POLLIN, deadline, true); }
 
-  // The bytes from here on are a new request: its line and headers are due by the deadline.
-  void BeginRequest() {
+  // The bytes from here on are a new request, whose line and headers are due by `deadline`.
+  void BeginRequest(Clock::time_point deadline) {
     in_headers_ = true;
     header_bytes_ = 0;
     tail_ = 0;
-    header_deadline_ = After(limits_.header_seconds);
+    header_deadline_ = deadline;
   }
 
   bool is_readable() const override { return off_ < len_ || Wait(POLLIN, After(limits_.read_seconds), false); }
@@ -125,11 +127,32 @@ class ConnectionStream : public httplib::Stream {
   Clock::time_point header_deadline_;
 };
 
+// When the connection this pool thread now serves was accepted.
+thread_local Clock::time_point t_accepted;
+
+// cpp-httplib's thread pool, telling each connection when it was accepted: its first
+// request's deadlines count from then, so connections that waited in the queue behind
+// slow peers (while their own bytes trickled in) get no fresh allowance.
+class AcceptTimeQueue : public httplib::TaskQueue {
+ public:
+  explicit AcceptTimeQueue(size_t threads) : pool_(threads) {}
+  void enqueue(std::function<void()> fn) override {
+    pool_.enqueue([fn = std::move(fn), accepted = Clock::now()] {
+      t_accepted = accepted;
+      fn();
+    });
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  httplib::ThreadPool pool_;
+};
+
 }  // namespace
 
 HttpServer::HttpServer(const Limits& limits)
     : limits_(limits), stop_event_(::eventfd(0, EFD_CLOEXEC)), cut_event_(::eventfd(0, EFD_CLOEXEC)) {
-  new_task_queue = [n = limits.threads] { return new httplib::ThreadPool(n); };
+  new_task_queue = [n = limits.threads] { return new AcceptTimeQueue(n); };
 }
 
 HttpServer::~HttpServer() {
@@ -168,8 +191,11 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   ConnectionStream stream(sock, stop_event_, cut_event_, limits_);
   bool ok = true;
   for (size_t left = keep_alive_max_count_; left > 0 && ok; --left) {
-    if (!stream.WaitForRequest(static_cast<double>(keep_alive_timeout_sec_))) break;
-    stream.BeginRequest();
+    // The first request is due from the accept, a later one from its first byte.
+    const bool first = left == keep_alive_max_count_;
+    const auto idle_deadline = (first ? t_accepted : Clock::now()) + Seconds(static_cast<double>(keep_alive_timeout_sec_));
+    if (!stream.WaitForRequest(idle_deadline)) break;
+    stream.BeginRequest((first ? t_accepted : Clock::now()) + Seconds(limits_.header_seconds));
     bool closed = false;
     ok = process_request(stream, left == 1 || stopping(), closed, nullptr);
     if (closed || stopping() || stream.failed()) break;

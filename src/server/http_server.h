@@ -23,7 +23,9 @@ class HttpServer : public httplib::Server {
  public:
   struct Limits {
     size_t threads = 512;
-    double header_seconds = 10;  // a request's line and headers, from its first byte
+    // A request's line and headers: from the accept, or on a kept-alive connection from
+    // the request's first byte.
+    double header_seconds = 10;
     double read_seconds = 5;     // each wait for more of a request body
     double write_seconds = 5;    // each wait for a client to take more of a response
   };

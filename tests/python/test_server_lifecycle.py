@@ -324,13 +324,22 @@ def test_a_signal_sent_while_starting_always_ends_the_process(tmp_path, sig, del
 
 def test_slow_clients_beyond_the_thread_count_do_not_starve_the_others(tmp_path):
     s = Server(tmp_path, "--http-threads", "2", "--http-header-timeout", "1")
-    slow = SlowClients(s.port, 5, reconnect=True)  # more than the threads, reconnecting when dropped
+    slow = SlowClients(s.port, 10, reconnect=True)  # five times the threads, reconnecting when dropped
     try:
         with urllib.request.urlopen(s.url + "/health", timeout=HANG) as r:
             assert r.status == 200
         status, res = post(s, {"prompt": prompt_of(3), "max_tokens": 2})
         assert status == 200, res
         assert_file_holds(res["kv_transfer_params"]["hidden_states_path"], prompt_of(3))
+        # 100 KB of headers, sent fast, are refused at 64 KiB instead of piling up.
+        with socket.create_connection(("127.0.0.1", s.port), timeout=HANG) as c:
+            try:
+                c.sendall(b"GET /health HTTP/1.1\r\n" +
+                          b"".join(b"X-%d: %s\r\n" % (i, b"y" * 1000) for i in range(100)) + b"\r\n")
+                answer = c.recv(12)
+            except ConnectionResetError:  # closed with our bytes unread
+                answer = b""
+            assert answer in (b"HTTP/1.1 400", b""), answer
     finally:
         slow.close()
         s.stop()
