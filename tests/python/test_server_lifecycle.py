@@ -99,9 +99,10 @@ def metric(server, name):
     raise KeyError(name)
 
 
-def wait_until_running(server, n):
+def wait_until_admitted(server, prompt_tokens):
+    """Until the engine has taken in this many prompt tokens (all of the test's requests)."""
     deadline = time.time() + HANG
-    while metric(server, "hsx_running_requests") < n:
+    while metric(server, "hsx_prompt_tokens_total") < prompt_tokens:
         assert time.time() < deadline, "the requests never started"
         time.sleep(0.02)
 
@@ -183,16 +184,19 @@ class SlowClients:
 # --- item 4: SIGTERM drains --------------------------------------------------------------
 
 def test_sigterm_lets_streams_and_waiting_requests_finish_with_their_files(tmp_path):
+    """SIGTERM while four streams and two waiting requests generate: each one runs to
+    the end and gets its whole file, then the server exits 0. Streams were cut off."""
     s = Server(tmp_path)
     try:
-        max_tokens = 400
+        max_tokens = 600
         streams = [open_stream(s, prompt_of(k), max_tokens) for k in range(4)]
         waiting = concurrent.futures.ThreadPoolExecutor(2)
         answers = [waiting.submit(post, s, {"prompt": prompt_of(k), "max_tokens": max_tokens, "ignore_eos": True,
                                             "return_token_ids": True,
                                             "kv_transfer_params": {"include_output_tokens": True}})
                    for k in (4, 5)]
-        wait_until_running(s, 6)
+        wait_until_admitted(s, 6 * len(prompt_of(0)))
+        assert metric(s, "hsx_running_requests") > 0
         s.proc.send_signal(signal.SIGTERM)
         wait_for_log(s, "draining")
         # New connections are refused (or answered 503) while the drain goes on.
@@ -307,6 +311,7 @@ def test_a_signal_sent_while_starting_always_ends_the_process(tmp_path, sig, del
         deadline = time.time() + HANG
         while not catches(proc.pid, sig):
             assert proc.poll() is None and time.time() < deadline, "the server never installed its handler"
+            time.sleep(0.0005)
         time.sleep(delay)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=HANG)
