@@ -65,7 +65,11 @@ TEST(EngineServiceTest, AbortAllFailsEveryUnfinishedRequest) {
   std::vector<std::promise<std::string>> results(2);
   for (int i = 0; i < 2; ++i) {
     Request r{"long" + std::to_string(i), std::vector<int32_t>(8, 5), 4000};
-    if (i == 0) r.on_token = [&](int32_t) { if (tokens++ == 0) started.set_value(); };
+    if (i == 0) {
+      r.on_token = [&](int32_t) {
+        if (tokens++ == 0) started.set_value();
+      };
+    }
     ASSERT_TRUE(service.Submit(std::move(r), [&, i](const Status& s, std::unique_ptr<Sequence> seq) {
       results[i].set_value(s.ok() ? "finished with " + std::to_string(seq->num_generated()) : s.message());
     }));

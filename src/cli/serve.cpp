@@ -147,8 +147,10 @@ int RunServe(ServeOptions o) {
   std::thread waiter([&] {
     if (!WaitForSignal(-1) || run_ended) return;
     server.Stop();
-    std::fprintf(stderr, "hsx serve: draining: new connections are refused, requests under way finish (at most %gs; "
-                 "a second signal stops at once)\n", o.drain_timeout);
+    std::fprintf(stderr,
+                 "hsx serve: draining: new connections are refused, requests under way finish (at most %gs; "
+                 "a second signal stops at once)\n",
+                 o.drain_timeout);
     const bool second = WaitForSignal(static_cast<int>(std::min(o.drain_timeout * 1000.0, double{INT_MAX})));
     if (run_ended) return;
     std::fprintf(stderr, "hsx serve: %s: cancelling the requests still under way\n",

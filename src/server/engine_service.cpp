@@ -71,7 +71,7 @@ void EngineService::Loop() {
     for (Pending& p : incoming) {
       const std::string id = p.request.id;
       const int prompt = static_cast<int>(p.request.prompt.size());
-      Status s = abort_all           ? Error("request '" + id + "' was cancelled: the server is shutting down")
+      Status s = abort_all              ? Error("request '" + id + "' was cancelled: the server is shutting down")
                  : callbacks_.count(id) ? Error("request '" + id + "': an unfinished request already has this id")
                                         : engine_.Add(std::move(p.request));
       if (!s.ok()) {

@@ -60,7 +60,8 @@ class ConnectionStream : public httplib::Stream {
   ssize_t read(char* ptr, size_t size) override {
     if (in_headers_ && header_bytes_ >= kMaxHeaderBytes) return Fail();
     while (off_ == len_) {
-      const bool ok = in_headers_ ? Wait(POLLIN, header_deadline_, true) : Wait(POLLIN, After(limits_.read_seconds), false);
+      const bool ok =
+          in_headers_ ? Wait(POLLIN, header_deadline_, true) : Wait(POLLIN, After(limits_.read_seconds), false);
       if (!ok) return Fail();
       const ssize_t n = ::recv(sock_, buf_, sizeof(buf_), MSG_DONTWAIT);
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
@@ -193,7 +194,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   for (size_t left = keep_alive_max_count_; left > 0 && ok; --left) {
     // The first request is due from the accept, a later one from its first byte.
     const bool first = left == keep_alive_max_count_;
-    const auto idle_deadline = (first ? t_accepted : Clock::now()) + Seconds(static_cast<double>(keep_alive_timeout_sec_));
+    const auto idle_deadline =
+        (first ? t_accepted : Clock::now()) + Seconds(static_cast<double>(keep_alive_timeout_sec_));
     if (!stream.WaitForRequest(idle_deadline)) break;
     stream.BeginRequest((first ? t_accepted : Clock::now()) + Seconds(limits_.header_seconds));
     bool closed = false;

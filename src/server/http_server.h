@@ -26,8 +26,8 @@ class HttpServer : public httplib::Server {
     // A request's line and headers: from the accept, or on a kept-alive connection from
     // the request's first byte.
     double header_seconds = 10;
-    double read_seconds = 5;     // each wait for more of a request body
-    double write_seconds = 5;    // each wait for a client to take more of a response
+    double read_seconds = 5;   // each wait for more of a request body
+    double write_seconds = 5;  // each wait for a client to take more of a response
   };
   explicit HttpServer(const Limits& limits);
   ~HttpServer() override;
