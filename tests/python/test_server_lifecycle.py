@@ -3,8 +3,8 @@ servers sharing a storage path, SIGTERM (drain, its deadline, a second signal, a
 while the model loads) and slow peers that trickle their headers."""
 import concurrent.futures
 import http.client
+import itertools
 import json
-import os
 import pathlib
 import signal
 import socket
@@ -97,6 +97,19 @@ def metric(server, name):
             if line.startswith(name + " "):
                 return float(line.split()[-1])
     raise KeyError(name)
+
+
+def slow_bodies(server, n):
+    """n clients sending request bodies a byte at a time, once the server has routed each
+    request (it reads a body after routing, so a drain waits for these)."""
+    before = metric(server, "hsx_http_requests_total")  # counts the /metrics requests too
+    clients = SlowClients(server.port, n, body=True)
+    deadline = time.time() + HANG
+    for calls in itertools.count(1):
+        if metric(server, "hsx_http_requests_total") - before - calls >= n:
+            return clients
+        assert time.time() < deadline, "the slow requests never reached the server"
+        time.sleep(0.02)
 
 
 def wait_until_admitted(server, prompt_tokens):
@@ -239,7 +252,7 @@ def test_sigterm_lets_streams_and_waiting_requests_finish_with_their_files(tmp_p
 def test_the_drain_deadline_ends_slow_clients_and_the_server_exits(tmp_path):
     s = Server(tmp_path, "--drain-timeout", "2")
     slow_headers = SlowClients(s.port, 3)
-    slow_bodies = SlowClients(s.port, 3, body=True)  # requests under way that never end
+    bodies = slow_bodies(s, 3)  # requests under way that never end
     try:
         s.proc.send_signal(signal.SIGTERM)
         assert s.proc.wait(timeout=HANG) == 1  # 1: requests were cancelled
@@ -248,13 +261,13 @@ def test_the_drain_deadline_ends_slow_clients_and_the_server_exits(tmp_path):
         assert_no_stray_files(s.storage)
     finally:
         slow_headers.close()
-        slow_bodies.close()
+        bodies.close()
         s.stop()
 
 
 def test_a_second_signal_stops_at_once_and_leaves_no_partial_file(tmp_path):
     s = Server(tmp_path, "--drain-timeout", "3600")
-    slow_bodies = SlowClients(s.port, 2, body=True)
+    bodies = slow_bodies(s, 2)
     try:
         conn, resp, events = open_stream(s, prompt_of(7), 3000)
         s.proc.send_signal(signal.SIGTERM)
@@ -275,7 +288,7 @@ def test_a_second_signal_stops_at_once_and_leaves_no_partial_file(tmp_path):
             assert read_safetensors(request_file)["token_ids"].tolist()[:4] == prompt_of(7)
         assert_no_stray_files(s.storage)
     finally:
-        slow_bodies.close()
+        bodies.close()
         s.stop()
 
 
