@@ -406,7 +406,11 @@ void OpenAiServer::Stream(Request request, const std::string& path, bool return_
   };
   auto state = std::make_shared<State>();
   const std::string id = request.id;
-  request.on_token = [state](int32_t token) {
+  // A weak reference: the finished sequence (and so this callback) ends up in state->result,
+  // and a strong one would keep the state, and the sequence's hidden states, alive forever.
+  request.on_token = [weak = std::weak_ptr<State>(state)](int32_t token) {
+    const std::shared_ptr<State> state = weak.lock();
+    if (!state) return;
     std::lock_guard<std::mutex> lock(state->mu);
     state->tokens.push_back(token);
     state->cv.notify_one();
