@@ -50,5 +50,40 @@ TEST(EngineServiceTest, CallbacksQueueLimitAndDrain) {
   EXPECT_EQ(failed.load(), 0);
 }
 
+// A drain cut short: every unfinished request, running or queued, fails through its
+// callback with the reason, and nothing new is accepted.
+TEST(EngineServiceTest, AbortAllFailsEveryUnfinishedRequest) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  EngineConfig config;
+  config.num_blocks = 300;
+  config.scheduler.max_num_seqs = 1;  // the second request waits in the scheduler
+  EngineService service(**model, config, 8);
+  std::promise<void> started;
+  std::atomic<int> tokens{0};
+  std::vector<std::promise<std::string>> results(2);
+  for (int i = 0; i < 2; ++i) {
+    Request r{"long" + std::to_string(i), std::vector<int32_t>(8, 5), 4000};
+    if (i == 0) {
+      r.on_token = [&](int32_t) {
+        if (tokens++ == 0) started.set_value();
+      };
+    }
+    ASSERT_TRUE(service.Submit(std::move(r), [&, i](const Status& s, std::unique_ptr<Sequence> seq) {
+      results[i].set_value(s.ok() ? "finished with " + std::to_string(seq->num_generated()) : s.message());
+    }));
+  }
+  started.get_future().get();  // the first is running
+  service.AbortAll();
+  for (auto& result : results) {
+    auto f = result.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);  // not a hang
+    EXPECT_NE(f.get().find("the server is shutting down"), std::string::npos);
+  }
+  EXPECT_FALSE(service.Submit({"late", {1}, 1}, [](const Status&, std::unique_ptr<Sequence>) {}));
+  service.Shutdown();
+}
+
 }  // namespace
 }  // namespace hsx

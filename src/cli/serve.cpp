@@ -1,8 +1,11 @@
 // hsx serve MODEL: the OpenAI-style server, taking vLLM's flag shapes for hidden-state
 // extraction (--speculative-config, --kv-transfer-config) so its clients work unchanged.
+#include <poll.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <climits>
 #include <csignal>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -22,6 +25,7 @@ struct ServeOptions {
   std::string speculative_config, kv_transfer_config;
   int max_num_batched_tokens = 8192, max_num_seqs = 256, max_queued = 1024;
   double kv_cache_gib = 2.0;
+  double drain_timeout = 30;  // seconds
   bool prefix_caching = true;
 };
 
@@ -78,12 +82,30 @@ Status ParseKvTransferConfig(const std::string& text, ServerConfig& server) {
   return {};
 }
 
-// SIGTERM/SIGINT write a byte to this pipe (all a handler may safely do); a waiting
-// thread reads it and stops the server, which drains in-flight requests.
+// SIGTERM/SIGINT. While the model loads there is nothing to drain, so a signal ends the
+// process at once (it used to wait in a pipe nobody read yet, and was lost). Once serving,
+// a signal writes a byte to a pipe (all a handler may safely do); a waiting thread reads
+// it and drains the server, and cuts the drain short on a second one or at the deadline.
+std::atomic<bool> g_serving{false};
 int g_signal_pipe[2] = {-1, -1};
 extern "C" void OnStopSignal(int) {
+  if (!g_serving.load()) {
+    static const char kMessage[] = "hsx serve: stopped by a signal before serving began (while loading the model)\n";
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+    ::_exit(0);
+  }
   const char byte = 1;
   [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
+}
+
+// Waits for a byte on the signal pipe: true if one came within `timeout_ms` (-1: no limit).
+bool WaitForSignal(int timeout_ms) {
+  pollfd p{g_signal_pipe[0], POLLIN, 0};
+  int n;
+  while ((n = ::poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {
+  }
+  char byte;
+  return n > 0 && ::read(g_signal_pipe[0], &byte, 1) == 1;
 }
 
 int RunServe(ServeOptions o) {
@@ -121,24 +143,33 @@ int RunServe(ServeOptions o) {
 
   EngineService service(*loaded->model, ec, static_cast<size_t>(o.max_queued));
   OpenAiServer server(o.server, service, loaded->tokenizer_or_null(), mc.eos_token_ids);
+  std::atomic<bool> run_ended{false}, cut_short{false};
   std::thread waiter([&] {
-    char byte;
-    while (::read(g_signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
-    }
+    if (!WaitForSignal(-1) || run_ended) return;
     server.Stop();
+    std::fprintf(stderr,
+                 "hsx serve: draining: new connections are refused, requests under way finish (at most %gs; "
+                 "a second signal stops at once)\n",
+                 o.drain_timeout);
+    const bool second = WaitForSignal(static_cast<int>(std::min(o.drain_timeout * 1000.0, double{INT_MAX})));
+    if (run_ended) return;
+    std::fprintf(stderr, "hsx serve: %s: cancelling the requests still under way\n",
+                 second ? "a second signal" : "the drain deadline passed");
+    cut_short = true;
+    server.StopNow();
   });
+  g_serving = true;  // from here a signal goes to the waiter (Stop before Run makes Run return at once)
   std::fprintf(stderr, "hsx serve: %s on http://%s:%d%s\n", o.server.model_name.c_str(), o.server.host.c_str(),
                o.server.port, o.server.storage_dir.empty() ? "" : (", hidden states to " + o.server.storage_dir).c_str());
   const Status run = server.Run();
-  if (!run.ok()) {
-    OnStopSignal(0);
-    waiter.join();
-    return Fail(cmd, run);
-  }
+  run_ended = true;
+  const char byte = 0;
+  [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &byte, 1);  // wakes the waiter
   waiter.join();
+  if (!run.ok()) return Fail(cmd, run);
   service.Shutdown();
-  std::fprintf(stderr, "hsx serve: stopped\n");
-  return 0;
+  std::fprintf(stderr, "hsx serve: stopped%s\n", cut_short ? " (requests were cancelled)" : "");
+  return cut_short ? 1 : 0;
 }
 
 }  // namespace
@@ -165,6 +196,15 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--http-threads", o->server.http_threads,
                   "Client connections served at once (an idle keep-alive connection holds one)")
       ->check(CLI::Range(1, 65536));
+  app->add_option("--http-header-timeout", o->server.header_timeout,
+                  "Seconds a client has to send a request's line and headers (default 10)")
+      ->check(CLI::Range(0.001, 3600.0));
+  app->add_option("--http-read-timeout", o->server.read_timeout,
+                  "Seconds a client may pause while sending a request body (default 5)")
+      ->check(CLI::Range(0.001, 3600.0));
+  app->add_option("--drain-timeout", o->drain_timeout,
+                  "On SIGTERM/SIGINT, seconds to let requests under way finish before cancelling them (default 30)")
+      ->check(CLI::Range(0.0, 86400.0));
   app->add_flag("!--no-enable-prefix-caching", o->prefix_caching);
   app->callback([o] { ExitCode() = RunServe(*o); });
 }

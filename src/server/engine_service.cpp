@@ -13,7 +13,7 @@ EngineService::~EngineService() { Shutdown(); }
 bool EngineService::Submit(Request request, Callback done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || incoming_.size() + in_flight_ >= max_queued_) return false;
+    if (stopping_ || abort_all_ || incoming_.size() + in_flight_ >= max_queued_) return false;
     incoming_.push_back({std::move(request), std::move(done)});
   }
   wake_.notify_one();
@@ -24,6 +24,14 @@ void EngineService::Abort(const std::string& id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     aborts_.insert(id);
+  }
+  wake_.notify_one();
+}
+
+void EngineService::AbortAll() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    abort_all_ = true;
   }
   wake_.notify_one();
 }
@@ -47,19 +55,25 @@ void EngineService::Loop() {
   for (;;) {
     std::deque<Pending> incoming;
     std::unordered_set<std::string> aborts;
+    bool abort_all = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !aborts_.empty() || engine_.has_work(); });
       if (stopping_ && incoming_.empty() && !engine_.has_work()) return;
       incoming.swap(incoming_);
       aborts.swap(aborts_);
+      abort_all = abort_all_;
+    }
+    if (abort_all) {
+      for (const auto& [id, done] : callbacks_) aborts.insert(id);
     }
     // Admission happens here, on the engine's thread; a rejected request fails alone.
     for (Pending& p : incoming) {
       const std::string id = p.request.id;
       const int prompt = static_cast<int>(p.request.prompt.size());
-      Status s = callbacks_.count(id) ? Error("request '" + id + "': an unfinished request already has this id")
-                                      : engine_.Add(std::move(p.request));
+      Status s = abort_all              ? Error("request '" + id + "' was cancelled: the server is shutting down")
+                 : callbacks_.count(id) ? Error("request '" + id + "': an unfinished request already has this id")
+                                        : engine_.Add(std::move(p.request));
       if (!s.ok()) {
         p.done(s, nullptr);
         std::lock_guard<std::mutex> lock(mu_);
@@ -84,7 +98,8 @@ void EngineService::Loop() {
       const bool aborted = seq->aborted;
       const int generated = seq->num_generated();
       if (aborted) {
-        done(Error("request '" + seq->id() + "' was cancelled"), nullptr);
+        done(Error("request '" + seq->id() + "' was cancelled" + (abort_all ? ": the server is shutting down" : "")),
+             nullptr);
       } else {
         done(Status(), std::move(seq));
       }

@@ -31,6 +31,9 @@ class EngineService {
   bool Submit(Request request, Callback done);
   // Drops a request that has not finished; its callback gets an error.
   void Abort(const std::string& id);
+  // Fails every unfinished request (each callback gets an error) and refuses new ones:
+  // a server whose drain was cut short.
+  void AbortAll();
   // Finishes every accepted request, then stops the thread.
   void Shutdown();
 
@@ -59,6 +62,7 @@ class EngineService {
   std::unordered_map<std::string, Callback> callbacks_;  // accepted, unfinished; engine thread only
   size_t in_flight_ = 0;                                  // callbacks_.size(), under mu_
   bool stopping_ = false;
+  bool abort_all_ = false;
   Stats stats_;
   std::thread thread_;
 };

@@ -2,10 +2,12 @@
 
 #include <httplib.h>
 
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "capture/file_lock.h"
@@ -37,6 +39,27 @@ void ReplyJson(httplib::Response& res, const json& body) {
 
 int64_t Now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A request id as vLLM makes them: "cmpl-" and a random (version 4) UUID's 32 hex digits
+// from the OS's random source, so servers, or a restarted server, sharing one storage
+// directory never name the same file (ids made of the time and a counter did).
+std::string NewRequestId() {
+  thread_local std::random_device source;  // getrandom(2) or /dev/urandom in libstdc++
+  std::array<uint8_t, 16> bytes;
+  for (size_t i = 0; i < bytes.size(); i += 4) {
+    const uint32_t r = source();
+    for (size_t k = 0; k < 4; ++k) bytes[i + k] = static_cast<uint8_t>(r >> (8 * k));
+  }
+  bytes[6] = static_cast<uint8_t>((bytes[6] & 0x0f) | 0x40);  // version 4
+  bytes[8] = static_cast<uint8_t>((bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = "cmpl-";
+  for (uint8_t b : bytes) {
+    id += kHex[b >> 4];
+    id += kHex[b & 15];
+  }
+  return id;
 }
 
 // A request field that must be a non-negative integer, or the field's default.
@@ -73,12 +96,16 @@ OpenAiServer::OpenAiServer(ServerConfig config, EngineService& engine, const Tok
       engine_(engine),
       tokenizer_(tokenizer),
       eos_token_ids_(std::move(eos_token_ids)),
-      http_(std::make_unique<HttpServer>(static_cast<size_t>(std::max(1, config_.http_threads)))) {
+      http_(std::make_unique<HttpServer>(HttpServer::Limits{static_cast<size_t>(std::max(1, config_.http_threads)),
+                                                            config_.header_timeout, config_.read_timeout})) {
   if (!config_.storage_dir.empty()) writers_ = std::make_unique<WriterPool>(config_.writer_threads, 64);
   Routes();
 }
 
-OpenAiServer::~OpenAiServer() { Stop(); }
+OpenAiServer::~OpenAiServer() {
+  Stop();
+  if (writers_) writers_->Drain();  // the writes of requests whose clients left
+}
 
 Status OpenAiServer::Run() {
   if (!http_->Listen(config_.host, config_.port, 1024)) {
@@ -87,15 +114,23 @@ Status OpenAiServer::Run() {
   return {};
 }
 
-void OpenAiServer::Stop() {
-  http_->stop();
-  if (writers_) writers_->Drain();
+void OpenAiServer::Stop() { http_->StopAccepting(); }
+
+void OpenAiServer::StopNow() {
+  cut_short_ = true;
+  engine_.AbortAll();
+  http_->Cut();
 }
 
 void OpenAiServer::Routes() {
   // Every route checks the bearer token first when one is configured.
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     ++http_requests_;
+    if (http_->stopping()) {  // draining: only requests already under way are served
+      res.set_header("Connection", "close");
+      ReplyError(res, 503, "the server is shutting down");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (config_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") != "Bearer " + config_.api_key) {
       ReplyError(res, 401, "missing or wrong API key (expected 'Authorization: Bearer <key>')");
@@ -254,7 +289,7 @@ void OpenAiServer::Routes() {
     }
 
     // Submit every prompt; each finishes through its own promise.
-    const std::string id = "cmpl-" + std::to_string(Now()) + "-" + std::to_string(next_id_++);
+    const std::string id = NewRequestId();
     std::vector<std::future<Completion>> futures;
     auto abort_all = [&] {
       for (size_t i = 0; i < futures.size(); ++i) engine_.Abort(id + "-" + std::to_string(i));
@@ -333,7 +368,7 @@ void OpenAiServer::Routes() {
 // and queue the write, which releases the lock when the file is complete.
 OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_ptr<Sequence> seq,
                                               const std::string& path) {
-  Completion c{status, std::move(seq), path, false};
+  Completion c{status, std::move(seq), path, !status.ok() && cut_short_};  // failed by StopNow: not the client's fault
   if (!c.status.ok() || path.empty()) return c;
   std::shared_ptr<FileLock> lock;
   if (config_.use_lock) {
@@ -371,7 +406,11 @@ void OpenAiServer::Stream(Request request, const std::string& path, bool return_
   };
   auto state = std::make_shared<State>();
   const std::string id = request.id;
-  request.on_token = [state](int32_t token) {
+  // A weak reference: the finished sequence (and so this callback) ends up in state->result,
+  // and a strong one would keep the state, and the sequence's hidden states, alive forever.
+  request.on_token = [weak = std::weak_ptr<State>(state)](int32_t token) {
+    const std::shared_ptr<State> state = weak.lock();
+    if (!state) return;
     std::lock_guard<std::mutex> lock(state->mu);
     state->tokens.push_back(token);
     state->cv.notify_one();

@@ -35,16 +35,23 @@ struct ServerConfig {
   bool allow_custom_path = false;
   // Connections served at once (each holds a thread while open, idle keep-alive ones too).
   int http_threads = 512;
+  double header_timeout = 10;  // seconds for a request's line and headers, as a whole
+  double read_timeout = 5;     // seconds for each wait for more of a request body
 };
 
 class OpenAiServer {
  public:
   OpenAiServer(ServerConfig config, EngineService& engine, const Tokenizer* tokenizer, std::vector<int32_t> eos_token_ids);
   ~OpenAiServer();
-  // Serves until Stop; an error if the address cannot be bound.
+  // Serves until Stop and every connection has closed; an error if the address cannot
+  // be bound.
   Status Run();
-  // Stops accepting, lets in-flight requests finish, and makes Run return.
+  // Begins the drain: new connections are refused, new requests on open ones get 503,
+  // requests under way (streaming or not) finish and write their files. Returns at once.
   void Stop();
+  // Cuts the drain short: every unfinished request fails, waits on slow clients end.
+  // Files are written whole or not at all; Run returns once every handler has answered.
+  void StopNow();
 
  private:
   void Routes();
@@ -66,7 +73,7 @@ class OpenAiServer {
   std::vector<int32_t> eos_token_ids_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<WriterPool> writers_;
-  std::atomic<uint64_t> next_id_{0};
+  std::atomic<bool> cut_short_{false};
   std::atomic<uint64_t> http_requests_{0}, files_written_{0}, file_errors_{0};
   std::atomic<uint64_t> write_micros_{0};
 };

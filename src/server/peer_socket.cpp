@@ -10,11 +10,9 @@
 #include <memory>
 
 namespace hsx {
-namespace {
 
-// One end of a socket as cpp-httplib 0.11 writes it into Request (getnameinfo with
-// NI_NUMERICHOST, so the strings compare equal for the same address).
-bool Endpoint(int fd, bool peer, std::string& host, int& port) {
+// getnameinfo with NI_NUMERICHOST, as cpp-httplib, so the strings compare equal.
+bool SocketEndpoint(int fd, bool peer, std::string& host, int& port) {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   auto* sa = reinterpret_cast<sockaddr*>(&addr);
@@ -32,8 +30,6 @@ bool Endpoint(int fd, bool peer, std::string& host, int& port) {
   return true;
 }
 
-}  // namespace
-
 int FindPeerSocket(const std::string& local_addr, int local_port, const std::string& remote_addr, int remote_port) {
   std::unique_ptr<DIR, int (*)(DIR*)> dir(opendir("/proc/self/fd"), closedir);
   if (!dir) return -1;
@@ -45,8 +41,8 @@ int FindPeerSocket(const std::string& local_addr, int local_port, const std::str
     std::string host;
     int port = -1;
     // The peer's end first: it rules out every other client's connection.
-    if (!Endpoint(static_cast<int>(fd), true, host, port) || port != remote_port || host != remote_addr) continue;
-    if (Endpoint(static_cast<int>(fd), false, host, port) && port == local_port && host == local_addr) {
+    if (!SocketEndpoint(static_cast<int>(fd), true, host, port) || port != remote_port || host != remote_addr) continue;
+    if (SocketEndpoint(static_cast<int>(fd), false, host, port) && port == local_port && host == local_addr) {
       return static_cast<int>(fd);
     }
   }

@@ -10,6 +10,10 @@
 
 namespace hsx {
 
+// The numeric host and port of one end of a TCP socket (the peer's or this process's),
+// exactly as cpp-httplib 0.11 writes them into a Request; false if it has none.
+bool SocketEndpoint(int fd, bool peer, std::string& host, int& port);
+
 // The descriptor of this process's TCP socket with these endpoints (as cpp-httplib
 // prints them: numeric host, port), or -1 if there is none or /proc/self/fd is missing.
 int FindPeerSocket(const std::string& local_addr, int local_port, const std::string& remote_addr, int remote_port);

@@ -44,9 +44,9 @@ def read_safetensors(path):
 
 
 class Server:
-    def __init__(self, tmp, *extra):
+    def __init__(self, tmp, *extra, storage=None):
         self.port = free_port()
-        self.storage = tmp / "hidden_states"
+        self.storage = storage or tmp / "hidden_states"
         self.url = f"http://127.0.0.1:{self.port}"
         spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
                 "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}}
