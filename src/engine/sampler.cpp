@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -44,6 +45,12 @@ int32_t Sample(const float* logits, int vocab, const SamplingParams& params, std
     if ((u -= prob[i]) <= 0) return order[i];
   }
   return order[keep - 1];
+}
+
+void SuppressTokens(float* logits, int vocab, const std::vector<int32_t>& ids) {
+  for (int32_t id : ids) {
+    if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
+  }
 }
 
 }  // namespace hsx

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <random>
-
+#include <vector>
 
 namespace hsx {
 
@@ -19,5 +19,8 @@ struct SamplingParams {
 
 // One token from one row of `vocab` logits; greedy ties go to the lowest id, as torch.argmax.
 int32_t Sample(const float* logits, int vocab, const SamplingParams& params, std::mt19937_64& rng);
+
+// Makes `ids` unsampleable in a row of logits (min_tokens holds back stop tokens this way).
+void SuppressTokens(float* logits, int vocab, const std::vector<int32_t>& ids);
 
 }  // namespace hsx

@@ -375,6 +375,7 @@ void OpenAiServer::Stream(Request request, const std::string& path, bool return_
     std::lock_guard<std::mutex> lock(state->mu);
     state->tokens.push_back(token);
     state->cv.notify_one();
+    return false;
   };
   const bool accepted = engine_.Submit(std::move(request), [this, state, path](const Status& status,
                                                                               std::unique_ptr<Sequence> seq) {
