@@ -165,6 +165,8 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--http-threads", o->server.http_threads,
                   "Client connections served at once (an idle keep-alive connection holds one)")
       ->check(CLI::Range(1, 65536));
+  app->add_option("--max-body-bytes", o->server.max_body_bytes, "Larger request bodies get 413 (default 32 MiB)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 40));
   app->add_flag("!--no-enable-prefix-caching", o->prefix_caching);
   app->callback([o] { ExitCode() = RunServe(*o); });
 }
