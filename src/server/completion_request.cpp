@@ -145,7 +145,7 @@ std::optional<RequestError> RefuseUnsupported(const json& body) {
 }
 
 // vLLM's words for a prompt that does not fit.
-std::string PromptTooLong(int64_t tokens, int max_model_len) {
+std::string PromptTooLong(size_t tokens, int max_model_len) {
   return "This model's maximum context length is " + std::to_string(max_model_len) + " tokens. However, your request has " +
          std::to_string(tokens) + " input tokens. Please reduce the length of the input messages.";
 }
@@ -154,6 +154,7 @@ std::string PromptTooLong(int64_t tokens, int max_model_len) {
 std::optional<RequestError> ReadPrompt(const json& p, const std::string& what, const CompletionLimits& limits,
                                        CompletionRequest::Prompt& out) {
   auto fail = [&](const std::string& message) { return RequestError{400, what + ": " + message, "prompt"}; };
+  auto too_long = [&](size_t tokens) { return static_cast<int64_t>(tokens) > limits.max_model_len; };
   if (p.is_string()) {
     if (limits.tokenizer == nullptr) return fail("text prompts need the model's tokenizer.json; send token ids");
     out.text = p.get<std::string>();
@@ -168,6 +169,7 @@ std::optional<RequestError> ReadPrompt(const json& p, const std::string& what, c
     if (!ids.ok()) return fail(ids.status().message());
     out.ids = std::move(ids).value();
   } else if (p.is_array()) {
+    if (too_long(p.size())) return fail(PromptTooLong(p.size(), limits.max_model_len));  // before converting it
     out.ids.reserve(p.size());
     for (size_t i = 0; i < p.size(); ++i) {
       const json& t = p[i];
@@ -182,10 +184,7 @@ std::optional<RequestError> ReadPrompt(const json& p, const std::string& what, c
     return fail("must be a string, a list of token ids, or a list of either");
   }
   if (out.ids.empty()) return fail("empty prompt (expected at least one token)");
-  if (static_cast<int64_t>(out.ids.size()) > limits.max_model_len) {
-    return RequestError{400, what + ": " + PromptTooLong(static_cast<int64_t>(out.ids.size()), limits.max_model_len),
-                        "prompt"};
-  }
+  if (too_long(out.ids.size())) return fail(PromptTooLong(out.ids.size(), limits.max_model_len));
   return std::nullopt;
 }
 

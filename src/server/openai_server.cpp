@@ -225,14 +225,16 @@ void OpenAiServer::Routes() {
     }
     if (c.stream) return Stream(std::move(requests[0]), paths[0], c, res);
 
-    // Each choice finishes through its own promise; its text is built on the engine
-    // thread as tokens arrive (that is where a stop string ends it).
+    // Each choice finishes through its own promise. Its text is built from its tokens
+    // once it is done, or, with stop strings, on the engine thread as they arrive (a stop
+    // string ends the sequence there); the engine thread decodes nothing otherwise.
+    const bool stop_strings = tokenizer_ != nullptr && !c.stop.empty();
     std::vector<std::shared_ptr<CompletionText>> texts;
     std::vector<std::future<Completion>> futures;
     std::vector<std::pair<Request, EngineService::Callback>> submits;
     for (size_t i = 0; i < requests.size(); ++i) {
       auto text = std::make_shared<CompletionText>(tokenizer_, requests[i].prompt, TextOptions(c, requests[i]));
-      if (tokenizer_ != nullptr) requests[i].on_token = [text](int32_t token) { return text->Add(token); };
+      if (stop_strings) requests[i].on_token = [text](int32_t token) { return text->Add(token); };
       auto promise = std::make_shared<std::promise<Completion>>();
       futures.push_back(promise->get_future());
       texts.push_back(std::move(text));
@@ -268,6 +270,8 @@ void OpenAiServer::Routes() {
       // The answer waits for the file, so a write that fails (a full disk) fails the request.
       if (r.written.valid() && !r.written.get().ok()) return ReplyError(res, 500, r.written.get().message());
       const std::vector<int32_t> out = r.seq->generated();
+      if (!stop_strings)
+        for (int32_t token : out) texts[i]->Add(token);
       texts[i]->Finish();
       const auto& prompt = c.prompts[i / static_cast<size_t>(c.n)];
       json choice = {{"index", i}, {"text", (c.echo ? PromptText(prompt) : "") + texts[i]->text()},
@@ -362,15 +366,21 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
     bool finished = false;
     Completion result;
     size_t sent_tokens = 0, sent_text = 0;
+    size_t decoded = 0;  // tokens given to `text`
     bool echoed = false;
   };
   auto state = std::make_shared<State>();
   state->text = std::make_unique<CompletionText>(tokenizer_, request.prompt, TextOptions(c, request));
   const std::string id = request.id;
-  request.on_token = [state](int32_t token) {
+  // Tokens are decoded where they are sent, unless stop strings must end the sequence on
+  // the engine thread.
+  const bool stop_strings = tokenizer_ != nullptr && !c.stop.empty();
+  request.on_token = [state, stop_strings](int32_t token) {
     std::lock_guard<std::mutex> lock(state->mu);
     state->tokens.push_back(token);
     state->cv.notify_one();
+    if (!stop_strings) return false;
+    ++state->decoded;
     return state->text->Add(token);
   };
   const bool accepted = engine_.Submit(std::move(request), [this, state, path](const Status& status,
@@ -403,6 +413,7 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
       const Completion& result = state->result;
       const bool write_failed = done && result.status.ok() && result.written.valid() && !result.written.get().ok();
       const bool failed = done && (!result.status.ok() || write_failed);
+      for (; state->decoded < state->tokens.size(); ++state->decoded) state->text->Add(state->tokens[state->decoded]);
       if (done && !failed) state->text->Finish();
       std::string out;
       const std::string& text = state->text->text();

@@ -254,6 +254,15 @@ def test_streaming_never_sends_text_past_a_stop_string(text_server):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_streamed_text_with_echo_equals_the_whole_text(text_server):
+    base = greedy(text_server, "Once upon a time", 40)
+    client = openai.Client(base_url=text_server.url + "/v1", api_key="unused")
+    chunks = list(client.completions.create(model="qwen3-fixture", prompt="Once upon a time", max_tokens=40,
+                                            stream=True, echo=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks) == "Once upon a time" + base["text"]
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_stop_token_ids_and_min_tokens(server, golden):
     prompt = golden["prompt_1"].tolist()
     tokens = golden["greedy_1"].tolist()
