@@ -219,7 +219,7 @@ std::string Shortened(const std::string& text, size_t max_bytes) {
 int64_t MaxPromptBytes(const Tokenizer& tokenizer, int max_model_len) {
   size_t longest = 1;
   for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) longest = std::max(longest, tokenizer.IdToToken(id).size());
-  return 3 * static_cast<int64_t>(longest) * max_model_len;
+  return 4 * static_cast<int64_t>(longest) * max_model_len;
 }
 
 std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json& body, const CompletionLimits& limits) {

@@ -61,10 +61,12 @@ struct CompletionRequest {
 std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const nlohmann::json& body,
                                                                      const CompletionLimits& limits);
 
-// The most bytes of text that can tokenize to at most `max_model_len` tokens: every token
-// covers at most as many bytes as its vocabulary string, and normalization shrinks text at
-// most 3x (NFKC: a 3-byte fullwidth letter becomes 1 byte), so longer text fails before it
-// is tokenized.
+// The most bytes of text that can tokenize to at most `max_model_len` tokens, so longer
+// text fails before it is tokenized: a token covers at most as many bytes as its
+// vocabulary string (byte-level and byte-fallback pieces spell each byte with at least
+// one), and normalization shrinks text at most 4x (NFKC: the 4-byte mathematical "𝐀"
+// becomes "A"). Tokenizers that delete text (a Strip or Replace-with-nothing normalizer)
+// or fuse unknown characters into one token could beat this bound.
 int64_t MaxPromptBytes(const Tokenizer& tokenizer, int max_model_len);
 
 // Whether a JSON value is an integer token id in [0, vocab) (2^40 must not wrap into range).

@@ -11,8 +11,8 @@
 #include "capture/file_lock.h"
 #include "capture/hidden_states_file.h"
 #include "server/http_server.h"
-#include "util/json.h"
 #include "server/peer_socket.h"
+#include "util/json.h"
 
 namespace hsx {
 namespace {
