@@ -15,6 +15,8 @@ using json = nlohmann::json;
 constexpr int kDefaultMaxTokens = 16;
 // A custom file name leaves room in NAME_MAX (255) for the ".lock" and temp-file suffixes.
 constexpr size_t kMaxFileNameBytes = 200;
+// Stops are checked on the engine thread for every token: bound the work per token.
+constexpr size_t kMaxStopStrings = 64, kMaxStopStringBytes = 1024, kMaxStopTokenIds = 1024;
 
 // Reads typed fields of one JSON object. Absent and null fields read as nullopt; a field
 // of another type, or out of range, records an error that names it (the first one wins;
@@ -271,9 +273,15 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
     if (!stop->is_string() && !(list && std::all_of(stop->begin(), stop->end(), [](const json& s) { return s.is_string(); }))) {
       return f.Refuse("stop", "must be a string or a list of strings");
     }
+    if (list && stop->size() > kMaxStopStrings) {
+      return f.Refuse("stop", "takes at most " + std::to_string(kMaxStopStrings) + " strings");
+    }
     for (const json& s : list ? *stop : json::array({*stop})) r.stop.push_back(s.get<std::string>());
     for (const std::string& s : r.stop) {
       if (s.empty()) return RequestError{400, "'stop' cannot contain an empty string", "stop"};
+      if (s.size() > kMaxStopStringBytes) {
+        return f.Refuse("stop", "strings must be at most " + std::to_string(kMaxStopStringBytes) + " bytes");
+      }
     }
     if (!r.stop.empty() && limits.tokenizer == nullptr) {
       return RequestError{400, "'stop' strings need the model's tokenizer.json; use stop_token_ids", "stop"};
@@ -281,6 +289,9 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
   }
   if (const json* ids = f.Get("stop_token_ids")) {
     if (!ids->is_array()) return f.Refuse("stop_token_ids", "must be a list of token ids");
+    if (ids->size() > kMaxStopTokenIds) {
+      return f.Refuse("stop_token_ids", "takes at most " + std::to_string(kMaxStopTokenIds) + " ids");
+    }
     for (const json& t : *ids) {
       if (!IsTokenId(t, limits.vocab_size)) {
         return RequestError{400, "'stop_token_ids': " + Shortened(t.dump()) + " is not a token id in [0, " +
@@ -313,6 +324,11 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
   const json& prompt = body["prompt"];
   const bool batch = prompt.is_array() && !prompt.empty() && (prompt[0].is_string() || prompt[0].is_array());
   const size_t count = batch ? prompt.size() : 1;
+  if (count * static_cast<size_t>(r.n) > limits.max_choices) {  // before tokenizing any of it
+    return RequestError{400, "the request has " + std::to_string(count * static_cast<size_t>(r.n)) +
+                                 " choices (prompts x n); this server queues at most " +
+                                 std::to_string(limits.max_choices) + " (--max-queued-requests)", "n"};
+  }
   r.prompts.resize(count);
   for (size_t i = 0; i < count; ++i) {
     auto& p = r.prompts[i];

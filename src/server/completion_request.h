@@ -25,6 +25,7 @@ struct CompletionLimits {
   int64_t max_prompt_bytes = 0;          // longer text cannot fit max_model_len; 0: unknown
   bool extract = false;                  // hidden states are stored
   bool allow_custom_path = false;        // kv_transfer_params.hidden_states_path may name the file
+  size_t max_choices = 0;                // prompts x n the server can queue at once
 };
 
 struct RequestError {

@@ -87,6 +87,7 @@ OpenAiServer::OpenAiServer(ServerConfig config, EngineService& engine, const Tok
   limits_.max_prompt_bytes = tokenizer_ ? MaxPromptBytes(*tokenizer_, config_.max_model_len) : 0;
   limits_.extract = !config_.storage_dir.empty();
   limits_.allow_custom_path = config_.allow_custom_path;
+  limits_.max_choices = engine_.max_queued();
   Routes();
 }
 
@@ -200,12 +201,6 @@ void OpenAiServer::Routes() {
       std::string names;
       for (const std::string& f : c.ignored_fields) names += (names.empty() ? "" : ", ") + f;
       std::fprintf(stderr, "hsx serve: warning: ignoring unknown request fields: %s\n", Shortened(names, 300).c_str());
-    }
-    const size_t num_choices = c.prompts.size() * static_cast<size_t>(c.n);
-    if (num_choices > engine_.max_queued()) {
-      return ReplyError(res, 400, "the request has " + std::to_string(num_choices) +
-                                      " choices (prompts x n); this server queues at most " +
-                                      std::to_string(engine_.max_queued()) + " (--max-queued-requests)", "n");
     }
 
     // One engine request per choice, all checked before any is submitted, so a bad one

@@ -170,6 +170,12 @@ def test_stop_token_ids_out_of_the_vocabulary_is_400(server):
     assert "1099511627776" in assert_400(server, {"prompt": [1], "stop_token_ids": [2 ** 40]}, "stop_token_ids")
 
 
+def test_stops_are_bounded_because_the_engine_checks_them_every_token(server, text_server):
+    assert "at most 1024 ids" in assert_400(server, {"prompt": [1], "stop_token_ids": [1] * 1025}, "stop_token_ids")
+    assert "at most 64 strings" in assert_400(text_server, {"prompt": "a", "stop": ["x"] * 65}, "stop")
+    assert "at most 1024 bytes" in assert_400(text_server, {"prompt": "a", "stop": "x" * 1025}, "stop")
+
+
 # 10. A custom hidden_states_path is one plain file name inside the storage directory.
 
 @pytest.mark.parametrize("name", ["", ".", "./", "..", "a/b", "../x", "/etc/passwd", "x\x00y", "x\ny", "x\x7f",
@@ -299,6 +305,7 @@ def test_n_gives_n_choices_with_their_own_seeds_and_files(server, golden):
 
 def test_n_times_prompts_beyond_the_queue_is_400(server):
     assert "choices" in assert_400(server, {"prompt": [1], "n": 100000, "max_tokens": 1}, "n")
+    assert "2000 choices" in assert_400(server, {"prompt": [[1]] * 1000, "n": 2, "max_tokens": 1}, "n")
 
 
 def test_echo_prepends_the_prompt(text_server):
