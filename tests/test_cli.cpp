@@ -193,6 +193,17 @@ TEST_F(CliTest, GenerateMatchesGoldenGreedy) {
   EXPECT_EQ(seen, 3);
 }
 
+// --max-tokens near INT32_MAX wrapped prompt + max_tokens past the length check (issue 9.1):
+// every line now fails alone, naming max_model_len, and the command exits 1.
+TEST_F(CliTest, GenerateRefusesMaxTokensBeyondTheModelLength) {
+  SafetensorsFile golden = test::Golden(test::ModelDir("qwen3") + "/golden.safetensors");
+  CommandResult r = Hsx("generate --model " + test::ModelDir("qwen3") + " --input " + GoldenPrompts(golden) +
+                        " --max-tokens 2147483647 --ignore-eos");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("2147483647 new tokens exceed max_model_len 4096"), std::string::npos) << r.err;
+}
+
 TEST_F(CliTest, TokenizeMatchesGoldenIdsAndReportsBadLines) {
   std::ifstream in(test::DataPath("tokenizers/bpe_llama3/golden_public.json"));
   const auto golden = nlohmann::json::parse(in);

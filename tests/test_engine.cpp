@@ -108,6 +108,76 @@ TEST(EngineTest, RejectsBadRequestsAlone) {
 }
 
 
+// prompt + max_new_tokens in int wrapped for max_new_tokens near INT32_MAX, passed the
+// length check and then allocated rows for 2^31 tokens (issue 9.1): now 64-bit.
+TEST(EngineTest, MaxNewTokensNearInt32MaxIsRejectedNotWrapped) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(model.ok());
+  EngineConfig config;
+  config.num_blocks = 8;
+  config.capture_layers = {1};
+  Engine engine(**model, config);
+  for (bool include_output_tokens : {false, true}) {
+    Request r{"big", {1, 2}, INT32_MAX};
+    r.include_output_tokens = include_output_tokens;
+    Status s = engine.Validate(r);
+    EXPECT_NE(s.message().find("2 prompt tokens + 2147483647 new tokens exceed max_model_len 4096"), std::string::npos)
+        << s.message();
+    EXPECT_FALSE(engine.Add(std::move(r)).ok());
+  }
+  Status negative = engine.Add({"neg", {1, 2}, -1});
+  EXPECT_NE(negative.message().find("min_new_tokens (0) <= max_new_tokens (-1)"), std::string::npos)
+      << negative.message();
+  Status stop = engine.Add({"stop", {1, 2}, 2, true, false, {512}});
+  EXPECT_NE(stop.message().find("stop token id 512 at position 0 is outside the vocabulary"), std::string::npos)
+      << stop.message();
+  EXPECT_FALSE(engine.has_work());
+}
+
+std::unique_ptr<Sequence> RunOne(Engine& engine, Request r) {
+  Status s = engine.Add(std::move(r));
+  EXPECT_TRUE(s.ok()) << s.message();
+  std::unique_ptr<Sequence> done;
+  while (engine.has_work())
+    for (auto& seq : engine.Step()) done = std::move(seq);
+  return done;
+}
+
+// min_new_tokens keeps stop tokens from being sampled until then (vLLM's min_tokens);
+// on_token returning true ends the sequence after that token (a stop string).
+TEST(EngineTest, MinNewTokensHoldsStopTokensBackAndOnTokenCanStop) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(model.ok());
+  SafetensorsFile golden = test::Golden(test::ModelDir("qwen3") + "/golden.safetensors");
+  const std::vector<int32_t> prompt = test::AsIds(golden.Get("prompt_1").value());
+  const std::vector<int32_t> greedy = test::AsIds(golden.Get("greedy_1").value());
+  EngineConfig config;
+  config.num_blocks = 64;
+  Engine engine(**model, config);
+
+  auto stopped_at_once = RunOne(engine, {"a", prompt, 8, true, false, {greedy[0]}});
+  EXPECT_EQ(stopped_at_once->generated(), std::vector<int32_t>{greedy[0]});
+  EXPECT_TRUE(stopped_at_once->stopped());
+
+  Request held{"b", prompt, 8, true, false, {greedy[0]}};
+  held.min_new_tokens = 3;
+  auto seq = RunOne(engine, held);
+  ASSERT_GE(seq->num_generated(), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_NE(seq->generated()[i], greedy[0]) << i;
+
+  Request cut{"c", prompt, 8};
+  int seen = 0;
+  cut.on_token = [&](int32_t) { return ++seen == 2; };
+  seq = RunOne(engine, cut);
+  EXPECT_EQ(seq->generated(), std::vector<int32_t>(greedy.begin(), greedy.begin() + 2));
+  EXPECT_TRUE(seq->stopped());
+  auto full = RunOne(engine, {"d", prompt, 8});
+  EXPECT_EQ(full->generated(), greedy);
+  EXPECT_FALSE(full->stopped());
+}
+
 // A cancelled request (its client went away) comes back marked aborted and its KV
 // blocks return to the pool, mid-prefill as well as while queued.
 TEST(EngineTest, AbortFreesBlocksAndReportsTheRequest) {

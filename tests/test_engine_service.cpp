@@ -68,6 +68,7 @@ TEST(EngineServiceTest, AbortAllFailsEveryUnfinishedRequest) {
     if (i == 0) {
       r.on_token = [&](int32_t) {
         if (tokens++ == 0) started.set_value();
+        return false;
       };
     }
     ASSERT_TRUE(service.Submit(std::move(r), [&, i](const Status& s, std::unique_ptr<Sequence> seq) {
@@ -83,6 +84,32 @@ TEST(EngineServiceTest, AbortAllFailsEveryUnfinishedRequest) {
   }
   EXPECT_FALSE(service.Submit({"late", {1}, 1}, [](const Status&, std::unique_ptr<Sequence>) {}));
   service.Shutdown();
+}
+
+// A batch goes in whole or not at all, so a server never runs part of a request.
+TEST(EngineServiceTest, SubmitAllTakesAllOrNone) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  EngineConfig config;
+  config.num_blocks = 64;
+  std::atomic<int> called{0};
+  EngineService service(**model, config, 3);
+  auto batch = [&](int n) {
+    std::vector<std::pair<Request, EngineService::Callback>> requests;
+    for (int i = 0; i < n; ++i) {
+      requests.emplace_back(Request{"r" + std::to_string(n) + "-" + std::to_string(i), {1, 2, 3}, 2},
+                            [&](const Status&, std::unique_ptr<Sequence>) { ++called; });
+    }
+    return requests;
+  };
+  EXPECT_FALSE(service.SubmitAll(batch(4)));  // more than the queue holds: none of it
+  service.Shutdown();
+  EXPECT_EQ(called.load(), 0);
+  EngineService fresh(**model, config, 3);
+  EXPECT_TRUE(fresh.SubmitAll(batch(3)));
+  fresh.Shutdown();
+  EXPECT_EQ(called.load(), 3);
 }
 
 }  // namespace

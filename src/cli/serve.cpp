@@ -205,6 +205,8 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--drain-timeout", o->drain_timeout,
                   "On SIGTERM/SIGINT, seconds to let requests under way finish before cancelling them (default 30)")
       ->check(CLI::Range(0.0, 86400.0));
+  app->add_option("--max-body-bytes", o->server.max_body_bytes, "Larger request bodies get 413 (default 32 MiB)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 40));
   app->add_flag("!--no-enable-prefix-caching", o->prefix_caching);
   app->callback([o] { ExitCode() = RunServe(*o); });
 }

@@ -45,27 +45,41 @@ Engine::~Engine() {
   }
 }
 
-Status Engine::Add(Request request) {
+Status Engine::Validate(const Request& request) const {
   const std::string who = "request '" + request.id + "'";
   if (request.prompt.empty()) return Error(who + ": empty prompt (expected at least one token)");
   const int vocab = model_.config().vocab_size;
-  for (size_t i = 0; i < request.prompt.size(); ++i) {
-    const int32_t t = request.prompt[i];
-    if (t < 0 || t >= vocab) {
-      return Error(who + ": token id " + std::to_string(t) + " at position " + std::to_string(i) +
-                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  auto check_ids = [&](const std::vector<int32_t>& ids, const char* what) -> Status {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= vocab) {
+        return Error(who + ": " + what + " id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                     " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+      }
     }
+    return {};
+  };
+  HSX_RETURN_IF_ERROR(check_ids(request.prompt, "token"));
+  HSX_RETURN_IF_ERROR(check_ids(request.stop_token_ids, "stop token"));
+  if (request.max_new_tokens < 0 || request.min_new_tokens < 0 || request.min_new_tokens > request.max_new_tokens) {
+    return Error(who + ": expected 0 <= min_new_tokens (" + std::to_string(request.min_new_tokens) +
+                 ") <= max_new_tokens (" + std::to_string(request.max_new_tokens) + ")");
   }
-  const int total = static_cast<int>(request.prompt.size()) + request.max_new_tokens;
+  // 64-bit: an int sum wraps for max_new_tokens near INT32_MAX and would pass.
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_new_tokens;
   if (total > config_.max_model_len) {
     return Error(who + ": " + std::to_string(request.prompt.size()) + " prompt tokens + " +
                  std::to_string(request.max_new_tokens) + " new tokens exceed max_model_len " +
                  std::to_string(config_.max_model_len));
   }
-  if (BlockManager::BlocksFor(total, config_.block_size) > blocks_.num_blocks()) {
+  if (BlockManager::BlocksFor(static_cast<int>(total), config_.block_size) > blocks_.num_blocks()) {
     return Error(who + ": " + std::to_string(total) + " tokens do not fit the KV cache (" +
                  std::to_string(blocks_.num_blocks() * config_.block_size) + " token slots)");
   }
+  return {};
+}
+
+Status Engine::Add(Request request) {
+  HSX_RETURN_IF_ERROR(Validate(request));
   auto seq = std::make_unique<Sequence>(std::move(request));
   if (seq->request().capture && !config_.capture_layers.empty()) {
     const int64_t layers = static_cast<int64_t>(config_.capture_layers.size());
@@ -235,7 +249,10 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   for (const auto& [seq, n] : chunks) {
     if (seq->num_computed + n == seq->num_tokens() && seq->wants_more_tokens()) {
       sampling.push_back(seq);
-      rows.rows.push_back(MakeSamplingRow(*seq, {}, rows.adjust));
+      // min_tokens: stop tokens cannot be drawn before then.
+      const bool hold_stops = seq->num_generated() < seq->request().min_new_tokens;
+      rows.rows.push_back(MakeSamplingRow(*seq, hold_stops ? seq->request().stop_token_ids : std::vector<int32_t>{},
+                                          rows.adjust));
       rows.max_logprobs = std::max(rows.max_logprobs, seq->request().sampling.logprobs);
     }
   }
@@ -259,9 +276,9 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
         }
         seq->logprobs.push_back(std::move(lp));
       }
-      if (seq->request().on_token) seq->request().on_token(token);
       const auto& stops = seq->request().stop_token_ids;
-      if (std::find(stops.begin(), stops.end(), token) != stops.end()) seq->Stop();
+      const bool stop_string = seq->request().on_token && seq->request().on_token(token);
+      if (stop_string || std::find(stops.begin(), stops.end(), token) != stops.end()) seq->Stop();
     }
     if (!capture) Commit(*seq, seq->num_computed);  // no rows to wait for
     if (seq->num_computed >= seq->prompt_len() && !seq->wants_more_tokens()) {

@@ -38,6 +38,9 @@ class Engine {
   // Validates and queues a request; an invalid one is rejected alone with a message
   // that names it.
   Status Add(Request request);
+  // Add's checks without queueing: vocabulary, lengths, KV fit. Reads only what never
+  // changes after construction, so any thread may call it while the engine runs.
+  Status Validate(const Request& request) const;
   std::vector<std::unique_ptr<Sequence>> Step();
   // Cancels a queued or running request: it comes back from a later Step with
   // aborted set, its blocks released. False if no such request is unfinished.

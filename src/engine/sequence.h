@@ -23,9 +23,11 @@ struct Request {
   // the last, which never runs (vLLM's kv_transfer_params include_output_tokens).
   bool include_output_tokens = false;
   std::vector<int32_t> stop_token_ids;  // generation ends after emitting one of these
+  int min_new_tokens = 0;  // stop tokens are not sampled before this many new tokens
   SamplingParams sampling;
-  // Called on the engine's thread with each generated token (streaming responses).
-  std::function<void(int32_t)> on_token;
+  // Called on the engine's thread with each generated token (streaming, stop strings);
+  // true ends the sequence after this token.
+  std::function<bool(int32_t)> on_token;
 };
 
 class Sequence {
@@ -55,8 +57,8 @@ class Sequence {
   // Host [rows, L, H] in the output dtype, filled by position as steps run: room for
   // max_capture_rows() while running, trimmed to num_capture_rows() once finished.
   Tensor hidden_states;
-  int max_capture_rows() const {
-    return prompt_len() + (request_.include_output_tokens ? std::max(0, request_.max_new_tokens - 1) : 0);
+  int64_t max_capture_rows() const {
+    return prompt_len() + (request_.include_output_tokens ? std::max<int64_t>(0, request_.max_new_tokens - 1) : 0);
   }
   int num_capture_rows() const {
     return request_.include_output_tokens ? std::max(prompt_len(), num_tokens() - 1) : prompt_len();
@@ -65,6 +67,8 @@ class Sequence {
   bool wants_more_tokens() const { return !stopped_ && num_generated() < request_.max_new_tokens; }
   void Append(int32_t token) { tokens_.push_back(token); }
   void Stop() { stopped_ = true; }
+  // Ended by a stop token or string rather than by reaching max_new_tokens.
+  bool stopped() const { return stopped_; }
   // Set when the request was cancelled (a client went away): it ends without a result.
   bool aborted = false;
   // The random stream of its draws: the request's seed, or a random one, so a seed

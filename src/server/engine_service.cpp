@@ -11,10 +11,16 @@ EngineService::EngineService(Model& model, EngineConfig config, size_t max_queue
 EngineService::~EngineService() { Shutdown(); }
 
 bool EngineService::Submit(Request request, Callback done) {
+  std::vector<std::pair<Request, Callback>> one;
+  one.emplace_back(std::move(request), std::move(done));
+  return SubmitAll(std::move(one));
+}
+
+bool EngineService::SubmitAll(std::vector<std::pair<Request, Callback>> requests) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || abort_all_ || incoming_.size() + in_flight_ >= max_queued_) return false;
-    incoming_.push_back({std::move(request), std::move(done)});
+    if (stopping_ || abort_all_ || incoming_.size() + in_flight_ + requests.size() > max_queued_) return false;
+    for (auto& [request, done] : requests) incoming_.push_back({std::move(request), std::move(done)});
   }
   wake_.notify_one();
   return true;
@@ -71,9 +77,14 @@ void EngineService::Loop() {
     for (Pending& p : incoming) {
       const std::string id = p.request.id;
       const int prompt = static_cast<int>(p.request.prompt.size());
-      Status s = abort_all              ? Error("request '" + id + "' was cancelled: the server is shutting down")
-                 : callbacks_.count(id) ? Error("request '" + id + "': an unfinished request already has this id")
-                                        : engine_.Add(std::move(p.request));
+      Status s;
+      try {
+        s = abort_all              ? Error("request '" + id + "' was cancelled: the server is shutting down")
+            : callbacks_.count(id) ? Error("request '" + id + "': an unfinished request already has this id")
+                                   : engine_.Add(std::move(p.request));
+      } catch (const std::exception& e) {  // e.g. bad_alloc for its buffers: it fails alone
+        s = Error("request '" + id + "': " + e.what());
+      }
       if (!s.ok()) {
         p.done(s, nullptr);
         std::lock_guard<std::mutex> lock(mu_);

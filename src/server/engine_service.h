@@ -14,6 +14,8 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "engine/engine.h"
 
@@ -29,6 +31,13 @@ class EngineService {
 
   // False (and the callback is never called) when the queue is full or shutting down.
   bool Submit(Request request, Callback done);
+  // Several requests, all or none: false (and no callback is called) when they do not
+  // all fit the queue, so a batch never runs in part.
+  bool SubmitAll(std::vector<std::pair<Request, Callback>> requests);
+  // The engine's checks (Engine::Validate), from any thread, before submitting.
+  Status Validate(const Request& request) const { return engine_.Validate(request); }
+  const ModelConfig& model_config() const { return engine_.model().config(); }
+  size_t max_queued() const { return max_queued_; }
   // Drops a request that has not finished; its callback gets an error.
   void Abort(const std::string& id);
   // Fails every unfinished request (each callback gets an error) and refuses new ones:

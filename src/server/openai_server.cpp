@@ -14,6 +14,7 @@
 #include "capture/hidden_states_file.h"
 #include "server/http_server.h"
 #include "server/peer_socket.h"
+#include "util/json.h"
 
 namespace hsx {
 namespace {
@@ -29,7 +30,7 @@ void ReplyError(httplib::Response& res, int code, const std::string& message, co
                                    : "invalid_request_error";
   json body = {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? json() : json(param)}, {"code", code}}}};
   res.status = code;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 void ReplyJson(httplib::Response& res, const json& body) {
@@ -62,14 +63,18 @@ std::string NewRequestId() {
   return id;
 }
 
-// A request field that must be a non-negative integer, or the field's default.
-std::optional<std::string> NonNegativeInt(const json& body, const char* key, int& out) {
-  if (!body.contains(key) || body[key].is_null()) return std::nullopt;
-  if (!body[key].is_number_integer() || body[key].get<int64_t>() < 0 || body[key].get<int64_t>() > INT32_MAX) {
-    return std::string("'") + key + "' must be a non-negative integer";
-  }
-  out = body[key].get<int>();
-  return std::nullopt;
+// Reads a POST body of at most `max_bytes`, a chunked one too (cpp-httplib's own limit
+// covers only Content-Length); false when it is larger.
+bool ReadBody(const httplib::ContentReader& content, size_t max_bytes, std::string& body, bool& too_large) {
+  too_large = false;
+  return content([&](const char* data, size_t n) {
+    if (body.size() + n > max_bytes) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
 }
 
 // Whether the client of a waiting handler has gone; finds its socket on first use, so
@@ -99,6 +104,14 @@ OpenAiServer::OpenAiServer(ServerConfig config, EngineService& engine, const Tok
       http_(std::make_unique<HttpServer>(HttpServer::Limits{static_cast<size_t>(std::max(1, config_.http_threads)),
                                                             config_.header_timeout, config_.read_timeout})) {
   if (!config_.storage_dir.empty()) writers_ = std::make_unique<WriterPool>(config_.writer_threads, 64);
+  limits_.model_name = config_.model_name;
+  limits_.max_model_len = config_.max_model_len;
+  limits_.vocab_size = engine_.model_config().vocab_size;
+  limits_.tokenizer = tokenizer_;
+  limits_.max_prompt_bytes = tokenizer_ ? MaxPromptBytes(*tokenizer_, config_.max_model_len) : 0;
+  limits_.extract = !config_.storage_dir.empty();
+  limits_.allow_custom_path = config_.allow_custom_path;
+  limits_.max_choices = engine_.max_queued();
   Routes();
 }
 
@@ -139,6 +152,42 @@ void OpenAiServer::Routes() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
+  // A handler that throws answers a 500 (without cpp-httplib's EXCEPTION_WHAT header,
+  // which would echo paths); the server goes on.
+  http_->set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    std::fprintf(stderr, "hsx serve: error: %s %s: %s\n", req.method.c_str(), req.path.c_str(), what.c_str());
+    ReplyError(res, 500, "internal error while handling the request (the server log has the cause)");
+  });
+
+  // Every POST body: at most --max-body-bytes (413), then JSON nested at most
+  // kMaxJsonDepth levels (400), before a handler sees it.
+  http_->set_payload_max_length(config_.max_body_bytes);
+  using JsonHandler = std::function<void(const httplib::Request&, httplib::Response&, const json&)>;
+  auto post_json = [this](const std::string& pattern, JsonHandler handler) {
+    http_->Post(pattern, [this, handler](const httplib::Request& req, httplib::Response& res,
+                                         const httplib::ContentReader& content) {
+      std::string text;
+      bool too_large = false;
+      const bool read = ReadBody(content, config_.max_body_bytes, text, too_large);
+      if (too_large || res.status == 413) {
+        res.set_header("Connection", "close");  // the rest of the body is not read
+        return ReplyError(res, 413, "the request body is larger than " + std::to_string(config_.max_body_bytes) +
+                                        " bytes (--max-body-bytes)");
+      }
+      if (!read) return ReplyError(res, 400, "the request body could not be read");
+      auto body = ParseJson(text, "the request body");
+      if (!body.ok()) return ReplyError(res, 400, Shortened(body.status().message(), 300));
+      handler(req, res, *body);
+    });
+  };
+
   http_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
 
   http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
@@ -151,10 +200,9 @@ void OpenAiServer::Routes() {
     res.set_content(Metrics(), "text/plain; version=0.0.4");
   });
 
-  http_->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  post_json("/tokenize", [this](const httplib::Request&, httplib::Response& res, const json& body) {
     if (tokenizer_ == nullptr) return ReplyError(res, 400, "this model has no tokenizer.json");
-    const json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object() || !body.contains("prompt") || !body["prompt"].is_string()) {
+    if (!body.is_object() || !body.contains("prompt") || !body["prompt"].is_string()) {
       return ReplyError(res, 400, "expected a JSON object with a string field 'prompt'", "prompt");
     }
     auto ids = tokenizer_->Encode(body["prompt"].get<std::string>());
@@ -162,162 +210,76 @@ void OpenAiServer::Routes() {
     ReplyJson(res, {{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", config_.max_model_len}});
   });
 
-  http_->Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  post_json("/detokenize", [this](const httplib::Request&, httplib::Response& res, const json& body) {
     if (tokenizer_ == nullptr) return ReplyError(res, 400, "this model has no tokenizer.json");
-    const json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
+    if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
       return ReplyError(res, 400, "expected a JSON object with a list field 'tokens'", "tokens");
     }
     std::vector<int32_t> ids;
     for (const auto& t : body["tokens"]) {
-      if (!t.is_number_integer()) return ReplyError(res, 400, "'tokens' must be a list of integers", "tokens");
-      ids.push_back(t.get<int32_t>());
+      if (!IsTokenId(t, tokenizer_->vocab_size())) {
+        return ReplyError(res, 400, "'tokens': " + Shortened(t.dump()) + " is not a token id in [0, " +
+                                        std::to_string(tokenizer_->vocab_size()) + ")", "tokens");
+      }
+      ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
     }
     auto text = tokenizer_->Decode(ids);
     if (!text.ok()) return ReplyError(res, 400, text.status().message(), "tokens");
     ReplyJson(res, {{"prompt", *text}});
   });
 
-  http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    const json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded()) return ReplyError(res, 400, "the request body is not valid JSON");
-    if (!body.is_object()) return ReplyError(res, 400, "the request body must be a JSON object");
-    if (body.contains("model") && (!body["model"].is_string() || body["model"].get<std::string>() != config_.model_name)) {
-      return ReplyError(res, 404, "the model '" + body["model"].dump() + "' does not exist; this server has '" +
-                                      config_.model_name + "'", "model");
+  post_json("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const json& body) {
+    auto parsed = ParseCompletionRequest(body, limits_);
+    if (const auto* e = std::get_if<RequestError>(&parsed)) return ReplyError(res, e->status, e->message, e->param);
+    const CompletionRequest& c = std::get<CompletionRequest>(parsed);
+    if (!c.ignored_fields.empty()) {
+      std::string names;
+      for (const std::string& f : c.ignored_fields) names += (names.empty() ? "" : ", ") + f;
+      std::fprintf(stderr, "hsx serve: warning: ignoring unknown request fields: %s\n", Shortened(names, 300).c_str());
     }
-    if (body.contains("stream") && !body["stream"].is_null() && !body["stream"].is_boolean()) {
-      return ReplyError(res, 400, "'stream' must be true or false", "stream");
-    }
-    const bool stream = body.value("stream", false);
-    int max_tokens = 16;
-    if (auto e = NonNegativeInt(body, "max_tokens", max_tokens)) return ReplyError(res, 400, *e, "max_tokens");
-    SamplingParams sampling;
-    auto given = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
-    if (given("temperature")) {
-      if (!body["temperature"].is_number() || body["temperature"].get<double>() < 0) {
-        return ReplyError(res, 400, "'temperature' must be a number >= 0", "temperature");
-      }
-      sampling.temperature = body["temperature"].get<float>();
-    }
-    if (given("top_p")) {
-      if (!body["top_p"].is_number() || !(body["top_p"].get<double>() > 0 && body["top_p"].get<double>() <= 1)) {
-        return ReplyError(res, 400, "'top_p' must be a number in (0, 1]", "top_p");
-      }
-      sampling.top_p = body["top_p"].get<float>();
-    }
-    if (given("top_k")) {
-      if (!body["top_k"].is_number_integer() || body["top_k"].get<int64_t>() < -1) {
-        return ReplyError(res, 400, "'top_k' must be an integer >= -1 (-1 or 0: no limit)", "top_k");
-      }
-      sampling.top_k = static_cast<int>(std::min<int64_t>(body["top_k"].get<int64_t>(), INT32_MAX));
-    }
-    if (given("seed")) {
-      if (!body["seed"].is_number_integer()) return ReplyError(res, 400, "'seed' must be an integer", "seed");
-      sampling.seed = static_cast<uint64_t>(body["seed"].get<int64_t>());
-    }
-    const bool return_token_ids = body.value("return_token_ids", false);
 
-    // prompt: text, token ids, or a list of either.
-    if (!body.contains("prompt")) return ReplyError(res, 400, "missing field 'prompt'", "prompt");
-    std::vector<std::vector<int32_t>> prompts;
-    auto add_prompt = [&](const json& p) -> std::optional<std::string> {
-      if (p.is_string()) {
-        if (tokenizer_ == nullptr) return "text prompts need a tokenizer.json; send token ids";
-        auto ids = tokenizer_->Encode(p.get<std::string>());
-        if (!ids.ok()) return ids.status().message();
-        prompts.push_back(std::move(ids).value());
-        return std::nullopt;
-      }
-      if (p.is_array()) {
-        std::vector<int32_t> ids;
-        for (const auto& t : p) {
-          if (!t.is_number_integer()) return "token id prompts must be lists of integers";
-          const int64_t v = t.get<int64_t>();
-          if (v < INT32_MIN || v > INT32_MAX) return "token id " + std::to_string(v) + " is out of range";
-          ids.push_back(static_cast<int32_t>(v));
-        }
-        prompts.push_back(std::move(ids));
-        return std::nullopt;
-      }
-      return "'prompt' must be a string, a list of token ids, or a list of either";
-    };
-    const json& prompt = body["prompt"];
-    const bool batch = prompt.is_array() && !prompt.empty() && (prompt[0].is_string() || prompt[0].is_array());
-    if (batch) {
-      for (const auto& p : prompt)
-        if (auto e = add_prompt(p)) return ReplyError(res, 400, *e, "prompt");
-    } else if (auto e = add_prompt(prompt)) {
-      return ReplyError(res, 400, *e, "prompt");
-    }
-    if (stream && prompts.size() != 1) return ReplyError(res, 400, "streaming takes a single prompt", "stream");
-
-    // Where the hidden states go: <storage>/<request id>.safetensors, or a custom path
-    // inside the storage directory when the server allows it.
+    // One engine request per choice, all checked before any is submitted, so a bad one
+    // fails the request before anything runs or is written.
     const bool extract = !config_.storage_dir.empty();
-    std::string custom_path;
-    bool include_output_tokens = false;
-    if (body.contains("kv_transfer_params") && !body["kv_transfer_params"].is_null()) {
-      const json& kv = body["kv_transfer_params"];
-      if (!kv.is_object()) return ReplyError(res, 400, "'kv_transfer_params' must be an object", "kv_transfer_params");
-      if (kv.contains("include_output_tokens") && !kv["include_output_tokens"].is_null()) {
-        if (!kv["include_output_tokens"].is_boolean()) {
-          return ReplyError(res, 400, "'kv_transfer_params.include_output_tokens' must be true or false",
-                            "kv_transfer_params");
-        }
-        include_output_tokens = kv["include_output_tokens"].get<bool>();
-      }
-      if (kv.contains("hidden_states_path") && !kv["hidden_states_path"].is_null()) {
-        if (!extract || !config_.allow_custom_path) {
-          return ReplyError(res, 400, "a custom hidden_states_path needs --allow-custom-save-path", "kv_transfer_params");
-        }
-        if (!kv["hidden_states_path"].is_string() || prompts.size() != 1) {
-          return ReplyError(res, 400, "hidden_states_path must be a string, for a single prompt", "kv_transfer_params");
-        }
-        namespace fs = std::filesystem;
-        const fs::path root = fs::weakly_canonical(config_.storage_dir);
-        const fs::path target = fs::weakly_canonical(root / kv["hidden_states_path"].get<std::string>());
-        const auto rel = target.lexically_relative(root);
-        if (rel.empty() || *rel.begin() == ".." || target.filename().empty()) {
-          return ReplyError(res, 400, "hidden_states_path must stay inside the shared storage path",
-                            "kv_transfer_params");
-        }
-        custom_path = target.string();
-        std::error_code ec;
-        fs::create_directories(target.parent_path(), ec);
+    const std::string id = NewRequestId();
+    std::vector<Request> requests;
+    std::vector<std::string> paths;
+    for (size_t p = 0; p < c.prompts.size(); ++p) {
+      for (int j = 0; j < c.n; ++j) {
+        Request r = EngineRequest(c, p, j, id + "-" + std::to_string(requests.size()));
+        if (Status s = engine_.Validate(r); !s.ok()) return ReplyError(res, 400, s.message(), "prompt");
+        const std::string name = c.hidden_states_name.empty() ? r.id + ".safetensors" : c.hidden_states_name;
+        paths.push_back(extract ? config_.storage_dir + "/" + name : "");
+        requests.push_back(std::move(r));
       }
     }
+    if (c.stream) return Stream(std::move(requests[0]), paths[0], c, res);
 
-    // Submit every prompt; each finishes through its own promise.
-    const std::string id = NewRequestId();
+    // Each choice finishes through its own promise. Its text is built from its tokens
+    // once it is done, or, with stop strings, on the engine thread as they arrive (a stop
+    // string ends the sequence there); the engine thread decodes nothing otherwise.
+    const bool stop_strings = tokenizer_ != nullptr && !c.stop.empty();
+    std::vector<std::shared_ptr<CompletionText>> texts;
     std::vector<std::future<Completion>> futures;
+    std::vector<std::pair<Request, EngineService::Callback>> submits;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      auto text = std::make_shared<CompletionText>(tokenizer_, requests[i].prompt, TextOptions(c, requests[i]));
+      if (stop_strings) requests[i].on_token = [text](int32_t token) { return text->Add(token); };
+      auto promise = std::make_shared<std::promise<Completion>>();
+      futures.push_back(promise->get_future());
+      texts.push_back(std::move(text));
+      submits.emplace_back(std::move(requests[i]), [this, promise, path = paths[i]](const Status& status,
+                                                                                     std::unique_ptr<Sequence> seq) {
+        promise->set_value(Finish(status, std::move(seq), path));
+      });
+    }
+    if (!engine_.SubmitAll(std::move(submits))) {
+      res.set_header("Retry-After", "1");
+      return ReplyError(res, 503, "the server is at capacity; retry shortly");
+    }
     auto abort_all = [&] {
       for (size_t i = 0; i < futures.size(); ++i) engine_.Abort(id + "-" + std::to_string(i));
     };
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      auto promise = std::make_shared<std::promise<Completion>>();
-      futures.push_back(promise->get_future());
-      Request r;
-      r.id = id + "-" + std::to_string(i);
-      r.prompt = prompts[i];
-      r.max_new_tokens = max_tokens;
-      r.capture = extract;
-      r.include_output_tokens = include_output_tokens;
-      r.sampling = sampling;
-      if (!body.value("ignore_eos", false)) r.stop_token_ids = eos_token_ids_;
-      const std::string path = !custom_path.empty() ? custom_path : config_.storage_dir + "/" + r.id + ".safetensors";
-      if (stream) return Stream(std::move(r), extract ? path : "", return_token_ids, max_tokens, res);
-      const bool accepted = engine_.Submit(std::move(r), [this, promise, path = extract ? path : ""](
-                                                             const Status& status, std::unique_ptr<Sequence> seq) {
-        promise->set_value(Finish(status, std::move(seq), path));
-      });
-      if (!accepted) {
-        futures.pop_back();
-        abort_all();  // the prompts already in would answer nobody
-        res.set_header("Retry-After", "1");
-        return ReplyError(res, 503, "the server is at capacity; retry shortly");
-      }
-    }
 
     // Wait without delaying the answer (a result wakes us at once), looking at the
     // client every 50 ms: one that went away cancels its prompts and frees their blocks.
@@ -330,28 +292,28 @@ void OpenAiServer::Routes() {
 
     json choices = json::array();
     int64_t prompt_tokens = 0, completion_tokens = 0;
+    for (const auto& p : c.prompts) prompt_tokens += static_cast<int64_t>(p.ids.size());
     std::string first_path;
     for (size_t i = 0; i < futures.size(); ++i) {
-      Completion c = futures[i].get();
-      if (!c.status.ok()) return ReplyError(res, c.server_error ? 500 : 400, c.status.message(), c.server_error ? "" : "prompt");
+      Completion r = futures[i].get();
+      if (!r.status.ok()) return ReplyError(res, r.server_error ? 500 : 400, r.status.message(), r.server_error ? "" : "prompt");
       // The answer waits for the file, so a write that fails (a full disk) fails the request.
-      if (c.written.valid() && !c.written.get().ok()) return ReplyError(res, 500, c.written.get().message());
-      const std::vector<int32_t> out = c.seq->generated();
-      json choice = {{"index", i}, {"text", ""}, {"logprobs", nullptr},
-                     {"finish_reason", c.seq->num_generated() < max_tokens ? "stop" : "length"}};
-      if (tokenizer_ != nullptr) {
-        auto text = tokenizer_->Decode(out);
-        if (text.ok()) choice["text"] = *text;
-      }
-      if (return_token_ids) {
-        choice["prompt_token_ids"] = c.seq->request().prompt;
+      if (r.written.valid() && !r.written.get().ok()) return ReplyError(res, 500, r.written.get().message());
+      const std::vector<int32_t> out = r.seq->generated();
+      if (!stop_strings)
+        for (int32_t token : out) texts[i]->Add(token);
+      texts[i]->Finish();
+      const auto& prompt = c.prompts[i / static_cast<size_t>(c.n)];
+      json choice = {{"index", i}, {"text", (c.echo ? PromptText(prompt) : "") + texts[i]->text()},
+                     {"logprobs", nullptr}, {"finish_reason", r.seq->stopped() ? "stop" : "length"}};
+      if (c.return_token_ids) {
+        choice["prompt_token_ids"] = prompt.ids;
         choice["token_ids"] = out;
       }
       if (extract) {
-        choice["kv_transfer_params"] = {{"hidden_states_path", c.hidden_states_path}};
-        if (first_path.empty()) first_path = c.hidden_states_path;
+        choice["kv_transfer_params"] = {{"hidden_states_path", r.hidden_states_path}};
+        if (first_path.empty()) first_path = r.hidden_states_path;
       }
-      prompt_tokens += c.seq->prompt_len();
       completion_tokens += static_cast<int64_t>(out.size());
       choices.push_back(std::move(choice));
     }
@@ -362,6 +324,34 @@ void OpenAiServer::Routes() {
     if (extract) response["kv_transfer_params"] = {{"hidden_states_path", first_path}};
     ReplyJson(res, response);
   });
+}
+
+// Choice j of prompt p as an engine request. With a seed, choice j samples with seed + j
+// (as vLLM's parallel sampling does), so the n choices differ yet reproduce.
+Request OpenAiServer::EngineRequest(const CompletionRequest& c, size_t p, int j, std::string id) const {
+  Request r;
+  r.id = std::move(id);
+  r.prompt = c.prompts[p].ids;
+  r.max_new_tokens = c.prompts[p].max_tokens;
+  r.min_new_tokens = c.min_tokens;
+  r.capture = !config_.storage_dir.empty();
+  r.include_output_tokens = c.include_output_tokens;
+  r.sampling = c.sampling;
+  if (r.sampling.seed) r.sampling.seed = *r.sampling.seed + static_cast<uint64_t>(j);
+  if (!c.ignore_eos) r.stop_token_ids = eos_token_ids_;
+  r.stop_token_ids.insert(r.stop_token_ids.end(), c.stop_token_ids.begin(), c.stop_token_ids.end());
+  return r;
+}
+
+CompletionText::Options OpenAiServer::TextOptions(const CompletionRequest& c, const Request& r) {
+  return {c.stop, c.include_stop_str_in_output, c.min_tokens, r.stop_token_ids};
+}
+
+// What echo prepends: the prompt as sent, or its token ids decoded.
+std::string OpenAiServer::PromptText(const CompletionRequest::Prompt& prompt) const {
+  if (prompt.is_text || tokenizer_ == nullptr) return prompt.text;
+  auto text = tokenizer_->Decode(prompt.ids);
+  return text.ok() ? *text : "";
 }
 
 // A finished request: with extraction on, lock its file (before the response names it)
@@ -393,33 +383,45 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
 }
 
 // stream: true as server-sent events, one chunk per token in OpenAI's completion-chunk
-// shape, then a chunk with the finish reason (and kv_transfer_params), then [DONE].
+// shape (text held back while it could still become a stop string), then a chunk with
+// the finish reason (and kv_transfer_params), the usage chunk when asked for, then [DONE].
 // A client that goes away cancels its request, which frees its KV blocks.
-void OpenAiServer::Stream(Request request, const std::string& path, bool return_token_ids, int max_tokens,
+void OpenAiServer::Stream(Request request, const std::string& path, const CompletionRequest& c,
                           httplib::Response& res) {
   struct State {
     std::mutex mu;
     std::condition_variable cv;
     std::vector<int32_t> tokens;
+    std::unique_ptr<CompletionText> text;
     bool finished = false;
     Completion result;
+    size_t sent_tokens = 0, sent_text = 0;
+    size_t decoded = 0;  // tokens given to `text`
+    bool echoed = false;
   };
   auto state = std::make_shared<State>();
+  state->text = std::make_unique<CompletionText>(tokenizer_, request.prompt, TextOptions(c, request));
   const std::string id = request.id;
   // A weak reference: the finished sequence (and so this callback) ends up in state->result,
   // and a strong one would keep the state, and the sequence's hidden states, alive forever.
-  request.on_token = [weak = std::weak_ptr<State>(state)](int32_t token) {
+  // Tokens are decoded where they are sent, unless stop strings must end the sequence on
+  // the engine thread.
+  const bool stop_strings = tokenizer_ != nullptr && !c.stop.empty();
+  request.on_token = [weak = std::weak_ptr<State>(state), stop_strings](int32_t token) {
     const std::shared_ptr<State> state = weak.lock();
-    if (!state) return;
+    if (!state) return false;
     std::lock_guard<std::mutex> lock(state->mu);
     state->tokens.push_back(token);
     state->cv.notify_one();
+    if (!stop_strings) return false;
+    ++state->decoded;
+    return state->text->Add(token);
   };
   const bool accepted = engine_.Submit(std::move(request), [this, state, path](const Status& status,
                                                                               std::unique_ptr<Sequence> seq) {
-    Completion c = Finish(status, std::move(seq), path);
+    Completion done = Finish(status, std::move(seq), path);
     std::lock_guard<std::mutex> lock(state->mu);
-    state->result = std::move(c);
+    state->result = std::move(done);
     state->finished = true;
     state->cv.notify_one();
   });
@@ -428,61 +430,74 @@ void OpenAiServer::Stream(Request request, const std::string& path, bool return_
     return ReplyError(res, 503, "the server is at capacity; retry shortly");
   }
   const int64_t created = Now();
-  auto sent = std::make_shared<size_t>(0);
-  auto text_so_far = std::make_shared<std::string>();
+  const std::string echo = c.echo ? PromptText(c.prompts[0]) : "";
+  const bool return_token_ids = c.return_token_ids, include_usage = c.include_usage;
+  const int64_t prompt_tokens = static_cast<int64_t>(c.prompts[0].ids.size());
   res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
-    std::unique_lock<std::mutex> lock(state->mu);
-    state->cv.wait(lock, [&] { return state->finished || state->tokens.size() > *sent; });
-    auto chunk = [&](json choice) {
-      json body = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", config_.model_name},
-                   {"choices", json::array({std::move(choice)})}};
-      return "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
-    };
-    std::string out;
-    if (state->tokens.size() > *sent) {
-      std::vector<int32_t> fresh(state->tokens.begin() + static_cast<int64_t>(*sent), state->tokens.end());
-      std::string delta;
-      if (tokenizer_ != nullptr) {
-        auto text = tokenizer_->Decode(state->tokens);  // the text so far, minus what was sent
-        if (text.ok() && text->compare(0, text_so_far->size(), *text_so_far) == 0) {
-          delta = text->substr(text_so_far->size());
-          *text_so_far = *text;
+    try {
+      std::unique_lock<std::mutex> lock(state->mu);
+      state->cv.wait(lock, [&] { return state->finished || state->tokens.size() > state->sent_tokens; });
+      auto chunk = [&](json choices, json usage = nullptr) {
+        json body = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", config_.model_name},
+                     {"choices", std::move(choices)}};
+        if (!usage.is_null()) body["usage"] = std::move(usage);
+        return "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+      };
+      const bool done = state->finished;
+      const Completion& result = state->result;
+      const bool write_failed = done && result.status.ok() && result.written.valid() && !result.written.get().ok();
+      const bool failed = done && (!result.status.ok() || write_failed);
+      for (; state->decoded < state->tokens.size(); ++state->decoded) state->text->Add(state->tokens[state->decoded]);
+      if (done && !failed) state->text->Finish();
+      std::string out;
+      const std::string& text = state->text->text();
+      const size_t ready = failed ? state->sent_text : state->text->ready();
+      if (state->tokens.size() > state->sent_tokens || ready > state->sent_text || (!echo.empty() && !state->echoed)) {
+        json choice = {{"index", 0},
+                       {"text", (state->echoed ? "" : echo) + text.substr(state->sent_text, ready - state->sent_text)},
+                       {"logprobs", nullptr}, {"finish_reason", nullptr}};
+        if (return_token_ids) {
+          choice["token_ids"] = std::vector<int32_t>(state->tokens.begin() + static_cast<int64_t>(state->sent_tokens),
+                                                     state->tokens.end());
         }
+        out += chunk(json::array({std::move(choice)}));
+        state->sent_tokens = state->tokens.size();
+        state->sent_text = ready;
+        state->echoed = true;
       }
-      json choice = {{"index", 0}, {"text", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-      if (return_token_ids) choice["token_ids"] = fresh;
-      out += chunk(std::move(choice));
-      *sent = state->tokens.size();
-    }
-    const bool done = state->finished;
-    if (done) {
-      const Completion& c = state->result;
-      const bool write_failed = c.status.ok() && c.written.valid() && !c.written.get().ok();
-      if (!c.status.ok() || write_failed) {
-        const Status& failure = write_failed ? c.written.get() : c.status;
-        const int code = write_failed || c.server_error ? 500 : 400;
-        out += "data: " + json{{"error", {{"message", failure.message()}, {"code", code}}}}.dump() + "\n\n";
-      } else {
+      if (failed) {
+        const Status& failure = write_failed ? result.written.get() : result.status;
+        const int code = write_failed || result.server_error ? 500 : 400;
+        out += "data: " +
+               json{{"error", {{"message", failure.message()}, {"code", code}}}}.dump(
+                   -1, ' ', false, json::error_handler_t::replace) +
+               "\n\n";
+      } else if (done) {
         json last = {{"index", 0}, {"text", ""}, {"logprobs", nullptr},
-                     {"finish_reason", c.seq->num_generated() < max_tokens ? "stop" : "length"}};
-        if (return_token_ids) last["prompt_token_ids"] = c.seq->request().prompt;
-        std::string final_chunk = chunk(std::move(last));
-        if (!c.hidden_states_path.empty()) {
-          json body = json::parse(final_chunk.substr(6));
-          body["kv_transfer_params"] = {{"hidden_states_path", c.hidden_states_path}};
-          final_chunk = "data: " + body.dump() + "\n\n";
+                     {"finish_reason", result.seq->stopped() ? "stop" : "length"}};
+        if (return_token_ids) last["prompt_token_ids"] = result.seq->request().prompt;
+        json body = json::parse(chunk(json::array({std::move(last)})).substr(6));
+        if (!result.hidden_states_path.empty()) body["kv_transfer_params"] = {{"hidden_states_path", result.hidden_states_path}};
+        out += "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+        if (include_usage) {
+          const int64_t generated = result.seq->num_generated();
+          out += chunk(json::array(), {{"prompt_tokens", prompt_tokens}, {"completion_tokens", generated},
+                                       {"total_tokens", prompt_tokens + generated}});
         }
-        out += final_chunk;
       }
-      out += "data: [DONE]\n\n";
-    }
-    lock.unlock();
-    if (!out.empty() && !sink.write(out.data(), out.size())) {
-      engine_.Abort(id);  // the client is gone: free its blocks
+      if (done) out += "data: [DONE]\n\n";
+      lock.unlock();
+      if (!out.empty() && !sink.write(out.data(), out.size())) {
+        engine_.Abort(id);  // the client is gone: free its blocks
+        return false;
+      }
+      if (done) sink.done();
+      return true;
+    } catch (const std::exception& e) {  // never let a stream take the server down
+      std::fprintf(stderr, "hsx serve: error: stream %s: %s\n", id.c_str(), e.what());
+      engine_.Abort(id);
       return false;
     }
-    if (done) sink.done();
-    return true;
   }, [this, state, id](bool success) {
     std::lock_guard<std::mutex> lock(state->mu);
     if (!success && !state->finished) engine_.Abort(id);

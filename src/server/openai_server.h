@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "capture/writer_pool.h"
+#include "server/completion_request.h"
+#include "server/completion_text.h"
 #include "server/engine_service.h"
 #include "tokenizer/tokenizer.h"
 
@@ -37,6 +39,8 @@ struct ServerConfig {
   int http_threads = 512;
   double header_timeout = 10;  // seconds for a request's line and headers, as a whole
   double read_timeout = 5;     // seconds for each wait for more of a request body
+  // Larger request bodies get 413 (a 4096-token prompt as JSON ids is ~25 KB).
+  size_t max_body_bytes = 32u << 20;
 };
 
 class OpenAiServer {
@@ -63,14 +67,17 @@ class OpenAiServer {
     std::shared_future<Status> written;  // the file's write, when there is one
   };
   Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& path);
-  void Stream(Request request, const std::string& path, bool return_token_ids, int max_tokens,
-              httplib::Response& res);
+  void Stream(Request request, const std::string& path, const CompletionRequest& c, httplib::Response& res);
+  Request EngineRequest(const CompletionRequest& c, size_t p, int j, std::string id) const;
+  static CompletionText::Options TextOptions(const CompletionRequest& c, const Request& r);
+  std::string PromptText(const CompletionRequest::Prompt& prompt) const;
   std::string Metrics() const;
 
   ServerConfig config_;
   EngineService& engine_;
   const Tokenizer* tokenizer_;
   std::vector<int32_t> eos_token_ids_;
+  CompletionLimits limits_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<WriterPool> writers_;
   std::atomic<bool> cut_short_{false};

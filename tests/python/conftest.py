@@ -44,7 +44,7 @@ def read_safetensors(path):
 
 
 class Server:
-    def __init__(self, tmp, *extra, storage=None):
+    def __init__(self, tmp, *extra, storage=None, model=MODEL):
         self.port = free_port()
         self.storage = storage or tmp / "hidden_states"
         self.url = f"http://127.0.0.1:{self.port}"
@@ -55,7 +55,7 @@ class Server:
                                             "use_synchronization_lock": True}}
         self.log = open(tmp / "server.log", "w")
         self.proc = subprocess.Popen(
-            [HSX, "serve", str(MODEL), "--port", str(self.port), "--served-model-name", "qwen3-fixture",
+            [HSX, "serve", str(model), "--port", str(self.port), "--served-model-name", "qwen3-fixture",
              "--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv), *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30

@@ -264,19 +264,19 @@ def test_api_key_and_custom_paths(tmp_path, golden):
         auth = {"Authorization": "Bearer sekret"}
         status, body, _ = post(s.url + "/v1/completions",
                                {"prompt": golden["prompt_0"].tolist(), "max_tokens": 1,
-                                "kv_transfer_params": {"hidden_states_path": "sub/mine.safetensors"}}, auth)
+                                "kv_transfer_params": {"hidden_states_path": "mine.safetensors"}}, auth)
         assert status == 200, body
         path = body["kv_transfer_params"]["hidden_states_path"]
-        assert path == str(s.storage / "sub" / "mine.safetensors")
+        assert path == str(s.storage / "mine.safetensors")
         for escape in ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors"]:
             status, err, _ = post(s.url + "/v1/completions",
                                   {"prompt": [1], "kv_transfer_params": {"hidden_states_path": escape}}, auth)
             assert status == 400 and "inside the shared storage path" in err["error"]["message"], escape
         assert not (tmp_path / "outside.safetensors").exists()
         # Output that cannot be stored fails that request with a clear 500; the server goes on.
-        (s.storage / "a-file").write_text("in the way")
+        (s.storage / "x.safetensors.lock").mkdir()  # in the way of the lock file
         status, err, _ = post(s.url + "/v1/completions",
-                              {"prompt": [1], "kv_transfer_params": {"hidden_states_path": "a-file/x.safetensors"}}, auth)
+                              {"prompt": [1], "kv_transfer_params": {"hidden_states_path": "x.safetensors"}}, auth)
         assert status == 500 and "cannot create lock file" in err["error"]["message"], err
         status, _, _ = post(s.url + "/v1/completions", {"prompt": [1, 2], "max_tokens": 1}, auth)
         assert status == 200

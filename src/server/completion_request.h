@@ -1,0 +1,80 @@
+// A /v1/completions body, read and checked whole before anything is submitted: every
+// field hsx reads, with its type and range (a 400 naming the field); every prompt
+// tokenized and measured against max_model_len in vLLM's words; the OpenAI and vLLM
+// parameters hsx does not implement refused by name, as vLLM refuses what it does not
+// support. Fields neither defines are ignored, as vLLM ignores them (and logs them).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace hsx {
+
+// What the checks need to know about the server and its model.
+struct CompletionLimits {
+  std::string model_name;
+  int max_model_len = 0;
+  int vocab_size = 0;
+  const Tokenizer* tokenizer = nullptr;  // null: text prompts and stop strings are refused
+  int64_t max_prompt_bytes = 0;          // longer text cannot fit max_model_len; 0: unknown
+  bool extract = false;                  // hidden states are stored
+  bool allow_custom_path = false;        // kv_transfer_params.hidden_states_path may name the file
+  size_t max_choices = 0;                // prompts x n the server can queue at once
+};
+
+struct RequestError {
+  int status = 400;
+  std::string message;
+  std::string param;  // the field at fault; empty: none in particular
+};
+
+struct CompletionRequest {
+  struct Prompt {
+    std::vector<int32_t> ids;
+    std::string text;  // as sent (text prompts), for echo
+    bool is_text = false;
+    int max_tokens = 0;  // resolved for this prompt's length
+  };
+  std::vector<Prompt> prompts;
+  int n = 1;  // choices per prompt
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;
+  bool return_token_ids = false;
+  bool ignore_eos = false;
+  int min_tokens = 0;
+  std::vector<std::string> stop;
+  bool include_stop_str_in_output = false;
+  std::vector<int32_t> stop_token_ids;  // the client's, beside the model's EOS
+  SamplingParams sampling;
+  bool include_output_tokens = false;
+  std::string hidden_states_name;  // a client-chosen file name inside the storage directory
+  std::vector<std::string> ignored_fields;  // unknown top-level fields (shortened), for the log
+};
+
+// The request in `body` (a parsed JSON value), or the error that answers it.
+std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const nlohmann::json& body,
+                                                                     const CompletionLimits& limits);
+
+// The most bytes of text that can tokenize to at most `max_model_len` tokens, so longer
+// text fails before it is tokenized: a token covers at most as many bytes as its
+// vocabulary string (byte-level and byte-fallback pieces spell each byte with at least
+// one), and normalization shrinks text at most 4x (NFKC: the 4-byte mathematical "𝐀"
+// becomes "A"). Tokenizers that delete text (a Strip or Replace-with-nothing normalizer)
+// or fuse unknown characters into one token could beat this bound.
+int64_t MaxPromptBytes(const Tokenizer& tokenizer, int max_model_len);
+
+// Whether a JSON value is an integer token id in [0, vocab) (2^40 must not wrap into range).
+bool IsTokenId(const nlohmann::json& value, int vocab);
+
+// `text` cut to at most `max_bytes` bytes (on a character boundary, "..." appended), so a
+// message never echoes unbounded client input.
+std::string Shortened(const std::string& text, size_t max_bytes = 64);
+
+}  // namespace hsx
