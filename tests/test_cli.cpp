@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -122,6 +124,53 @@ TEST_F(CliTest, ExtractDefaultsToCheckpointDtypeAndResumes) {
   EXPECT_NE(second.err.find("wrote 0 files"), std::string::npos) << second.err;
   EXPECT_NE(second.err.find("skipped 3 already in the manifest"), std::string::npos) << second.err;
   EXPECT_EQ(fs::last_write_time(out + "/p2.safetensors"), mtime);
+}
+
+// A copy of the qwen3 fixture whose weights `poison` edits in place (bf16 bytes).
+std::string PoisonedModel(const std::string& dir, const std::function<void(const std::string&, Tensor&)>& poison) {
+  fs::create_directories(dir);
+  fs::copy_file(test::ModelDir("qwen3") + "/config.json", dir + "/config.json");
+  SafetensorsFile original = test::Golden(test::ModelDir("qwen3") + "/model.safetensors");
+  std::vector<NamedTensor> tensors;
+  for (const auto& [name, t] : original.tensors()) {
+    Tensor copy = Tensor::Host(t.dtype(), t.shape());
+    std::memcpy(copy.raw(), t.raw(), t.nbytes());
+    poison(name, copy);
+    tensors.push_back({name, copy});
+  }
+  EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
+  return dir;
+}
+
+constexpr uint16_t kBf16Inf = 0x7f80;  // the exponent byte all ones: what a flipped byte can make
+
+TEST_F(CliTest, NonFiniteHiddenStatesFailTheirRequestAloneAndWriteNoFile) {
+  const std::string prompts = WriteLines("p.jsonl", {R"({"id": "clean", "token_ids": [1, 2, 3, 4, 5]})",
+                                                     R"({"id": "poisoned", "token_ids": [1, 2, 3, 7, 5]})"});
+  // Token 7's embedding is inf: the prompt holding it fails at layer 0, position 3; the
+  // other prompt in the same batch is written.
+  const std::string embed = PoisonedModel(dir_ + "/embed", [](const std::string& name, Tensor& t) {
+    if (name == "model.embed_tokens.weight") std::fill_n(t.data<uint16_t>() + 7 * t.size(1), t.size(1), kBf16Inf);
+  });
+  CommandResult r = Hsx("extract --model " + embed + " --layers 0,2,4 --input " + prompts + " --output " + dir_ + "/o1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("p.jsonl:2: request 'poisoned': the hidden state of layer 0 at token position 3 is not finite"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(fs::exists(dir_ + "/o1/clean.safetensors"));
+  EXPECT_FALSE(fs::exists(dir_ + "/o1/poisoned.safetensors"));
+  EXPECT_EQ(Slurp(dir_ + "/o1/manifest.jsonl").find("poisoned"), std::string::npos);
+  // Layer 1's MLP overflows: states from layer 2 on are non-finite, layer 1's are not.
+  const std::string mlp = PoisonedModel(dir_ + "/mlp", [](const std::string& name, Tensor& t) {
+    if (name == "model.layers.1.mlp.down_proj.weight") std::fill_n(t.data<uint16_t>(), t.numel(), kBf16Inf);
+  });
+  r = Hsx("extract --model " + mlp + " --layers 1,2,4 --input " + prompts + " --output " + dir_ + "/o2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("p.jsonl:1: request 'clean': the hidden state of layer 2 at token position 0 is not finite"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("wrote 0 files"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ + "/o2/clean.safetensors"));
 }
 
 TEST_F(CliTest, BadLinesFailAloneWithLineNumbers) {

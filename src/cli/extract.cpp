@@ -134,6 +134,10 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     while (more_input || engine.has_work()) {
       if (more_input) more_input = ReadAhead(*reader, engine, max_in_flight, admit);
       for (auto& done : engine.Step()) {
+        if (!done->error.ok()) {
+          report(Error(o.input + ":" + std::to_string(seen[done->id()]) + ": " + done->error.message()));
+          continue;
+        }
         std::shared_ptr<Sequence> seq(std::move(done));
         writers.Submit([&, seq] {
           auto path = WriteHiddenStatesFile(out_dir, *seq);

@@ -10,6 +10,7 @@
 
 #include "engine/sampler.h"
 #include "tensor/tensor.h"
+#include "util/status.h"
 
 namespace hsx {
 
@@ -66,6 +67,9 @@ class Sequence {
   void Stop() { stopped_ = true; }
   // Set when the request was cancelled (a client went away): it ends without a result.
   bool aborted = false;
+  // Set when the request failed while running (a captured row held inf or NaN): it ends
+  // without a file, and its consumer reports this error for it.
+  Status error;
   std::mt19937_64& rng() { return rng_; }
 
  private:
