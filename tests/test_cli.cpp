@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "test_util.h"
 
@@ -124,6 +127,47 @@ TEST_F(CliTest, ExtractDefaultsToCheckpointDtypeAndResumes) {
   EXPECT_NE(second.err.find("wrote 0 files"), std::string::npos) << second.err;
   EXPECT_NE(second.err.find("skipped 3 already in the manifest"), std::string::npos) << second.err;
   EXPECT_EQ(fs::last_write_time(out + "/p2.safetensors"), mtime);
+}
+
+// What a killed or failed run left: a torn manifest line and a temp file. The resumed run
+// cuts the line off, removes the dead run's temp file, and lists every id exactly once.
+TEST_F(CliTest, ExtractResumesOverATornManifestAndLeftoverTempFiles) {
+  SafetensorsFile golden = test::Golden(test::ModelDir("llama") + "/golden.safetensors");
+  const std::string prompts = GoldenPrompts(golden), out = dir_ + "/out";
+  const std::string args = "extract --model " + test::ModelDir("llama") + " --layers 1,4 --input " + prompts + " --output " + out;
+  CommandResult first = Hsx(args);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  // As if p1's and p2's appends failed midway and a run was killed before its rename.
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(out + "/manifest.jsonl");
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  ASSERT_EQ(lines.size(), 3u);
+  std::string p0_line;
+  for (const auto& l : lines)
+    if (l.find("\"p0\"") != std::string::npos) p0_line = l;
+  std::ofstream(out + "/manifest.jsonl", std::ios::trunc) << p0_line << "\n" << lines[0].substr(0, 12);
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  const std::string leftover = out + "/p1.safetensors.tmp." + std::to_string(dead) + ".3";
+  fs::copy_file(out + "/p1.safetensors", leftover);
+
+  CommandResult second = Hsx(args);
+  EXPECT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.err.find("manifest.jsonl:2: incomplete last line"), std::string::npos) << second.err;
+  EXPECT_NE(second.err.find("removed 1 temp file(s)"), std::string::npos) << second.err;
+  EXPECT_NE(second.err.find("wrote 2 files"), std::string::npos) << second.err;
+  EXPECT_FALSE(fs::exists(leftover));
+  std::multiset<std::string> ids;
+  std::ifstream in(out + "/manifest.jsonl");
+  for (std::string l; std::getline(in, l);) {
+    auto j = nlohmann::json::parse(l, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << "unparsable manifest line: " << l;
+    ids.insert(j["id"].get<std::string>());
+  }
+  EXPECT_EQ(ids, (std::multiset<std::string>{"p0", "p1", "p2"}));
 }
 
 // A copy of the qwen3 fixture whose weights `poison` edits in place (bf16 bytes).
