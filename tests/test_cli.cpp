@@ -217,6 +217,26 @@ TEST_F(CliTest, NonFiniteHiddenStatesFailTheirRequestAloneAndWriteNoFile) {
   EXPECT_FALSE(fs::exists(dir_ + "/o2/clean.safetensors"));
 }
 
+TEST_F(CliTest, BenchRefusesADirectoryItDidNotMake) {
+  const std::string precious = dir_ + "/precious";
+  fs::create_directories(precious + "/out");
+  std::ofstream(precious + "/notes.txt") << "keep me";
+  std::ofstream(precious + "/out/data.bin") << "keep me too";
+  const std::string bench = "bench --model " + test::ModelDir("qwen3") +
+                            " --num-prompts 2 --median-len 8 --min-len 4 --max-len 16 --max-num-batched-tokens 64 --dir ";
+  CommandResult r = Hsx(bench + precious);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--dir " + precious + ": not empty and not made by hsx bench"), std::string::npos) << r.err;
+  EXPECT_EQ(Slurp(precious + "/notes.txt"), "keep me");
+  EXPECT_EQ(Slurp(precious + "/out/data.bin"), "keep me too");
+  // A new directory is bench's own, and so is the same directory the next time.
+  for (int run = 0; run < 2; ++run) {
+    r = Hsx(bench + dir_ + "/scratch");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(fs::exists(dir_ + "/scratch/prompts.jsonl"));
+  }
+}
+
 TEST_F(CliTest, BadLinesFailAloneWithLineNumbers) {
   const std::string prompts = WriteLines(
       "bad.jsonl", {R"({"id": "good", "token_ids": [1, 2, 3, 4]})", R"({bad json)", R"([1, 2])", R"({"token_ids": [1]})",
