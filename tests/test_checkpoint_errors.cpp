@@ -140,7 +140,16 @@ TEST_F(CheckpointErrorTest, MissingTensorAndMissingFile) {
 }
 
 TEST_F(CheckpointErrorTest, ShardedCheckpointLoadsAndChecksItsIndex) {
-  // A two-shard copy of the fixture loads and gives the same logits as the single file.
+  // A two-shard copy of the fixture loads and gives the same hidden states and logits,
+  // bit for bit, as the single file (a tensor read from the wrong shard or offset would not).
+  SafetensorsFile golden = test::Golden(test::ModelDir("qwen3") + "/golden.safetensors");
+  CpuBackend backend;
+  test::GoldenPrefill single;
+  {
+    auto model = Model::Load(dir_, backend);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    single = test::RunGoldenPrefill(**model, golden);
+  }
   SafetensorsFile whole = test::Golden(dir_ + "/model.safetensors");
   std::vector<NamedTensor> a, b;
   nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
@@ -153,9 +162,13 @@ TEST_F(CheckpointErrorTest, ShardedCheckpointLoadsAndChecksItsIndex) {
   ASSERT_TRUE(WriteSafetensors(dir_ + "/model-00002-of-00002.safetensors", b).ok());
   fs::remove(dir_ + "/model.safetensors");
   std::ofstream(dir_ + "/model.safetensors.index.json") << index.dump();
-  CpuBackend backend;
   auto model = Model::Load(dir_, backend);
   ASSERT_TRUE(model.ok()) << model.status().message();
+  const test::GoldenPrefill sharded = test::RunGoldenPrefill(**model, golden);
+  for (size_t k = 0; k < single.hidden.size(); ++k) {
+    EXPECT_EQ(sharded.hidden[k], single.hidden[k]) << "prompt " << k;
+    EXPECT_EQ(sharded.logits[k], single.logits[k]) << "prompt " << k;
+  }
   fs::remove(dir_ + "/model-00002-of-00002.safetensors");
   EXPECT_CONTAINS(LoadError(), "model-00002-of-00002.safetensors: cannot open");
 }

@@ -4,9 +4,14 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <unistd.h>
+
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "test_util.h"
 
@@ -122,6 +127,114 @@ TEST_F(CliTest, ExtractDefaultsToCheckpointDtypeAndResumes) {
   EXPECT_NE(second.err.find("wrote 0 files"), std::string::npos) << second.err;
   EXPECT_NE(second.err.find("skipped 3 already in the manifest"), std::string::npos) << second.err;
   EXPECT_EQ(fs::last_write_time(out + "/p2.safetensors"), mtime);
+}
+
+// What a killed or failed run left: a torn manifest line and a temp file. The resumed run
+// cuts the line off, removes the dead run's temp file, and lists every id exactly once.
+TEST_F(CliTest, ExtractResumesOverATornManifestAndLeftoverTempFiles) {
+  SafetensorsFile golden = test::Golden(test::ModelDir("llama") + "/golden.safetensors");
+  const std::string prompts = GoldenPrompts(golden), out = dir_ + "/out";
+  const std::string args = "extract --model " + test::ModelDir("llama") + " --layers 1,4 --input " + prompts + " --output " + out;
+  CommandResult first = Hsx(args);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  // As if p1's and p2's appends failed midway and a run was killed before its rename.
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(out + "/manifest.jsonl");
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  ASSERT_EQ(lines.size(), 3u);
+  std::string p0_line;
+  for (const auto& l : lines)
+    if (l.find("\"p0\"") != std::string::npos) p0_line = l;
+  std::ofstream(out + "/manifest.jsonl", std::ios::trunc) << p0_line << "\n" << lines[0].substr(0, 12);
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  const std::string leftover = out + "/p1.safetensors.tmp." + std::to_string(dead) + ".3";
+  fs::copy_file(out + "/p1.safetensors", leftover);
+
+  CommandResult second = Hsx(args);
+  EXPECT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.err.find("manifest.jsonl:2: incomplete last line"), std::string::npos) << second.err;
+  EXPECT_NE(second.err.find("removed 1 temp file(s)"), std::string::npos) << second.err;
+  EXPECT_NE(second.err.find("wrote 2 files"), std::string::npos) << second.err;
+  EXPECT_FALSE(fs::exists(leftover));
+  std::multiset<std::string> ids;
+  std::ifstream in(out + "/manifest.jsonl");
+  for (std::string l; std::getline(in, l);) {
+    auto j = nlohmann::json::parse(l, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << "unparsable manifest line: " << l;
+    ids.insert(j["id"].get<std::string>());
+  }
+  EXPECT_EQ(ids, (std::multiset<std::string>{"p0", "p1", "p2"}));
+}
+
+// A copy of the qwen3 fixture whose weights `poison` edits in place (bf16 bytes).
+std::string PoisonedModel(const std::string& dir, const std::function<void(const std::string&, Tensor&)>& poison) {
+  fs::create_directories(dir);
+  fs::copy_file(test::ModelDir("qwen3") + "/config.json", dir + "/config.json");
+  SafetensorsFile original = test::Golden(test::ModelDir("qwen3") + "/model.safetensors");
+  std::vector<NamedTensor> tensors;
+  for (const auto& [name, t] : original.tensors()) {
+    Tensor copy = Tensor::Host(t.dtype(), t.shape());
+    std::memcpy(copy.raw(), t.raw(), t.nbytes());
+    poison(name, copy);
+    tensors.push_back({name, copy});
+  }
+  EXPECT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
+  return dir;
+}
+
+constexpr uint16_t kBf16Inf = 0x7f80;  // the exponent byte all ones: what a flipped byte can make
+
+TEST_F(CliTest, NonFiniteHiddenStatesFailTheirRequestAloneAndWriteNoFile) {
+  const std::string prompts = WriteLines("p.jsonl", {R"({"id": "clean", "token_ids": [1, 2, 3, 4, 5]})",
+                                                     R"({"id": "poisoned", "token_ids": [1, 2, 3, 7, 5]})"});
+  // Token 7's embedding is inf: the prompt holding it fails at layer 0, position 3; the
+  // other prompt in the same batch is written.
+  const std::string embed = PoisonedModel(dir_ + "/embed", [](const std::string& name, Tensor& t) {
+    if (name == "model.embed_tokens.weight") std::fill_n(t.data<uint16_t>() + 7 * t.size(1), t.size(1), kBf16Inf);
+  });
+  CommandResult r = Hsx("extract --model " + embed + " --layers 0,2,4 --input " + prompts + " --output " + dir_ + "/o1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("p.jsonl:2: request 'poisoned': the hidden state of layer 0 at token position 3 is not finite"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(fs::exists(dir_ + "/o1/clean.safetensors"));
+  EXPECT_FALSE(fs::exists(dir_ + "/o1/poisoned.safetensors"));
+  EXPECT_EQ(Slurp(dir_ + "/o1/manifest.jsonl").find("poisoned"), std::string::npos);
+  // Layer 1's MLP overflows: states from layer 2 on are non-finite, layer 1's are not.
+  const std::string mlp = PoisonedModel(dir_ + "/mlp", [](const std::string& name, Tensor& t) {
+    if (name == "model.layers.1.mlp.down_proj.weight") std::fill_n(t.data<uint16_t>(), t.numel(), kBf16Inf);
+  });
+  r = Hsx("extract --model " + mlp + " --layers 1,2,4 --input " + prompts + " --output " + dir_ + "/o2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("p.jsonl:1: request 'clean': the hidden state of layer 2 at token position 0 is not finite"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("wrote 0 files"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ + "/o2/clean.safetensors"));
+}
+
+TEST_F(CliTest, BenchRefusesADirectoryItDidNotMake) {
+  const std::string precious = dir_ + "/precious";
+  fs::create_directories(precious + "/out");
+  std::ofstream(precious + "/notes.txt") << "keep me";
+  std::ofstream(precious + "/out/data.bin") << "keep me too";
+  const std::string bench = "bench --model " + test::ModelDir("qwen3") +
+                            " --num-prompts 2 --median-len 8 --min-len 4 --max-len 16 --max-num-batched-tokens 64 --dir ";
+  CommandResult r = Hsx(bench + precious);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--dir " + precious + ": not empty and not made by hsx bench"), std::string::npos) << r.err;
+  EXPECT_EQ(Slurp(precious + "/notes.txt"), "keep me");
+  EXPECT_EQ(Slurp(precious + "/out/data.bin"), "keep me too");
+  // A new directory is bench's own, and so is the same directory the next time.
+  for (int run = 0; run < 2; ++run) {
+    r = Hsx(bench + dir_ + "/scratch");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(fs::exists(dir_ + "/scratch/prompts.jsonl"));
+  }
 }
 
 TEST_F(CliTest, BadLinesFailAloneWithLineNumbers) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -62,6 +64,14 @@ Tensor ToBf16(const Tensor& f32) {
   return t;
 }
 
+// A device tensor of NaNs (all-ones bytes), so a kernel that skips part of its output
+// cannot pass on what an earlier kernel (or an earlier use of the memory) left there.
+Tensor Poisoned(CudaBackend& gpu, DType dtype, Shape shape) {
+  Tensor host = Tensor::Host(dtype, std::move(shape));
+  std::memset(host.raw(), 0xff, host.nbytes());
+  return gpu.Upload(host);
+}
+
 double GpuVsCpu(CudaBackend& gpu, const Tensor& device_result, const Tensor& cpu_result) {
   return test::RelativeMaxError(test::AsFloats(gpu.Download(device_result)), test::AsFloats(cpu_result));
 }
@@ -75,11 +85,11 @@ TEST(CudaKernelTest, LinearMatchesCpuOnOddShapes) {
     Tensor x = RandomHost({m, k}, rng), w = RandomHost({n, k}, rng, 0.1f), b = RandomHost({n}, rng);
     Tensor y_cpu = cpu.Empty(DType::kF32, {m, n});
     cpu.Linear(x, w, &b, y_cpu);
-    Tensor y_gpu = gpu->Empty(DType::kBF16, {m, n});
+    Tensor y_gpu = Poisoned(*gpu, DType::kBF16, {m, n});
     const Tensor wb = gpu->UploadWeight(w), bb = gpu->UploadWeight(b);
     gpu->Linear(gpu->Upload(ToBf16(x)), wb, &bb, y_gpu);
     EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << m << "x" << n << "x" << k;
-    Tensor y_f32 = gpu->Empty(DType::kF32, {m, n});
+    Tensor y_f32 = Poisoned(*gpu, DType::kF32, {m, n});
     gpu->Linear(gpu->Upload(ToBf16(x)), wb, nullptr, y_f32);
     cpu.Linear(x, w, nullptr, y_cpu);
     EXPECT_LE(GpuVsCpu(*gpu, y_f32, y_cpu), 1e-3) << "f32 output " << m << "x" << n << "x" << k;
@@ -95,7 +105,7 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
     const int64_t t = 29, heads = 3;
     Tensor x = RandomHost({t, heads, d}, rng), w = RandomHost({d}, rng, 0.2f);
     for (bool one_plus : {false, true}) {
-      Tensor y_cpu = cpu.Empty(DType::kF32, {t, heads, d}), y_gpu = gpu->Empty(DType::kBF16, {t, heads, d});
+      Tensor y_cpu = cpu.Empty(DType::kF32, {t, heads, d}), y_gpu = Poisoned(*gpu, DType::kBF16, {t, heads, d});
       cpu.RmsNorm(x, &w, 1e-6f, one_plus, y_cpu);
       const Tensor wg = gpu->UploadWeight(w);
       gpu->RmsNorm(gpu->Upload(ToBf16(x)), &wg, 1e-6f, one_plus, y_gpu);
@@ -104,6 +114,7 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
       Tensor branch = RandomHost({t, heads, d}, rng);
       Tensor res_cpu = RandomHost({t, heads, d}, rng);
       Tensor res_gpu = gpu->Upload(ToBf16(res_cpu));
+      y_gpu = Poisoned(*gpu, DType::kBF16, {t, heads, d});  // not RmsNorm's output from above
       cpu.AddRmsNorm(res_cpu, branch, &w, 1e-6f, one_plus, y_cpu);
       gpu->AddRmsNorm(res_gpu, gpu->Upload(ToBf16(branch)), &wg, 1e-6f, one_plus, y_gpu);
       EXPECT_LE(GpuVsCpu(*gpu, res_gpu, res_cpu), 1e-2) << "add_rmsnorm residual d=" << d;
@@ -136,7 +147,7 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
   }
   Tensor g = RandomHost({7, 300}, rng), u = RandomHost({7, 300}, rng);
   for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
-    Tensor o_cpu = cpu.Empty(DType::kF32, {7, 300}), o_gpu = gpu->Empty(DType::kBF16, {7, 300});
+    Tensor o_cpu = cpu.Empty(DType::kF32, {7, 300}), o_gpu = Poisoned(*gpu, DType::kBF16, {7, 300});
     cpu.GatedActivation(g, u, act, o_cpu);
     gpu->GatedActivation(gpu->Upload(ToBf16(g)), gpu->Upload(ToBf16(u)), act, o_gpu);
     EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 1e-2);
@@ -162,10 +173,39 @@ TEST(CudaKernelTest, MoeMlpMatchesCpu) {
       gpu_w.up.push_back(gpu->UploadWeight(cpu_w.up.back()));
       gpu_w.down.push_back(gpu->UploadWeight(cpu_w.down.back()));
     }
-    Tensor o_cpu = cpu.Empty(DType::kF32, {tokens, hidden}), o_gpu = gpu->Empty(DType::kBF16, {tokens, hidden});
+    Tensor o_cpu = cpu.Empty(DType::kF32, {tokens, hidden}), o_gpu = Poisoned(*gpu, DType::kBF16, {tokens, hidden});
     cpu.MoeMlp(x, logits, cpu_w, top_k, true, Activation::kSilu, o_cpu);
     gpu->MoeMlp(gpu->Upload(ToBf16(x)), gpu->Upload(logits), gpu_w, top_k, true, Activation::kSilu, o_gpu);
     EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 2e-2) << tokens << " tokens, " << experts << " experts, top " << top_k;
+  }
+}
+
+// Rows with an inf or NaN anywhere (first, last, in a vector load's tail or not) are
+// flagged, the rest are not; the flags start as poison (-1), so every row must be written.
+TEST(CudaKernelTest, FlagNonFiniteRowsMatchesCpu) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(5);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t cols : {64, 37, 4096}) {
+    const int64_t rows = 301;
+    Tensor x = RandomHost({rows, cols}, rng, 1e3f);
+    std::uniform_int_distribution<int64_t> col(0, cols - 1);
+    for (int64_t r = 0; r < rows; r += 3) {
+      const float bad[] = {inf, -inf, nan};
+      const int64_t c = r % 9 == 0 ? 0 : r % 9 == 3 ? cols - 1 : col(rng);
+      x.data<float>()[r * cols + c] = bad[(r / 3) % 3];
+    }
+    Tensor expected = cpu.Empty(DType::kI32, {rows});
+    cpu.FlagNonFiniteRows(x, expected);
+    Tensor flags = Poisoned(*gpu, DType::kI32, {rows});
+    gpu->FlagNonFiniteRows(gpu->Upload(ToBf16(x)), flags);
+    const Tensor got = gpu->Download(flags);
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSERT_EQ(expected.data<int32_t>()[r], r % 3 == 0 ? 1 : 0) << "cpu, row " << r << " of " << cols;
+      ASSERT_EQ(got.data<int32_t>()[r], expected.data<int32_t>()[r]) << "row " << r << " of " << cols;
+    }
   }
 }
 
@@ -216,9 +256,11 @@ TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
     params.sliding_window = c.window;
     params.softcap = c.softcap;
     params.block_size = kBlock;
-    Tensor o_cpu = cpu.Empty(DType::kF32, {t, heads, c.d}), o_gpu = gpu->Empty(DType::kBF16, {t, heads, c.d});
+    Tensor o_cpu = cpu.Empty(DType::kF32, {t, heads, c.d});
     cpu.Attention(q, kc, vc, MakeAttentionBatch(cpu, seqs), params, o_cpu);
     for (CudaBackend* g : {gpu.get(), gpu_mma.get()}) {
+      // Each kernel writes into fresh poison, never into the other kernel's correct output.
+      Tensor o_gpu = Poisoned(*g, DType::kBF16, {t, heads, c.d});
       g->Attention(g->Upload(ToBf16(q)), g->Upload(ToBf16(kc)), g->Upload(ToBf16(vc)), MakeAttentionBatch(*g, seqs),
                    params, o_gpu);
       EXPECT_LE(GpuVsCpu(*g, o_gpu, o_cpu), 2e-2)

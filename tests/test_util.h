@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,11 +48,14 @@ inline std::vector<int32_t> AsIds(const Tensor& t) {
   return v;
 }
 
-// max |a - b| / max |b|: the error measure the fixtures' tolerances use.
+// max |a - b| / max |b|: the error measure the fixtures' tolerances use. A NaN anywhere
+// is an infinite error (std::max would skip it, and a NaN-poisoned output would pass).
 inline double RelativeMaxError(const std::vector<float>& a, const std::vector<float>& b) {
   double err = 0, ref = 0;
   for (size_t i = 0; i < b.size(); ++i) {
-    err = std::max(err, static_cast<double>(std::abs(a[i] - b[i])));
+    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
+    err = std::max(err, d);
     ref = std::max(ref, static_cast<double>(std::abs(b[i])));
   }
   return ref > 0 ? err / ref : err;

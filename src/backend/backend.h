@@ -122,6 +122,8 @@ class Backend {
   // out = sum of weighted expert MLPs.
   virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
                       bool renormalize, Activation act, Tensor& out) = 0;
+  // flags int32 [R]: 1 where row r of x [R, C] (compute dtype) holds an inf or NaN, else 0.
+  virtual void FlagNonFiniteRows(const Tensor& x, Tensor& flags) = 0;
   // One token per row of logits f32 [rows, vocab] (backend/sampling.h); only the tokens
   // and logprobs come back to the host.
   virtual SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch) = 0;

@@ -1,10 +1,14 @@
 // hsx bench: end-to-end extraction throughput on synthetic prompts, next to this
 // machine's f32 GEMM throughput measured in the same run. Prints JSON lines.
 #include <cblas.h>
+#include <stdlib.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -25,6 +29,30 @@ struct BenchOptions {
   uint64_t seed = 0;
   bool decode = false;  // run RunDecodeBench instead
 };
+
+// A --dir that bench made holds this file; bench writes into (and clears) no other.
+constexpr const char* kBenchMarker = ".hsx-bench";
+
+// The scratch directory: --dir if it is new, empty or bench's own (its earlier output
+// is removed), else a fresh directory under the system's temp path.
+Result<std::string> PrepareScratchDir(const std::string& requested) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (requested.empty()) {
+    std::string tmpl = (fs::temp_directory_path(ec) / "hsx-bench-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) return Error(tmpl + ": cannot create: " + std::strerror(errno));
+    return tmpl;
+  }
+  const std::string marker = requested + "/" + kBenchMarker;
+  if (fs::exists(requested, ec) && !fs::is_empty(requested, ec) && !fs::exists(marker, ec)) {
+    return Error("--dir " + requested + ": not empty and not made by hsx bench (it has no " + kBenchMarker +
+                 " file); name a new or empty directory");
+  }
+  fs::remove_all(requested + "/out", ec);
+  fs::create_directories(requested, ec);
+  if (ec || !std::ofstream(marker)) return Error("--dir " + requested + ": cannot create: " + ec.message());
+  return requested;
+}
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -53,9 +81,9 @@ int RunBench(BenchOptions o) {
   std::uniform_int_distribution<int> tok_dist(0, c.vocab_size - 1);
   // With --dir the prompts stay there afterwards, so a baseline can run the same workload.
   const bool keep_prompts = !o.extract.output.empty();
-  const std::string dir = keep_prompts ? o.extract.output : (std::filesystem::temp_directory_path() / "hsx-bench").string();
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir + "/out");
+  auto scratch = PrepareScratchDir(o.extract.output);
+  if (!scratch.ok()) return Fail("bench", scratch.status());
+  const std::string dir = *scratch;
   o.extract.input = dir + "/prompts.jsonl";
   o.extract.output = dir + "/out";
   o.extract.quiet = true;
@@ -124,7 +152,8 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--kv-cache-gib", o->extract.kv_cache_gib);
   app->add_option("--writer-threads", o->extract.writer_threads, "File writer threads");
   app->add_flag("!--no-enable-prefix-caching", o->extract.prefix_caching, "Measure without prefix caching");
-  app->add_option("--dir", o->extract.output, "Scratch directory; prompts.jsonl stays there afterwards");
+  app->add_option("--dir", o->extract.output,
+                  "Scratch directory, new or empty (or an earlier bench's); prompts.jsonl stays there afterwards");
   app->add_flag("--decode", o->decode, "Measure generation per batch size instead of extraction");
   app->add_option("--batch-sizes", decode->batch_sizes, "Decode: concurrent sequences, one run each")->delimiter(',');
   app->add_option("--prompt-len", decode->prompt_len, "Decode: prompt tokens per sequence");

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "capture/hidden_states_file.h"
+#include "capture/manifest.h"
 #include "capture/writer_pool.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -54,18 +55,6 @@ Status PrepareOutputDir(const std::string& dir) {
   return {};
 }
 
-// Ids already written by an earlier run; a torn last line (a crash mid-append) is ignored.
-std::unordered_set<std::string> ReadManifest(const std::string& path) {
-  std::unordered_set<std::string> ids;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("id") && j["id"].is_string()) ids.insert(j["id"].get<std::string>());
-  }
-  return ids;
-}
-
 }  // namespace
 
 ExtractResult RunExtract(const ExtractOptions& o) {
@@ -86,8 +75,13 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   if (Status s = PrepareOutputDir(o.output); !s.ok()) return {Fail(cmd, s)};
   // Absolute paths in the manifest, as vLLM reports them, so readers need not know our cwd.
   const std::string out_dir = std::filesystem::absolute(o.output).lexically_normal().string();
-  const std::string manifest = out_dir + "/manifest.jsonl";
-  const std::unordered_set<std::string> already = ReadManifest(manifest);
+  auto manifest = Manifest::Open(out_dir + "/manifest.jsonl");
+  if (!manifest.ok()) return {Fail(cmd, manifest.status())};
+  for (const std::string& w : manifest->warnings()) std::fprintf(stderr, "hsx extract: warning: %s\n", w.c_str());
+  // Files a killed run was writing; a live writer's (another hsx in this directory) stay.
+  auto stale = RemoveStaleTempFiles(out_dir);
+  if (!stale.ok()) return {Fail(cmd, stale.status())};
+  if (*stale > 0) std::fprintf(stderr, "hsx extract: removed %d temp file(s) of an interrupted run\n", *stale);
   EngineConfig ec;
   ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.scheduler.max_num_seqs = o.max_num_seqs;
@@ -105,13 +99,31 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   }
 
   const auto start = std::chrono::steady_clock::now();
-  std::atomic<int64_t> written{0}, failed{0}, tokens_done{0};
+  std::atomic<int64_t> written{0}, failed{0}, tokens_done{0}, left_unwritten{0};
   std::mutex out_mu;
   auto report = [&](const Status& s) {
     std::lock_guard<std::mutex> lock(out_mu);
     failed += Fail(cmd, s);
   };
-  Progress progress("hsx extract", PromptReader::CountLines(o.input) - static_cast<int64_t>(already.size()));
+  // A full disk fails every later write too: stop at the first such error, or after
+  // max_write_failures in a row, instead of computing the rest of the dataset for nothing.
+  int consecutive_write_failures = 0;  // under out_mu
+  std::string stop_reason;             // under out_mu
+  std::atomic<bool> stopping{false};
+  auto write_failed = [&](const Status& s) {  // under out_mu
+    failed += Fail(cmd, s);
+    ++consecutive_write_failures;
+    if (stopping) return;
+    if (IsOutOfSpace(s)) {
+      stop_reason = "the disk is full";
+    } else if (consecutive_write_failures >= o.max_write_failures) {
+      stop_reason = std::to_string(consecutive_write_failures) + " writes failed in a row";
+    } else {
+      return;
+    }
+    stopping = true;
+  };
+  Progress progress("hsx extract", PromptReader::CountLines(o.input) - static_cast<int64_t>(manifest->size()));
   std::unordered_map<std::string, int> seen;  // id -> line, within this input
   int64_t skipped = 0;
   bool more_input = true;
@@ -119,7 +131,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   auto admit = [&](PromptLine& p) {
     if (!p.error.ok()) return report(p.error);
     const std::string where = o.input + ":" + std::to_string(p.line) + ": ";
-    if (already.count(p.id)) {
+    if (manifest->Contains(p.id)) {
       ++skipped;
       return;
     }
@@ -131,27 +143,37 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   };
   {
     WriterPool writers(o.writer_threads, static_cast<size_t>(std::max(1, o.writer_queue)));
-    while (more_input || engine.has_work()) {
+    while ((more_input || engine.has_work()) && !stopping) {
       if (more_input) more_input = ReadAhead(*reader, engine, max_in_flight, admit);
       for (auto& done : engine.Step()) {
+        if (!done->error.ok()) {
+          report(Error(o.input + ":" + std::to_string(seen[done->id()]) + ": " + done->error.message()));
+          continue;
+        }
         std::shared_ptr<Sequence> seq(std::move(done));
         writers.Submit([&, seq] {
-          auto path = WriteHiddenStatesFile(out_dir, *seq);
-          if (!path.ok()) return report(path.status());
-          const std::string line =
-              nlohmann::json{{"id", seq->id()}, {"path", *path}, {"num_tokens", seq->prompt_len()}}.dump();
-          std::lock_guard<std::mutex> lock(out_mu);
-          if (Status s = AppendLine(manifest, line); !s.ok()) {
-            failed += Fail(cmd, s);
+          if (stopping) {
+            ++left_unwritten;  // for the resumed run
             return;
           }
-          if (!o.quiet) std::printf("%s\n", line.c_str());
+          auto path = WriteHiddenStatesFile(out_dir, *seq);
+          std::lock_guard<std::mutex> lock(out_mu);
+          Result<std::string> line = path.ok() ? manifest->Append(seq->id(), *path, seq->prompt_len()) : path.status();
+          if (!line.ok()) return write_failed(line.status());
+          consecutive_write_failures = 0;
+          if (!o.quiet) std::printf("%s\n", line->c_str());
           ++written;
           tokens_done += seq->prompt_len();
         });
       }
       progress.Update(written + failed, tokens_done);
     }
+  }
+  if (stopping) {
+    Fail(cmd, Error("stopped early: " + stop_reason + "; " + std::to_string(written.load()) +
+                    " files written this run, " + std::to_string(left_unwritten.load()) +
+                    " finished requests and the rest of the input left undone. Run the same command again "
+                    "once the cause is fixed: it resumes where this run stopped"));
   }
   progress.Finish(written + failed, tokens_done);
   std::fflush(stdout);
@@ -162,7 +184,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
                  static_cast<long>(written.load()), o.output.c_str(), static_cast<long>(skipped),
                  static_cast<long>(failed.load()), 100.0 * engine.prefix_cache_hit_rate());
   }
-  return {failed > 0 ? 1 : 0, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+  return {failed > 0 || stopping ? 1 : 0, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
           written.load(), tokens_done.load(), loaded->backend->peak_memory_bytes()};
 }
 
@@ -181,6 +203,9 @@ void RegisterExtract(CLI::App& root) {
   app->add_option("--writer-threads", o->writer_threads, "File writer threads");
   app->add_flag("!--no-enable-prefix-caching", o->prefix_caching,
                 "Compute shared prompt prefixes again instead of reusing cached blocks and their states");
+  app->add_option("--max-write-failures", o->max_write_failures,
+                  "Stop after this many file writes fail in a row (a full disk stops at once)")
+      ->check(CLI::PositiveNumber);
   app->add_option("--writer-queue", o->writer_queue,
                   "Finished requests waiting for a writer at most; beyond it the engine waits (backpressure)");
   app->callback([o] { ExitCode() = RunExtract(*o).exit_code; });

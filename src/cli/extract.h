@@ -15,6 +15,7 @@ struct ExtractOptions {
   double kv_cache_gib = 2.0;
   int writer_threads = 8;  // as serve's num_writer_threads; 2 could not keep up with an H200
   int writer_queue = 16;
+  int max_write_failures = 8;  // in a row, then stop (a full disk stops at the first)
   bool prefix_caching = true;
   bool quiet = false;  // no per-file lines on stdout, no summary
   // One untimed step of max_num_batched_tokens throwaway tokens first, so that kernel

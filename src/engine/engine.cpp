@@ -145,6 +145,23 @@ void Engine::StoreCaptured(const PendingCapture& step) {
   });
 }
 
+// Names the lowest layer, then the lowest position in it, where the inf or NaN is: where
+// it arose (attention may spread it to earlier positions, as 0 * NaN in P·V).
+void Engine::FailNonFinite(const PendingCapture& step) {
+  const int64_t layers = step.host_view.size(0), total = step.host_view.size(1);
+  const int32_t* flags = step.non_finite_host.data<int32_t>();
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int64_t r = 0; r < total; ++r) {
+      Sequence& seq = *step.rows[r].seq;
+      if (flags[l * total + r] == 0 || !seq.hidden_states.defined() || !seq.error.ok()) continue;
+      seq.error = Error("request '" + seq.id() + "': the hidden state of layer " +
+                        std::to_string(config_.capture_layers[l]) + " at token position " +
+                        std::to_string(step.rows[r].pos) + " is not finite (inf or NaN); no file is written");
+      seq.Stop();  // ends once its prompt has run; its remaining steps are wasted, not written
+    }
+  }
+}
+
 // Starts copying this step's capture to one of two pinned host buffers (the other may
 // still be read by the previous step's store), so the copy and the store overlap the
 // next step's forward.
@@ -159,13 +176,20 @@ std::unique_ptr<Engine::PendingCapture> Engine::StartCapture(const std::vector<S
           {seq, pos, static_cast<int64_t>(seq->block_table[pos / bs]) * bs + pos % bs, seq->preemptions});
     }
   }
+  // Flags for non-finite rows, computed where the rows are (a reduction on the device).
+  Backend& backend = model_.backend();
+  const int64_t flag_rows = captured.size(0) * captured.size(1);
+  step->non_finite_device = backend.Empty(DType::kI32, {flag_rows});
+  backend.FlagNonFiniteRows(captured.View({flag_rows, captured.size(2)}), step->non_finite_device);
+  // One pinned buffer holds the rows, then (4-byte aligned) their flags.
+  const int64_t flags_at = static_cast<int64_t>((captured.nbytes() + 3) / 4);
   Tensor& buffer = host_buffers_[stats_.steps % 2];
-  if (buffer.nbytes() < captured.nbytes()) {
-    buffer = model_.backend().HostBuffer(DType::kI32, {static_cast<int64_t>((captured.nbytes() + 3) / 4)});
-  }
+  if (buffer.numel() < flags_at + flag_rows) buffer = backend.HostBuffer(DType::kI32, {flags_at + flag_rows});
   step->host_view = Tensor(buffer.raw(), captured.dtype(), captured.shape(), Device::kCPU, nullptr);
+  step->non_finite_host = Tensor(buffer.data<int32_t>() + flags_at, DType::kI32, {flag_rows}, Device::kCPU, nullptr);
   step->device = std::move(captured);
-  step->copy = model_.backend().DownloadAsync(step->device, step->host_view);
+  step->copy = backend.DownloadAsync(step->device, step->host_view);
+  step->non_finite_copy = backend.DownloadAsync(step->non_finite_device, step->non_finite_host);
   return step;
 }
 
@@ -175,15 +199,19 @@ void Engine::FinishCapture(std::vector<std::unique_ptr<Sequence>>& finished) {
   if (!pending_) return;
   const auto t0 = Clock::now();
   pending_->copy->Wait();
+  pending_->non_finite_copy->Wait();
   const auto t1 = Clock::now();
   StoreCaptured(*pending_);
+  FailNonFinite(*pending_);
   profile_seconds_[1] += Seconds(t0, t1);
   profile_seconds_[2] += Seconds(t1, Clock::now());
   // Blocks whose rows are now all stored can be shared; then the finished let go of theirs.
   // A sequence preempted since this step ran holds other blocks now, whose rows (from
   // its recompute) are still to come: registering those would share unstored rows.
+  // A failed sequence's rows are not shared: its block with the bad row is never registered.
   for (const auto& row : pending_->rows) {
-    if (row.seq->preemptions == row.preemptions) Commit(*row.seq, static_cast<int>(row.pos) + 1);
+    if (row.seq->preemptions != row.preemptions || !row.seq->error.ok()) continue;
+    Commit(*row.seq, static_cast<int>(row.pos) + 1);
   }
   for (auto& seq : pending_->finishing) Retire(std::move(seq), finished);
   pending_.reset();

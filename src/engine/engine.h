@@ -73,12 +73,17 @@ class Engine {
     };
     std::vector<Row> rows;  // one per batch row
     Tensor device, host_view;
-    std::unique_ptr<PendingDownload> copy;
+    // Per captured row ([L, T] as one list), 1 where it holds an inf or NaN: computed on
+    // the device, copied back after the rows.
+    Tensor non_finite_device, non_finite_host;
+    std::unique_ptr<PendingDownload> copy, non_finite_copy;
     std::vector<std::unique_ptr<Sequence>> finishing;  // done once these rows are stored
   };
   std::unique_ptr<PendingCapture> StartCapture(const std::vector<ScheduledChunk>& chunks, Tensor captured);
   void FinishCapture(std::vector<std::unique_ptr<Sequence>>& finished);
   void StoreCaptured(const PendingCapture& step);
+  // Fails (and stops) each sequence with a non-finite row in the step, naming the first.
+  void FailNonFinite(const PendingCapture& step);
   void CopyCachedRows(Sequence& seq);
   // Lets a finished sequence's blocks go (cached ones stay reusable) and hands it back.
   void Retire(std::unique_ptr<Sequence> seq, std::vector<std::unique_ptr<Sequence>>& finished);

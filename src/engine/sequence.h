@@ -11,6 +11,7 @@
 
 #include "engine/sampler.h"
 #include "tensor/tensor.h"
+#include "util/status.h"
 
 namespace hsx {
 
@@ -71,6 +72,9 @@ class Sequence {
   bool stopped() const { return stopped_; }
   // Set when the request was cancelled (a client went away): it ends without a result.
   bool aborted = false;
+  // Set when the request failed while running (a captured row held inf or NaN): it ends
+  // without a file, and its consumer reports this error for it.
+  Status error;
   // The random stream of its draws: the request's seed, or a random one, so a seed
   // reproduces its tokens whatever the batch.
   uint64_t seed() const { return seed_; }

@@ -106,16 +106,18 @@ void EngineService::Loop() {
       if (it == callbacks_.end()) continue;
       Callback done = std::move(it->second);
       callbacks_.erase(it);
-      const bool aborted = seq->aborted;
+      const bool aborted = seq->aborted, failed = aborted || !seq->error.ok();
       const int generated = seq->num_generated();
       if (aborted) {
         done(Error("request '" + seq->id() + "' was cancelled" + (abort_all ? ": the server is shutting down" : "")),
              nullptr);
+      } else if (!seq->error.ok()) {
+        done(seq->error, nullptr);
       } else {
         done(Status(), std::move(seq));
       }
       std::lock_guard<std::mutex> lock(mu_);
-      ++(aborted ? stats_.requests_failed : stats_.requests_finished);
+      ++(failed ? stats_.requests_failed : stats_.requests_finished);
       stats_.generation_tokens += generated;
     }
     std::lock_guard<std::mutex> lock(mu_);

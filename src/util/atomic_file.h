@@ -10,11 +10,24 @@
 
 namespace hsx {
 
-// Writes the concatenation of `parts` to `path` atomically.
+// Writes the concatenation of `parts` to `path` atomically, through the temp file
+// "<path>.tmp.<pid>.<n>" (the writer's pid, so a later run can tell a dead writer's
+// leftover from a live one's file in progress).
 Status WriteFileAtomic(const std::string& path, const std::vector<std::string_view>& parts);
 
+// Removes the temp files in `dir` (not below it) that WriteFileAtomic left when its
+// process died between write and rename: only names of that exact pattern whose pid is
+// no live process on this machine. Returns how many it removed.
+Result<int> RemoveStaleTempFiles(const std::string& dir);
+
 // Appends one line (a '\n' is added) with a single write(2) on an O_APPEND file and
-// fsyncs it, so concurrent appenders never interleave within a line.
+// fsyncs it, so concurrent appenders never interleave within a line. A failed append
+// (a full disk) truncates the file back to its length before, so it leaves no partial
+// line; callers in one process serialize their appends for that rollback to be safe.
 Status AppendLine(const std::string& path, std::string_view line);
+
+// Whether a write error from this file's functions means the disk (or the quota, or the
+// file size limit) is full: later writes will fail too until space is freed.
+bool IsOutOfSpace(const Status& status);
 
 }  // namespace hsx

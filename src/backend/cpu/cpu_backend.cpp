@@ -331,4 +331,22 @@ void CpuBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeW
   }
 }
 
+void CpuBackend::FlagNonFiniteRows(const Tensor& x, Tensor& flags) {
+  assert(x.dtype() == DType::kF32);
+  const int64_t cols = x.size(-1);
+  ForEach(
+      Rows(x),
+      [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          // inf and NaN are the floats whose exponent bits are all set; an integer OR
+          // reduction over them vectorizes (a float one would not, without fast-math).
+          const uint32_t* row = reinterpret_cast<const uint32_t*>(x.data<float>() + r * cols);
+          uint32_t bad = 0;
+          for (int64_t i = 0; i < cols; ++i) bad |= (row[i] & 0x7f800000u) == 0x7f800000u;
+          flags.data<int32_t>()[r] = static_cast<int32_t>(bad);
+        }
+      },
+      cols);
+}
+
 }  // namespace hsx

@@ -675,4 +675,9 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   HSX_LAUNCH_CHECK();
 }
 
+void CudaBackend::FlagNonFiniteRows(const Tensor& x, Tensor& flags) {
+  cuda::FlagNonFiniteRows(B(x), flags.numel(), x.size(-1), flags.data<int32_t>(), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
 }  // namespace hsx
