@@ -1,12 +1,14 @@
 // Batch-invariant mode (--batch-invariant): a prompt's hidden states and greedy tokens are
 // the same bits whatever it runs with: alone, batched with prompts of other lengths,
-// after a prefix-cache hit, or chunked by a small token budget. Checked with memcmp on the
-// CPU and, where there is one, on the GPU (skipped elsewhere), op by op (Linear rows
-// against m, attention rows against their batch and chunking) and end to end.
+// after a prefix-cache hit, or chunked by a small token budget. Compared byte for byte on
+// the CPU and, where there is one, on the GPU (skipped elsewhere), op by op (Linear rows
+// against m, attention rows against their batch and chunking) and end to end. Each check
+// has a negative control that shows what the default mode changes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
-#include <cstring>
+#include <cstdio>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -19,13 +21,29 @@ namespace hsx {
 namespace {
 
 // The backend for a device in batch-invariant mode (or not); null without that device.
-std::unique_ptr<Backend> MakeOrNull(const std::string& device, bool batch_invariant = true) {
+std::unique_ptr<Backend> MakeOrNull(const std::string& device, bool batch_invariant) {
   auto b = MakeBackend(device, batch_invariant);
   return b.ok() ? std::move(b).value() : nullptr;
 }
 
-#define REQUIRE_BACKEND(b) \
-  if (!(b)) GTEST_SKIP() << "no " << GetParam() << " device"
+// Each check below names the cases whose bits differ; nullopt without the device.
+using Differences = std::optional<std::vector<std::string>>;
+
+// The mode's tests: no case may differ.
+void ExpectNone(const Differences& differing, const std::string& device) {
+  if (!differing) GTEST_SKIP() << "no " << device << " device";
+  for (const std::string& name : *differing) ADD_FAILURE() << name << ": differs";
+}
+
+// The negative controls: without the mode some cases differ, so the tests compare something
+// the batch can change. Skipped where the default path is invariant already.
+void ReportSome(const Differences& differing, const std::string& device) {
+  if (!differing) GTEST_SKIP() << "no " << device << " device";
+  if (differing->empty()) GTEST_SKIP() << "the default mode is batch-invariant here on this machine";
+  std::string names;
+  for (const std::string& n : *differing) names += " [" + n + "]";
+  std::printf("default mode differs in %zu cases:%s\n", differing->size(), names.c_str());
+}
 
 // Random values that bf16 holds exactly, on the backend in its compute dtype.
 Tensor Random(Backend& b, Shape shape, std::mt19937& rng, float scale = 1.0f) {
@@ -45,11 +63,10 @@ std::vector<char> RowBytes(const Tensor& host, int64_t row, int64_t count) {
   return {p, p + count * row_bytes};
 }
 
-class BatchInvariantOps : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(BatchInvariantOps, LinearRowsDoNotDependOnM) {
-  auto b = MakeOrNull(GetParam());
-  REQUIRE_BACKEND(b);
+// Linear's rows computed in calls of different m against the same rows of the largest call.
+Differences LinearDifferences(const std::string& device, bool batch_invariant) {
+  auto b = MakeOrNull(device, batch_invariant);
+  if (!b) return std::nullopt;
   std::mt19937 rng(1);
   // Fixture widths, and on the GPU Qwen3-8B's projections (whose GEMMs cuBLASLt tunes per m).
   std::vector<std::pair<int64_t, int64_t>> shapes = {{64, 64}, {96, 200}, {1000, 136}, {512, 64}};
@@ -58,6 +75,7 @@ TEST_P(BatchInvariantOps, LinearRowsDoNotDependOnM) {
     shapes.insert(shapes.end(), {{4096, 4096}, {24576, 4096}, {4096, 12288}, {6144, 4096}});
     ms.insert(ms.end(), {4097, 16384});
   }
+  std::vector<std::string> differing;
   for (auto [n, k] : shapes) {
     const int64_t max_m = ms.back();
     const Tensor x = Random(*b, {max_m, k}, rng), w = Random(*b, {n, k}, rng, 0.05f);
@@ -74,20 +92,23 @@ TEST_P(BatchInvariantOps, LinearRowsDoNotDependOnM) {
         std::iota(rows.begin(), rows.end(), static_cast<int32_t>(first));
         b->GatherRows(x, rows, xm);
         b->Linear(xm, w, nullptr, ym);
-        EXPECT_TRUE(RowBytes(b->Download(ym), 0, m) == RowBytes(all, first, m))
-            << "n=" << n << " k=" << k << " m=" << m << " from row " << first;
+        if (RowBytes(b->Download(ym), 0, m) != RowBytes(all, first, m))
+          differing.push_back("n=" + std::to_string(n) + " k=" + std::to_string(k) + " m=" + std::to_string(m) +
+                              " from row " + std::to_string(first));
       }
     }
   }
+  return differing;
 }
 
-// One sequence's queries (positions first_pos.. of a ctx-token context) computed in
-// different batches: alone, in chunks, one token at a time, and among other sequences.
-TEST_P(BatchInvariantOps, AttentionRowsDoNotDependOnBatchOrChunking) {
-  auto b = MakeOrNull(GetParam());
-  REQUIRE_BACKEND(b);
+// One sequence's queries (positions 400..699 of a 700-token context) computed alone, in
+// chunks (one of a single token) and among other sequences, against the rows alone.
+Differences AttentionDifferences(const std::string& device, bool batch_invariant) {
+  auto b = MakeOrNull(device, batch_invariant);
+  if (!b) return std::nullopt;
   std::mt19937 rng(2);
   constexpr int kBlock = 16;
+  std::vector<std::string> differing;
   struct Case { int64_t d; int window; float softcap; int64_t heads, kv_heads; };
   for (const Case& c : std::vector<Case>{{16, 0, 0, 4, 2}, {64, 16, 0, 8, 2}, {128, 0, 0, 8, 2}, {128, 100, 0, 4, 4},
                                          {128, 0, 30, 32, 8}, {128, 300, 0, 2, 1}, {256, 0, 0, 4, 2}}) {
@@ -111,11 +132,11 @@ TEST_P(BatchInvariantOps, AttentionRowsDoNotDependOnBatchOrChunking) {
     params.softcap = c.softcap;
     params.block_size = kBlock;
 
-    // Runs target rows [r0, r0 + rows) with the given company in front of them; returns
-    // the target rows' output bytes.
+    // Runs target rows [r0, r0 + rows), with company around them or alone; returns the
+    // target rows' output bytes.
     auto run = [&](int64_t r0, int64_t rows, bool with_company) {
       std::vector<SequenceSlice> seqs;
-      std::vector<int32_t> gather;  // rows of q_target (or -1 for company rows) in batch order
+      std::vector<int32_t> gather;  // the q_target row of each batch row (company: any)
       auto add = [&](int s, int64_t first_row, int64_t n, int64_t ctx_len) {
         SequenceSlice slice;
         slice.q_start = static_cast<int32_t>(gather.size());
@@ -142,11 +163,24 @@ TEST_P(BatchInvariantOps, AttentionRowsDoNotDependOnBatchOrChunking) {
       pieces.insert(pieces.end(), part.begin(), part.end());
     }
     const std::string label = "d=" + std::to_string(c.d) + " window=" + std::to_string(c.window) +
-                              " softcap=" + std::to_string(c.softcap) + " heads=" + std::to_string(c.heads) + "/" +
-                              std::to_string(c.kv_heads);
-    EXPECT_TRUE(run(0, q_len, true) == alone) << "among other sequences, " << label;
-    EXPECT_TRUE(pieces == alone) << "in chunks, " << label;
+                              " softcap=" + std::to_string(static_cast<int>(c.softcap)) +
+                              " heads=" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads);
+    if (run(0, q_len, true) != alone) differing.push_back("among other sequences, " + label);
+    if (pieces != alone) differing.push_back("in chunks, " + label);
   }
+  return differing;
+}
+
+class BatchInvariantOps : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BatchInvariantOps, LinearRowsDoNotDependOnM) { ExpectNone(LinearDifferences(GetParam(), true), GetParam()); }
+TEST_P(BatchInvariantOps, DefaultModeLinearRowsDiffer) { ReportSome(LinearDifferences(GetParam(), false), GetParam()); }
+
+TEST_P(BatchInvariantOps, AttentionRowsDoNotDependOnBatchOrChunking) {
+  ExpectNone(AttentionDifferences(GetParam(), true), GetParam());
+}
+TEST_P(BatchInvariantOps, DefaultModeAttentionRowsDiffer) {
+  ReportSome(AttentionDifferences(GetParam(), false), GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, BatchInvariantOps, ::testing::Values("cpu", "cuda"),
@@ -233,39 +267,36 @@ std::vector<Scenario> Scenarios(const std::vector<int32_t>& prompt, int vocab) {
   };
 }
 
-class BatchInvariantEngine : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
- protected:
-  // The names of the schedules that give other bits than the prompt alone, for one model
-  // on one device in the given mode; nullopt without the device.
-  std::optional<std::vector<std::string>> Differing(bool batch_invariant, PromptRun* reference_out = nullptr) {
-    const auto& [device, model_name] = GetParam();
-    auto b = MakeOrNull(device, batch_invariant);
-    if (!b) return std::nullopt;
-    auto model = Model::Load(test::ModelDir(model_name), *b);
-    if (!model.ok()) {
-      ADD_FAILURE() << model.status().message();
-      return std::vector<std::string>{};
-    }
-    const int vocab = (*model)->config().vocab_size;
-    std::mt19937 rng(11);
-    const std::vector<int32_t> prompt = RandomTokens(rng, 213, vocab);
-    const std::vector<Scenario> schedules = Scenarios(prompt, vocab);
-    const PromptRun reference = RunPrompt(**model, prompt, schedules[0]);
-    std::vector<std::string> differing;
-    for (size_t i = 1; i < schedules.size(); ++i) {
-      const PromptRun run = RunPrompt(**model, prompt, schedules[i]);
-      if (run.hidden != reference.hidden || run.tokens != reference.tokens) differing.push_back(schedules[i].name);
-    }
-    if (reference_out != nullptr) *reference_out = reference;
-    return differing;
+// The scenarios in which the prompt's bits differ from the prompt alone, for one model on
+// one device; the reference run goes to *reference_out.
+Differences EngineDifferences(const std::string& device, const std::string& model_name, bool batch_invariant,
+                              PromptRun* reference_out = nullptr) {
+  auto b = MakeOrNull(device, batch_invariant);
+  if (!b) return std::nullopt;
+  auto model = Model::Load(test::ModelDir(model_name), *b);
+  if (!model.ok()) return std::vector<std::string>{"loading the model: " + model.status().message()};
+  const int vocab = (*model)->config().vocab_size;
+  std::mt19937 rng(11);
+  const std::vector<int32_t> prompt = RandomTokens(rng, 213, vocab);
+  const std::vector<Scenario> scenarios = Scenarios(prompt, vocab);
+  const PromptRun reference = RunPrompt(**model, prompt, scenarios[0]);
+  std::vector<std::string> differing;
+  for (size_t i = 1; i < scenarios.size(); ++i) {
+    const PromptRun run = RunPrompt(**model, prompt, scenarios[i]);
+    if (run.hidden != reference.hidden || run.tokens != reference.tokens) differing.push_back(scenarios[i].name);
   }
-};
+  if (reference_out != nullptr) *reference_out = reference;
+  return differing;
+}
+
+class BatchInvariantEngine : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(BatchInvariantEngine, SamePromptSameBitsWhateverTheSchedule) {
+  const auto& [device, model] = GetParam();
   PromptRun reference;
-  const auto differing = Differing(true, &reference);
-  if (!differing) GTEST_SKIP() << "no " << std::get<0>(GetParam()) << " device";
-  for (const std::string& name : *differing) ADD_FAILURE() << name << ": differs from the prompt alone";
+  const Differences differing = EngineDifferences(device, model, true, &reference);
+  ExpectNone(differing, device);
+  if (!differing) return;
   // The comparison is not vacuous: the states are not all zero, and one flipped bit shows.
   ASSERT_FALSE(reference.hidden.empty());
   EXPECT_TRUE(std::any_of(reference.hidden.begin(), reference.hidden.end(), [](char c) { return c != 0; }));
@@ -275,15 +306,9 @@ TEST_P(BatchInvariantEngine, SamePromptSameBitsWhateverTheSchedule) {
   EXPECT_EQ(reference.tokens.size(), 4u);
 }
 
-// The negative control: without the mode some schedule gives other bits, so the test above
-// compares something the batch can change.
 TEST_P(BatchInvariantEngine, DefaultModeDiffers) {
-  const auto differing = Differing(false);
-  if (!differing) GTEST_SKIP() << "no " << std::get<0>(GetParam()) << " device";
-  if (differing->empty()) GTEST_SKIP() << "the default mode is batch-invariant for this model on this machine";
-  std::string names;
-  for (const std::string& n : *differing) names += " [" + n + "]";
-  std::printf("default mode differs from the prompt alone in:%s\n", names.c_str());
+  const auto& [device, model] = GetParam();
+  ReportSome(EngineDifferences(device, model, false), device);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariantEngine,
