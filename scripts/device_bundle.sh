@@ -15,5 +15,6 @@ for lib in libpcre2-8.so.0 libutf8proc.so.2 libopenblas.so.0 libgfortran.so.5 li
            libcpp-httplib.so.0.11 libbrotlicommon.so.1 libbrotlidec.so.1 libbrotlienc.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$lib" .devbin/
 done
-grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
+grep -qx '/.devbin/' "$exclude" 2>/dev/null || echo '/.devbin/' >> "$exclude"
 du -sh .devbin

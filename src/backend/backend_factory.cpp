@@ -7,8 +7,8 @@
 
 namespace hsx {
 
-Result<std::unique_ptr<Backend>> MakeBackend(const std::string& device) {
-  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+Result<std::unique_ptr<Backend>> MakeBackend(const std::string& device, bool batch_invariant) {
+  if (device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(batch_invariant));
   if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
 #ifdef HSX_HAS_CUDA
     int index = 0;
@@ -17,7 +17,7 @@ Result<std::unique_ptr<Backend>> MakeBackend(const std::string& device) {
       index = static_cast<int>(std::strtol(device.c_str() + 5, &end, 10));
       if (*end != '\0' || index < 0) return Error("--device: '" + device + "' is not cuda:N");
     }
-    HSX_ASSIGN_OR_RETURN(auto cuda, CudaBackend::Create(index));
+    HSX_ASSIGN_OR_RETURN(auto cuda, CudaBackend::Create(index, batch_invariant));
     return std::unique_ptr<Backend>(std::move(cuda));
 #else
     return Error("--device " + device + ": this hsx was built without CUDA (configure with -DHSX_CUDA=ON)");

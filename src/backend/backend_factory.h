@@ -1,4 +1,6 @@
-// Picks a backend by name: "cpu" (the f32 reference) or "cuda" / "cuda:N".
+// Picks a backend by name: "cpu" (the f32 reference) or "cuda" / "cuda:N". With
+// batch_invariant, a row's results do not depend on what else is in its batch (the
+// backends say how), so a prompt gives the same bits alone, batched, chunked or cached.
 #pragma once
 
 #include <memory>
@@ -9,6 +11,6 @@
 
 namespace hsx {
 
-Result<std::unique_ptr<Backend>> MakeBackend(const std::string& device);
+Result<std::unique_ptr<Backend>> MakeBackend(const std::string& device, bool batch_invariant = false);
 
 }  // namespace hsx

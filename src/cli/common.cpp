@@ -13,6 +13,13 @@ void ModelOptions::Register(CLI::App& app) {
   app.add_option("--load-format", load_format, "auto | safetensors | dummy (random weights from the config)")
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
   app.add_option("--device", device, "cpu (f32 reference) or cuda[:N] (bf16)");
+  RegisterBatchInvariant(app);
+}
+
+void ModelOptions::RegisterBatchInvariant(CLI::App& app) {
+  app.add_flag("--batch-invariant", batch_invariant,
+               "A prompt's hidden states and tokens are bit-identical whatever it is batched with, chunked or "
+               "cached (fixed GEMM algorithms and reduction orders; slower)");
 }
 
 Result<ModelConfig> LoadConfig(const ModelOptions& options) {
@@ -36,7 +43,7 @@ Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model
 
 Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options) {
   LoadedModel loaded;
-  HSX_ASSIGN_OR_RETURN(loaded.backend, MakeBackend(options.device));
+  HSX_ASSIGN_OR_RETURN(loaded.backend, MakeBackend(options.device, options.batch_invariant));
   HSX_ASSIGN_OR_RETURN(loaded.model, LoadModel(options, *loaded.backend));
   HSX_ASSIGN_OR_RETURN(loaded.tokenizer, LoadTokenizerIfPresent(options.model));
   return loaded;

@@ -23,7 +23,9 @@ struct ModelOptions {
   std::string model;                 // a model directory, or a named config with dummy weights
   std::string load_format = "auto";  // auto | safetensors | dummy
   std::string device = "cpu";        // cpu | cuda | cuda:N
+  bool batch_invariant = false;      // a prompt's results do not depend on its batch
   void Register(CLI::App& app);
+  void RegisterBatchInvariant(CLI::App& app);  // the one flag serve shares (it names the model positionally)
 };
 
 // The config of a model directory, or of a named config when --model names one.

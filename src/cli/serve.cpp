@@ -181,6 +181,7 @@ void RegisterServe(CLI::App& root) {
       ->required();
   app->add_option("--load-format", o->model.load_format)->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
   app->add_option("--device", o->model.device, "cpu or cuda[:N]");
+  o->model.RegisterBatchInvariant(*app);
   app->add_option("--host", o->server.host, "Address to bind (default 127.0.0.1)");
   app->add_option("--port", o->server.port);
   app->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY'");

@@ -81,6 +81,38 @@ void CpuBackend::Embed(const Tensor& table, const Tensor& ids, float scale, Tens
   }
 }
 
+// Rows per sgemm in batch-invariant mode. OpenBLAS picks its kernel by the call's shape:
+// 0.3.21 runs m·n·k <= 100^3 through small-matrix kernels that round differently from
+// its blocked ones, so a row's bits would depend on how many rows came with it. At one
+// shape per weight panel every row takes the same path, and the rows of one call are
+// computed alike (tests/test_batch_invariant.cpp checks both).
+constexpr int64_t kInvariantRows = 64;
+
+void CpuBackend::MultiplyPanel(const float* a, int64_t m, int64_t k, const float* w_panel, int64_t cols, float* c,
+                               int64_t ldc) const {
+  if (!batch_invariant_) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, cols, k, 1.0f, a, k, w_panel, k, 0.0f, c, ldc);
+    return;
+  }
+  std::vector<float> a_pad, c_pad;
+  for (int64_t r0 = 0; r0 < m; r0 += kInvariantRows) {
+    const int64_t rows = std::min(kInvariantRows, m - r0);
+    if (rows == kInvariantRows) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, k, 1.0f, a + r0 * k, k, w_panel, k, 0.0f,
+                  c + r0 * ldc, ldc);
+      continue;
+    }
+    // The last block, zero-padded to the full height.
+    a_pad.assign(static_cast<size_t>(kInvariantRows * k), 0.0f);
+    std::copy(a + r0 * k, a + (r0 + rows) * k, a_pad.begin());
+    c_pad.resize(static_cast<size_t>(kInvariantRows * cols));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kInvariantRows, cols, k, 1.0f, a_pad.data(), k, w_panel, k,
+                0.0f, c_pad.data(), cols);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(c_pad.begin() + r * cols, c_pad.begin() + (r + 1) * cols, c + (r0 + r) * ldc);
+  }
+}
+
 void CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const int64_t m = Rows(x), k = x.size(-1), n = w.size(0);
   assert(w.size(1) == k && y.numel() == m * n);
@@ -88,7 +120,7 @@ void CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Te
   const float* a = x.data<float>();
   float* c = y.data<float>();
   if (w.dtype() == DType::kF32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, k, w.data<float>(), k, 0.0f, c, n);
+    MultiplyPanel(a, m, k, w.data<float>(), n, c, n);
   } else {
     // Convert a panel of weight rows to f32 (about 4 MiB) and multiply it; the
     // conversion is O(n k) against the GEMM's O(m n k).
@@ -100,7 +132,7 @@ void CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Te
       Pool().ParallelFor(rows, [&](int64_t b, int64_t e) {
         ConvertToF32(w.dtype(), w.data<char>() + (r0 + b) * k * esize, wf.data() + b * k, static_cast<size_t>((e - b) * k));
       });
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, rows, k, 1.0f, a, k, wf.data(), k, 0.0f, c + r0, n);
+      MultiplyPanel(a, m, k, wf.data(), rows, c + r0, n);
     }
   }
   if (bias != nullptr) {
@@ -218,6 +250,7 @@ void CpuBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, 
 // over just the key range the block can see (causal, sliding window).
 void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                            const AttentionParams& params, Tensor& out) {
+  if (batch_invariant_) return RowwiseAttention(q, k_cache, v_cache, batch, params, out);
   const std::vector<SequenceSlice>& seqs = batch.seqs;
   const int64_t num_heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = k_cache.size(1), dv = v_cache.size(2);
@@ -273,6 +306,51 @@ void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor&
         }
       }
     }
+  }
+}
+
+// Batch-invariant attention: each (query row, head) runs over exactly the keys it sees, in
+// position order, with plain loops. The sgemm path above sizes its products by the query
+// block a row came in (its key range and its row count), so a row's rounding would follow
+// its step's batch and chunking.
+void CpuBackend::RowwiseAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                  const AttentionBatch& batch, const AttentionParams& params, Tensor& out) const {
+  const int64_t num_heads = q.size(1), d = q.size(2);
+  const int64_t kv_heads = k_cache.size(1), dv = v_cache.size(2);
+  const int64_t group = num_heads / kv_heads, window = params.sliding_window;
+  for (const SequenceSlice& seq : batch.seqs) {
+    const int64_t first_pos = seq.ctx_len - seq.q_len;
+    auto slot = [&](int64_t p) {
+      return static_cast<int64_t>(seq.block_table[p / params.block_size]) * params.block_size + p % params.block_size;
+    };
+    Pool().ParallelFor(seq.q_len * num_heads, [&](int64_t b, int64_t e) {
+      std::vector<float> scores;
+      for (int64_t item = b; item < e; ++item) {
+        const int64_t i = item / num_heads, h = item % num_heads, g = h / group;
+        const int64_t pos = first_pos + i, lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+        const float* qr = q.data<float>() + ((seq.q_start + i) * num_heads + h) * d;
+        scores.resize(static_cast<size_t>(pos + 1 - lo));
+        float mx = -INFINITY;
+        for (int64_t p = lo; p <= pos; ++p) {
+          const float* kr = k_cache.data<float>() + (slot(p) * kv_heads + g) * d;
+          float s = 0.0f;
+          for (int64_t c = 0; c < d; ++c) s += qr[c] * kr[c];
+          s *= params.scale;
+          if (params.softcap > 0.0f) s = params.softcap * std::tanh(s / params.softcap);
+          mx = std::max(mx, scores[p - lo] = s);
+        }
+        float sum = 0.0f;
+        for (float& s : scores) sum += (s = std::exp(s - mx));
+        const float inv = 1.0f / sum;
+        float* o = out.data<float>() + ((seq.q_start + i) * num_heads + h) * dv;
+        std::fill(o, o + dv, 0.0f);
+        for (int64_t p = lo; p <= pos; ++p) {
+          const float* vr = v_cache.data<float>() + (slot(p) * kv_heads + g) * dv;
+          const float weight = scores[p - lo] * inv;
+          for (int64_t c = 0; c < dv; ++c) o[c] += weight * vr[c];
+        }
+      }
+    });
   }
 }
 

@@ -9,6 +9,9 @@ namespace hsx {
 
 class CpuBackend final : public Backend {
  public:
+  // batch_invariant: every sgemm of a Linear has one shape per weight, and attention runs
+  // each query row over its own keys alone, so no row's arithmetic depends on its batch.
+  explicit CpuBackend(bool batch_invariant = false) : batch_invariant_(batch_invariant) {}
   Device device() const override { return Device::kCPU; }
   DType compute_dtype() const override { return DType::kF32; }
   std::string name() const override { return "cpu"; }
@@ -40,6 +43,15 @@ class CpuBackend final : public Backend {
               Activation act, Tensor& out) override;
   void FlagNonFiniteRows(const Tensor& x, Tensor& flags) override;
   SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch) override;
+
+ private:
+  // c[m, cols] (leading dimension ldc) = a[m, k] w_panel[cols, k]^T.
+  void MultiplyPanel(const float* a, int64_t m, int64_t k, const float* w_panel, int64_t cols, float* c,
+                     int64_t ldc) const;
+  void RowwiseAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
+                        const AttentionParams& params, Tensor& out) const;
+
+  bool batch_invariant_;
 };
 
 }  // namespace hsx

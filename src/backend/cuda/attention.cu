@@ -154,7 +154,8 @@ __global__ void __launch_bounds__(32 * RegisterKernelWarps<D>()) RegisterKernel(
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   const int window = a.sliding_window;
-  const int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
+  int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
+  if (a.batch_invariant) key_begin -= key_begin % kKeyTile;  // tiles at fixed key positions
   const int key_end = first_pos + rows;
   const int32_t* table = a.block_tables + table_offset;
   const int num_tiles = (key_end - key_begin + kKeyTile - 1) / kKeyTile;
@@ -340,7 +341,8 @@ __global__ void __launch_bounds__(32 * WarpsFor<D>()) SharedKernel(AttentionArgs
   }
 
   const int window = a.sliding_window;
-  const int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
+  int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
+  if (a.batch_invariant) key_begin -= key_begin % kKeyTile;  // tiles at fixed key positions
   const int key_end = first_pos + rows;  // exclusive: the last query's own position + 1
   const int32_t* table = a.block_tables + table_offset;
 
@@ -394,7 +396,7 @@ __global__ void __launch_bounds__(32 * WarpsFor<D>()) SharedKernel(AttentionArgs
       for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
       const float m_old = m_s[wr + r];
       const float m_new = fmaxf(m_old, mx);
-      const float alpha = m_new == -INFINITY ? 1.0f : __expf(m_old - m_new);
+      const float alpha = m_new == m_old ? 1.0f : __expf(m_old - m_new);  // as OnlineSoftmaxStep
       float sum = 0.0f;
       for (int h = 0; h < 2; ++h) {
         const float e = s[h] == -INFINITY ? 0.0f : __expf(s[h] - m_new);

@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(kThreads, 1) HopperKernel(AttentionArgs a, con
   CommitAsync();
 
   const int window = a.sliding_window;
-  const int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
+  int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
+  if (a.batch_invariant) key_begin -= key_begin % kKeys;  // tiles at fixed key positions
   const int key_end = first_pos + valid_rows / group;
   const int32_t* table = a.block_tables + table_offset;
   const int num_tiles = (key_end - key_begin + kKeys - 1) / kKeys;
@@ -246,18 +247,23 @@ bool AttentionHopper(const AttentionArgs& a, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  if (a.host_seq_info == nullptr || a.num_seqs > Schedule::kMaxSeqs) return false;
+  if (a.host_seq_info == nullptr) return false;
   const int tokens = kRows / group;
-  Schedule sched;
-  sched.num_seqs = a.num_seqs;
-  for (int i = 0; i < a.num_seqs; ++i) sched.seq[i] = i;
   const int32_t* info = a.host_seq_info;
-  std::stable_sort(sched.seq, sched.seq + a.num_seqs, [&](int x, int y) { return info[x * 4 + 2] > info[y * 4 + 2]; });
-  sched.first_block[0] = 0;
-  for (int i = 0; i < a.num_seqs; ++i)
-    sched.first_block[i + 1] = sched.first_block[i] + (info[sched.seq[i] * 4 + 1] + tokens - 1) / tokens;
-  const int blocks = sched.first_block[a.num_seqs] * a.kv_heads;
-  if (blocks > 0) HopperKernel<<<blocks, kThreads, kSmemBytes, stream>>>(a, sched);
+  // One launch per kMaxSeqs sequences (the schedule is a kernel parameter), so that a
+  // sequence runs on this kernel however many others share its step.
+  for (int first = 0; first < a.num_seqs; first += Schedule::kMaxSeqs) {
+    Schedule sched;
+    sched.num_seqs = std::min(Schedule::kMaxSeqs, a.num_seqs - first);
+    for (int i = 0; i < sched.num_seqs; ++i) sched.seq[i] = first + i;
+    std::stable_sort(sched.seq, sched.seq + sched.num_seqs,
+                     [&](int x, int y) { return info[x * 4 + 2] > info[y * 4 + 2]; });
+    sched.first_block[0] = 0;
+    for (int i = 0; i < sched.num_seqs; ++i)
+      sched.first_block[i + 1] = sched.first_block[i] + (info[sched.seq[i] * 4 + 1] + tokens - 1) / tokens;
+    const int blocks = sched.first_block[sched.num_seqs] * a.kv_heads;
+    if (blocks > 0) HopperKernel<<<blocks, kThreads, kSmemBytes, stream>>>(a, sched);
+  }
   return true;
 }
 

@@ -130,6 +130,7 @@ struct CudaBackend::Impl {
   // Head dim 128 attention on warpgroup MMAs (sm_90); HSX_ATTENTION=mma keeps the
   // mma.sync kernel, for comparison.
   bool hopper_attention = false;
+  bool batch_invariant = false;
   static constexpr size_t kWorkspaceBytes = 64ull << 20;
 
   // One matmul plan per exact shape: descriptors plus the algorithm it runs.
@@ -197,6 +198,13 @@ struct CudaBackend::Impl {
     Check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
     const size_t ws = kWorkspaceBytes;
     Check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "pref");
+    if (batch_invariant) {
+      // 16-byte alignment, so that the one algorithm also runs on MoE experts' row slices.
+      const uint32_t align = 16;
+      for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+        Check(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof align), "pref alignment");
+    }
     std::vector<cublasLtMatmulHeuristicResult_t> results(count);
     int found = 0;
     Check(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, count, results.data(), &found),
@@ -277,18 +285,77 @@ struct CudaBackend::Impl {
     return Accepts(p, it->second) ? it->second : Candidates(p, 1)[0].algo;
   }
 
+  // Batch-invariant mode: one algorithm per (n, k, out dtype) for every m. A tiled GEMM
+  // without split-K computes each output element by the same loop over k whatever the
+  // other rows, so a row's bits then depend on its own inputs only. The algorithm is the
+  // heuristic's first for a full prefill step (kInvariantM rows), not a timed winner:
+  // timings vary from run to run, and so would the files.
+  static constexpr int64_t kInvariantM = 8192;
+  std::map<std::tuple<int64_t, int64_t, int>, cublasLtMatmulAlgo_t> invariant;
+  cublasLtMatmulAlgo_t InvariantAlgo(const Plan& p, int64_t n, int64_t k, DType out) {
+    const auto key = std::make_tuple(n, k, static_cast<int>(out));
+    auto it = invariant.find(key);
+    if (it == invariant.end()) {
+      Plan reference = MakePlan(kInvariantM, n, k, out);
+      const auto candidates = Candidates(reference, kTuneCandidates);
+      DestroyPlan(reference);
+      // The first that splits no K; failing that, the first with its split turned off.
+      cublasLtMatmulAlgo_t algo = candidates[0].algo;
+      for (const auto& c : candidates) {
+        int32_t splits = 1;
+        Check(cublasLtMatmulAlgoConfigGetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits,
+                                                   nullptr), "get SPLITK_NUM");
+        if (splits <= 1) {
+          algo = c.algo;
+          break;
+        }
+      }
+      const int32_t one_split = 1;
+      const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+      Check(cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one_split, sizeof one_split),
+            "SPLITK_NUM");
+      Check(cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction,
+                                                 sizeof no_reduction), "REDUCTION_SCHEME");
+      if (profile) {
+        uint32_t config[4] = {};  // algorithm id, tile, stages, custom option
+        const cublasLtMatmulAlgoConfigAttributes_t attrs[4] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID,
+                                                               CUBLASLT_ALGO_CONFIG_STAGES_ID,
+                                                               CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION};
+        for (int i = 0; i < 4; ++i)
+          cublasLtMatmulAlgoConfigGetAttribute(&algo, attrs[i], &config[i], sizeof config[i], nullptr);
+        std::fprintf(stderr, "hsx gemm batch-invariant: %s: algo %u tile %u stages %u custom %u\n", p.label.c_str(),
+                     config[0], config[1], config[2], config[3]);
+      }
+      it = invariant.emplace(key, algo).first;
+    }
+    if (!Accepts(p, it->second)) {
+      std::fprintf(stderr, "hsx: --batch-invariant: cuBLASLt refuses %s's algorithm at m=%ld\n", p.label.c_str(),
+                   long(p.m));
+      std::abort();
+    }
+    return it->second;
+  }
+
+  static void DestroyPlan(Plan& p) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.op);
+  }
+
   // Plans are cached per exact m: layouts are cheap, and m repeats (decode steps, full prefill budgets).
   const Plan& GetPlan(int64_t m, int64_t n, int64_t k, DType out, const void* w, const void* x, void* y) {
     auto key = std::make_tuple(m, n, k, static_cast<int>(out));
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
     Plan p = MakePlan(m, n, k, out);
-    p.algo = tune ? TunedAlgo(p, n, k, out, w, x, y) : Candidates(p, 1)[0].algo;
+    if (batch_invariant) p.algo = InvariantAlgo(p, n, k, out);
+    else p.algo = tune ? TunedAlgo(p, n, k, out, w, x, y) : Candidates(p, 1)[0].algo;
     return plans.emplace(key, std::move(p)).first->second;
   }
 };
 
-Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index) {
+Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index, bool batch_invariant) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
@@ -297,6 +364,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index) {
   if (device_index >= count) return Error("--device cuda: device " + std::to_string(device_index) + " does not exist");
   auto impl = std::make_unique<Impl>();
   impl->device = device_index;
+  impl->batch_invariant = batch_invariant;
   HSX_CUDA_CHECK(cudaSetDevice(device_index));
   cudaDeviceProp prop;
   HSX_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
@@ -327,12 +395,7 @@ CudaBackend::~CudaBackend() {
       std::fprintf(stderr, "hsx profile: %-18s %10.1f ms %5.1f%% %8ld calls\n", name.c_str(), e.first,
                    100.0 * e.first / total, static_cast<long>(e.second));
   }
-  for (auto& [key, p] : impl_->plans) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.c);
-    cublasLtMatmulDescDestroy(p.op);
-  }
+  for (auto& [key, p] : impl_->plans) Impl::DestroyPlan(p);
   cublasLtDestroy(impl_->lt);
   cublasDestroy(impl_->blas);
   cudaStreamDestroy(impl_->stream);
@@ -541,6 +604,7 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.scale = params.scale;
   a.softcap = params.softcap;
   a.hopper = impl_->hopper_attention;
+  a.batch_invariant = impl_->batch_invariant;
   if (!cuda::Attention(a, impl_->stream)) {
     std::fprintf(stderr, "hsx: CUDA attention supports head dims 16, 32, 64, 128, 256, 512; got %d\n", a.head_dim);
     std::abort();
@@ -632,6 +696,19 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   // y[rows of e] = in[rows of e] * W_e^T for every expert with rows, as one grouped GEMM.
   auto grouped = [&](const std::vector<Tensor>& w, const Tensor& in, Tensor& y) {
     const int64_t k = in.size(1), n = y.size(1);
+    if (impl_->batch_invariant) {
+      // The grouped GEMM picks its kernels from every group's row count; one invariant
+      // GEMM per expert keeps a token's arithmetic independent of the others' routing.
+      for (int e = 0; e < num_experts; ++e) {
+        const int rows_e = offsets[e + 1] - offsets[e];
+        if (rows_e == 0) continue;
+        const void* x_e = in.data<char>() + int64_t(offsets[e]) * k * 2;
+        void* y_e = y.data<char>() + int64_t(offsets[e]) * n * 2;
+        const Impl::Plan& p = impl_->GetPlan(rows_e, n, k, DType::kBF16, w[e].raw(), x_e, y_e);
+        Check(impl_->Matmul(p, p.algo, w[e].raw(), x_e, y_e), "cublasLtMatmul");
+      }
+      return;
+    }
     std::vector<int> m_arr, n_arr, k_arr, lda, ldb, ldc, group_size;
     std::vector<const void*> a_ptrs, b_ptrs;
     std::vector<void*> c_ptrs;

@@ -12,7 +12,9 @@ namespace hsx {
 
 class CudaBackend final : public Backend {
  public:
-  static Result<std::unique_ptr<CudaBackend>> Create(int device_index = 0);
+  // batch_invariant: one GEMM algorithm per weight shape whatever m (chosen without timing,
+  // no split-K), per-expert GEMMs for MoE, and attention tiles aligned to key positions.
+  static Result<std::unique_ptr<CudaBackend>> Create(int device_index = 0, bool batch_invariant = false);
   ~CudaBackend() override;
 
   Device device() const override { return Device::kCUDA; }

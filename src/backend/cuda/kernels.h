@@ -68,11 +68,14 @@ struct AttentionArgs {
   int num_seqs, max_q_len, num_heads, kv_heads, head_dim, block_size, sliding_window;
   float scale, softcap;
   bool hopper;  // the device is sm_90: head dim 128 may run on warpgroup MMAs
+  // Key tiles start at multiples of the tile size, not at a block's window start, so a
+  // sliding-window row sees the same tiles whichever rows share its block.
+  bool batch_invariant;
 };
 // False if head_dim is not one of 16, 32, 64, 128, 256, 512.
 bool Attention(const AttentionArgs& args, cudaStream_t stream);
 // The wgmma kernel (attention_hopper.cu); false, launching nothing, unless head_dim is
-// 128, the GQA group divides 128 and host_seq_info is given for up to 1024 sequences.
+// 128, the GQA group divides 128 and host_seq_info is given.
 bool AttentionHopper(const AttentionArgs& args, cudaStream_t stream);
 
 }  // namespace hsx::cuda

@@ -20,7 +20,9 @@ __device__ __forceinline__ float OnlineSoftmaxStep(float tile_max, float& m, flo
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 1));
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 2));
   const float m_new = fmaxf(m, tile_max);
-  const float alpha = m_new == -INFINITY ? 1.0f : Exp2(m - m_new);
+  // Exactly 1 when the max holds (a tile this row sees nothing of leaves it untouched,
+  // whichever rows share its block), and while every key so far is masked.
+  const float alpha = m_new == m ? 1.0f : Exp2(m - m_new);
   base = m_new == -INFINITY ? 0.0f : m_new;
   m = m_new;
   l *= alpha;
