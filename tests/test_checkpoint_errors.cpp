@@ -74,8 +74,9 @@ TEST_F(CheckpointErrorTest, UnsupportedArchitecture) {
 }
 
 TEST_F(CheckpointErrorTest, MissingAndIllTypedConfigFields) {
+  // An omitted field takes transformers' default for the architecture (Qwen3: 4096).
   EditConfig([](auto& j) { j.erase("hidden_size"); });
-  EXPECT_CONTAINS(LoadError(), "config.json: field 'hidden_size': missing (expected an integer)");
+  EXPECT_CONTAINS(LoadError(), "tensor 'model.embed_tokens.weight' has shape [512, 64], but config.json implies [512, 4096]");
   EditConfig([](auto& j) { j["hidden_size"] = "64"; });
   EXPECT_CONTAINS(LoadError(), "config.json: field 'hidden_size': is string, expected an integer");
   EditConfig([](auto& j) {
@@ -87,32 +88,78 @@ TEST_F(CheckpointErrorTest, MissingAndIllTypedConfigFields) {
     j["num_key_value_heads"] = 2;
     j["rope_parameters"]["rope_type"] = "yarn";
   });
-  EXPECT_CONTAINS(LoadError(), "rope_parameters: field 'rope_type': unsupported 'yarn'");
+  EXPECT_CONTAINS(LoadError(), "rope_parameters: field 'rope_type': RoPE type 'yarn' is not supported");
   std::ofstream(dir_ + "/config.json") << "{not json";
-  EXPECT_CONTAINS(LoadError(), "config.json: not a JSON object");
+  EXPECT_CONTAINS(LoadError(), "config.json: invalid JSON");
 }
 
 TEST_F(CheckpointErrorTest, TruncatedFile) {
   fs::resize_file(dir_ + "/model.safetensors", 100000);
-  EXPECT_CONTAINS(LoadError(), "out of range: the data section holds");
+  EXPECT_CONTAINS(LoadError(), "out of range: the data section after the");
   fs::resize_file(dir_ + "/model.safetensors", 4);
   EXPECT_CONTAINS(LoadError(), "too small to be a safetensors file");
 }
 
 TEST_F(CheckpointErrorTest, HeaderLengthPastEndOfFile) {
   std::fstream f(dir_ + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-  const uint64_t huge = 1ull << 40;
-  f.write(reinterpret_cast<const char*>(&huge), 8);
+  const uint64_t past_end = 90'000'000;
+  f.write(reinterpret_cast<const char*>(&past_end), 8);
   f.close();
-  EXPECT_CONTAINS(LoadError(), "model.safetensors: header length 1099511627776 runs past the end of the file");
+  EXPECT_CONTAINS(LoadError(), "model.safetensors: header length 90000000 runs past the end of the file");
+  std::fstream g(dir_ + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+  const uint64_t huge = 1ull << 40;
+  g.write(reinterpret_cast<const char*>(&huge), 8);
+  g.close();
+  EXPECT_CONTAINS(LoadError(), "model.safetensors: header length 1099511627776 exceeds the format's limit");
 }
 
 TEST_F(CheckpointErrorTest, OffsetsOutOfRangeOrOverlapping) {
   EditHeader([](auto& h) { h["model.norm.weight"]["data_offsets"] = {0, 128}; });
-  EXPECT_CONTAINS(LoadError(), "overlap in the data section");
+  EXPECT_CONTAINS(LoadError(), "(tensors must tile the data section without gaps or overlaps)");
   Reset();
   EditHeader([](auto& h) { h["model.norm.weight"]["data_offsets"] = {1ull << 30, (1ull << 30) + 128}; });
-  EXPECT_CONTAINS(LoadError(), "tensor 'model.norm.weight': data_offsets [1073741824, 1073741952] out of range");
+  EXPECT_CONTAINS(LoadError(), "tensor 'model.norm.weight': data_offsets begin at 1073741824, expected");
+}
+
+// The reference reader's rule: the tensors end exactly where the file ends. A header
+// length one byte short used to shift every tensor by a byte and load garbage.
+TEST_F(CheckpointErrorTest, HeaderLengthOffByOneOrTrailingBytes) {
+  for (int64_t delta : {-1, 1, -8, 8}) {
+    Reset();
+    std::fstream f(dir_ + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t len;
+    f.read(reinterpret_cast<char*>(&len), 8);
+    len += delta;
+    f.seekp(0);
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f.close();
+    const std::string e = LoadError();
+    EXPECT_TRUE(e.find("model.safetensors") != std::string::npos && e.find("header") != std::string::npos) << delta << ": " << e;
+  }
+  Reset();
+  std::ofstream(dir_ + "/model.safetensors", std::ios::binary | std::ios::app) << "x";
+  EXPECT_CONTAINS(LoadError(), "-byte data section (header length");
+}
+
+TEST_F(CheckpointErrorTest, OverflowingShapeOrOffsets) {
+  EditHeader([](auto& h) { h["model.norm.weight"]["shape"] = {1ull << 62, 1ull << 62}; });
+  EXPECT_CONTAINS(LoadError(), "tensor 'model.norm.weight': shape [4611686018427387904, 4611686018427387904] overflows");
+  Reset();
+  EditHeader([](auto& h) { h["model.norm.weight"]["shape"] = {~0ull}; });
+  EXPECT_CONTAINS(LoadError(), "tensor 'model.norm.weight': shape entries must be non-negative 64-bit integers");
+  Reset();
+  EditHeader([](auto& h) { h["model.norm.weight"]["data_offsets"] = {~0ull - 1, 126}; });
+  EXPECT_CONTAINS(LoadError(), "end before they begin");
+}
+
+TEST_F(CheckpointErrorTest, IndexNamesAFileOutsideTheDirectory) {
+  fs::rename(dir_ + "/model.safetensors", dir_ + "/shard.safetensors");
+  std::ofstream(dir_ + "/model.safetensors.index.json") << R"({"weight_map": {"model.norm.weight": "../shard.safetensors"}})";
+  EXPECT_CONTAINS(LoadError(), "model.safetensors.index.json: weight_map['model.norm.weight'] = '../shard.safetensors' is not a file name");
+  std::ofstream(dir_ + "/model.safetensors.index.json") << R"({"weight_map": [)" + std::string(100, '[');
+  EXPECT_CONTAINS(LoadError(), "model.safetensors.index.json: JSON nested deeper than");
+  std::ofstream(dir_ + "/model.safetensors.index.json") << R"({"weight_map": {}})";
+  EXPECT_CONTAINS(LoadError(), "'weight_map' names no files");
 }
 
 TEST_F(CheckpointErrorTest, DtypeOrShapeDisagreeing) {
@@ -133,7 +180,14 @@ TEST_F(CheckpointErrorTest, DtypeOrShapeDisagreeing) {
 }
 
 TEST_F(CheckpointErrorTest, MissingTensorAndMissingFile) {
-  EditHeader([](auto& h) { h.erase("model.layers.3.mlp.up_proj.weight"); });
+  {
+    SafetensorsFile whole = test::Golden(dir_ + "/model.safetensors");
+    std::vector<NamedTensor> kept;
+    for (const auto& [name, t] : whole.tensors())
+      if (name != "model.layers.3.mlp.up_proj.weight") kept.push_back({name, t});
+    ASSERT_TRUE(WriteSafetensors(dir_ + "/without.safetensors", kept).ok());
+  }
+  fs::rename(dir_ + "/without.safetensors", dir_ + "/model.safetensors");
   EXPECT_CONTAINS(LoadError(), "missing tensor 'model.layers.3.mlp.up_proj.weight' (expected shape [160, 64])");
   fs::remove(dir_ + "/model.safetensors");
   EXPECT_CONTAINS(LoadError(), "no model.safetensors or model.safetensors.index.json");

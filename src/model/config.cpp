@@ -2,52 +2,235 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+#include <filesystem>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <optional>
+#include <set>
+
+#include "util/json.h"
+#include "util/text_file.h"
 
 namespace hsx {
 namespace {
 
 using json = nlohmann::json;
 
-// Typed access to config fields with errors that name the file and the field.
+// Any count or width a config gives (layers, heads, hidden size, vocabulary, experts):
+// far above every published model, low enough that products of two fit in int64 and a
+// typo fails here rather than as a failed multi-terabyte allocation.
+constexpr int64_t kMaxSize = 1 << 24;
+constexpr int64_t kMaxPositions = int64_t{1} << 30;
+constexpr int64_t kMaxLayers = 4096;  // per-layer specs are allocated up front
+
+// What transformers 5.x's config class for an architecture fills in when config.json
+// omits a field (the dataclass defaults of configuration_<model>.py). null is Python's
+// None: the field's absence has a meaning the parser resolves (e.g. head_dim = hidden /
+// heads). tests/data/config_layouts.json checks these against transformers itself.
+const char* HfDefaults(Arch arch) {
+  switch (arch) {
+    case Arch::kLlama:
+      return R"({"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": null, "head_dim": null, "hidden_act": "silu",
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "eos_token_id": 2, "tie_word_embeddings": false,
+        "attention_bias": false, "mlp_bias": false})";
+    case Arch::kQwen2:
+      return R"({"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": null, "hidden_act": "silu",
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "eos_token_id": null, "tie_word_embeddings": false,
+        "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 28})";
+    case Arch::kQwen3:
+      return R"({"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "hidden_act": "silu",
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "eos_token_id": null, "tie_word_embeddings": false,
+        "attention_bias": false, "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 28})";
+    case Arch::kQwen3Moe:
+      return R"({"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": null, "hidden_act": "silu",
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "eos_token_id": null, "tie_word_embeddings": false,
+        "attention_bias": false, "use_sliding_window": false, "sliding_window": 4096, "decoder_sparse_step": 1,
+        "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128, "norm_topk_prob": false,
+        "mlp_only_layers": null})";
+    case Arch::kGemma3:
+      return R"({"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "eos_token_id": 1, "tie_word_embeddings": true,
+        "attention_bias": false, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+        "final_logit_softcapping": null, "use_bidirectional_attention": false})";
+    case Arch::kGemma4:
+      return R"({"vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "eos_token_id": 1, "tie_word_embeddings": true,
+        "attention_bias": false, "sliding_window": 512, "final_logit_softcapping": null,
+        "use_bidirectional_attention": null, "vocab_size_per_layer_input": 262144, "hidden_size_per_layer_input": 256,
+        "attention_k_eq_v": false, "num_kv_shared_layers": 0, "enable_moe_block": false, "use_double_wide_mlp": false,
+        "global_head_dim": 512, "num_global_key_value_heads": null,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+          "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}})";
+  }
+  return "{}";
+}
+
+const json& HfDefaultsJson(Arch arch) {
+  static const std::map<Arch, json> kParsed = [] {
+    std::map<Arch, json> m;
+    for (Arch a : {Arch::kLlama, Arch::kQwen2, Arch::kQwen3, Arch::kQwen3Moe, Arch::kGemma3, Arch::kGemma4})
+      m[a] = json::parse(HfDefaults(a));
+    return m;
+  }();
+  return kParsed.at(arch);
+}
+
+// Fields transformers reads (or keeps) that cannot change hidden states or stop tokens.
+// Every other field hsx does not read is refused: an unknown field may change the
+// computation, and a silently wrong hidden state is worse than an error.
+const std::set<std::string>& IgnoredFields() {
+  static const std::set<std::string> kIgnored = {
+      // Bookkeeping and training-only settings (PreTrainedConfig and the hub's files).
+      "_name_or_path", "transformers_version", "_commit_hash", "model_type", "use_cache", "initializer_range",
+      "attention_dropout", "bos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+      "output_hidden_states", "output_attentions", "return_dict", "use_return_dict", "torchscript", "id2label",
+      "label2id", "num_labels", "problem_type", "finetuning_task", "chunk_size_feed_forward", "is_encoder_decoder",
+      "is_decoder", "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder", "pruned_heads",
+      "tf_legacy_loss", "use_bfloat16", "tokenizer_class", "prefix", "task_specific_params",
+      "_attn_implementation_autoset", "attn_implementation", "output_router_logits", "router_aux_loss_coef",
+      // Generation defaults: transformers pops them from the model config; hsx's sampling
+      // comes from the request, stop tokens from eos_token_id and generation_config.json.
+      "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+      "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+      "encoder_repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+      "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+      "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+      "begin_suppress_tokens", "epsilon_cutoff", "eta_cutoff", "cache_implementation",
+      // Llama: transformers 5 never reads it; 4.x split the same matmuls tp ways (same result).
+      "pretraining_tp",
+      // Gemma 3: a copy transformers 5 writes next to an explicit layer_types.
+      "_sliding_window_pattern",
+  };
+  return kIgnored;
+}
+
+// Keys of a multimodal config's top level that only concern the vision or audio towers.
+const std::set<std::string>& MultimodalTopLevelFields() {
+  static const std::set<std::string> kFields = {
+      "vision_config", "audio_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index",
+      "image_token_index", "image_token_id", "boi_token_id", "eoi_token_id", "audio_token_id", "video_token_id",
+      "boa_token_id", "eoa_token_id", "vision_soft_tokens_per_image", "audio_soft_tokens_per_image",
+      "initializer_range", "eoa_token_index", "boa_token_index", "audio_token_index",
+  };
+  return kFields;
+}
+
+// Whether the JSON integer v lies in [lo, hi] (unsigned values above INT64_MAX included).
+bool IntInRange(const json& v, int64_t lo, int64_t hi) {
+  if (v.is_number_unsigned()) {
+    const uint64_t x = v.get<uint64_t>();
+    return x <= static_cast<uint64_t>(INT64_MAX) && lo <= static_cast<int64_t>(x) && static_cast<int64_t>(x) <= hi;
+  }
+  const int64_t x = v.get<int64_t>();
+  return lo <= x && x <= hi;
+}
+
+// Typed reads of one config object with errors that name the file and the field. A
+// field the object lacks falls back to `defaults` (transformers' value); every field
+// looked at is recorded, so the fields nobody read can be refused at the end.
 class Fields {
  public:
-  Fields(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
+  Fields(const json& j, const json& defaults, std::string source)
+      : j_(j), defaults_(defaults), source_(std::move(source)) {}
 
-  bool Has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
-
-  Result<int> Int(const std::string& key) const {
-    if (!Has(key)) return Missing(key, "an integer");
-    if (!j_[key].is_number_integer()) return Wrong(key, "an integer");
-    return j_[key].get<int>();
+  // The field's value, the default's, or nullptr when neither has one (null is a value).
+  const json* Get(const std::string& key) const {
+    read_.insert(key);
+    if (j_.contains(key)) return &j_[key];
+    if (defaults_.contains(key)) return &defaults_[key];
+    return nullptr;
   }
-  Result<int> Int(const std::string& key, int fallback) const { return Has(key) ? Int(key) : Result<int>(fallback); }
-
-  Result<double> Number(const std::string& key) const {
-    if (!Has(key)) return Missing(key, "a number");
-    if (!j_[key].is_number()) return Wrong(key, "a number");
-    return j_[key].get<double>();
+  // Whether config.json itself has the field (with any value, null included).
+  bool Given(const std::string& key) const {
+    read_.insert(key);
+    return j_.contains(key);
   }
-  Result<double> Number(const std::string& key, double fallback) const {
-    return Has(key) ? Number(key) : Result<double>(fallback);
+  bool Has(const std::string& key) const {
+    const json* v = Get(key);
+    return v != nullptr && !v->is_null();
   }
 
-  Result<bool> Bool(const std::string& key, bool fallback) const {
-    if (!Has(key)) return fallback;
-    if (!j_[key].is_boolean()) return Wrong(key, "true or false");
-    return j_[key].get<bool>();
+  Result<std::optional<int64_t>> OptionalInt(const std::string& key, int64_t lo, int64_t hi) const {
+    const json* v = Get(key);
+    if (v == nullptr || v->is_null()) return std::optional<int64_t>();
+    if (!v->is_number_integer()) return Wrong(key, *v, "an integer");
+    if (!IntInRange(*v, lo, hi)) {
+      return Fail(key, v->dump() + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    return std::optional<int64_t>(v->get<int64_t>());
+  }
+  // A required integer in [lo, hi].
+  Result<int> Int(const std::string& key, int64_t lo = 1, int64_t hi = kMaxSize) const {
+    HSX_ASSIGN_OR_RETURN(auto v, OptionalInt(key, lo, hi));
+    if (!v) return Missing(key, "an integer");
+    return static_cast<int>(*v);
+  }
+
+  Result<std::optional<double>> OptionalNumber(const std::string& key) const {
+    const json* v = Get(key);
+    if (v == nullptr || v->is_null()) return std::optional<double>();
+    if (!v->is_number()) return Wrong(key, *v, "a number");
+    return std::optional<double>(v->get<double>());
+  }
+  // A required number that must be finite and > 0 (rope bases, scales, epsilons): other
+  // values can only produce inf or NaN.
+  Result<double> Positive(const std::string& key) const {
+    HSX_ASSIGN_OR_RETURN(auto v, OptionalNumber(key));
+    if (!v) return Missing(key, "a number");
+    // The forward computes in f32: a value that rounds to 0 or inf there is as bad as 0 or inf.
+    if (!(*v >= std::numeric_limits<float>::min() && *v <= std::numeric_limits<float>::max())) {
+      return Fail(key, "must be a finite number > 0 within single precision's range (got " + Get(key)->dump() + ")");
+    }
+    return *v;
+  }
+
+  Result<bool> Bool(const std::string& key, bool fallback = false) const {
+    const json* v = Get(key);
+    if (v == nullptr || v->is_null()) return fallback;
+    if (!v->is_boolean()) return Wrong(key, *v, "true or false");
+    return v->get<bool>();
   }
 
   Result<std::string> String(const std::string& key) const {
-    if (!Has(key)) return Missing(key, "a string");
-    if (!j_[key].is_string()) return Wrong(key, "a string");
-    return j_[key].get<std::string>();
+    const json* v = Get(key);
+    if (v == nullptr || v->is_null()) return Missing(key, "a string");
+    if (!v->is_string()) return Wrong(key, *v, "a string");
+    return v->get<std::string>();
   }
 
-  const json& raw() const { return j_; }
+  // A list of integers in [lo, hi] (null or absent: empty).
+  Result<std::vector<int>> IntList(const std::string& key, int64_t lo, int64_t hi) const {
+    const json* v = Get(key);
+    std::vector<int> out;
+    if (v == nullptr || v->is_null()) return out;
+    if (!v->is_array()) return Wrong(key, *v, "a list of integers");
+    for (const json& e : *v) {
+      if (!e.is_number_integer()) return Fail(key, "entries must be integers");
+      if (!IntInRange(e, lo, hi)) {
+        return Fail(key, "entry " + e.dump() + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      }
+      out.push_back(e.get<int>());
+    }
+    return out;
+  }
+
+  // Refuses the fields of config.json that nothing read and that are not known not to matter.
+  Status CheckAllRead(const std::set<std::string>& also_ignored = {}) const {
+    for (const auto& [key, value] : j_.items()) {
+      if (read_.count(key) || IgnoredFields().count(key) || also_ignored.count(key)) continue;
+      return Fail(key, "not supported: hsx does not implement it and cannot rule out that it changes the "
+                       "model's computation (see docs/model-semantics.md)");
+    }
+    return {};
+  }
+
   const std::string& source() const { return source_; }
   Status Fail(const std::string& key, const std::string& what) const {
     return Error(source_ + ": field '" + key + "': " + what);
@@ -57,105 +240,305 @@ class Fields {
   Status Missing(const std::string& key, const char* expected) const {
     return Fail(key, std::string("missing (expected ") + expected + ")");
   }
-  Status Wrong(const std::string& key, const char* expected) const {
-    return Fail(key, "is " + std::string(j_[key].type_name()) + ", expected " + expected);
+  Status Wrong(const std::string& key, const json& v, const char* expected) const {
+    return Fail(key, "is " + std::string(v.type_name()) + ", expected " + expected);
   }
   const json& j_;
+  const json& defaults_;
   std::string source_;
+  mutable std::set<std::string> read_;
 };
 
-Result<Arch> ParseArch(const Fields& f) {
-  if (!f.raw().contains("architectures") || !f.raw()["architectures"].is_array() ||
-      f.raw()["architectures"].empty() || !f.raw()["architectures"][0].is_string()) {
-    return f.Fail("architectures", "missing (expected a list naming the model class)");
+struct ArchName {
+  const char* name;
+  Arch arch;
+  bool multimodal;  // the language model's config sits in text_config
+  const char* model_types[2];
+};
+
+constexpr ArchName kArchs[] = {
+    {"LlamaForCausalLM", Arch::kLlama, false, {"llama", nullptr}},
+    {"Qwen2ForCausalLM", Arch::kQwen2, false, {"qwen2", nullptr}},
+    {"Qwen3ForCausalLM", Arch::kQwen3, false, {"qwen3", nullptr}},
+    {"Qwen3MoeForCausalLM", Arch::kQwen3Moe, false, {"qwen3_moe", nullptr}},
+    {"Gemma3ForCausalLM", Arch::kGemma3, false, {"gemma3_text", nullptr}},
+    {"Gemma3ForConditionalGeneration", Arch::kGemma3, true, {"gemma3", "gemma3_text"}},
+    {"Gemma4ForCausalLM", Arch::kGemma4, false, {"gemma4_text", nullptr}},
+    {"Gemma4ForConditionalGeneration", Arch::kGemma4, true, {"gemma4", "gemma4_text"}},
+};
+
+Result<const ArchName*> ParseArch(const json& root, const std::string& source) {
+  const auto fail = [&](const std::string& what) { return Error(source + ": field 'architectures': " + what); };
+  if (!root.contains("architectures") || !root["architectures"].is_array() || root["architectures"].empty() ||
+      !root["architectures"][0].is_string()) {
+    return fail("missing (expected a list naming the model class)");
   }
-  const std::string name = f.raw()["architectures"][0].get<std::string>();
-  static const std::map<std::string, Arch> kArchs = {
-      {"LlamaForCausalLM", Arch::kLlama},     {"Qwen2ForCausalLM", Arch::kQwen2},
-      {"Qwen3ForCausalLM", Arch::kQwen3},     {"Qwen3MoeForCausalLM", Arch::kQwen3Moe},
-      {"Gemma3ForCausalLM", Arch::kGemma3},   {"Gemma4ForCausalLM", Arch::kGemma4},
-      {"Gemma3ForConditionalGeneration", Arch::kGemma3}, {"Gemma4ForConditionalGeneration", Arch::kGemma4},
-  };
-  auto it = kArchs.find(name);
-  if (it == kArchs.end()) {
-    return f.Fail("architectures", "unsupported architecture '" + name +
-                                       "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                                       "Qwen3MoeForCausalLM, Gemma3ForCausalLM, Gemma4ForCausalLM)");
+  const std::string name = root["architectures"][0].get<std::string>();
+  for (const ArchName& a : kArchs) {
+    if (name == a.name) return &a;
   }
-  return it->second;
+  std::string supported;
+  for (const ArchName& a : kArchs) supported += std::string(supported.empty() ? "" : ", ") + a.name;
+  return fail("unsupported architecture '" + name + "' (supported: " + supported + ")");
 }
 
-Result<RopeSpec> ParseRope(const Fields& f, const json& params, const std::string& key) {
-  if (!params.is_object()) return f.Fail(key, "expected an object");
-  Fields p(params, f.source() + ": " + key);
+// transformers picks the config class (and so the defaults) by model_type; hsx by the
+// architecture. Refuse a file where the two disagree rather than guess.
+Status CheckModelType(const json& j, const std::string& expected, const std::string& source) {
+  if (!j.contains("model_type") || j["model_type"].is_null()) return {};
+  if (!j["model_type"].is_string() || j["model_type"].get<std::string>() != expected) {
+    return Error(source + ": field 'model_type': is " + j["model_type"].dump() + ", expected \"" + expected +
+                 "\" for this architecture");
+  }
+  return {};
+}
+
+// ---- RoPE ----------------------------------------------------------------------------
+
+// 1 / theta^(k / dims) in f32 arithmetic, as torch computes it (bit-exact frequencies).
+float TorchInvFreq(double theta, int k, int dims) {
+  return 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(k) / static_cast<float>(dims));
+}
+
+
+// One rope parameter dict after transformers' standardization, checked and typed.
+// `inherited_theta` is the base the dict falls back to (a 4.x top-level rope_theta or the
+// architecture's default); nullopt means the dict must carry its own.
+Result<RopeSpec> ParseRopeDict(const json& d, const std::string& where, std::optional<double> inherited_theta,
+                               std::optional<double> inherited_partial, int max_position_embeddings) {
+  if (!d.is_object()) return Error(where + ": expected an object");
+  static const json kNone = json::object();
+  Fields p(d, kNone, where);
   RopeSpec rope;
-  HSX_ASSIGN_OR_RETURN(rope.theta, p.Number("rope_theta", f.Has("rope_theta") ? f.raw()["rope_theta"].get<double>() : 10000.0));
-  HSX_ASSIGN_OR_RETURN(rope.partial_rotary_factor, p.Number("partial_rotary_factor", 1.0));
-  const std::string type = p.Has("rope_type") && params["rope_type"].is_string() ? params["rope_type"].get<std::string>() : "default";
+  std::string type = "default";
+  if (p.Has("rope_type")) {
+    HSX_ASSIGN_OR_RETURN(type, p.String("rope_type"));
+  } else if (p.Has("type")) {  // rope_scaling's 4.x spelling
+    HSX_ASSIGN_OR_RETURN(type, p.String("type"));
+  }
+  if (p.Has("rope_type") && p.Has("type")) {
+    HSX_ASSIGN_OR_RETURN(std::string legacy, p.String("type"));
+    if (legacy != type) return p.Fail("type", "'" + legacy + "' disagrees with rope_type '" + type + "'");
+  }
+  if (p.Has("rope_theta")) {
+    HSX_ASSIGN_OR_RETURN(rope.theta, p.Positive("rope_theta"));
+  } else if (inherited_theta) {
+    rope.theta = *inherited_theta;
+  } else {
+    return p.Fail("rope_theta", "missing (expected a number)");
+  }
+  if (!std::isfinite(rope.theta) || rope.theta <= 0) {
+    return p.Fail("rope_theta", "must be a finite number > 0 (got " + std::to_string(rope.theta) + ")");
+  }
+  if (p.Has("partial_rotary_factor")) {
+    HSX_ASSIGN_OR_RETURN(rope.partial_rotary_factor, p.Positive("partial_rotary_factor"));
+  } else if (inherited_partial) {
+    rope.partial_rotary_factor = *inherited_partial;
+  }
+  if (!(rope.partial_rotary_factor > 0 && rope.partial_rotary_factor <= 1)) {
+    return p.Fail("partial_rotary_factor", "must be in (0, 1]");
+  }
   if (type == "default") {
     rope.type = RopeSpec::Type::kDefault;
+  } else if (type == "linear") {
+    rope.type = RopeSpec::Type::kLinear;
+    HSX_ASSIGN_OR_RETURN(rope.factor, p.Positive("factor"));
   } else if (type == "llama3") {
     rope.type = RopeSpec::Type::kLlama3;
-    HSX_ASSIGN_OR_RETURN(rope.factor, p.Number("factor"));
-    HSX_ASSIGN_OR_RETURN(rope.low_freq_factor, p.Number("low_freq_factor"));
-    HSX_ASSIGN_OR_RETURN(rope.high_freq_factor, p.Number("high_freq_factor"));
-    HSX_ASSIGN_OR_RETURN(rope.original_max_position_embeddings, p.Number("original_max_position_embeddings"));
+    HSX_ASSIGN_OR_RETURN(rope.factor, p.Positive("factor"));
+    HSX_ASSIGN_OR_RETURN(rope.low_freq_factor, p.Positive("low_freq_factor"));
+    HSX_ASSIGN_OR_RETURN(rope.high_freq_factor, p.Positive("high_freq_factor"));
+    if (rope.high_freq_factor == rope.low_freq_factor) {
+      return p.Fail("high_freq_factor", "must differ from low_freq_factor (the smoothing divides by their difference)");
+    }
+    // transformers fills it from max_position_embeddings when the dict lacks it.
+    if (p.Has("original_max_position_embeddings")) {
+      HSX_ASSIGN_OR_RETURN(rope.original_max_position_embeddings, p.Positive("original_max_position_embeddings"));
+    } else {
+      rope.original_max_position_embeddings = max_position_embeddings;
+    }
   } else if (type == "proportional") {
     rope.type = RopeSpec::Type::kProportional;
+    if (p.Has("factor")) {
+      HSX_ASSIGN_OR_RETURN(rope.factor, p.Positive("factor"));
+    }
   } else {
-    return p.Fail("rope_type", "unsupported '" + type + "' (supported: default, llama3, proportional)");
+    return p.Fail(p.Has("rope_type") ? "rope_type" : "type",
+                  "RoPE type '" + type + "' is not supported (supported: default, linear, llama3, proportional)");
   }
+  HSX_RETURN_IF_ERROR(p.CheckAllRead());
   return rope;
 }
 
-// rope_parameters is either one object or, for models that mix layer types, an object
-// keyed by layer type ("sliding_attention", "full_attention").
-Result<RopeSpec> RopeForLayerType(const Fields& f, const std::string& layer_type) {
-  if (!f.Has("rope_parameters")) {
-    RopeSpec rope;
-    HSX_ASSIGN_OR_RETURN(rope.theta, f.Number("rope_theta", 10000.0));
-    return rope;
+constexpr const char* kLayerTypeNames[] = {"full_attention", "sliding_attention"};
+
+// The rope parameter dict per layer type, resolved as transformers 5.x's
+// convert_rope_params_to_dict and standardize_rope_params do for this architecture.
+Result<std::map<std::string, RopeSpec>> ResolveRope(const Fields& f, Arch arch, int max_pos,
+                                                    const std::set<std::string>& layer_types) {
+  std::map<std::string, RopeSpec> out;
+  const std::string src = f.source() + ": ";
+  if (arch == Arch::kGemma4) {
+    // Gemma 4 has only the 5.x layout; transformers drops 4.x keys without reading them.
+    for (const char* legacy : {"rope_theta", "rope_scaling", "rope_local_base_freq", "partial_rotary_factor"}) {
+      if (f.Given(legacy)) return f.Fail(legacy, "transformers ignores it for Gemma 4; give rope_parameters instead");
+    }
+    const json* rp = f.Get("rope_parameters");
+    if (rp->is_null()) rp = &HfDefaultsJson(Arch::kGemma4)["rope_parameters"];
+    if (!rp->is_object()) return f.Fail("rope_parameters", "expected an object keyed by layer type");
+    for (const std::string& t : layer_types) {
+      if (!rp->contains(t) || (*rp)[t].is_null()) return f.Fail("rope_parameters", "no entry for layer type '" + t + "'");
+      HSX_ASSIGN_OR_RETURN(out[t], ParseRopeDict((*rp)[t], src + "rope_parameters." + t, std::nullopt, std::nullopt, max_pos));
+    }
+    return out;
   }
-  const json& rp = f.raw()["rope_parameters"];
-  if (rp.is_object() && rp.contains(layer_type)) return ParseRope(f, rp[layer_type], "rope_parameters." + layer_type);
-  return ParseRope(f, rp, "rope_parameters");
+
+  std::optional<double> top_theta;
+  if (f.Has("rope_theta")) {
+    HSX_ASSIGN_OR_RETURN(top_theta, f.Positive("rope_theta"));
+  }
+  const json* scaling = f.Has("rope_scaling") ? f.Get("rope_scaling") : nullptr;
+  const json* params = f.Has("rope_parameters") ? f.Get("rope_parameters") : nullptr;
+  if (scaling && !scaling->is_object()) return f.Fail("rope_scaling", "expected an object");
+  if (params && !params->is_object()) return f.Fail("rope_parameters", "expected an object");
+
+  if (arch == Arch::kGemma3) {
+    // Gemma 3: rope_parameters keyed by layer type (default: both "default"); a 4.x
+    // rope_scaling updates the full-attention entry; a dict without rope_theta takes
+    // rope_theta (full, default 1e6) or rope_local_base_freq (sliding, default 1e4).
+    json rp = params ? *params : json::object();
+    for (const auto& [k, v] : rp.items()) {
+      if (k != "full_attention" && k != "sliding_attention") {
+        return f.Fail("rope_parameters", "Gemma 3 needs rope_parameters keyed by layer type, found key '" + k + "'");
+      }
+    }
+    for (const char* t : kLayerTypeNames) {
+      if (!rp.contains(t) || rp[t].is_null()) rp[t] = {{"rope_type", "default"}};
+      if (!rp[t].is_object()) return f.Fail("rope_parameters", std::string("entry '") + t + "' must be an object");
+    }
+    if (scaling) rp["full_attention"].update(*scaling);
+    double local_base = 10000.0;
+    if (f.Has("rope_local_base_freq")) {
+      HSX_ASSIGN_OR_RETURN(local_base, f.Positive("rope_local_base_freq"));
+    }
+    const std::string full_where = src + (scaling ? "rope_parameters.full_attention (with rope_scaling)" : "rope_parameters.full_attention");
+    HSX_ASSIGN_OR_RETURN(out["full_attention"], ParseRopeDict(rp["full_attention"], full_where, top_theta.value_or(1e6), std::nullopt, max_pos));
+    HSX_ASSIGN_OR_RETURN(out["sliding_attention"], ParseRopeDict(rp["sliding_attention"], src + "rope_parameters.sliding_attention", local_base, std::nullopt, max_pos));
+    return out;
+  }
+
+  // Llama and Qwen: rope_scaling (4.x) wins over rope_parameters (5.x); one dict for all
+  // layers, or (Qwen2/3, which have layer types) one per layer type.
+  std::optional<double> top_partial;
+  if (f.Has("partial_rotary_factor")) {
+    HSX_ASSIGN_OR_RETURN(top_partial, f.Positive("partial_rotary_factor"));
+  }
+  static const json kEmpty = json::object();
+  const json& rp = scaling ? *scaling : params ? *params : kEmpty;
+  const bool nested = (arch == Arch::kQwen2 || arch == Arch::kQwen3) && !rp.empty() && std::all_of(rp.items().begin(), rp.items().end(), [&](const auto& kv) {
+    return layer_types.count(kv.key()) > 0;
+  });
+  for (const std::string& t : layer_types) {
+    const json& d = nested ? (rp.contains(t) ? rp[t] : json()) : rp;
+    if (d.is_null()) return f.Fail("rope_parameters", "no entry for layer type '" + t + "'");
+    const std::string where = src + (scaling ? "rope_scaling" : "rope_parameters") + (nested ? "." + t : "");
+    HSX_ASSIGN_OR_RETURN(out[t], ParseRopeDict(d, where, top_theta.value_or(10000.0), top_partial, max_pos));
+  }
+  return out;
 }
 
-Status ParseLayers(const Fields& f, ModelConfig& c) {
+// ---- Layers --------------------------------------------------------------------------
+
+Result<std::vector<std::string>> LayerTypes(const Fields& f, const ModelConfig& c, bool qwen_sliding) {
+  const int n = c.num_layers;
   std::vector<std::string> types;
-  if (f.Has("layer_types")) {
-    const json& lt = f.raw()["layer_types"];
-    if (!lt.is_array() || static_cast<int>(lt.size()) != c.num_layers) {
-      return f.Fail("layer_types", "expected a list of " + std::to_string(c.num_layers) + " layer types");
+  const json* lt = f.Get("layer_types");
+  if (lt && !lt->is_null()) {
+    if (!lt->is_array() || static_cast<int>(lt->size()) != n) {
+      return f.Fail("layer_types", "expected a list of " + std::to_string(n) + " layer types");
     }
-    for (const auto& t : lt) {
+    for (const auto& t : *lt) {
       if (!t.is_string() || (t != "sliding_attention" && t != "full_attention")) {
         return f.Fail("layer_types", "entries must be \"sliding_attention\" or \"full_attention\"");
       }
       types.push_back(t.get<std::string>());
     }
-  } else if (c.arch == Arch::kGemma3 || c.arch == Arch::kGemma4) {
-    HSX_ASSIGN_OR_RETURN(int pattern, f.Int("sliding_window_pattern", 6));
-    for (int i = 0; i < c.num_layers; ++i) types.push_back((i + 1) % pattern ? "sliding_attention" : "full_attention");
-  } else {
-    types.assign(c.num_layers, "full_attention");
+  }
+  if (c.arch == Arch::kGemma3 || c.arch == Arch::kGemma4) {
+    // Gemma 3 reads sliding_window_pattern (default 6); Gemma 4 always uses 6.
+    int pattern = 6;
+    if (c.arch == Arch::kGemma3) {
+      HSX_ASSIGN_OR_RETURN(auto given, f.OptionalInt("sliding_window_pattern", 1, kMaxSize));
+      pattern = static_cast<int>(given.value_or(6));
+    } else if (f.Given("sliding_window_pattern")) {
+      HSX_ASSIGN_OR_RETURN(auto given, f.OptionalInt("sliding_window_pattern", 1, kMaxSize));
+      if (given && *given != 6 && types.empty()) {
+        return f.Fail("sliding_window_pattern", "transformers ignores it for Gemma 4 (always 6); give layer_types");
+      }
+    }
+    if (types.empty()) {
+      for (int i = 0; i < n; ++i) types.push_back((i + 1) % pattern ? "sliding_attention" : "full_attention");
+    }
+    // Gemma 4 always ends on a full-attention layer (transformers forces it).
+    if (c.arch == Arch::kGemma4) types.back() = "full_attention";
+    return types;
+  }
+  if (c.arch == Arch::kQwen2 || c.arch == Arch::kQwen3) {
+    HSX_ASSIGN_OR_RETURN(int max_window_layers, f.Int("max_window_layers", 0, kMaxSize));
+    if (types.empty()) {
+      for (int i = 0; i < n; ++i) types.push_back(qwen_sliding && i >= max_window_layers ? "sliding_attention" : "full_attention");
+    }
+    return types;
+  }
+  // Llama and Qwen3-MoE have no layer types: transformers gives every layer full
+  // attention (Qwen3-MoE: the sliding window, when enabled, applies to all of them).
+  const std::string all = c.arch == Arch::kQwen3Moe && qwen_sliding ? "sliding_attention" : "full_attention";
+  if (!types.empty() && std::any_of(types.begin(), types.end(), [&](const std::string& t) { return t != all; })) {
+    return f.Fail("layer_types", "transformers ignores it for this architecture (every layer is " + all + ")");
+  }
+  return std::vector<std::string>(n, all);
+}
+
+Status ParseLayers(const Fields& f, ModelConfig& c, bool qwen_sliding) {
+  HSX_ASSIGN_OR_RETURN(const std::vector<std::string> types, LayerTypes(f, c, qwen_sliding));
+  const std::set<std::string> type_set(types.begin(), types.end());
+  HSX_ASSIGN_OR_RETURN(const auto ropes, ResolveRope(f, c.arch, c.max_position_embeddings, type_set));
+
+  // head_dim: null or absent means hidden_size / num_attention_heads.
+  HSX_ASSIGN_OR_RETURN(auto given_head_dim, f.OptionalInt("head_dim", 1, kMaxSize));
+  const int head_dim = given_head_dim ? static_cast<int>(*given_head_dim) : c.hidden_size / c.num_heads;
+  HSX_ASSIGN_OR_RETURN(auto given_kv, f.OptionalInt("num_key_value_heads", 1, kMaxSize));
+  const int kv_heads = given_kv ? static_cast<int>(*given_kv) : c.num_heads;
+  bool k_eq_v = false;
+  int shared = 0;
+  const json* per_layer = nullptr;
+  std::map<int, const json*> overrides;  // per_layer_config by layer index
+  int global_head_dim = 0;
+  std::optional<int64_t> global_kv_heads;
+  if (c.arch == Arch::kGemma4) {
+    HSX_ASSIGN_OR_RETURN(k_eq_v, f.Bool("attention_k_eq_v"));
+    HSX_ASSIGN_OR_RETURN(shared, f.Int("num_kv_shared_layers", 0, c.num_layers - 1));
+    HSX_ASSIGN_OR_RETURN(global_head_dim, f.Int("global_head_dim"));
+    HSX_ASSIGN_OR_RETURN(global_kv_heads, f.OptionalInt("num_global_key_value_heads", 1, kMaxSize));
+    per_layer = f.Has("per_layer_config") ? f.Get("per_layer_config") : nullptr;
+    if (per_layer && !per_layer->is_object()) return f.Fail("per_layer_config", "expected an object keyed by layer index");
+    if (per_layer) {
+      // Keys are layer indices, possibly zero-padded (transformers parses them with int()).
+      for (const auto& [k, v] : per_layer->items()) {
+        const bool index = !k.empty() && k.size() < 9 && std::all_of(k.begin(), k.end(), ::isdigit) && std::stoi(k) < c.num_layers;
+        if (!index) return f.Fail("per_layer_config", "key '" + k + "' is not a layer index below num_hidden_layers");
+        if (!overrides.emplace(std::stoi(k), &v).second) return f.Fail("per_layer_config", "layer " + k + " given twice");
+      }
+    }
   }
 
-  // Gemma 4 always ends on a full-attention layer (HF forces it).
-  if (c.arch == Arch::kGemma4) types.back() = "full_attention";
-  // Qwen3 configs without head_dim mean 128, not hidden_size / heads.
-  const bool qwen3 = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe;
-  HSX_ASSIGN_OR_RETURN(int head_dim, f.Int("head_dim", qwen3 ? 128 : c.hidden_size / c.num_heads));
-  HSX_ASSIGN_OR_RETURN(int kv_heads, f.Int("num_key_value_heads", c.num_heads));
-  HSX_ASSIGN_OR_RETURN(bool k_eq_v, f.Bool("attention_k_eq_v", false));
-  HSX_ASSIGN_OR_RETURN(int shared, f.Int("num_kv_shared_layers", 0));
-  if (shared < 0 || shared >= c.num_layers) return f.Fail("num_kv_shared_layers", "must be in [0, num_hidden_layers)");
-  const json* per_layer = f.Has("per_layer_config") ? &f.raw()["per_layer_config"] : nullptr;
-  if (per_layer && !per_layer->is_object()) return f.Fail("per_layer_config", "expected an object keyed by layer index");
-
   std::vector<int> mlp_only;
-  if (f.Has("mlp_only_layers")) mlp_only = f.raw()["mlp_only_layers"].get<std::vector<int>>();
-  HSX_ASSIGN_OR_RETURN(int sparse_step, f.Int("decoder_sparse_step", 1));
+  int sparse_step = 1;
+  if (c.arch == Arch::kQwen3Moe) {
+    f.Given("max_window_layers");  // Qwen3-MoE's config has none; hub files carry it unread
+    HSX_ASSIGN_OR_RETURN(mlp_only, f.IntList("mlp_only_layers", 0, c.num_layers - 1));
+    HSX_ASSIGN_OR_RETURN(sparse_step, f.Int("decoder_sparse_step"));
+  }
 
   c.layers.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {
@@ -163,24 +546,44 @@ Status ParseLayers(const Fields& f, ModelConfig& c) {
     l.sliding = types[i] == "sliding_attention";
     l.head_dim = head_dim;
     l.num_kv_heads = kv_heads;
-    if (per_layer && per_layer->contains(std::to_string(i))) {
-      Fields pl((*per_layer)[std::to_string(i)], f.source() + ": per_layer_config." + std::to_string(i));
-      HSX_ASSIGN_OR_RETURN(l.head_dim, pl.Int("head_dim", head_dim));
-      HSX_ASSIGN_OR_RETURN(l.num_kv_heads, pl.Int("num_key_value_heads", kv_heads));
+    const std::string key = std::to_string(i);
+    if (overrides.count(i)) {
+      static const json kNone = json::object();
+      const json& o = *overrides[i];
+      Fields pl(o, kNone, f.source() + ": per_layer_config." + key);
+      if (!o.is_object()) return f.Fail("per_layer_config", "entry for layer " + key + " must be an object");
+      HSX_ASSIGN_OR_RETURN(auto hd, pl.OptionalInt("head_dim", 1, kMaxSize));
+      HSX_ASSIGN_OR_RETURN(auto kv, pl.OptionalInt("num_key_value_heads", 1, kMaxSize));
+      HSX_RETURN_IF_ERROR(pl.CheckAllRead());
+      if (hd) l.head_dim = static_cast<int>(*hd);
+      if (kv) l.num_kv_heads = static_cast<int>(*kv);
     } else if (!per_layer && c.arch == Arch::kGemma4 && !l.sliding) {
-      // Hub configs give full-attention layers their own head dim (and, with k=v, KV heads).
-      HSX_ASSIGN_OR_RETURN(l.head_dim, f.Int("global_head_dim", 512));
-      if (k_eq_v) {
-        HSX_ASSIGN_OR_RETURN(l.num_kv_heads, f.Int("num_global_key_value_heads", kv_heads));
-      }
+      // Without per_layer_config, full-attention layers take global_head_dim (and, with
+      // k=v, num_global_key_value_heads), as transformers builds the overrides.
+      l.head_dim = global_head_dim;
+      if (k_eq_v && global_kv_heads) l.num_kv_heads = static_cast<int>(*global_kv_heads);
     }
-    if (l.head_dim <= 0 || l.num_kv_heads <= 0 || c.num_heads % l.num_kv_heads != 0) {
-      return f.Fail("num_key_value_heads", "layer " + std::to_string(i) + ": need head_dim > 0 and num_attention_heads (" +
-                                               std::to_string(c.num_heads) + ") divisible by num_key_value_heads (" +
+    if (c.num_heads % l.num_kv_heads != 0) {
+      return f.Fail("num_key_value_heads", "layer " + key + ": num_attention_heads (" + std::to_string(c.num_heads) +
+                                               ") is not divisible by num_key_value_heads (" +
                                                std::to_string(l.num_kv_heads) + ")");
     }
+    if (l.head_dim <= 0 || l.head_dim % 2 != 0) {
+      return f.Fail("head_dim", "layer " + key + ": head dimension " + std::to_string(l.head_dim) + " must be positive and even (RoPE rotates pairs)");
+    }
     l.k_eq_v = k_eq_v && !l.sliding;
-    HSX_ASSIGN_OR_RETURN(l.rope, RopeForLayerType(f, types[i]));
+    l.rope = ropes.at(types[i]);
+    const int rotary = static_cast<int>(l.head_dim * l.rope.partial_rotary_factor);
+    if (l.rope.type != RopeSpec::Type::kProportional && (rotary <= 0 || rotary % 2 != 0)) {
+      return f.Fail("partial_rotary_factor", "layer " + key + ": " + std::to_string(rotary) + " rotary dimensions of a " +
+                                                 std::to_string(l.head_dim) + "-wide head (need a positive even number)");
+    }
+    int rotary_dims = 0;
+    for (float inv : RopeInverseFrequencies(l.rope, l.head_dim, &rotary_dims)) {
+      if (!std::isfinite(inv)) {
+        return f.Fail("rope_parameters", "layer " + key + ": the RoPE parameters give non-finite frequencies");
+      }
+    }
     l.moe = c.num_experts > 0 && std::find(mlp_only.begin(), mlp_only.end(), i) == mlp_only.end() &&
             (i + 1) % sparse_step == 0;
     l.kv_source = i;
@@ -197,7 +600,62 @@ Status ParseLayers(const Fields& f, ModelConfig& c) {
   return {};
 }
 
+// eos_token_id: an integer or a list of integers, each a token of the vocabulary.
+Status AppendEos(const json& v, const std::string& source, int vocab_size, std::vector<int32_t>& ids) {
+  const auto fail = [&] {
+    return Error(source + ": field 'eos_token_id': expected an integer or a list of integers in [0, " +
+                 std::to_string(vocab_size) + ")");
+  };
+  if (v.is_null()) return {};
+  const json list = v.is_array() ? v : json::array({v});
+  for (const json& e : list) {
+    if (!e.is_number_integer() || !IntInRange(e, 0, vocab_size - 1)) return fail();
+    const int32_t id = static_cast<int32_t>(e.get<int64_t>());
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
+  return {};
+}
+
 }  // namespace
+
+std::vector<float> RopeInverseFrequencies(const RopeSpec& rope, int head_dim, int* rotary_dims) {
+  std::vector<float> inv_freq;
+  if (rope.type == RopeSpec::Type::kProportional) {
+    // Frequencies as for the whole head, but only the first partial_rotary_factor of
+    // each rotate-half pair set turns; the rest get frequency 0 (identity).
+    const int half = head_dim / 2;
+    const int rotated = static_cast<int>(rope.partial_rotary_factor * head_dim) / 2;
+    for (int i = 0; i < half; ++i) {
+      inv_freq.push_back(i < rotated ? TorchInvFreq(rope.theta, 2 * i, head_dim) / static_cast<float>(rope.factor) : 0.0f);
+    }
+    *rotary_dims = head_dim;
+    return inv_freq;
+  }
+  const int dims = static_cast<int>(head_dim * rope.partial_rotary_factor);
+  // Scaled variants in f32, operation by operation as transformers' torch code runs them.
+  const float factor = static_cast<float>(rope.factor);
+  for (int i = 0; i < dims / 2; ++i) {
+    float f = TorchInvFreq(rope.theta, 2 * i, dims);
+    if (rope.type == RopeSpec::Type::kLinear) {
+      f /= factor;
+    } else if (rope.type == RopeSpec::Type::kLlama3) {
+      const double old_len = rope.original_max_position_embeddings;
+      const float low_wavelen = static_cast<float>(old_len / rope.low_freq_factor);
+      const float high_wavelen = static_cast<float>(old_len / rope.high_freq_factor);
+      const float wavelen = static_cast<float>(2 * M_PI) / f;
+      if (wavelen > low_wavelen) {
+        f /= factor;
+      } else if (!(wavelen < high_wavelen)) {
+        const float smooth = (static_cast<float>(old_len) / wavelen - static_cast<float>(rope.low_freq_factor)) /
+                             static_cast<float>(rope.high_freq_factor - rope.low_freq_factor);
+        f = (1.0f - smooth) * f / factor + smooth * f;
+      }
+    }
+    inv_freq.push_back(f);
+  }
+  *rotary_dims = dims;
+  return inv_freq;
+}
 
 int ModelConfig::num_kv_layers() const {
   int n = 0;
@@ -211,118 +669,186 @@ float ModelConfig::attention_scale(int layer) const {
 }
 
 Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source_name) {
-  const json root = json::parse(json_text, nullptr, false);
-  if (root.is_discarded() || !root.is_object()) return Error(source_name + ": not a JSON object");
+  HSX_ASSIGN_OR_RETURN(const json root, ParseJson(json_text, source_name));
+  if (!root.is_object()) return Error(source_name + ": not a JSON object");
+  HSX_ASSIGN_OR_RETURN(const ArchName* arch, ParseArch(root, source_name));
   ModelConfig c;
-  {
-    Fields top(root, source_name);
-    HSX_ASSIGN_OR_RETURN(c.arch, ParseArch(top));
-    c.architecture = root["architectures"][0].get<std::string>();
-  }
-  // Multimodal checkpoints nest the language model's config in text_config.
-  const json& j = root.contains("text_config") && root["text_config"].is_object() ? root["text_config"] : root;
-  Fields f(j, root.contains("text_config") ? source_name + ": text_config" : source_name);
+  c.arch = arch->arch;
+  c.architecture = arch->name;
+  const json& defaults = HfDefaultsJson(c.arch);
+  static const json kNone = json::object();
 
-  for (const json* src : {&j, &root}) {
-    const char* key = src->contains("dtype") ? "dtype" : "torch_dtype";
-    if (!src->contains(key) || !(*src)[key].is_string()) continue;
-    auto dt = ParseFloatDTypeName((*src)[key].get<std::string>());
-    if (!dt) return f.Fail(key, "unsupported dtype '" + (*src)[key].get<std::string>() + "' (expected bfloat16, float16 or float32)");
+  // Multimodal checkpoints nest the language model's config in text_config; the top level
+  // then holds only the towers' settings, dtype, tie_word_embeddings and eos_token_id.
+  if (arch->multimodal && (!root.contains("text_config") || !root["text_config"].is_object())) {
+    return Error(source_name + ": field 'text_config': missing (expected the language model's config object)");
+  }
+  const json& j = arch->multimodal ? root["text_config"] : root;
+  Fields f(j, defaults, arch->multimodal ? source_name + ": text_config" : source_name);
+  Fields top(root, kNone, source_name);
+  HSX_RETURN_IF_ERROR(CheckModelType(root, arch->model_types[0], source_name));
+  if (arch->multimodal) HSX_RETURN_IF_ERROR(CheckModelType(j, arch->model_types[1], f.source()));
+
+  // dtype (5.x) or torch_dtype (4.x), in text_config or at the top level; dtype wins.
+  for (const Fields* src : {&f, &top}) {
+    const char* key = src->Has("dtype") ? "dtype" : src->Has("torch_dtype") ? "torch_dtype" : nullptr;
+    if (!key) continue;
+    HSX_ASSIGN_OR_RETURN(std::string name, src->String(key));
+    auto dt = ParseFloatDTypeName(name);
+    if (!dt) return src->Fail(key, "unsupported dtype '" + name + "' (expected bfloat16, float16 or float32)");
     c.dtype = *dt;
     break;
   }
+  for (const Fields* src : {&f, &top}) {  // the other spelling is read too (the first one found wins)
+    src->Given("dtype");
+    src->Given("torch_dtype");
+  }
 
   HSX_ASSIGN_OR_RETURN(c.hidden_size, f.Int("hidden_size"));
-  HSX_ASSIGN_OR_RETURN(c.num_layers, f.Int("num_hidden_layers"));
+  HSX_ASSIGN_OR_RETURN(c.num_layers, f.Int("num_hidden_layers", 1, kMaxLayers));
   HSX_ASSIGN_OR_RETURN(c.vocab_size, f.Int("vocab_size"));
   HSX_ASSIGN_OR_RETURN(c.num_heads, f.Int("num_attention_heads"));
-  HSX_ASSIGN_OR_RETURN(c.max_position_embeddings, f.Int("max_position_embeddings", 4096));
-  HSX_ASSIGN_OR_RETURN(double eps, f.Number("rms_norm_eps", 1e-6));
+  HSX_ASSIGN_OR_RETURN(c.max_position_embeddings, f.Int("max_position_embeddings", 1, kMaxPositions));
+  HSX_ASSIGN_OR_RETURN(const double eps, f.Positive("rms_norm_eps"));
   c.rms_norm_eps = static_cast<float>(eps);
-  if (c.hidden_size <= 0 || c.num_layers <= 0 || c.vocab_size <= 0 || c.num_heads <= 0) {
-    return Error(f.source() + ": hidden_size, num_hidden_layers, vocab_size and num_attention_heads must be positive");
-  }
-  {
-    // Gemma ties by default; the flag may sit at the top level or in text_config.
-    const bool fallback = c.arch == Arch::kGemma3 || c.arch == Arch::kGemma4;
-    HSX_ASSIGN_OR_RETURN(c.tie_word_embeddings, Fields(root, source_name).Bool("tie_word_embeddings", fallback));
-    HSX_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.Bool("tie_word_embeddings", c.tie_word_embeddings));
+
+  // Gemma ties by default; the flag may sit at the top level or in text_config.
+  HSX_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.Bool("tie_word_embeddings"));
+  if (arch->multimodal) {
+    HSX_ASSIGN_OR_RETURN(c.tie_word_embeddings, top.Bool("tie_word_embeddings", c.tie_word_embeddings));
+    if (j.contains("tie_word_embeddings")) {
+      HSX_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.Bool("tie_word_embeddings"));
+    }
   }
 
-  for (const json* src : {&j, &root}) {
-    if (!src->contains("eos_token_id") || (*src)["eos_token_id"].is_null()) continue;
-    const json& eos = (*src)["eos_token_id"];
-    if (eos.is_number_integer()) c.eos_token_ids = {eos.get<int32_t>()};
-    else if (eos.is_array() && std::all_of(eos.begin(), eos.end(), [](const json& e) { return e.is_number_integer(); }))
-      c.eos_token_ids = eos.get<std::vector<int32_t>>();
-    else return f.Fail("eos_token_id", "expected an integer or a list of integers");
-    break;
+  // Stop tokens: the language model's eos_token_id (or the default), then the top level's.
+  HSX_RETURN_IF_ERROR(AppendEos(f.Has("eos_token_id") ? *f.Get("eos_token_id") : json(), f.source(), c.vocab_size, c.eos_token_ids));
+  if (arch->multimodal && top.Has("eos_token_id")) {
+    HSX_RETURN_IF_ERROR(AppendEos(*top.Get("eos_token_id"), source_name, c.vocab_size, c.eos_token_ids));
   }
 
   const bool gemma = c.arch == Arch::kGemma3 || c.arch == Arch::kGemma4;
-  HSX_ASSIGN_OR_RETURN(std::string act, f.String(f.Has("hidden_activation") ? "hidden_activation" : "hidden_act"));
-  if (act == "silu" || act == "swish") c.activation = Activation::kSilu;
-  else if (act == "gelu_pytorch_tanh" || act == "gelu_tanh") c.activation = Activation::kGeluTanh;
-  else return f.Fail("hidden_act", "unsupported activation '" + act + "' (supported: silu, gelu_pytorch_tanh)");
+  {
+    // Gemma's modules read hidden_activation only; a hidden_act beside it must agree.
+    const char* key = gemma ? "hidden_activation" : "hidden_act";
+    HSX_ASSIGN_OR_RETURN(std::string act, f.String(key));
+    if (act == "silu" || act == "swish") c.activation = Activation::kSilu;
+    else if (act == "gelu_pytorch_tanh" || act == "gelu_tanh") c.activation = Activation::kGeluTanh;
+    else return f.Fail(key, "unsupported activation '" + act + "' (supported: silu, gelu_pytorch_tanh)");
+    if (gemma && f.Given("hidden_act") && !j["hidden_act"].is_null() && j["hidden_act"] != act) {
+      return f.Fail("hidden_act", "disagrees with hidden_activation '" + act + "' (transformers uses hidden_activation)");
+    }
+  }
 
-  HSX_ASSIGN_OR_RETURN(c.num_experts, f.Int(f.Has("num_experts") ? "num_experts" : "num_local_experts", 0));
+  HSX_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size"));
   if (c.arch == Arch::kQwen3Moe) {
+    // num_local_experts is the same field under its Mixtral-style name.
+    const char* key = f.Given("num_local_experts") ? "num_local_experts" : "num_experts";
+    if (f.Given("num_local_experts") && f.Given("num_experts") && j["num_experts"] != j["num_local_experts"]) {
+      return f.Fail("num_experts", "disagrees with num_local_experts");
+    }
+    HSX_ASSIGN_OR_RETURN(c.num_experts, f.Int(key));
     HSX_ASSIGN_OR_RETURN(c.experts_per_token, f.Int("num_experts_per_tok"));
     HSX_ASSIGN_OR_RETURN(c.moe_intermediate_size, f.Int("moe_intermediate_size"));
-    HSX_ASSIGN_OR_RETURN(c.norm_topk_prob, f.Bool("norm_topk_prob", true));
-    if (c.num_experts <= 0 || c.experts_per_token <= 0 || c.experts_per_token > c.num_experts) {
-      return f.Fail("num_experts_per_tok", "need 0 < num_experts_per_tok <= num_experts");
-    }
-  } else {
-    c.num_experts = 0;  // Gemma 4's MoE block is not supported yet; enable_moe_block is rejected below.
+    HSX_ASSIGN_OR_RETURN(c.norm_topk_prob, f.Bool("norm_topk_prob"));
+    if (c.experts_per_token > c.num_experts) return f.Fail("num_experts_per_tok", "must not exceed num_experts");
   }
-  HSX_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size", c.arch == Arch::kQwen3Moe ? 0 : -1));
-  if (c.intermediate_size < 0) return f.Fail("intermediate_size", "missing (expected an integer)");
 
-  HSX_ASSIGN_OR_RETURN(c.qkv_bias, f.Bool("attention_bias", c.arch == Arch::kQwen2));
+  // Biases: Qwen2 always has q/k/v biases (its attention ignores attention_bias); the
+  // others put attention_bias on o_proj too, and mlp_bias on the MLP, which hsx lacks.
+  if (c.arch == Arch::kQwen2) {
+    c.qkv_bias = true;
+    f.Given("attention_bias");
+  } else {
+    HSX_ASSIGN_OR_RETURN(bool attention_bias, f.Bool("attention_bias"));
+    if (attention_bias) return f.Fail("attention_bias", "projection biases are not supported for this architecture");
+  }
+  if (c.arch == Arch::kLlama) {
+    HSX_ASSIGN_OR_RETURN(bool mlp_bias, f.Bool("mlp_bias"));
+    if (mlp_bias) return f.Fail("mlp_bias", "MLP biases are not supported");
+  }
+
   c.qk_norm = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe || gemma;
   c.sandwich_norms = gemma;
   c.norm_one_plus_weight = c.arch == Arch::kGemma3;
   c.embed_scale = gemma ? std::sqrt(static_cast<float>(c.hidden_size)) : 1.0f;
   c.v_norm = c.arch == Arch::kGemma4;
   c.layer_scalar = c.arch == Arch::kGemma4;
-  // HF 5.17's Gemma 3 parses attn_logit_softcapping but never applies it; match the reference.
-  HSX_ASSIGN_OR_RETURN(double softcap, f.Number("attn_logit_softcapping", 0.0));
-  c.attn_softcap = c.arch == Arch::kGemma3 ? 0.0f : static_cast<float>(softcap);
-  HSX_ASSIGN_OR_RETURN(double final_softcap, f.Number("final_logit_softcapping", 0.0));
-  c.final_softcap = static_cast<float>(final_softcap);
-  HSX_ASSIGN_OR_RETURN(c.sliding_window, f.Int("sliding_window", c.arch == Arch::kGemma4 ? 512 : 0));
+
+  bool qwen_sliding = false;
+  if (gemma) {
+    HSX_ASSIGN_OR_RETURN(auto window, f.OptionalInt("sliding_window", 1, kMaxPositions));
+    c.sliding_window = static_cast<int>(window.value_or(0));  // null: sliding layers see everything
+    HSX_ASSIGN_OR_RETURN(auto softcap, f.OptionalNumber("final_logit_softcapping"));
+    if (softcap && !(std::isfinite(*softcap) && *softcap > 0)) {
+      return f.Fail("final_logit_softcapping", "must be null or a finite number > 0");
+    }
+    c.final_softcap = static_cast<float>(softcap.value_or(0.0));
+  }
   if (c.arch == Arch::kGemma3) {
-    HSX_ASSIGN_OR_RETURN(double qpas, f.Number("query_pre_attn_scalar"));
+    HSX_ASSIGN_OR_RETURN(const double qpas, f.Positive("query_pre_attn_scalar"));
     c.attn_scale = static_cast<float>(1.0 / std::sqrt(qpas));
+    HSX_ASSIGN_OR_RETURN(bool bidirectional, f.Bool("use_bidirectional_attention"));
+    if (bidirectional) return f.Fail("use_bidirectional_attention", "bidirectional attention is not supported");
+    // transformers 5 parses attn_logit_softcapping for Gemma 3 but never applies it.
+    HSX_ASSIGN_OR_RETURN(auto unused_softcap, f.OptionalNumber("attn_logit_softcapping"));
+    (void)unused_softcap;
   } else if (c.arch == Arch::kGemma4) {
     c.attn_scale = 1.0f;
-    HSX_ASSIGN_OR_RETURN(bool moe_block, f.Bool("enable_moe_block", false));
+    const json* bidi = f.Get("use_bidirectional_attention");
+    if (bidi && !bidi->is_null() && *bidi != "vision") {
+      // "vision" only changes attention among image tokens; "all" makes text bidirectional.
+      return f.Fail("use_bidirectional_attention", "only null or \"vision\" is supported (text attention stays causal)");
+    }
+    HSX_ASSIGN_OR_RETURN(bool moe_block, f.Bool("enable_moe_block"));
     if (moe_block) return f.Fail("enable_moe_block", "Gemma 4 MoE blocks are not supported yet");
-    HSX_ASSIGN_OR_RETURN(bool double_wide, f.Bool("use_double_wide_mlp", false));
+    for (const char* moe_key : {"num_experts", "top_k_experts", "moe_intermediate_size"}) {
+      if (f.Has(moe_key)) return f.Fail(moe_key, "Gemma 4 MoE blocks are not supported yet");
+    }
+    HSX_ASSIGN_OR_RETURN(bool double_wide, f.Bool("use_double_wide_mlp"));
     if (double_wide) return f.Fail("use_double_wide_mlp", "double-wide MLPs are not supported yet");
-    HSX_ASSIGN_OR_RETURN(c.per_layer_input_size, f.Int("hidden_size_per_layer_input", 256));
-    HSX_ASSIGN_OR_RETURN(c.per_layer_vocab_size, f.Int("vocab_size_per_layer_input", c.vocab_size));
+    HSX_ASSIGN_OR_RETURN(c.per_layer_input_size, f.Int("hidden_size_per_layer_input", 0, kMaxSize));
+    HSX_ASSIGN_OR_RETURN(c.per_layer_vocab_size, f.Int("vocab_size_per_layer_input"));
+  } else {
+    // Qwen: the window exists only with use_sliding_window (transformers sets it to None
+    // otherwise). Llama has no sliding window.
+    if (c.arch != Arch::kLlama) {
+      HSX_ASSIGN_OR_RETURN(qwen_sliding, f.Bool("use_sliding_window"));
+      HSX_ASSIGN_OR_RETURN(auto window, f.OptionalInt("sliding_window", 1, kMaxPositions));
+      if (!window) qwen_sliding = false;
+      if (qwen_sliding) c.sliding_window = static_cast<int>(*window);
+    }
   }
-  if (c.arch == Arch::kQwen2 || c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe) {
-    HSX_ASSIGN_OR_RETURN(bool use_sliding, f.Bool("use_sliding_window", false));
-    if (!use_sliding) c.sliding_window = 0;
+  HSX_RETURN_IF_ERROR(ParseLayers(f, c, qwen_sliding));
+  if (c.sliding_window == 0) {
+    for (auto& l : c.layers) l.sliding = false;
   }
-  HSX_RETURN_IF_ERROR(ParseLayers(f, c));
-  if (c.arch == Arch::kQwen2 || c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe || c.arch == Arch::kLlama) {
-    if (c.sliding_window == 0)
-      for (auto& l : c.layers) l.sliding = false;
+
+  f.Given("architectures");
+  HSX_RETURN_IF_ERROR(f.CheckAllRead());
+  if (arch->multimodal) {
+    top.Given("text_config");
+    top.Given("architectures");
+    HSX_RETURN_IF_ERROR(top.CheckAllRead(MultimodalTopLevelFields()));
   }
   return c;
 }
 
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
-  std::ifstream in(path);
-  if (!in) return Error(path + ": cannot open (is --model a Hugging Face model directory?)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseModelConfig(ss.str(), path);
+  if (!std::filesystem::exists(path)) return Error(path + ": cannot open (is --model a Hugging Face model directory?)");
+  HSX_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path));
+  HSX_ASSIGN_OR_RETURN(ModelConfig c, ParseModelConfig(text, path));
+  // generation_config.json's eos_token_id (an integer or a list) stops generation too, as
+  // in transformers' generate and vLLM.
+  const std::string gen_path = model_dir + "/generation_config.json";
+  if (std::filesystem::exists(gen_path)) {
+    HSX_ASSIGN_OR_RETURN(const std::string gen_text, ReadTextFile(gen_path));
+    HSX_ASSIGN_OR_RETURN(const json gen, ParseJson(gen_text, gen_path));
+    if (!gen.is_object()) return Error(gen_path + ": not a JSON object");
+    if (gen.contains("eos_token_id")) HSX_RETURN_IF_ERROR(AppendEos(gen["eos_token_id"], gen_path, c.vocab_size, c.eos_token_ids));
+  }
+  return c;
 }
 
 }  // namespace hsx

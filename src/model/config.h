@@ -14,10 +14,10 @@ namespace hsx {
 enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kGemma3, kGemma4 };
 
 struct RopeSpec {
-  enum class Type { kDefault, kLlama3, kProportional } type = Type::kDefault;
+  enum class Type { kDefault, kLinear, kLlama3, kProportional } type = Type::kDefault;
   double theta = 10000.0;
   double partial_rotary_factor = 1.0;
-  // llama3 frequency scaling.
+  // linear: frequencies divided by factor; llama3: frequency-dependent scaling.
   double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   double original_max_position_embeddings = 8192;
 };
@@ -71,7 +71,14 @@ struct ModelConfig {
   float attention_scale(int layer) const;
 };
 
-// Reads DIR/config.json (or a nested text_config). Errors name the file and field.
+// Rotary frequencies for one layer, as transformers computes them; rotary_dims receives
+// how many leading dims of each rotate-half pair set turn.
+std::vector<float> RopeInverseFrequencies(const RopeSpec& rope, int head_dim, int* rotary_dims);
+
+// Reads DIR/config.json (or its text_config) as transformers 5.x resolves it: 4.x and 5.x
+// keys, the architecture's defaults for omitted fields; refuses fields hsx does not
+// implement. Adds DIR/generation_config.json's eos_token_id to the stop tokens.
+// Errors name the file and field.
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
 Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source_name);
 

@@ -4,43 +4,6 @@
 
 namespace hsx {
 
-// 1 / theta^(k / dims) in f32 arithmetic, as torch computes it (bit-exact frequencies).
-static float TorchInvFreq(double theta, int k, int dims) {
-  return 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(k) / static_cast<float>(dims));
-}
-
-std::vector<float> RopeInverseFrequencies(const RopeSpec& rope, int head_dim, int* rotary_dims) {
-  std::vector<float> inv_freq;
-  if (rope.type == RopeSpec::Type::kProportional) {
-    // Frequencies as for the whole head, but only the first partial_rotary_factor of
-    // each rotate-half pair set turns; the rest get frequency 0 (identity).
-    const int half = head_dim / 2;
-    const int rotated = static_cast<int>(rope.partial_rotary_factor * head_dim) / 2;
-    for (int i = 0; i < half; ++i) inv_freq.push_back(i < rotated ? TorchInvFreq(rope.theta, 2 * i, head_dim) : 0.0f);
-    *rotary_dims = head_dim;
-    return inv_freq;
-  }
-  const int dims = static_cast<int>(head_dim * rope.partial_rotary_factor);
-  for (int i = 0; i < dims / 2; ++i) {
-    double f = TorchInvFreq(rope.theta, 2 * i, dims);
-    if (rope.type == RopeSpec::Type::kLlama3) {
-      const double low_wavelen = rope.original_max_position_embeddings / rope.low_freq_factor;
-      const double high_wavelen = rope.original_max_position_embeddings / rope.high_freq_factor;
-      const double wavelen = 2.0 * M_PI / f;
-      if (wavelen > low_wavelen) {
-        f /= rope.factor;
-      } else if (wavelen >= high_wavelen) {
-        const double smooth = (rope.original_max_position_embeddings / wavelen - rope.low_freq_factor) /
-                              (rope.high_freq_factor - rope.low_freq_factor);
-        f = (1.0 - smooth) * f / rope.factor + smooth * f;
-      }
-    }
-    inv_freq.push_back(static_cast<float>(f));
-  }
-  *rotary_dims = dims;
-  return inv_freq;
-}
-
 Model::Model(ModelConfig config, ModelWeights weights, Backend& backend)
     : config_(std::move(config)), weights_(std::move(weights)), backend_(backend) {
   for (const LayerSpec& l : config_.layers) {

@@ -52,7 +52,4 @@ class Model {
   std::vector<RopeTable> rope_;  // per layer
 };
 
-// Rotary frequencies for one layer, as Hugging Face computes them.
-std::vector<float> RopeInverseFrequencies(const RopeSpec& rope, int head_dim, int* rotary_dims);
-
 }  // namespace hsx

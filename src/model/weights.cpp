@@ -5,8 +5,11 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "util/json.h"
+#include "util/text_file.h"
 
 namespace hsx {
 namespace {
@@ -22,7 +25,14 @@ struct Slot {
   Init init;
 };
 
-std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, const std::string& prefix) {
+// Where a checkpoint keeps the decoder's tensors and the output projection.
+struct Naming {
+  std::string prefix = "model.";
+  std::string lm_head = "lm_head.weight";
+};
+
+std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, const Naming& naming = {}) {
+  const std::string& prefix = naming.prefix;
   std::vector<Slot> s;
   const int64_t h = c.hidden_size;
   auto add = [&](const std::string& name, Shape shape, Tensor* dst, Init init = Init::kMatrix) {
@@ -30,7 +40,7 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, const std::strin
   };
   add("embed_tokens.weight", {c.vocab_size, h}, &w.embed_tokens);
   add("norm.weight", {h}, &w.final_norm, Init::kNorm);
-  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, h}, &w.lm_head, Init::kMatrix});
+  if (!c.tie_word_embeddings) s.push_back({naming.lm_head, {c.vocab_size, h}, &w.lm_head, Init::kMatrix});
   if (c.per_layer_input_size > 0) {
     const int64_t total = static_cast<int64_t>(c.num_layers) * c.per_layer_input_size;
     add("embed_tokens_per_layer.weight", {c.per_layer_vocab_size, total}, &w.embed_tokens_per_layer);
@@ -95,22 +105,36 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, const std::strin
   return s;
 }
 
+// The shard files model.safetensors.index.json names: plain file names in DIR (a path
+// that leaves DIR is refused), each listed once.
+Result<std::vector<std::string>> ShardFiles(const std::string& dir, const std::string& index_path) {
+  HSX_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(index_path));
+  HSX_ASSIGN_OR_RETURN(const nlohmann::json index, ParseJson(text, index_path));
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+    return Error(index_path + ": expected a JSON object with a 'weight_map' object");
+  }
+  std::vector<std::string> files;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    if (!file.is_string()) return Error(index_path + ": weight_map['" + name + "'] is not a file name");
+    const std::string shard = file.get<std::string>();
+    if (shard.empty() || shard.find('/') != std::string::npos || shard.find('\0') != std::string::npos ||
+        shard == "." || shard == "..") {
+      return Error(index_path + ": weight_map['" + name + "'] = '" + shard + "' is not a file name in the model directory");
+    }
+    const std::string path = dir + "/" + shard;
+    if (std::find(files.begin(), files.end(), path) == files.end()) files.push_back(path);
+  }
+  if (files.empty()) return Error(index_path + ": 'weight_map' names no files");
+  return files;
+}
+
 // Name -> tensor over all shards of a checkpoint; each file is mapped once.
 Result<std::map<std::string, std::pair<Tensor, std::string>>> OpenCheckpoint(const std::string& dir) {
   namespace fs = std::filesystem;
   std::vector<std::string> files;
   const std::string index_path = dir + "/model.safetensors.index.json";
   if (fs::exists(index_path)) {
-    std::ifstream in(index_path);
-    const auto index = nlohmann::json::parse(in, nullptr, false);
-    if (index.is_discarded() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-      return Error(index_path + ": expected a JSON object with a 'weight_map' object");
-    }
-    for (const auto& [name, file] : index["weight_map"].items()) {
-      if (!file.is_string()) return Error(index_path + ": weight_map['" + name + "'] is not a file name");
-      const std::string path = dir + "/" + file.get<std::string>();
-      if (std::find(files.begin(), files.end(), path) == files.end()) files.push_back(path);
-    }
+    HSX_ASSIGN_OR_RETURN(files, ShardFiles(dir, index_path));
   } else if (fs::exists(dir + "/model.safetensors")) {
     files.push_back(dir + "/model.safetensors");
   } else {
@@ -119,9 +143,30 @@ Result<std::map<std::string, std::pair<Tensor, std::string>>> OpenCheckpoint(con
   std::map<std::string, std::pair<Tensor, std::string>> all;
   for (const auto& path : files) {
     HSX_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
-    for (const auto& [name, t] : file.tensors()) all[name] = {t, path};
+    for (const auto& [name, t] : file.tensors()) {
+      auto [it, inserted] = all.emplace(name, std::make_pair(t, path));
+      if (!inserted) return Error(path + ": tensor '" + name + "' is also in " + it->second.second);
+    }
   }
   return all;
+}
+
+// Text-only checkpoints use model.*; multimodal ones nest the language model as
+// model.language_model.* (transformers 5) or language_model.model.* with
+// language_model.lm_head (transformers 4, e.g. Gemma 3 4B and up).
+Naming FindNaming(const std::map<std::string, std::pair<Tensor, std::string>>& tensors) {
+  if (tensors.count("model.language_model.embed_tokens.weight")) return {"model.language_model.", "lm_head.weight"};
+  if (tensors.count("language_model.model.embed_tokens.weight")) return {"language_model.model.", "language_model.lm_head.weight"};
+  return {};
+}
+
+// safetensors promises no alignment; the backends read weights as typed arrays, so an
+// unaligned tensor (never one the reference writer made) is copied to aligned memory.
+Tensor Aligned(const Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.raw()) % DTypeSize(t.dtype()) == 0) return t;
+  Tensor copy = Tensor::Host(t.dtype(), t.shape());
+  std::memcpy(copy.raw(), t.raw(), t.nbytes());
+  return copy;
 }
 
 // Tied checkpoints may still carry an lm_head copy; untied ones must have it.
@@ -133,10 +178,8 @@ void FinishTied(const ModelConfig& c, ModelWeights& w) {
 
 Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend) {
   HSX_ASSIGN_OR_RETURN(auto tensors, OpenCheckpoint(model_dir));
-  // Multimodal checkpoints keep the language model under model.language_model.
-  const std::string prefix = tensors.count("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
   ModelWeights w;
-  for (const Slot& slot : Schema(config, w, prefix)) {
+  for (const Slot& slot : Schema(config, w, FindNaming(tensors))) {
     auto it = tensors.find(slot.name);
     if (it == tensors.end()) {
       return Error(model_dir + ": missing tensor '" + slot.name + "' (expected shape " + ShapeToString(slot.shape) + ")");
@@ -150,7 +193,7 @@ Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig
       return Error(it->second.second + ": tensor '" + slot.name + "' has dtype " + std::string(DTypeName(t.dtype())) +
                    ", expected a float type (BF16, F16 or F32)");
     }
-    *slot.dst = backend.UploadWeight(t);
+    *slot.dst = backend.UploadWeight(Aligned(t));
   }
   FinishTied(config, w);
   return w;
@@ -159,7 +202,7 @@ Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig
 ModelWeights DummyWeights(const ModelConfig& config, Backend& backend, uint64_t seed) {
   ModelWeights w;
   uint64_t index = 0;
-  for (const Slot& slot : Schema(config, w, "model.")) {
+  for (const Slot& slot : Schema(config, w)) {
     // Uniform with std 1/sqrt(fan_in) for matrices; norms near 1 (or near 0 for 1+w norms).
     const float half_width = 1.7320508f * (slot.init == Init::kMatrix ? 1.0f / std::sqrt(static_cast<float>(slot.shape.back())) : 0.05f);
     const float base = slot.init == Init::kNorm && !config.norm_one_plus_weight ? 1.0f : 0.0f;
@@ -174,7 +217,7 @@ ModelWeights DummyWeights(const ModelConfig& config, Backend& backend, uint64_t 
 int64_t CountParameters(const ModelConfig& config) {
   ModelWeights unused;
   int64_t n = 0;
-  for (const Slot& slot : Schema(config, unused, "model.")) n += ShapeNumel(slot.shape);
+  for (const Slot& slot : Schema(config, unused)) n += ShapeNumel(slot.shape);
   return n;
 }
 

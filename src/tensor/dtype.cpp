@@ -3,6 +3,17 @@
 #include <cmath>
 
 namespace hsx {
+namespace {
+
+// Element i of a 16-bit array that may be unaligned (safetensors does not promise
+// alignment); compilers turn the memcpy into one load.
+inline uint16_t LoadU16(const void* src, size_t i) {
+  uint16_t v;
+  std::memcpy(&v, static_cast<const char*>(src) + 2 * i, 2);
+  return v;
+}
+
+}  // namespace
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
@@ -86,16 +97,12 @@ void ConvertToF32(DType src_dtype, const void* src, float* dst, size_t n) {
     case DType::kF32:
       std::memcpy(dst, src, n * 4);
       return;
-    case DType::kBF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = BF16ToF32(s[i]);
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) dst[i] = BF16ToF32(LoadU16(src, i));
       return;
-    }
-    case DType::kF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]);
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(LoadU16(src, i));
       return;
-    }
     default:
       return;
   }

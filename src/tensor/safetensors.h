@@ -15,7 +15,8 @@
 namespace hsx {
 
 // A memory-mapped safetensors file whose header has been fully validated: known dtypes,
-// byte ranges inside the file, sizes that match the shapes, no two tensors overlapping.
+// sizes that match the shapes (overflow-checked), tensors that tile the data section exactly
+// as the reference reader requires. Data may be unaligned: read it with memcpy.
 class SafetensorsFile {
  public:
   static Result<SafetensorsFile> Open(const std::string& path);

@@ -22,6 +22,14 @@ int64_t ShapeNumel(const Shape& shape) {
   return n;
 }
 
+std::optional<int64_t> CheckedShapeNumel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
+  }
+  return n;
+}
+
 Tensor Tensor::Host(DType dtype, Shape shape) {
   const size_t bytes = std::max<size_t>(64, static_cast<size_t>(ShapeNumel(shape)) * DTypeSize(dtype));
   std::shared_ptr<void> owner;

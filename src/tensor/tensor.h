@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,11 @@ enum class Device : uint8_t { kCPU, kCUDA };
 using Shape = std::vector<int64_t>;
 
 std::string ShapeToString(const Shape& shape);
+// Elements of a shape hsx built or validated (no overflow check).
 int64_t ShapeNumel(const Shape& shape);
+// Elements of an untrusted shape; nullopt if a dimension is negative or the product
+// overflows int64 (a file's header may claim anything).
+std::optional<int64_t> CheckedShapeNumel(const Shape& shape);
 
 class Tensor {
  public:
