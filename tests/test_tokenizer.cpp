@@ -409,5 +409,37 @@ TEST(TokenizerTest, DigitsPreTokenizerSplitsNumbersAsHuggingFace) {
   EXPECT_EQ(tokens, (std::vector<std::string>{"a", "Ġ", "1", "2", "3"}));
 }
 
+// Patterns are Oniguruma's, as HF compiles them: its \s is Unicode White_Space, without the
+// U+180E that PCRE2 10.42's \s takes. Escapes whose meaning differs are refused.
+TEST(TokenizerTest, RegexClassesAreOnigurumas) {
+  json config = ReadJson(TokenizerDir("bpe_qwen2") + "/tokenizer.json");
+  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+  config["pre_tokenizer"] = byte_level;
+  Tokenizer whole = LoadOrDie(WriteTempFile("whole.json", config.dump()));
+  auto split_on = [&](const std::string& name, const std::string& regex) {
+    config["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Removed"},
+           {"invert", false}},
+          byte_level}}};
+    return Tokenizer::Load(WriteTempFile(name, config.dump()));
+  };
+  Result<Tokenizer> split = split_on("split_space.json", R"(\s+)");
+  ASSERT_TRUE(split.ok()) << split.status().message();
+  const std::string mongolian_separator = "a\xE1\xA0\x8E" "b", em_space = "a\xE2\x80\x83" "b";
+  EXPECT_EQ(EncodeOrDie(*split, mongolian_separator), EncodeOrDie(whole, mongolian_separator));
+  std::vector<int32_t> a_then_b = EncodeOrDie(whole, "a");
+  a_then_b.push_back(EncodeOrDie(whole, "b").at(0));
+  EXPECT_EQ(EncodeOrDie(*split, em_space), a_then_b);
+
+  for (const char* refused : {R"([^\S])", R"(\bword)", R"(\h+)"}) {
+    Result<Tokenizer> tokenizer = split_on("refused.json", refused);
+    ASSERT_FALSE(tokenizer.ok()) << refused;
+    EXPECT_NE(tokenizer.status().message().find("not supported"), std::string::npos)
+        << tokenizer.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace hsx

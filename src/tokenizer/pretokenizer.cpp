@@ -267,8 +267,11 @@ Result<Regex> Regex::Compile(const std::string& pattern, bool literal) {
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
-    return Error("invalid regex '" + pattern + "': " + reinterpret_cast<const char*>(message) +
-                 " at offset " + std::to_string(error_offset));
+    const std::string rewritten =
+        translated == pattern ? "" : " (rewritten as '" + translated + "')";
+    return Error("invalid regex '" + pattern + "'" + rewritten + ": " +
+                 reinterpret_cast<const char*>(message) + " at offset " +
+                 std::to_string(error_offset));
   }
   // JIT only speeds matching up; where it is unavailable the interpreter finds the same matches.
   (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
