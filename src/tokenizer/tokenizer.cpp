@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -251,7 +252,17 @@ Result<std::shared_ptr<const Tokenizer::Impl>> Tokenizer::Impl::FromJson(const j
 
 namespace {
 
+// Far above any real tokenizer.json (Gemma 3's, 262k tokens, is 33 MB).
+constexpr uintmax_t kMaxTokenizerBytes = uintmax_t{1} << 30;
+
 Result<std::string> ReadFile(const std::string& path) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (!std::filesystem::exists(status)) return Error(path + ": cannot open: no such file");
+  if (!std::filesystem::is_regular_file(status)) return Error(path + ": not a regular file");
+  if (std::filesystem::file_size(path, error) > kMaxTokenizerBytes) {
+    return Error(path + ": larger than " + std::to_string(kMaxTokenizerBytes >> 20) + " MiB");
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) return Error(path + ": cannot open: " + std::strerror(errno));
   std::ostringstream contents;
