@@ -118,20 +118,20 @@ TEST_P(GoldenTokenizerTest, BpeMergeWorkIsLinearInThePieceLength) {
   // Symbols as the model sees them: byte-level spaces are "Ġ", SentencePiece's are "▁".
   const std::string space = model->TokenToId("Ġ") ? "Ġ" : "▁";
   std::string word, digits, spaces;
-  for (int i = 0; i < 20'000; ++i) word += "thelongest";
-  for (int i = 0; i < 20'000; ++i) digits += "0123456789";
-  for (int i = 0; i < 200'000; ++i) spaces += space;
+  for (int i = 0; i < 5'000; ++i) word += "thelongest";
+  for (int i = 0; i < 5'000; ++i) digits += "0123456789";
+  for (int i = 0; i < 50'000; ++i) spaces += space;
   size_t merged = 0;
   for (const std::string& piece : {word, digits, spaces}) {
     std::vector<int32_t> ids;
     size_t steps = 0;
     model->Encode(piece, &ids, &steps);
-    const size_t symbols = 200'000;
+    const size_t symbols = 50'000;
     // n - 1 initial pairs, and at most two new pairs per merge, of which there are < n.
     EXPECT_LE(steps, 3 * symbols) << "piece starting " << piece.substr(0, 20);
     merged += symbols - ids.size();
   }
-  EXPECT_GT(merged, 100'000u);  // the pieces exercise merging
+  EXPECT_GT(merged, 25'000u);  // the pieces exercise merging
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTokenizerTest,

@@ -88,13 +88,13 @@ TEST_P(TokenizerFuzzTest, MutatedFilesLoadOrFailNamingTheFile) {
   const std::string original = ReadText(FixturePath(GetParam()));
   const json parsed = json::parse(original);
   std::mt19937 rng(20260);
-  for (int i = 0; i < 60; ++i) {
+  for (int i = 0; i < 30; ++i) {
     json mutated = parsed;
     for (int k = 0; k <= static_cast<int>(rng() % 3); ++k) MutateOneValue(&mutated, rng);
     ExpectLoadsOrNamesTheFile(mutated.dump(), "structural mutation " + std::to_string(i));
   }
   // The text itself: flipped bytes, cut short, spliced, numbers made enormous.
-  for (int i = 0; i < 60; ++i) {
+  for (int i = 0; i < 30; ++i) {
     std::string text = original;
     switch (i % 4) {
       case 0:
