@@ -1,5 +1,6 @@
 #include "tokenizer/bpe.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <queue>
@@ -30,7 +31,8 @@ Result<std::pair<std::string, std::string>> ParseMerge(const json& merge,
 
 }  // namespace
 
-Result<BpeModel> BpeModel::FromJson(const json& config, const std::string& where) {
+Result<BpeModel> BpeModel::FromJson(const json& config, const std::string& where,
+                                    size_t other_tokens) {
   namespace jf = json_fields;
   BpeModel model;
 
@@ -49,11 +51,15 @@ Result<BpeModel> BpeModel::FromJson(const json& config, const std::string& where
 
   HSX_ASSIGN_OR_RETURN(const json* vocab, jf::Required(config, "vocab", where));
   if (!vocab->is_object()) return Error(jf::Path(where, "vocab") + ": expected an object");
+  const int64_t id_bound = static_cast<int64_t>(
+      std::min<size_t>(vocab->size() + other_tokens, std::numeric_limits<int32_t>::max()));
+  model.vocab_.reserve(vocab->size());
   for (const auto& [token, id_value] : vocab->items()) {
     if (!id_value.is_number_integer() || id_value.get<int64_t>() < 0 ||
-        id_value.get<int64_t>() >= std::numeric_limits<int32_t>::max()) {
+        id_value.get<int64_t>() >= id_bound) {
       return Error(jf::Path(where, "vocab") + ": the id of '" + token +
-                   "' must be a non-negative 32-bit integer");
+                   "' must be an integer from 0 to " + std::to_string(id_bound - 1) +
+                   " (the file lists " + std::to_string(id_bound) + " tokens)");
     }
     auto id = static_cast<int32_t>(id_value.get<int64_t>());
     model.vocab_[token] = id;
@@ -154,7 +160,7 @@ std::vector<BpeModel::Symbol> BpeModel::InitialSymbols(std::string_view piece) c
   return symbols;
 }
 
-void BpeModel::MergeAll(std::vector<Symbol>* symbols_ptr) const {
+void BpeModel::MergeAll(std::vector<Symbol>* symbols_ptr, size_t* merge_steps) const {
   std::vector<Symbol>& symbols = *symbols_ptr;
   const auto end = static_cast<int32_t>(symbols.size());
   struct Candidate {
@@ -179,6 +185,7 @@ void BpeModel::MergeAll(std::vector<Symbol>* symbols_ptr) const {
   while (!queue.empty()) {
     Candidate top = queue.top();
     queue.pop();
+    if (merge_steps != nullptr) ++*merge_steps;
     Symbol& left = symbols[top.left];
     if (left.length == 0 || left.next >= end) continue;
     Symbol& right = symbols[left.next];
@@ -196,7 +203,8 @@ void BpeModel::MergeAll(std::vector<Symbol>* symbols_ptr) const {
   }
 }
 
-void BpeModel::Encode(std::string_view piece, std::vector<int32_t>* ids) const {
+void BpeModel::Encode(std::string_view piece, std::vector<int32_t>* ids,
+                      size_t* merge_steps) const {
   if (piece.empty()) return;
   if (ignore_merges_) {
     if (std::optional<int32_t> id = TokenToId(piece)) {
@@ -205,7 +213,7 @@ void BpeModel::Encode(std::string_view piece, std::vector<int32_t>* ids) const {
     }
   }
   std::vector<Symbol> symbols = InitialSymbols(piece);
-  MergeAll(&symbols);
+  MergeAll(&symbols, merge_steps);
   for (const Symbol& symbol : symbols) {
     if (symbol.length > 0) ids->push_back(symbol.id);
   }

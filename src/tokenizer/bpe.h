@@ -19,11 +19,15 @@ namespace hsx {
 // the best-ranked merge is merged, leftmost first, until no adjacent pair has a merge.
 class BpeModel {
  public:
-  // `where` is the field path used in errors, e.g. "model".
-  static Result<BpeModel> FromJson(const nlohmann::json& config, const std::string& where);
+  // `where` is the field path used in errors, e.g. "model". Ids must be below the number of
+  // vocabulary entries plus `other_tokens` (the added tokens that may fill gaps).
+  static Result<BpeModel> FromJson(const nlohmann::json& config, const std::string& where,
+                                   size_t other_tokens = 0);
 
-  // Appends the ids of one pre-tokenized piece (valid UTF-8).
-  void Encode(std::string_view piece, std::vector<int32_t>* ids) const;
+  // Appends the ids of one pre-tokenized piece (valid UTF-8). `merge_steps`, when given, counts
+  // the candidate merges examined: the work done, which tests hold to O(n log n).
+  void Encode(std::string_view piece, std::vector<int32_t>* ids,
+              size_t* merge_steps = nullptr) const;
 
   std::optional<int32_t> TokenToId(std::string_view token) const;
   // The token with this id, or null where the vocabulary has none.
@@ -53,7 +57,7 @@ class BpeModel {
            static_cast<uint32_t>(right);
   }
   std::vector<Symbol> InitialSymbols(std::string_view piece) const;
-  void MergeAll(std::vector<Symbol>* symbols) const;
+  void MergeAll(std::vector<Symbol>* symbols, size_t* merge_steps) const;
 
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;
   std::vector<std::optional<std::string>> token_of_id_;

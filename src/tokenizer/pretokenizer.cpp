@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "tokenizer/json_fields.h"
+#include "tokenizer/unicode.h"
 #include "tokenizer/utf8.h"
 
 namespace hsx {
@@ -182,6 +183,70 @@ Result<SplitBehavior> ParseBehavior(const json& config, const std::string& where
                "MergedWithNext or Contiguous");
 }
 
+// HF's Whitespace pre-tokenizer keeps the matches of this.
+constexpr const char* kWordsPattern = R"(\w+|[^\w\s]+)";
+
+// HF compiles patterns with Oniguruma, whose \s is Unicode White_Space and whose \w is
+// Unicode's word class (Alphabetic, marks, decimal digits, connector punctuation, joiners).
+// PCRE2 10.42's differ (its \s takes U+180E, its \w no marks), so they are spelled out. Escapes whose meaning differs in ways that cannot be spelled out are refused.
+constexpr std::string_view kSpaceClass = R"(\x{9}-\x{D}\x{85}\p{Z})";
+constexpr std::string_view kWordClass = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D})";
+
+Result<std::string> TranslateOnigurumaPattern(const std::string& pattern) {
+  std::string out;
+  out.reserve(pattern.size() * 2);
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char escaped = pattern[++i];
+      const bool space = escaped == 's' || escaped == 'S';
+      const bool word = escaped == 'w' || escaped == 'W';
+      const bool negated = escaped == 'S' || escaped == 'W';
+      if (space || word) {
+        const std::string_view body = space ? kSpaceClass : kWordClass;
+        if (!in_class) {
+          out += negated ? "[^" : "[";
+          out += body;
+          out += "]";
+        } else if (!negated) {
+          out += body;
+        } else {
+          return Error(std::string("\\") + escaped +
+                       " inside a character class is not supported (pattern '" + pattern + "')");
+        }
+      } else if (escaped == 'b' || escaped == 'B' || escaped == 'h' || escaped == 'H') {
+        return Error(std::string("\\") + escaped +
+                     " means something else in Oniguruma and PCRE2; not supported (pattern '" +
+                     pattern + "')");
+      } else {
+        out += c;
+        out += escaped;
+      }
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal member, not the end of the class.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t end = pattern.find(":]", i + 2);  // a POSIX class such as [:alpha:]
+      if (end != std::string::npos) {
+        out.append(pattern, i, end + 2 - i);
+        i = end + 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
 // GPT-2's pre-tokenization, which ByteLevel applies when use_regex is true.
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
@@ -191,15 +256,22 @@ constexpr const char* kGpt2Pattern =
 Result<Regex> Regex::Compile(const std::string& pattern, bool literal) {
   // PCRE2 refuses UCP together with LITERAL; a literal needs no character classes anyway.
   uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+  std::string translated = pattern;
+  if (!literal) {
+    HSX_ASSIGN_OR_RETURN(translated, TranslateOnigurumaPattern(pattern));
+  }
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   options, &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()),
+                                   translated.size(), options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
-    return Error("invalid regex '" + pattern + "': " + reinterpret_cast<const char*>(message) +
-                 " at offset " + std::to_string(error_offset));
+    const std::string rewritten =
+        translated == pattern ? "" : " (rewritten as '" + translated + "')";
+    return Error("invalid regex '" + pattern + "'" + rewritten + ": " +
+                 reinterpret_cast<const char*>(message) + " at offset " +
+                 std::to_string(error_offset));
   }
   // JIT only speeds matching up; where it is unavailable the interpreter finds the same matches.
   (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
@@ -275,9 +347,18 @@ Status TextNormalizer::AddSteps(const json& config, const std::string& where,
   } else if (type == "Prepend") {
     HSX_ASSIGN_OR_RETURN(std::string prefix, json_fields::String(config, "prepend", where));
     steps->push_back(Prepend{std::move(prefix)});
+  } else if (type == "Lowercase") {
+    steps->push_back(Lowercase{});
+  } else if (type == "Strip") {
+    HSX_ASSIGN_OR_RETURN(bool left, json_fields::Bool(config, "strip_left", where, false));
+    HSX_ASSIGN_OR_RETURN(bool right, json_fields::Bool(config, "strip_right", where, false));
+    steps->push_back(Strip{left, right});
+  } else if (type == "StripAccents") {
+    steps->push_back(StripAccents{});
   } else {
     return Error(where + ".type '" + type +
-                 "' is not supported; expected NFC, NFD, NFKC, NFKD, Replace, Prepend or Sequence");
+                 "' is not supported; expected NFC, NFD, NFKC, NFKD, Lowercase, Strip, "
+                 "StripAccents, Replace, Prepend or Sequence");
   }
   return Status();
 }
@@ -301,6 +382,27 @@ Result<std::string> TextNormalizer::Apply(std::string text) const {
       if (!matches.empty()) text = ReplaceSpans(text, matches, replace->content);
     } else if (const auto* prepend = std::get_if<Prepend>(&step)) {
       if (!text.empty()) text.insert(0, prepend->prefix);
+    } else if (std::holds_alternative<Lowercase>(step)) {
+      text = hsx::Lowercase(text);
+    } else if (const auto* strip = std::get_if<Strip>(&step)) {
+      size_t begin = 0, end = text.size();
+      while (strip->left && begin < end && IsWhitespace(CharAt(text, begin)))
+        begin += Utf8CharLength(text[begin]);
+      while (strip->right && begin < end) {
+        size_t last = begin + StartOfLastChar(std::string_view(text).substr(begin, end - begin));
+        if (!IsWhitespace(CharAt(text, last))) break;
+        end = last;
+      }
+      text = text.substr(begin, end - begin);
+    } else if (std::holds_alternative<StripAccents>(step)) {
+      std::string kept;
+      kept.reserve(text.size());
+      for (size_t at = 0; at < text.size();) {
+        size_t length = Utf8CharLength(text[at]);
+        if (!IsMark(CharAt(text, at))) kept.append(text, at, length);
+        at += length;
+      }
+      text = std::move(kept);
     }
   }
   return text;
@@ -356,15 +458,58 @@ Status PreTokenizer::AddSteps(const json& config, const std::string& where,
     // Files from before prepend_scheme existed say add_prefix_space: false instead.
     if (!add_prefix_space) scheme = PrependScheme::kNever;
     steps->push_back(Metaspace{std::move(replacement), scheme, split});
+  } else if (type == "Digits") {
+    HSX_ASSIGN_OR_RETURN(bool individual,
+                         json_fields::Bool(config, "individual_digits", where, false));
+    steps->push_back(CharSplit{CharClass::kNumeric, 0,
+                               individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous});
+  } else if (type == "Whitespace") {
+    HSX_ASSIGN_OR_RETURN(Regex words, Regex::Compile(kWordsPattern, false));
+    steps->push_back(Split{std::move(words), SplitBehavior::kRemoved, true});
+  } else if (type == "WhitespaceSplit") {
+    steps->push_back(CharSplit{CharClass::kWhitespace, 0, SplitBehavior::kRemoved});
+  } else if (type == "Punctuation") {
+    SplitBehavior behavior = SplitBehavior::kIsolated;
+    if (config.contains("behavior")) {
+      HSX_ASSIGN_OR_RETURN(behavior, ParseBehavior(config, where));
+    }
+    steps->push_back(CharSplit{CharClass::kPunctuation, 0, behavior});
+  } else if (type == "BertPreTokenizer") {
+    steps->push_back(CharSplit{CharClass::kWhitespace, 0, SplitBehavior::kRemoved});
+    steps->push_back(CharSplit{CharClass::kPunctuation, 0, SplitBehavior::kIsolated});
+  } else if (type == "CharDelimiterSplit") {
+    HSX_ASSIGN_OR_RETURN(std::string delimiter, json_fields::String(config, "delimiter", where));
+    if (delimiter.empty() || FindInvalidUtf8(delimiter) != std::string::npos ||
+        Utf8CharLength(delimiter[0]) != delimiter.size()) {
+      return Error(where + ".delimiter: expected one character");
+    }
+    steps->push_back(CharSplit{CharClass::kDelimiter, CharAt(delimiter, 0), SplitBehavior::kRemoved});
   } else {
     return Error(where + ".type '" + type +
-                 "' is not supported; expected Split, ByteLevel, Metaspace or Sequence");
+                 "' is not supported; expected Split, ByteLevel, Metaspace, Digits, Whitespace, "
+                 "WhitespaceSplit, Punctuation, BertPreTokenizer, CharDelimiterSplit or Sequence");
   }
   return Status();
 }
 
 Status PreTokenizer::ApplyStep(const Step& step, Piece piece, std::vector<Piece>* out) {
-  if (const auto* split = std::get_if<Split>(&step)) {
+  if (const auto* char_split = std::get_if<CharSplit>(&step)) {
+    std::vector<Span> matches;
+    for (size_t at = 0; at < piece.text.size();) {
+      const char32_t c = CharAt(piece.text, at);
+      const size_t length = Utf8CharLength(piece.text[at]);
+      bool match = false;
+      switch (char_split->char_class) {
+        case CharClass::kWhitespace: match = IsWhitespace(c); break;
+        case CharClass::kPunctuation: match = IsPunctuation(c); break;
+        case CharClass::kNumeric: match = IsNumeric(c); break;
+        case CharClass::kDelimiter: match = c == char_split->delimiter; break;
+      }
+      if (match) matches.push_back({at, at + length});
+      at += length;
+    }
+    EmitParts(piece, CutAtMatches(piece.text.size(), matches, false, char_split->behavior), out);
+  } else if (const auto* split = std::get_if<Split>(&step)) {
     HSX_ASSIGN_OR_RETURN(std::vector<Span> matches, split->pattern.FindAll(piece.text));
     EmitParts(piece, CutAtMatches(piece.text.size(), matches, split->invert, split->behavior), out);
   } else if (const auto* byte_level = std::get_if<ByteLevel>(&step)) {

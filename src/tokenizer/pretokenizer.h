@@ -47,7 +47,8 @@ class Regex {
 const std::array<std::string, 256>& ByteLevelCharOfByte();  // UTF-8 of the character
 std::optional<uint8_t> ByteLevelByteOfChar(char32_t c);
 
-// HF's tokenizer.json "normalizer": NFC/NFD/NFKC/NFKD, Replace, Prepend, Sequence or null.
+// HF's tokenizer.json "normalizer": NFC/NFD/NFKC/NFKD, Lowercase, Strip, StripAccents, Replace,
+// Prepend, Sequence or null.
 class TextNormalizer {
  public:
   // `where` is the field path used in errors, e.g. "normalizer".
@@ -66,7 +67,13 @@ class TextNormalizer {
   struct Prepend {
     std::string prefix;
   };
-  using Step = std::variant<UnicodeForm, Replace, Prepend>;
+  struct Lowercase {};
+  struct Strip {
+    bool left;
+    bool right;
+  };
+  struct StripAccents {};
+  using Step = std::variant<UnicodeForm, Replace, Prepend, Lowercase, Strip, StripAccents>;
   static Status AddSteps(const nlohmann::json& config, const std::string& where,
                          std::vector<Step>* steps);
   std::vector<Step> steps_;
@@ -82,7 +89,8 @@ struct Piece {
 // How a split keeps the matched delimiters (HF's SplitDelimiterBehavior).
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
-// HF's tokenizer.json "pre_tokenizer": Split, ByteLevel, Metaspace, Sequence or null.
+// HF's tokenizer.json "pre_tokenizer": Split, ByteLevel, Metaspace, Digits, Whitespace,
+// WhitespaceSplit, Punctuation, BertPreTokenizer, CharDelimiterSplit, Sequence or null.
 class PreTokenizer {
  public:
   static Result<PreTokenizer> FromJson(const nlohmann::json& config, const std::string& where);
@@ -105,7 +113,15 @@ class PreTokenizer {
     PrependScheme prepend_scheme;
     bool split;
   };
-  using Step = std::variant<Split, ByteLevel, Metaspace>;
+  // A split at every character of a class, each character its own match (HF's split on a
+  // char predicate).
+  enum class CharClass { kWhitespace, kPunctuation, kNumeric, kDelimiter };
+  struct CharSplit {
+    CharClass char_class;
+    char32_t delimiter;  // for kDelimiter
+    SplitBehavior behavior;
+  };
+  using Step = std::variant<Split, ByteLevel, Metaspace, CharSplit>;
   static Status AddSteps(const nlohmann::json& config, const std::string& where,
                          std::vector<Step>* steps);
   static Status ApplyStep(const Step& step, Piece piece, std::vector<Piece>* out);

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
@@ -11,8 +12,11 @@
 #include "tokenizer/bpe.h"
 #include "tokenizer/decoder.h"
 #include "tokenizer/json_fields.h"
+#include "tokenizer/post_processor.h"
 #include "tokenizer/pretokenizer.h"
+#include "tokenizer/unicode.h"
 #include "tokenizer/utf8.h"
+#include "util/json.h"
 
 namespace hsx {
 namespace {
@@ -86,47 +90,6 @@ class AddedTokenMatcher {
   std::array<bool, 256> first_bytes_{};
 };
 
-// Unicode White_Space, which HF's lstrip/rstrip take (regex \s).
-bool IsWhitespace(utf8proc_int32_t c) {
-  if ((c >= 0x09 && c <= 0x0D) || c == 0x85) return true;
-  utf8proc_category_t category = utf8proc_category(c);
-  return category == UTF8PROC_CATEGORY_ZS || category == UTF8PROC_CATEGORY_ZL ||
-         category == UTF8PROC_CATEGORY_ZP;
-}
-
-// Regex \w, which HF's single_word tests: letters, marks, digits, connectors, joiners.
-bool IsWordCharacter(utf8proc_int32_t c) {
-  switch (utf8proc_category(c)) {
-    case UTF8PROC_CATEGORY_LU:
-    case UTF8PROC_CATEGORY_LL:
-    case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO:
-    case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC:
-    case UTF8PROC_CATEGORY_ME:
-    case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL:
-    case UTF8PROC_CATEGORY_PC:
-      return true;
-    default:
-      return c == 0x200C || c == 0x200D;
-  }
-}
-
-utf8proc_int32_t CharAt(std::string_view text, size_t at) {
-  utf8proc_int32_t c = -1;
-  utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + at),
-                   static_cast<utf8proc_ssize_t>(text.size() - at), &c);
-  return c;
-}
-
-size_t StartOfLastChar(std::string_view text) {
-  size_t at = text.size() - 1;
-  while (at > 0 && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
-  return at;
-}
-
 size_t LeadingWhitespaceBytes(std::string_view text) {
   size_t at = 0;
   while (at < text.size() && IsWhitespace(CharAt(text, at))) at += Utf8CharLength(text[at]);
@@ -157,6 +120,7 @@ struct Tokenizer::Impl {
   TextNormalizer normalizer;
   PreTokenizer pre_tokenizer;
   TokenDecoder decoder;
+  PostProcessor post_processor;
   std::vector<AddedToken> added_tokens;
   AddedTokenMatcher raw_matcher;         // tokens with normalized: false
   AddedTokenMatcher normalized_matcher;  // tokens with normalized: true
@@ -220,26 +184,32 @@ Result<std::shared_ptr<const Tokenizer::Impl>> Tokenizer::Impl::FromJson(const j
   if (!config.is_object()) return Error("expected a JSON object at the top level");
   auto impl = std::make_shared<Impl>();
 
+  // Absent stages are null stages. Stages are read in place: the document is never copied.
+  static const json kNull;
+  auto stage = [&config](const char* key) -> const json& {
+    auto it = config.find(key);
+    return it == config.end() ? kNull : *it;
+  };
+  const json& added_list = stage("added_tokens");
+  if (!added_list.is_null() && !added_list.is_array()) {
+    return Error("added_tokens: expected an array");
+  }
+
   HSX_ASSIGN_OR_RETURN(const json* model, jf::Required(config, "model", ""));
   HSX_ASSIGN_OR_RETURN(std::string model_type, jf::String(*model, "type", "model"));
   if (model_type != "BPE") {
     return Error("model.type '" + model_type + "' is not supported; expected BPE");
   }
-  HSX_ASSIGN_OR_RETURN(impl->model, BpeModel::FromJson(*model, "model"));
+  // Every id is below the number of tokens the file lists, so the id tables stay as small as
+  // the file (a single id of 2^31 must not allocate gigabytes).
+  HSX_ASSIGN_OR_RETURN(impl->model, BpeModel::FromJson(*model, "model", added_list.size()));
 
-  // Absent stages are null stages. post_processor only adds BOS/EOS-style tokens, which
-  // Encode does not (add_special_tokens=False), so it is not read.
-  auto stage = [&config](const char* key) { return config.value(key, json()); };
   HSX_ASSIGN_OR_RETURN(impl->normalizer,
                        TextNormalizer::FromJson(stage("normalizer"), "normalizer"));
   HSX_ASSIGN_OR_RETURN(impl->pre_tokenizer,
                        PreTokenizer::FromJson(stage("pre_tokenizer"), "pre_tokenizer"));
   HSX_ASSIGN_OR_RETURN(impl->decoder, TokenDecoder::FromJson(stage("decoder"), "decoder"));
 
-  json added_list = stage("added_tokens");
-  if (!added_list.is_null() && !added_list.is_array()) {
-    return Error("added_tokens: expected an array");
-  }
   // HF does not read the ids in added_tokens: a token takes its id in the vocabulary, or else
   // the next one after the vocabulary. In files HF wrote these agree with the listed ids.
   auto next_id = static_cast<int32_t>(impl->model.vocab_count());
@@ -271,26 +241,52 @@ Result<std::shared_ptr<const Tokenizer::Impl>> Tokenizer::Impl::FromJson(const j
         .Add(token.text, static_cast<int32_t>(i));
     impl->text_of_id[token.id] = &token.text;
   }
+
+  // transformers 5 takes the special tokens from here alone: with a tokenizer.json present it
+  // drops tokenizer_config.json's add_bos_token and add_eos_token.
+  HSX_ASSIGN_OR_RETURN(impl->post_processor,
+                       PostProcessor::FromJson(stage("post_processor"), static_cast<int>(id_limit),
+                                               "post_processor"));
   return std::shared_ptr<const Impl>(std::move(impl));
 }
 
-Result<Tokenizer> Tokenizer::Load(const std::string& path) {
+namespace {
+
+// Far above any real tokenizer.json (Gemma 3's, 262k tokens, is 33 MB).
+constexpr uintmax_t kMaxTokenizerBytes = uintmax_t{1} << 30;
+
+Result<std::string> ReadFile(const std::string& path) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (!std::filesystem::exists(status)) return Error(path + ": cannot open: no such file");
+  if (!std::filesystem::is_regular_file(status)) return Error(path + ": not a regular file");
+  if (std::filesystem::file_size(path, error) > kMaxTokenizerBytes) {
+    return Error(path + ": larger than " + std::to_string(kMaxTokenizerBytes >> 20) + " MiB");
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) return Error(path + ": cannot open: " + std::strerror(errno));
   std::ostringstream contents;
   contents << file.rdbuf();
-  json config;
-  try {
-    config = json::parse(contents.str());
-  } catch (const json::parse_error& error) {
-    return Error(path + ": not valid JSON: " + error.what());
-  }
-  Result<std::shared_ptr<const Impl>> impl = Impl::FromJson(config);
-  if (!impl.ok()) return impl.status().with_context(path);
+  if (!file && !file.eof()) return Error(path + ": cannot read: " + std::strerror(errno));
+  return contents.str();
+}
+
+}  // namespace
+
+Result<Tokenizer> Tokenizer::Load(const std::string& path) {
+  HSX_ASSIGN_OR_RETURN(std::string contents, ReadFile(path));
+  HSX_ASSIGN_OR_RETURN(json config, ParseJson(contents, path));
+  return FromJson(config, path);
+}
+
+Result<Tokenizer> Tokenizer::FromJson(const json& document, const std::string& where) {
+  Result<std::shared_ptr<const Impl>> impl = Impl::FromJson(document);
+  if (!impl.ok()) return impl.status().with_context(where);
   return Tokenizer(std::move(impl).value());
 }
 
-Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
+Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
+                                               bool add_special_tokens) const {
   if (size_t bad = FindInvalidUtf8(text); bad != std::string_view::npos) {
     return Error("Encode: the text is not valid UTF-8 (byte " + std::to_string(bad) + " of " +
                  std::to_string(text.size()) + ")");
@@ -319,6 +315,7 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
       for (const Piece& piece : *pieces) impl.model.Encode(piece.text, &ids);
     }
   }
+  if (add_special_tokens) return impl.post_processor.Apply(std::move(ids));
   return ids;
 }
 

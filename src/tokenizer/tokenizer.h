@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -17,11 +18,20 @@ namespace hsx {
 // several threads at once.
 class Tokenizer {
  public:
+  // Reads a tokenizer.json. Every error names the file and the field. As in transformers 5,
+  // tokenizer_config.json's add_bos_token/add_eos_token do not apply: the file's
+  // post_processor says which special tokens a text gets.
   static Result<Tokenizer> Load(const std::string& path);
+  // The same from a parsed tokenizer.json document (one built from GGUF metadata, say);
+  // errors start with `where`.
+  static Result<Tokenizer> FromJson(const nlohmann::json& document, const std::string& where);
 
-  // HF's encode(text, add_special_tokens=False): added tokens written in the text (such as
-  // "<|im_start|>") become their ids; no BOS/EOS is added. Errors on invalid UTF-8.
-  Result<std::vector<int32_t>> Encode(std::string_view text) const;
+  // HF's and vLLM's encode(text, add_special_tokens): added tokens written in the text (such as
+  // "<|im_start|>") become their ids; with add_special_tokens the post-processor's tokens (a
+  // BOS such as <|begin_of_text|> or <bos>) are added, as HF and vLLM do for a text prompt by
+  // default. Text the chat template already rendered with its BOS wants false. Errors on
+  // invalid UTF-8.
+  Result<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens = true) const;
   // HF's decode(ids, skip_special_tokens=False). Errors on an id without a token.
   Result<std::string> Decode(const std::vector<int32_t>& ids) const;
 
