@@ -134,8 +134,7 @@ std::optional<RequestError> RefuseUnsupported(const json& body) {
     }
   }
   static const std::pair<const char*, double> kNeutralNumbers[] = {
-      {"presence_penalty", 0.0}, {"frequency_penalty", 0.0}, {"min_p", 0.0},
-      {"repetition_penalty", 1.0}, {"length_penalty", 1.0}, {"priority", 0.0}};
+      {"length_penalty", 1.0}, {"priority", 0.0}};
   for (const auto& [name, neutral] : kNeutralNumbers) {
     auto it = body.find(name);
     if (it != body.end() && !it->is_null() && !is_number(*it, neutral)) {
@@ -257,6 +256,22 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
     r.sampling.top_p = static_cast<float>(*p);
   }
   if (auto k = f.Int("top_k", -1)) r.sampling.top_k = static_cast<int>(std::min<int64_t>(*k, INT32_MAX));
+  // vLLM's ranges; the device sampler applies them (backend/sampling.h).
+  if (auto p = f.Number("min_p")) {
+    if (!(*p >= 0 && *p <= 1)) return f.Refuse("min_p", "must be a number in [0, 1]");
+    r.sampling.min_p = static_cast<float>(*p);
+  }
+  for (auto [name, field] : {std::pair{"presence_penalty", &r.sampling.presence_penalty},
+                             std::pair{"frequency_penalty", &r.sampling.frequency_penalty}}) {
+    if (auto v = f.Number(name)) {
+      if (!(*v >= -2 && *v <= 2)) return f.Refuse(name, "must be a number in [-2, 2]");
+      *field = static_cast<float>(*v);
+    }
+  }
+  if (auto v = f.Number("repetition_penalty")) {
+    if (!(*v > 0 && *v <= 1e4)) return f.Refuse("repetition_penalty", "must be a number in (0, 10000]");
+    r.sampling.repetition_penalty = static_cast<float>(*v);
+  }
   if (auto seed = f.Int("seed", INT64_MIN)) r.sampling.seed = static_cast<uint64_t>(*seed);
   f.String("user");
   if (const json* options = f.Object("stream_options")) {

@@ -319,8 +319,7 @@ def test_echo_prepends_the_prompt(text_server):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("suffix", "x"), ("logit_bias", {"1": 5}), ("best_of", 3), ("presence_penalty", 0.5),
-    ("frequency_penalty", -1), ("logprobs", 1), ("logprobs", 0), ("min_p", 0.1), ("repetition_penalty", 1.2),
+    ("suffix", "x"), ("logit_bias", {"1": 5}), ("best_of", 3), ("logprobs", 1), ("logprobs", 0),
     ("use_beam_search", True), ("guided_json", {}), ("response_format", {"type": "json_object"}),
 ])
 def test_unsupported_parameters_are_refused_by_name(server, field, value):
@@ -331,6 +330,27 @@ def test_neutral_values_and_unknown_fields_are_accepted(server):
     status, body = complete(server, {"prompt": [1, 2], "max_tokens": 1, "presence_penalty": 0, "logit_bias": {},
                                      "best_of": 1, "user": "me", "min_p": 0, "some_unknown_extension": [1]})
     assert status == 200, body
+
+
+@pytest.mark.parametrize("field,value", [
+    ("min_p", 1.5), ("min_p", -0.1), ("presence_penalty", 2.5), ("frequency_penalty", -3), ("repetition_penalty", 0),
+    ("min_p", "0.1"),
+])
+def test_penalties_and_min_p_out_of_range_are_refused_by_name(server, field, value):
+    assert field in assert_400(server, {"prompt": [1, 2], "max_tokens": 1, field: value}, field)
+
+
+def test_penalties_change_greedy_tokens_and_neutral_values_do_not(server, golden):
+    prompt = golden["prompt_0"].tolist()
+    def tokens(**extra):
+        status, body = complete(server, {"prompt": prompt, "max_tokens": 12, "ignore_eos": True, "temperature": 0,
+                                         "return_token_ids": True, **extra})
+        assert status == 200, body
+        return body["choices"][0]["token_ids"]
+    base = tokens()
+    assert tokens(presence_penalty=0, frequency_penalty=0, repetition_penalty=1, min_p=0) == base
+    assert tokens(repetition_penalty=100.0) != base
+    assert tokens(frequency_penalty=2.0, presence_penalty=2.0) != base
 
 
 def test_stream_options_include_usage(server, golden):
