@@ -27,9 +27,8 @@ def poisoned_model(tmp):
     return model
 
 
-def test_a_request_with_non_finite_states_fails_alone(tmp_path, monkeypatch):
-    monkeypatch.setattr(conftest, "MODEL", poisoned_model(tmp_path))
-    s = Server(tmp_path)
+def test_a_request_with_non_finite_states_fails_alone(tmp_path):
+    s = Server(tmp_path, model=poisoned_model(tmp_path))
     try:
         status, body, _ = post(s, {"prompt": [1, 2, 3, 7, 5], "max_tokens": 1})
         assert 400 <= status < 600, (status, body)
