@@ -10,7 +10,8 @@ import time
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, Qwen3Config
+
+from hf_qwen3_8b import random_model
 
 prompts_path, out_dir = sys.argv[1], sys.argv[2]
 layers = [int(x) for x in sys.argv[3].split(",")]
@@ -39,12 +40,7 @@ def matmul_peak():
 
 emit(metric="bf16_matmul_peak_tflops", value=matmul_peak(), what="torch 8192^3 bf16, random data")
 
-config = Qwen3Config(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                     head_dim=128, intermediate_size=12288, vocab_size=151936, max_position_embeddings=40960,
-                     rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False)
-with torch.device("cuda"):
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
-model.eval()
+model = random_model()
 body = model.model  # no LM head: extraction needs none
 
 

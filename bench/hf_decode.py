@@ -8,17 +8,13 @@ import sys
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen3Config
+
+from hf_qwen3_8b import CONFIG, random_model
 
 prompt_len, new_tokens = int(sys.argv[1]), int(sys.argv[2])
 batches = [int(b) for b in sys.argv[3].split(",")]
 
-config = Qwen3Config(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                     head_dim=128, intermediate_size=12288, vocab_size=151936, max_position_embeddings=40960,
-                     rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False)
-with torch.device("cuda"):
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
-model.eval()
+model = random_model()
 
 
 def timed(ids, n):
@@ -32,7 +28,7 @@ def timed(ids, n):
 
 with torch.inference_mode():
     for batch in batches:
-        ids = torch.randint(0, config.vocab_size, (batch, prompt_len), device="cuda")
+        ids = torch.randint(0, CONFIG.vocab_size, (batch, prompt_len), device="cuda")
         timed(ids, 4)  # warm-up
         short, full = timed(ids, 8), timed(ids, new_tokens)
         tok_s = batch * (new_tokens - 8) / (full - short)
