@@ -281,7 +281,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
       const bool hold_stops = seq->num_generated() < seq->request().min_new_tokens;
       rows.rows.push_back(MakeSamplingRow(*seq, hold_stops ? seq->request().stop_token_ids : std::vector<int32_t>{},
                                           rows.adjust));
-      rows.max_logprobs = std::max(rows.max_logprobs, seq->request().sampling.logprobs);
+      rows.max_logprobs = std::max(rows.max_logprobs, rows.rows.back().num_logprobs);
     }
   }
   SampledTokens sampled;
@@ -296,7 +296,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
       const size_t r = next_sample++;
       const int32_t token = sampled.tokens[r];
       seq->Append(token);
-      if (const int k = seq->request().sampling.logprobs; k > 0) {
+      if (const int k = seq->request().sampling.logprobs; k >= 0) {
         Sequence::TokenLogprobs lp{sampled.logprobs[r], {}};
         for (int j = 0; j < k; ++j) {
           const size_t at = r * rows.max_logprobs + j;

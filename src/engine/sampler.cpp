@@ -20,7 +20,7 @@ SamplingRow MakeSamplingRow(const Sequence& seq, const std::vector<int32_t>& ban
   row.seed_lo = static_cast<uint32_t>(seq.seed());
   row.seed_hi = static_cast<uint32_t>(seq.seed() >> 32);
   row.draw = static_cast<uint32_t>(seq.num_generated());
-  row.num_logprobs = p.logprobs;
+  row.num_logprobs = std::max(0, p.logprobs);
   row.adjust_begin = static_cast<int32_t>(adjust.size());
   // One entry per distinct token: generated counts, prompt membership, bans.
   std::unordered_map<int32_t, TokenAdjust> entries;

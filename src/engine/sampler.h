@@ -21,7 +21,7 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // in [-2, 2]
   float presence_penalty = 0.0f;    // in [-2, 2]
   std::optional<uint64_t> seed;     // none: a random one per request
-  int logprobs = 0;                 // top raw logprobs kept per generated token
+  int logprobs = -1;                // >= 0: keep each generated token's raw logprob and this many top ones
   bool penalized() const { return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f; }
 };
 

@@ -17,6 +17,7 @@ constexpr int kDefaultMaxTokens = 16;
 constexpr size_t kMaxFileNameBytes = 200;
 // Stops are checked on the engine thread for every token: bound the work per token.
 constexpr size_t kMaxStopStrings = 64, kMaxStopStringBytes = 1024, kMaxStopTokenIds = 1024;
+constexpr int64_t kMaxLogprobs = 20;  // vLLM's default max_logprobs
 
 // Reads typed fields of one JSON object. Absent and null fields read as nullopt; a field
 // of another type, or out of range, records an error that names it (the first one wins;
@@ -113,7 +114,6 @@ std::optional<RequestError> RefuseUnsupported(const json& body) {
   };
   static const Rule kRules[] = {
       {"suffix", [](const json&) { return false; }},
-      {"logprobs", [](const json&) { return false; }},
       {"logit_bias", [](const json& v) { return v.is_object() && v.empty(); }},
       {"prompt_logprobs", [](const json&) { return false; }},
       {"allowed_token_ids", [](const json&) { return false; }},
@@ -256,6 +256,10 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
     r.sampling.top_p = static_cast<float>(*p);
   }
   if (auto k = f.Int("top_k", -1)) r.sampling.top_k = static_cast<int>(std::min<int64_t>(*k, INT32_MAX));
+  if (auto k = f.Int("logprobs", 0, kMaxLogprobs)) {
+    if (r.stream || r.echo) return f.Refuse("logprobs", "is not supported by hsx with stream or echo");
+    r.sampling.logprobs = static_cast<int>(*k);
+  }
   // vLLM's ranges; the device sampler applies them (backend/sampling.h).
   if (auto p = f.Number("min_p")) {
     if (!(*p >= 0 && *p <= 1)) return f.Refuse("min_p", "must be a number in [0, 1]");

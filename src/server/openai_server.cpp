@@ -305,7 +305,8 @@ void OpenAiServer::Routes() {
       texts[i]->Finish();
       const auto& prompt = c.prompts[i / static_cast<size_t>(c.n)];
       json choice = {{"index", i}, {"text", (c.echo ? PromptText(prompt) : "") + texts[i]->text()},
-                     {"logprobs", nullptr}, {"finish_reason", r.seq->stopped() ? "stop" : "length"}};
+                     {"logprobs", c.sampling.logprobs >= 0 ? LogprobsJson(*r.seq) : json()},
+                     {"finish_reason", r.seq->stopped() ? "stop" : "length"}};
       if (c.return_token_ids) {
         choice["prompt_token_ids"] = prompt.ids;
         choice["token_ids"] = out;
@@ -356,6 +357,34 @@ std::string OpenAiServer::PromptText(const CompletionRequest::Prompt& prompt) co
 
 // A finished request: with extraction on, lock its file (before the response names it)
 // and queue the write, which releases the lock when the file is complete.
+// OpenAI's completion logprobs: per generated token its text, its raw logprob, the top
+// ones (with the drawn token, as vLLM returns them) and its offset in the choice's text.
+// Token texts are decoded one token at a time; without a tokenizer they read
+// "token_id:<id>", as vLLM's return_tokens_as_token_ids writes them.
+nlohmann::json OpenAiServer::LogprobsJson(const Sequence& seq) const {
+  auto text_of = [&](int32_t id) {
+    if (tokenizer_ != nullptr) {
+      if (auto text = tokenizer_->Decode({id}); text.ok()) return *text;
+    }
+    return "token_id:" + std::to_string(id);
+  };
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
+  const std::vector<int32_t> out = seq.generated();
+  size_t offset = 0;
+  for (size_t i = 0; i < out.size() && i < seq.logprobs.size(); ++i) {
+    const std::string text = text_of(out[i]);
+    tokens.push_back(text);
+    token_logprobs.push_back(seq.logprobs[i].logprob);
+    json entries = json::object();
+    for (const auto& [id, lp] : seq.logprobs[i].top) entries[text_of(id)] = lp;
+    entries[text] = seq.logprobs[i].logprob;
+    top.push_back(std::move(entries));
+    offsets.push_back(offset);
+    offset += text.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
 OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_ptr<Sequence> seq,
                                               const std::string& path) {
   Completion c{status, std::move(seq), path, !status.ok() && cut_short_};  // failed by StopNow: not the client's fault

@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import openai
 import pytest
 
@@ -319,7 +320,7 @@ def test_echo_prepends_the_prompt(text_server):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("suffix", "x"), ("logit_bias", {"1": 5}), ("best_of", 3), ("logprobs", 1), ("logprobs", 0),
+    ("suffix", "x"), ("logit_bias", {"1": 5}), ("best_of", 3), ("logprobs", 21), ("logprobs", -1), ("logprobs", "2"),
     ("use_beam_search", True), ("guided_json", {}), ("response_format", {"type": "json_object"}),
 ])
 def test_unsupported_parameters_are_refused_by_name(server, field, value):
@@ -351,6 +352,31 @@ def test_penalties_change_greedy_tokens_and_neutral_values_do_not(server, golden
     assert tokens(presence_penalty=0, frequency_penalty=0, repetition_penalty=1, min_p=0) == base
     assert tokens(repetition_penalty=100.0) != base
     assert tokens(frequency_penalty=2.0, presence_penalty=2.0) != base
+
+
+def test_logprobs_are_hugging_faces_log_softmax(server, golden):
+    # The first generated token's logprobs against HF's f32 logits at the prompt's last position.
+    logits = golden["logits_0"][-1].astype(np.float64)
+    log_softmax = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    status, body = complete(server, {"prompt": golden["prompt_0"].tolist(), "max_tokens": 3, "temperature": 0,
+                                     "ignore_eos": True, "logprobs": 5, "return_token_ids": True})
+    assert status == 200, body
+    choice = body["choices"][0]
+    lp = choice["logprobs"]
+    assert choice["token_ids"] == golden["greedy_0"][:3].tolist()
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == 3
+    first = int(golden["greedy_0"][0])
+    assert lp["tokens"][0] == f"token_id:{first}"
+    assert abs(lp["token_logprobs"][0] - log_softmax[first]) < 1e-4
+    top5 = np.argsort(-log_softmax, kind="stable")[:5]
+    assert set(lp["top_logprobs"][0]) == {f"token_id:{t}" for t in top5}
+    for t in top5:
+        assert abs(lp["top_logprobs"][0][f"token_id:{t}"] - log_softmax[t]) < 1e-4
+    # Without the parameter there are none; with stream it is refused by name.
+    status, body = complete(server, {"prompt": [1, 2], "max_tokens": 1})
+    assert body["choices"][0]["logprobs"] is None
+    assert "logprobs" in assert_400(server, {"prompt": [1, 2], "max_tokens": 1, "logprobs": 1, "stream": True},
+                                    "logprobs")
 
 
 def test_stream_options_include_usage(server, golden):
