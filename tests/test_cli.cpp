@@ -243,7 +243,8 @@ TEST_F(CliTest, BadLinesFailAloneWithLineNumbers) {
                     R"({"id": "oov", "token_ids": [1, 512]})", R"({"id": "empty", "token_ids": []})",
                     R"({"id": "neither"})", R"({"id": "types", "token_ids": ["a"]})", R"({"id": "good", "token_ids": [5]})",
                     R"({"id": "../escape", "token_ids": [5]})", R"({"id": "a/b", "token_ids": [5]})",
-                    R"({"id": "text", "prompt": "no tokenizer here"})", "", R"({"id": 7, "token_ids": [9, 9]})"});
+                    R"({"id": "text", "prompt": "no tokenizer here"})", "", R"({"id": 7, "token_ids": [9, 9]})",
+                    R"({"id": "deep", "x": )" + std::string(100000, '[') + std::string(100000, ']') + "}"});
   const std::string out = dir_ + "/out";
   CommandResult r = Hsx("extract --model " + test::ModelDir("qwen3") + " --layers 0,4 --input " + prompts + " --output " + out);
   EXPECT_EQ(r.exit_code, 1);
@@ -254,7 +255,8 @@ TEST_F(CliTest, BadLinesFailAloneWithLineNumbers) {
                                "bad.jsonl:8: field 'token_ids' must be a list of integers",
                                "bad.jsonl:9: duplicate id 'good' (first on line 1)", "bad.jsonl:10: request id '../escape'",
                                "bad.jsonl:11: request id 'a/b' contains '/'", "bad.jsonl:12: has 'prompt' text but the model has no tokenizer.json",
-                               "wrote 2 files", "11 failed"}) {
+                               "bad.jsonl:15: malformed JSON (expected one object per line): JSON nested deeper than 64",
+                               "wrote 2 files", "12 failed"}) {
     EXPECT_NE(r.err.find(expected), std::string::npos) << "missing: " << expected << "\nstderr:\n" << r.err;
   }
   // Only the good requests' files and the manifest: no temp or partial files.

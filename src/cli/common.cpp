@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "util/json.h"
+
 namespace hsx::cli {
 
 void ModelOptions::Register(CLI::App& app) {
@@ -78,8 +80,10 @@ std::optional<PromptLine> PromptReader::Next() {
       p.error = Error(where + ": " + why);
       return p;
     };
-    const auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_discarded()) return fail("malformed JSON (expected one object per line)");
+    // A dataset line is untrusted: ParseJson bounds its nesting and never throws.
+    const auto parsed = ParseJson(text, "malformed JSON (expected one object per line)");
+    if (!parsed.ok()) return fail(parsed.status().message());
+    const nlohmann::json& j = *parsed;
     if (!j.is_object()) return fail("expected a JSON object, got " + std::string(j.type_name()));
     if (!j.contains("id")) return fail("missing field 'id'");
     if (j["id"].is_string()) p.id = j["id"].get<std::string>();
