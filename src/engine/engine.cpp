@@ -12,6 +12,13 @@
 namespace hsx {
 namespace {
 
+// Whether a step that computes the next n tokens of seq samples its next token: the chunk
+// completes its known tokens and it wants more. BuildBatch asks for a logit row exactly
+// where Step samples, so both use this.
+bool SamplesAfter(const Sequence& seq, int n) {
+  return seq.num_computed + n == seq.num_tokens() && seq.wants_more_tokens();
+}
+
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
@@ -103,8 +110,7 @@ ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const
       batch.positions.push_back(p);
       batch.slot_mapping.push_back(seq->block_table[p / bs] * bs + p % bs);
     }
-    // Sample only where this chunk completes the sequence's known tokens.
-    if (slice.ctx_len == seq->num_tokens() && seq->wants_more_tokens()) {
+    if (SamplesAfter(*seq, n)) {
       batch.logit_rows.push_back(slice.q_start + n - 1);
     }
     batch.seqs.push_back(std::move(slice));
@@ -275,7 +281,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   std::vector<Sequence*> sampling;
   SamplingBatch rows;
   for (const auto& [seq, n] : chunks) {
-    if (seq->num_computed + n == seq->num_tokens() && seq->wants_more_tokens()) {
+    if (SamplesAfter(*seq, n)) {
       sampling.push_back(seq);
       // min_tokens: stop tokens cannot be drawn before then.
       const bool hold_stops = seq->num_generated() < seq->request().min_new_tokens;
