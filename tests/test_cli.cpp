@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <set>
 
 #include "test_util.h"
@@ -234,6 +235,29 @@ TEST_F(CliTest, BenchRefusesADirectoryItDidNotMake) {
     r = Hsx(bench + dir_ + "/scratch");
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_TRUE(fs::exists(dir_ + "/scratch/prompts.jsonl"));
+  }
+}
+
+// The decode bench on the fixture: one JSON line per batch size with every token generated,
+// and sizes it cannot run refused by name before any work.
+TEST_F(CliTest, DecodeBenchReportsEachBatchAndRefusesEmptyOnes) {
+  const std::string bench = "bench --decode --model " + test::ModelDir("qwen3") + " --prompt-len 8 --new-tokens 5 --kv-cache-gib 0.05";
+  CommandResult r = Hsx(bench + " --batch-sizes 1,3");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::vector<int> batches;
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    batches.push_back(j.at("batch").get<int>());
+    EXPECT_EQ(j.at("new_tokens").get<int>(), 5);
+    EXPECT_GT(j.at("value").get<double>(), 0.0);
+  }
+  EXPECT_EQ(batches, (std::vector<int>{1, 3}));
+  for (const char* bad : {" --batch-sizes 0", " --batch-sizes 2,-1", " --prompt-len 0", " --new-tokens 0"}) {
+    r = Hsx(bench + bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.err.find(std::string(bad).substr(1, std::string(bad).find(' ', 1) - 1)), std::string::npos)
+        << bad << ": " << r.err;
   }
 }
 

@@ -155,9 +155,12 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--dir", o->extract.output,
                   "Scratch directory, new or empty (or an earlier bench's); prompts.jsonl stays there afterwards");
   app->add_flag("--decode", o->decode, "Measure generation per batch size instead of extraction");
-  app->add_option("--batch-sizes", decode->batch_sizes, "Decode: concurrent sequences, one run each")->delimiter(',');
-  app->add_option("--prompt-len", decode->prompt_len, "Decode: prompt tokens per sequence");
-  app->add_option("--new-tokens", decode->new_tokens, "Decode: tokens generated per sequence (end-of-sequence ignored)");
+  app->add_option("--batch-sizes", decode->batch_sizes, "Decode: concurrent sequences, one run each")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 65536));
+  app->add_option("--prompt-len", decode->prompt_len, "Decode: prompt tokens per sequence")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--new-tokens", decode->new_tokens, "Decode: tokens generated per sequence (end-of-sequence ignored)")
+      ->check(CLI::Range(1, 1 << 20));
   app->add_option("--temperature", decode->sampling.temperature, "Decode: 0 is greedy");
   app->add_option("--top-p", decode->sampling.top_p);
   app->add_option("--top-k", decode->sampling.top_k);
