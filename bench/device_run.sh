@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|devices]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
 #   AB_B=HSX_ATTENTION=mma), two runs each, plus one HSX_PROFILE run of each;
 #   decode = hsx bench --decode (batch 1, 32, 128; greedy, and temperature 1 / top-p 0.9
-#   at 32) against HF transformers' generate
+#   at 32; batch 1 and 32 with --enforce-eager) against HF transformers' generate;
+#   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs)
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
@@ -76,14 +77,18 @@ if [ "$what" = ab ]; then
     done
   done | tee "$OUT/ab.txt"
 fi
+if [ "$what" = devices ]; then  # nvidia-h200-x2: hsx serve --device cuda:1 beside cuda:0
+  python3 tests/device/serve_on_devices.py .devbin/hsx cuda:0 cuda:1 2>&1 | tee "$OUT/devices.jsonl"
+fi
 if [ "$what" = decode ]; then
   decode_bench() {
     .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --new-tokens 256 \
       --kv-cache-gib 40 "$@"
   }
-  { decode_bench --batch-sizes 1,32,128; decode_bench --batch-sizes 32 --temperature 1 --top-p 0.9 | grep batch; } \
+  { decode_bench --batch-sizes 1,32,128; decode_bench --batch-sizes 32 --temperature 1 --top-p 0.9 | grep batch;
+    decode_bench --batch-sizes 1,32 --enforce-eager | grep batch | sed 's/}$/, "eager": true}/'; } \
     2>"$OUT/decode.err" | tee "$OUT/decode.jsonl"
-  HSX_PROFILE=1 decode_bench --batch-sizes 32 --new-tokens 64 2>&1 >/dev/null | grep "hsx profile" | tail -3
+  HSX_PROFILE=1 decode_bench --batch-sizes 32 --new-tokens 64 2>&1 >/dev/null | grep "hsx profile" | sort -t' ' -k4 -gr | head -24
   if [ "${HF:-1}" = 1 ]; then
     timeout 300 python3 bench/hf_decode.py 512 256 1,32,128 2>"$OUT/hf_decode.err" | tee -a "$OUT/decode.jsonl"
     tail -2 "$OUT/hf_decode.err"

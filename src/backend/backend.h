@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,14 @@ class PendingDownload {
  public:
   virtual ~PendingDownload() = default;
   virtual void Wait() = 0;
+};
+
+// Device work recorded once and replayed on the same buffers (a CUDA graph): inputs are
+// whatever the recorded ops read at replay time, so callers refill them in place.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  virtual void Replay() = 0;
 };
 
 // One sequence's slice of a packed batch: its new tokens are rows [q_start, q_start + q_len)
@@ -83,7 +92,23 @@ class Backend {
   // compute path; t and host must stay alive until Wait returns.
   virtual std::unique_ptr<PendingDownload> DownloadAsync(const Tensor& t, Tensor& host);
   virtual void Copy(const Tensor& src, Tensor& dst) = 0;  // same shape and dtype
+  // Copies host (pinned from HostBuffer, where the device has pinned memory) into dst on the
+  // device, in order with the work queued; host must stay unchanged until that work is done.
+  virtual void UploadTo(const Tensor& host, Tensor& dst) { Copy(host, dst); }
   virtual void Synchronize() {}
+  // Makes this backend's device the calling thread's current one; every thread that queues
+  // work on the backend calls it first (CUDA keeps the current device per thread).
+  virtual void PinThread() {}
+
+  // Recording (CUDA graphs): Record runs `work` without executing it and returns it as a
+  // graph, or null where the backend cannot record. The ops inside must not read host data
+  // or synchronize; their allocations come from a pool kept for graphs, so no tensor outside
+  // a graph ever shares memory with one, and the graphs (replayed one at a time) share it.
+  virtual bool can_record() const { return false; }
+  virtual std::unique_ptr<DeviceGraph> Record(const std::function<void()>& work) {
+    (void)work;
+    return nullptr;
+  }
   // Device memory held at the high-water mark; 0 where not tracked (host memory).
   virtual size_t peak_memory_bytes() const { return 0; }
 
@@ -112,6 +137,7 @@ class Backend {
     RmsNorm(x, &w, eps, one_plus_weight, x);
     Rope(x, positions, rope);
   }
+  // A negative slot (a padding row) stores nothing.
   virtual void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) = 0;
   virtual void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const AttentionBatch& batch, const AttentionParams& params, Tensor& out) = 0;

@@ -74,6 +74,7 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
     ec.scheduler.max_num_seqs = std::max(batch, ec.scheduler.max_num_seqs);
     ec.scheduler.max_num_batched_tokens = std::max(o.max_num_batched_tokens, batch);
     ec.enable_prefix_caching = false;  // random prompts share nothing; keep the bookkeeping out
+    ec.graphs = !o.model.enforce_eager;
     Engine engine(model, ec);
     auto run = [&](int new_tokens, double* decode_seconds, int64_t* decode_tokens, uint64_t* decode_steps) -> Status {
       for (int i = 0; i < batch; ++i) {

@@ -15,13 +15,15 @@ void ModelOptions::Register(CLI::App& app) {
   app.add_option("--load-format", load_format, "auto | safetensors | dummy (random weights from the config)")
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
   app.add_option("--device", device, "cpu (f32 reference) or cuda[:N] (bf16)");
-  RegisterBatchInvariant(app);
+  RegisterExecutionFlags(app);
 }
 
-void ModelOptions::RegisterBatchInvariant(CLI::App& app) {
+void ModelOptions::RegisterExecutionFlags(CLI::App& app) {
   app.add_flag("--batch-invariant", batch_invariant,
                "A prompt's hidden states and tokens are bit-identical whatever it is batched with, chunked or "
                "cached (fixed GEMM algorithms and reduction orders; slower)");
+  app.add_flag("--enforce-eager", enforce_eager,
+               "Run decode steps op by op instead of replaying CUDA graphs recorded per batch size");
 }
 
 Result<ModelConfig> LoadConfig(const ModelOptions& options) {

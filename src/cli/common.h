@@ -24,8 +24,11 @@ struct ModelOptions {
   std::string load_format = "auto";  // auto | safetensors | dummy
   std::string device = "cpu";        // cpu | cuda | cuda:N
   bool batch_invariant = false;      // a prompt's results do not depend on its batch
+  bool enforce_eager = false;        // no CUDA graphs (vLLM's flag)
   void Register(CLI::App& app);
-  void RegisterBatchInvariant(CLI::App& app);  // the one flag serve shares (it names the model positionally)
+  // The execution flags (--batch-invariant, --enforce-eager), which serve shares (it names
+  // the model positionally).
+  void RegisterExecutionFlags(CLI::App& app);
 };
 
 // The config of a model directory, or of a named config when --model names one.

@@ -89,6 +89,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   ec.capture_layers = *layers;
   ec.capture_dtype = dtype;
   ec.enable_prefix_caching = o.prefix_caching;
+  ec.graphs = !o.model.enforce_eager;
   Engine engine(*loaded->model, ec);
   if (o.warmup) {
     const int n = std::max(1, std::min(o.max_num_batched_tokens, config.max_position_embeddings) - 1);

@@ -25,6 +25,7 @@ int RunGenerate(const GenerateOptions& o) {
   if (!reader.ok()) return Fail(cmd, reader.status());
   EngineConfig ec;
   ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
+  ec.graphs = !o.model.enforce_eager;
   Engine engine(*loaded->model, ec);
   int failed = 0;
   const size_t max_in_flight = 2 * static_cast<size_t>(ec.scheduler.max_num_seqs);

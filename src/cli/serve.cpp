@@ -126,6 +126,7 @@ int RunServe(ServeOptions o) {
   ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
   ec.capture_dtype = mc.dtype;
   ec.enable_prefix_caching = o.prefix_caching;
+  ec.graphs = !o.model.enforce_eager;
   if (!o.speculative_config.empty()) {
     auto layers = ParseSpeculativeConfig(o.speculative_config, mc.num_layers);
     if (!layers.ok()) return Fail(cmd, layers.status());
@@ -181,7 +182,7 @@ void RegisterServe(CLI::App& root) {
       ->required();
   app->add_option("--load-format", o->model.load_format)->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
   app->add_option("--device", o->model.device, "cpu or cuda[:N]");
-  o->model.RegisterBatchInvariant(*app);
+  o->model.RegisterExecutionFlags(*app);
   app->add_option("--host", o->server.host, "Address to bind (default 127.0.0.1)");
   app->add_option("--port", o->server.port);
   app->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY'");

@@ -22,33 +22,47 @@ bool SamplesAfter(const Sequence& seq, int n) {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-int ResolveNumBlocks(const Model& model, const EngineConfig& c) {
-  if (c.num_blocks > 0) return c.num_blocks;
-  const size_t per_block = KVCache::BytesPerToken(model.config(), model.backend().compute_dtype()) * c.block_size;
-  return static_cast<int>(std::max<size_t>(1, c.kv_cache_bytes / per_block));
+// max_model_len and num_blocks as the engine runs them (0 means: from the model, from the budget).
+EngineConfig Resolve(const Model& model, EngineConfig c) {
+  if (c.max_model_len <= 0) c.max_model_len = model.config().max_position_embeddings;
+  if (c.num_blocks <= 0) {
+    const size_t per_block = KVCache::BytesPerToken(model.config(), model.backend().compute_dtype()) * c.block_size;
+    c.num_blocks = static_cast<int>(std::max<size_t>(1, c.kv_cache_bytes / per_block));
+  }
+  return c;
+}
+
+RunnerConfig RunnerConfigFor(const EngineConfig& c) {
+  RunnerConfig r;
+  r.num_blocks = c.num_blocks;
+  r.block_size = c.block_size;
+  r.capture_layers = c.capture_layers;
+  r.max_model_len = c.max_model_len;
+  r.graphs = c.graphs;
+  r.max_graph_batch = c.scheduler.max_num_seqs;
+  return r;
 }
 
 }  // namespace
 
 Engine::Engine(Model& model, EngineConfig config)
     : model_(model),
-      config_(std::move(config)),
-      cache_(model.config(), model.backend(), ResolveNumBlocks(model, config_), config_.block_size),
-      blocks_(cache_.num_blocks(), config_.block_size, config_.enable_prefix_caching),
+      config_(Resolve(model, std::move(config))),
+      runner_(model, RunnerConfigFor(config_)),
+      blocks_(runner_.num_blocks(), config_.block_size, config_.enable_prefix_caching),
       scheduler_(config_.scheduler, blocks_) {
-  if (config_.max_model_len <= 0) config_.max_model_len = model.config().max_position_embeddings;
   if (config_.enable_prefix_caching && !config_.capture_layers.empty()) {
     // Host pages are committed only as rows land in them.
     capture_cache_ = Tensor::Host(config_.capture_dtype,
-                                  {static_cast<int64_t>(cache_.num_blocks()) * config_.block_size,
+                                  {static_cast<int64_t>(runner_.num_blocks()) * config_.block_size,
                                    static_cast<int64_t>(config_.capture_layers.size()), model.config().hidden_size});
   }
 }
 
 Engine::~Engine() {
   if (profile_) {
-    std::fprintf(stderr, "hsx profile: engine forward %.2f s, waiting for capture copies %.2f s, capture store %.2f s, %lu steps\n",
-                 profile_seconds_[0], profile_seconds_[1], profile_seconds_[2], static_cast<unsigned long>(stats_.steps));
+    std::fprintf(stderr, "hsx profile: engine waiting for capture copies %.2f s, capture store %.2f s, %lu steps\n",
+                 profile_seconds_[0], profile_seconds_[1], static_cast<unsigned long>(stats_.steps));
   }
 }
 
@@ -123,7 +137,7 @@ ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const
 // parallel. Positions are absolute, so a recompute after preemption rewrites the same
 // rows instead of adding any.
 void Engine::StoreCaptured(const PendingCapture& step) {
-  const Tensor& captured = step.host_view;
+  const Tensor& captured = step.copy->rows();
   const int64_t layers = captured.size(0), total = captured.size(1), h = captured.size(2);
   const size_t in_size = DTypeSize(captured.dtype());
   ThreadPool::Global().ParallelFor(total, [&](int64_t b, int64_t e) {
@@ -154,8 +168,8 @@ void Engine::StoreCaptured(const PendingCapture& step) {
 // Names the lowest layer, then the lowest position in it, where the inf or NaN is: where
 // it arose (attention may spread it to earlier positions, as 0 * NaN in P·V).
 void Engine::FailNonFinite(const PendingCapture& step) {
-  const int64_t layers = step.host_view.size(0), total = step.host_view.size(1);
-  const int32_t* flags = step.non_finite_host.data<int32_t>();
+  const int64_t layers = step.copy->rows().size(0), total = step.copy->rows().size(1);
+  const int32_t* flags = step.copy->non_finite();
   for (int64_t l = 0; l < layers; ++l) {
     for (int64_t r = 0; r < total; ++r) {
       Sequence& seq = *step.rows[r].seq;
@@ -168,11 +182,9 @@ void Engine::FailNonFinite(const PendingCapture& step) {
   }
 }
 
-// Starts copying this step's capture to one of two pinned host buffers (the other may
-// still be read by the previous step's store), so the copy and the store overlap the
-// next step's forward.
-std::unique_ptr<Engine::PendingCapture> Engine::StartCapture(const std::vector<ScheduledChunk>& chunks,
-                                                             Tensor captured) {
+// Which sequence, position and KV slot each row of a step's capture belongs to.
+std::unique_ptr<Engine::PendingCapture> Engine::TrackCapture(const std::vector<ScheduledChunk>& chunks,
+                                                             std::unique_ptr<CapturedRows> copy) const {
   auto step = std::make_unique<PendingCapture>();
   const int bs = config_.block_size;
   for (const auto& [seq, n] : chunks) {
@@ -182,20 +194,7 @@ std::unique_ptr<Engine::PendingCapture> Engine::StartCapture(const std::vector<S
           {seq, pos, static_cast<int64_t>(seq->block_table[pos / bs]) * bs + pos % bs, seq->preemptions});
     }
   }
-  // Flags for non-finite rows, computed where the rows are (a reduction on the device).
-  Backend& backend = model_.backend();
-  const int64_t flag_rows = captured.size(0) * captured.size(1);
-  step->non_finite_device = backend.Empty(DType::kI32, {flag_rows});
-  backend.FlagNonFiniteRows(captured.View({flag_rows, captured.size(2)}), step->non_finite_device);
-  // One pinned buffer holds the rows, then (4-byte aligned) their flags.
-  const int64_t flags_at = static_cast<int64_t>((captured.nbytes() + 3) / 4);
-  Tensor& buffer = host_buffers_[stats_.steps % 2];
-  if (buffer.numel() < flags_at + flag_rows) buffer = backend.HostBuffer(DType::kI32, {flags_at + flag_rows});
-  step->host_view = Tensor(buffer.raw(), captured.dtype(), captured.shape(), Device::kCPU, nullptr);
-  step->non_finite_host = Tensor(buffer.data<int32_t>() + flags_at, DType::kI32, {flag_rows}, Device::kCPU, nullptr);
-  step->device = std::move(captured);
-  step->copy = backend.DownloadAsync(step->device, step->host_view);
-  step->non_finite_copy = backend.DownloadAsync(step->non_finite_device, step->non_finite_host);
+  step->copy = std::move(copy);
   return step;
 }
 
@@ -205,12 +204,11 @@ void Engine::FinishCapture(std::vector<std::unique_ptr<Sequence>>& finished) {
   if (!pending_) return;
   const auto t0 = Clock::now();
   pending_->copy->Wait();
-  pending_->non_finite_copy->Wait();
   const auto t1 = Clock::now();
   StoreCaptured(*pending_);
   FailNonFinite(*pending_);
-  profile_seconds_[1] += Seconds(t0, t1);
-  profile_seconds_[2] += Seconds(t1, Clock::now());
+  profile_seconds_[0] += Seconds(t0, t1);
+  profile_seconds_[1] += Seconds(t1, Clock::now());
   // Blocks whose rows are now all stored can be shared; then the finished let go of theirs.
   // A sequence preempted since this step ran holds other blocks now, whose rows (from
   // its recompute) are still to come: registering those would share unstored rows.
@@ -261,59 +259,66 @@ bool Engine::Abort(const std::string& id) {
   return true;
 }
 
+SamplingBatch Engine::SamplingRows(const std::vector<ScheduledChunk>& chunks, std::vector<Sequence*>& sampling) const {
+  SamplingBatch rows;
+  for (const auto& [seq, n] : chunks) {
+    if (!SamplesAfter(*seq, n)) continue;
+    sampling.push_back(seq);
+    // min_tokens: stop tokens cannot be drawn before then.
+    const bool hold_stops = seq->num_generated() < seq->request().min_new_tokens;
+    rows.rows.push_back(
+        MakeSamplingRow(*seq, hold_stops ? seq->request().stop_token_ids : std::vector<int32_t>{}, rows.adjust));
+    rows.max_logprobs = std::max(rows.max_logprobs, rows.rows.back().num_logprobs);
+  }
+  return rows;
+}
+
+// Appends each sampling sequence's token (and its logprobs), and stops the sequences that
+// drew a stop token or completed a stop string.
+void Engine::Accept(const std::vector<Sequence*>& sampling, const SamplingBatch& rows, const SampledTokens& sampled) {
+  for (size_t r = 0; r < sampling.size(); ++r) {
+    Sequence& seq = *sampling[r];
+    const int32_t token = sampled.tokens[r];
+    seq.Append(token);
+    if (const int k = seq.request().sampling.logprobs; k >= 0) {
+      Sequence::TokenLogprobs lp{sampled.logprobs[r], {}};
+      for (int j = 0; j < k; ++j) {
+        const size_t at = r * rows.max_logprobs + j;
+        lp.top.emplace_back(sampled.top_ids[at], sampled.top_logprobs[at]);
+      }
+      seq.logprobs.push_back(std::move(lp));
+    }
+    const auto& stops = seq.request().stop_token_ids;
+    const bool stop_string = seq.request().on_token && seq.request().on_token(token);
+    if (stop_string || std::find(stops.begin(), stops.end(), token) != stops.end()) seq.Stop();
+  }
+}
+
 std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   std::vector<std::unique_ptr<Sequence>> finished = std::move(aborted_);
   aborted_.clear();
+  // Schedule.
   const std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
   if (chunks.empty()) {
     FinishCapture(finished);
     return finished;
   }
   for (const auto& [seq, n] : chunks) CopyCachedRows(*seq);
+  // Run: the forward and, on the device, one sampled token per sequence whose known tokens
+  // this step completes.
   const ForwardBatch batch = BuildBatch(chunks);
-  const auto t0 = Clock::now();
-  ForwardOutput out = model_.Forward(batch, cache_, config_.capture_layers);
-  if (profile_) model_.backend().Synchronize();
-  profile_seconds_[0] += Seconds(t0, Clock::now());
-  std::unique_ptr<PendingCapture> capture;
-  if (!config_.capture_layers.empty()) capture = StartCapture(chunks, std::move(out.captured));
-  // Sample on the device: one row per sequence whose known tokens this step completes.
   std::vector<Sequence*> sampling;
-  SamplingBatch rows;
-  for (const auto& [seq, n] : chunks) {
-    if (SamplesAfter(*seq, n)) {
-      sampling.push_back(seq);
-      // min_tokens: stop tokens cannot be drawn before then.
-      const bool hold_stops = seq->num_generated() < seq->request().min_new_tokens;
-      rows.rows.push_back(MakeSamplingRow(*seq, hold_stops ? seq->request().stop_token_ids : std::vector<int32_t>{},
-                                          rows.adjust));
-      rows.max_logprobs = std::max(rows.max_logprobs, rows.rows.back().num_logprobs);
-    }
-  }
-  SampledTokens sampled;
-  if (!sampling.empty()) sampled = model_.backend().Sample(out.logits, rows);
-
+  const SamplingBatch rows = SamplingRows(chunks, sampling);
+  StepResult result = runner_.Run(batch, rows);
+  std::unique_ptr<PendingCapture> capture;
+  if (result.captured) capture = TrackCapture(chunks, std::move(result.captured));
   ++stats_.steps;
   stats_.tokens_computed += batch.token_ids.size();
-  size_t next_sample = 0;
+  for (const auto& [seq, n] : chunks) seq->num_computed += n;
+  // Accept.
+  Accept(sampling, rows, result.sampled);
+  // Retire.
   for (const auto& [seq, n] : chunks) {
-    seq->num_computed += n;
-    if (next_sample < sampling.size() && sampling[next_sample] == seq) {
-      const size_t r = next_sample++;
-      const int32_t token = sampled.tokens[r];
-      seq->Append(token);
-      if (const int k = seq->request().sampling.logprobs; k >= 0) {
-        Sequence::TokenLogprobs lp{sampled.logprobs[r], {}};
-        for (int j = 0; j < k; ++j) {
-          const size_t at = r * rows.max_logprobs + j;
-          lp.top.emplace_back(sampled.top_ids[at], sampled.top_logprobs[at]);
-        }
-        seq->logprobs.push_back(std::move(lp));
-      }
-      const auto& stops = seq->request().stop_token_ids;
-      const bool stop_string = seq->request().on_token && seq->request().on_token(token);
-      if (stop_string || std::find(stops.begin(), stops.end(), token) != stops.end()) seq->Stop();
-    }
     if (!capture) Commit(*seq, seq->num_computed);  // no rows to wait for
     if (seq->num_computed >= seq->prompt_len() && !seq->wants_more_tokens()) {
       // A finished sequence keeps its blocks until this step's captured rows are stored.

@@ -1,6 +1,7 @@
-// The engine: a scheduler, a KV cache and a model. Add requests, call Step until there
-// is no work; each Step returns the sequences that finished in it. Every entry point
-// (extract, generate, later the server) drives this one loop.
+// The engine: sequences, their KV blocks and the scheduler, over a ModelRunner that does
+// everything on the device. Add requests, call Step until there is no work; each Step
+// returns the sequences that finished in it. Every entry point (extract, generate, serve,
+// bench) drives this one loop.
 #pragma once
 
 #include <cstdlib>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "engine/block_manager.h"
+#include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
 
@@ -23,6 +25,8 @@ struct EngineConfig {
   int max_model_len = 0;               // 0: the model's max_position_embeddings
   // Reuse the KV and captured hidden states of cached prompt blocks (see BlockManager).
   bool enable_prefix_caching = true;
+  // Decode steps replay recorded CUDA graphs (RunnerConfig::graphs); false: vLLM's --enforce-eager.
+  bool graphs = true;
 };
 
 struct EngineStats {
@@ -60,9 +64,16 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   const EngineStats& stats() const { return stats_; }
   const Model& model() const { return model_; }
+  const ModelRunner& runner() const { return runner_; }
 
  private:
+  // The stages of a Step: the scheduler picks chunks; (propose: a draft's tokens, once
+  // speculative decoding exists); the runner runs them; accept appends what was sampled;
+  // retire hands back what finished.
   ForwardBatch BuildBatch(const std::vector<ScheduledChunk>& chunks) const;
+  // The sampling rows of the chunks that sample, and those chunks' sequences, in order.
+  SamplingBatch SamplingRows(const std::vector<ScheduledChunk>& chunks, std::vector<Sequence*>& sampling) const;
+  void Accept(const std::vector<Sequence*>& sampling, const SamplingBatch& rows, const SampledTokens& sampled);
   // A step whose captured rows are still being copied to the host.
   struct PendingCapture {
     struct Row {
@@ -72,14 +83,11 @@ class Engine {
       int preemptions;  // the sequence's count when the row ran (see FinishCapture)
     };
     std::vector<Row> rows;  // one per batch row
-    Tensor device, host_view;
-    // Per captured row ([L, T] as one list), 1 where it holds an inf or NaN: computed on
-    // the device, copied back after the rows.
-    Tensor non_finite_device, non_finite_host;
-    std::unique_ptr<PendingDownload> copy, non_finite_copy;
+    std::unique_ptr<CapturedRows> copy;
     std::vector<std::unique_ptr<Sequence>> finishing;  // done once these rows are stored
   };
-  std::unique_ptr<PendingCapture> StartCapture(const std::vector<ScheduledChunk>& chunks, Tensor captured);
+  std::unique_ptr<PendingCapture> TrackCapture(const std::vector<ScheduledChunk>& chunks,
+                                               std::unique_ptr<CapturedRows> copy) const;
   void FinishCapture(std::vector<std::unique_ptr<Sequence>>& finished);
   void StoreCaptured(const PendingCapture& step);
   // Fails (and stops) each sequence with a non-finite row in the step, naming the first.
@@ -93,19 +101,19 @@ class Engine {
 
   Model& model_;
   EngineConfig config_;
-  KVCache cache_;
+  ModelRunner runner_;
   BlockManager blocks_;
   Scheduler scheduler_;
   EngineStats stats_;
-  Tensor host_buffers_[2];
   // Prefix caching with capture: every computed prompt row, by KV slot, so sequences
   // that reuse cached blocks also get those blocks' hidden states. [slots, L, H].
   Tensor capture_cache_;
   std::unique_ptr<PendingCapture> pending_;
   std::vector<std::unique_ptr<Sequence>> aborted_;  // handed back by the next Step
-  // HSX_PROFILE=1: seconds in forward (synchronized), capture download, capture store.
+  // HSX_PROFILE=1: seconds waiting for capture copies and storing rows (the runner
+  // reports its steps).
   bool profile_ = std::getenv("HSX_PROFILE") != nullptr;
-  double profile_seconds_[3] = {0, 0, 0};
+  double profile_seconds_[2] = {0, 0};
 };
 
 }  // namespace hsx

@@ -114,15 +114,29 @@ void Model::MlpBlock(int layer, const Tensor& x, Tensor& out) {
   backend_.Linear(gate, w.down_proj, nullptr, out);
 }
 
+DeviceBatch Model::Upload(const ForwardBatch& batch) const {
+  DeviceBatch d;
+  d.token_ids = backend_.Upload(HostInts(batch.token_ids));
+  d.positions = backend_.Upload(HostInts(batch.positions));
+  d.slot_mapping = backend_.Upload(HostInts(batch.slot_mapping));
+  d.attention = MakeAttentionBatch(backend_, batch.seqs);
+  d.logit_rows = batch.logit_rows;
+  return d;
+}
+
 ForwardOutput Model::Forward(const ForwardBatch& batch, KVCache& cache, const std::vector<int>& capture_layers) {
-  const int64_t t = static_cast<int64_t>(batch.token_ids.size()), h = config_.hidden_size;
+  return Forward(Upload(batch), cache, capture_layers);
+}
+
+ForwardOutput Model::Forward(const DeviceBatch& batch, KVCache& cache, const std::vector<int>& capture_layers) {
+  const int64_t t = batch.token_ids.numel(), h = config_.hidden_size;
   const DType dt = backend_.compute_dtype();
   const float eps = config_.rms_norm_eps;
   const bool one_plus = config_.norm_one_plus_weight;
-  const Tensor ids = backend_.Upload(HostInts(batch.token_ids));
-  const Tensor positions = backend_.Upload(HostInts(batch.positions));
-  const Tensor slots = backend_.Upload(HostInts(batch.slot_mapping));
-  const AttentionBatch attention_batch = MakeAttentionBatch(backend_, batch.seqs);
+  const Tensor& ids = batch.token_ids;
+  const Tensor& positions = batch.positions;
+  const Tensor& slots = batch.slot_mapping;
+  const AttentionBatch& attention_batch = batch.attention;
 
   ForwardOutput result;
   result.captured = backend_.Empty(dt, {static_cast<int64_t>(capture_layers.size()), t, h});
@@ -185,8 +199,14 @@ ForwardOutput Model::Forward(const ForwardBatch& batch, KVCache& cache, const st
   if (!batch.logit_rows.empty()) {
     const int64_t r = static_cast<int64_t>(batch.logit_rows.size());
     Tensor rows = backend_.Empty(dt, {r, h});
-    backend_.GatherRows(x, batch.logit_rows, rows);
-    backend_.RmsNorm(rows, &weights_.final_norm, eps, one_plus, rows);
+    bool every_row = r == t;
+    for (int64_t i = 0; every_row && i < r; ++i) every_row = batch.logit_rows[i] == i;
+    if (every_row) {  // a decode step: no gather (nor its upload, which a graph cannot record)
+      backend_.RmsNorm(x, &weights_.final_norm, eps, one_plus, rows);
+    } else {
+      backend_.GatherRows(x, batch.logit_rows, rows);
+      backend_.RmsNorm(rows, &weights_.final_norm, eps, one_plus, rows);
+    }
     result.logits = backend_.Empty(DType::kF32, {r, config_.vocab_size});
     backend_.Linear(rows, weights_.lm_head, nullptr, result.logits);
     if (config_.final_softcap > 0.0f) backend_.Softcap(result.logits, config_.final_softcap);

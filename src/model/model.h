@@ -23,6 +23,14 @@ struct ForwardBatch {
   std::vector<int32_t> logit_rows;    // rows whose logits are wanted
 };
 
+// The same batch on the backend's device: what the forward reads. A runner may fill one
+// in place (CUDA graphs replay on fixed buffers) instead of uploading a ForwardBatch.
+struct DeviceBatch {
+  Tensor token_ids, positions, slot_mapping;  // int32 [T]; a negative slot stores no KV
+  AttentionBatch attention;
+  std::vector<int32_t> logit_rows;  // host: rows whose logits are wanted
+};
+
 struct ForwardOutput {
   Tensor logits;    // [logit_rows, V] f32 on the backend's device
   Tensor captured;  // [L, T, H] in compute dtype: the requested layer ids, ascending
@@ -39,6 +47,10 @@ class Model {
   // capture_layers: ascending, unique ids in [0, num_layers] (vLLM's convention: id i < N
   // is the input of decoder layer i, id N the last layer's output before the final norm).
   ForwardOutput Forward(const ForwardBatch& batch, KVCache& cache, const std::vector<int>& capture_layers);
+  // The forward proper; reads nothing from the host but logit_rows and the attention
+  // batch's host fields, so a CUDA graph can record it (logit rows 0..T-1 in order gather nothing).
+  ForwardOutput Forward(const DeviceBatch& batch, KVCache& cache, const std::vector<int>& capture_layers);
+  DeviceBatch Upload(const ForwardBatch& batch) const;
 
  private:
   Tensor PerLayerInputs(const Tensor& ids, const Tensor& embeds);

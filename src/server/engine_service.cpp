@@ -58,6 +58,7 @@ EngineService::Stats EngineService::stats() const {
 }
 
 void EngineService::Loop() {
+  engine_.model().backend().PinThread();  // this thread queues all of the engine's device work
   for (;;) {
     std::deque<Pending> incoming;
     std::unordered_set<std::string> aborts;

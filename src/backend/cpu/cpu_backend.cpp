@@ -240,6 +240,7 @@ void CpuBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, 
   const int64_t k_row = k.numel() / k.size(0), v_row = v.numel() / v.size(0);
   const int32_t* slot = slots.data<int32_t>();
   for (int64_t t = 0; t < k.size(0); ++t) {
+    if (slot[t] < 0) continue;  // a padding row
     std::memcpy(k_cache.data<float>() + slot[t] * k_row, k.data<float>() + t * k_row, k_row * 4);
     std::memcpy(v_cache.data<float>() + slot[t] * v_row, v.data<float>() + t * v_row, v_row * 4);
   }

@@ -44,15 +44,20 @@ void Check(cublasStatus_t s, const char* what) {
 
 // Caching allocator: freed blocks return to a per-size free list and are reused in
 // stream order (one stream, so a reuse is always after the last use). Sizes are
-// rounded to 1/8-octave classes so varying batch shapes share blocks.
+// rounded to 1/8-octave classes so varying batch shapes share blocks. While a graph is
+// recorded, blocks come from and go back to a second set of lists kept for graphs: a
+// graph writes its blocks at every replay, so no tensor outside graphs may hold one.
 class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
+  using FreeLists = std::unordered_map<size_t, std::vector<void*>>;
+
  public:
   std::shared_ptr<void> Allocate(size_t bytes) {
     const size_t size = RoundUp(std::max<size_t>(bytes, 256));
     void* p = nullptr;
+    const bool for_graphs = recording_;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto& list = free_[size];
+      auto& list = (for_graphs ? graph_free_ : free_)[size];
       if (!list.empty()) {
         p = list.back();
         list.pop_back();
@@ -60,7 +65,7 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
     }
     if (p == nullptr && cudaMalloc(&p, size) != cudaSuccess) {
       cudaGetLastError();
-      ReleaseCached();
+      if (!for_graphs) ReleaseCached();  // synchronizes: not while a graph is recorded
       HSX_CUDA_CHECK(cudaMalloc(&p, size));
     }
     {
@@ -69,17 +74,23 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
       peak_ = std::max(peak_, in_use_);
     }
     std::weak_ptr<DeviceAllocator> self = shared_from_this();
-    return std::shared_ptr<void>(p, [self, size](void* q) {
+    return std::shared_ptr<void>(p, [self, size, for_graphs](void* q) {
       if (auto a = self.lock()) {
         std::lock_guard<std::mutex> lock(a->mu_);
-        a->free_[size].push_back(q);
+        (for_graphs ? a->graph_free_ : a->free_)[size].push_back(q);
         a->in_use_ -= size;
       }
     });
   }
   size_t peak() const { return peak_; }
+  // Called by the recording thread around a recording.
+  void set_recording(bool on) { recording_ = on; }
 
-  ~DeviceAllocator() { ReleaseCached(); }
+  ~DeviceAllocator() {
+    ReleaseCached();
+    for (auto& [size, list] : graph_free_)
+      for (void* p : list) cudaFree(p);
+  }
 
  private:
   static size_t RoundUp(size_t n) {
@@ -96,7 +107,8 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
     free_.clear();
   }
   std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
+  FreeLists free_, graph_free_;
+  bool recording_ = false;
   size_t in_use_ = 0, peak_ = 0;
 };
 
@@ -476,6 +488,52 @@ void CudaBackend::Copy(const Tensor& src, Tensor& dst) {
 
 void CudaBackend::Synchronize() { HSX_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 
+void CudaBackend::UploadTo(const Tensor& host, Tensor& dst) {
+  HSX_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice, impl_->stream));
+}
+
+void CudaBackend::PinThread() { HSX_CUDA_CHECK(cudaSetDevice(impl_->device)); }
+
+// HSX_PROFILE times each op with events and synchronizes, which a recording cannot hold.
+bool CudaBackend::can_record() const { return !impl_->profile; }
+
+namespace {
+class CudaGraph final : public DeviceGraph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  void Replay() override { HSX_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+}  // namespace
+
+std::unique_ptr<DeviceGraph> CudaBackend::Record(const std::function<void()>& work) {
+  // Relaxed: an allocation the graph pool lacks may cudaMalloc while recording.
+  HSX_CUDA_CHECK(cudaStreamBeginCapture(impl_->stream, cudaStreamCaptureModeRelaxed));
+  impl_->allocator->set_recording(true);
+  work();
+  impl_->allocator->set_recording(false);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(impl_->stream, &graph);
+  if (ended != cudaSuccess || graph == nullptr) {
+    cudaGetLastError();
+    std::fprintf(stderr, "hsx: recording a CUDA graph failed (%s); running without\n", cudaGetErrorString(ended));
+    return nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (made != cudaSuccess) {
+    cudaGetLastError();
+    std::fprintf(stderr, "hsx: instantiating a CUDA graph failed (%s); running without\n", cudaGetErrorString(made));
+    return nullptr;
+  }
+  return std::make_unique<CudaGraph>(exec, impl_->stream);
+}
+
 void CudaBackend::FillUniform(Tensor& t, uint64_t seed, float lo, float hi) {
   cuda::FillUniform(B(t), t.numel(), seed, lo, hi, impl_->stream);
   HSX_LAUNCH_CHECK();
@@ -594,7 +652,7 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.seq_info = batch.seq_info.data<int32_t>();
   a.host_seq_info = batch.seq_info_host.data();
   a.block_tables = batch.block_tables.data<int32_t>();
-  a.num_seqs = static_cast<int>(batch.seqs.size());
+  a.num_seqs = static_cast<int>(batch.seq_info.size(0));  // a recorded batch has no host slices
   a.max_q_len = batch.max_q_len;
   a.num_heads = static_cast<int>(q.size(1));
   a.kv_heads = static_cast<int>(k_cache.size(1));

@@ -31,7 +31,11 @@ class CudaBackend final : public Backend {
   void DownloadTo(const Tensor& t, Tensor& host) override;
   std::unique_ptr<PendingDownload> DownloadAsync(const Tensor& t, Tensor& host) override;
   void Copy(const Tensor& src, Tensor& dst) override;
+  void UploadTo(const Tensor& host, Tensor& dst) override;
   void Synchronize() override;
+  void PinThread() override;
+  bool can_record() const override;
+  std::unique_ptr<DeviceGraph> Record(const std::function<void()>& work) override;
   void FillUniform(Tensor& t, uint64_t seed, float lo, float hi) override;
 
   void Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) override;

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/per_device.h"
 
 namespace hsx::cuda {
 namespace {
@@ -243,6 +244,7 @@ __global__ void RmsNormRopeKernel(bf16* x, const bf16* w, float eps, float plus,
 __global__ void StoreKVKernel(const bf16* k, const bf16* v, const int32_t* slots, int64_t k_row, int64_t v_row,
                               bf16* k_cache, bf16* v_cache) {
   const int64_t slot = slots[blockIdx.x];
+  if (slot < 0) return;  // a padding row
   for (int64_t i = threadIdx.x; i < k_row; i += blockDim.x) k_cache[slot * k_row + i] = k[blockIdx.x * k_row + i];
   for (int64_t i = threadIdx.x; i < v_row; i += blockDim.x) v_cache[slot * v_row + i] = v[blockIdx.x * v_row + i];
 }
@@ -396,11 +398,10 @@ void RmsNormRope(bf16* x, const bf16* w, float eps, bool one_plus_weight, const 
     std::fprintf(stderr, "hsx: RmsNormRope needs 16-byte aligned rows (head dim %ld)\n", static_cast<long>(dim));
     std::abort();
   }
-  static bool configured = [] {
+  static std::atomic<uint64_t> configured{0};
+  OncePerDevice(configured, [] {
     cudaFuncSetAttribute(RmsNormRopeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 << 10);
-    return true;
-  }();
-  (void)configured;
+  });
   const int half = static_cast<int>(rotary_dims / 2);
   const size_t smem = heads * dim * sizeof(bf16) + (2 * half + kWarps * dim) * sizeof(float);
   if (tokens > 0 && heads > 0)

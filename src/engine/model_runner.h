@@ -1,0 +1,99 @@
+// The model runner: everything one engine does on the device. It owns the KV cache, the
+// buffers captured rows come home in and the recorded decode graphs; it runs a scheduled
+// batch (the forward, then sampling of its logit rows on the device) and hands back token
+// ids, requested logprobs and the captured rows on their way to the host. The engine
+// schedules and keeps sequences; it never holds a device tensor.
+#pragma once
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+
+namespace hsx {
+
+struct RunnerConfig {
+  int num_blocks = 1;
+  int block_size = 16;
+  std::vector<int> capture_layers;  // ascending unique layer ids; empty: no capture
+  int max_model_len = 0;            // the longest sequence: bounds a block table
+  // Decode steps (every row one token that samples) replay a graph recorded per
+  // batch-size bucket, where the backend can record (CUDA) and nothing is captured.
+  bool graphs = true;
+  int max_graph_batch = 256;  // larger decode batches run without a graph
+};
+
+// One step's captured rows on their way to a pinned host buffer.
+class CapturedRows {
+ public:
+  void Wait();  // returns once rows() and non_finite() hold the step's data
+  const Tensor& rows() const { return host_rows_; }  // [L, T, H] in the compute dtype
+  // Per captured row ([L, T] as one list), nonzero where it holds an inf or NaN.
+  const int32_t* non_finite() const { return host_flags_.data<int32_t>(); }
+
+ private:
+  friend class ModelRunner;
+  Tensor device_rows_, device_flags_;  // kept alive until the copies land
+  Tensor host_rows_, host_flags_;
+  std::unique_ptr<PendingDownload> rows_copy_, flags_copy_;
+};
+
+struct StepResult {
+  SampledTokens sampled;                    // one entry per sampling row
+  std::unique_ptr<CapturedRows> captured;  // null when no layers are captured
+};
+
+class ModelRunner {
+ public:
+  ModelRunner(Model& model, RunnerConfig config);
+  ~ModelRunner();
+
+  // Runs batch and samples its logit rows with sampling's rows (one each, in order).
+  StepResult Run(const ForwardBatch& batch, const SamplingBatch& sampling);
+
+  const RunnerConfig& config() const { return config_; }
+  int64_t graph_replays() const { return graph_replays_; }  // decode steps that replayed a graph
+  int num_blocks() const { return cache_.num_blocks(); }
+  Backend& backend() const { return model_.backend(); }
+
+ private:
+  // A decode batch's bucket (the recorded batch size it pads to), or 0 if it runs eagerly.
+  int GraphBucket(const ForwardBatch& batch) const;
+  // Fills the graphs' fixed inputs with batch padded to `bucket` rows; returns them.
+  DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket);
+  Tensor GraphLogits(const ForwardBatch& batch, int bucket);  // [bucket, V]
+  std::unique_ptr<CapturedRows> StartCaptureCopy(Tensor captured);
+
+  Model& model_;
+  RunnerConfig config_;
+  KVCache cache_;
+  bool has_moe_ = false;  // MoE routing downloads expert counts: it cannot be recorded
+  int64_t capture_runs_ = 0;
+  Tensor host_buffers_[2];  // captured rows and flags alternate between two pinned buffers
+
+  // Decode graphs share one set of fixed inputs (int32: ids, positions, slots, sequence
+  // info, block tables at a stride of max_blocks_per_seq_), staged through pinned memory.
+  struct Graph {
+    std::unique_ptr<DeviceGraph> graph;
+    Tensor logits;  // where a replay leaves its [bucket, V] logits (in the graph pool)
+  };
+  std::map<int, Graph> graphs_;
+  int64_t graph_replays_ = 0;
+  bool graphs_failed_ = false;  // a recording failed (said once): every step runs eagerly
+  Tensor graph_inputs_, graph_staging_;
+  int64_t max_blocks_per_seq_ = 0;
+
+  // HSX_PROFILE=1: steps synchronize; seconds and counts per kind of step.
+  bool profile_ = std::getenv("HSX_PROFILE") != nullptr;
+  struct StepTimes {
+    double seconds = 0;
+    int64_t steps = 0, rows = 0;
+  };
+  StepTimes prefill_times_, decode_times_, graph_times_;
+};
+
+}  // namespace hsx
