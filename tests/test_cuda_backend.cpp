@@ -331,6 +331,19 @@ AttentionParams DecodeParams(int64_t d, int window, float softcap, int block) {
   return params;
 }
 
+// The largest error of any head's output row against that row's own largest value: a
+// long context's output is small beside a short one's, and one scale for the whole
+// batch would hide its errors.
+double WorstHeadError(const std::vector<float>& got, const std::vector<float>& want, int64_t head_dim) {
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); i += static_cast<size_t>(head_dim)) {
+    const std::vector<float> a(got.begin() + i, got.begin() + i + head_dim),
+        b(want.begin() + i, want.begin() + i + head_dim);
+    worst = std::max(worst, test::RelativeMaxError(a, b));
+  }
+  return worst;
+}
+
 // Every padding row of a decode output is exactly zero.
 void ExpectPaddingRowsZero(CudaBackend& gpu, const DecodeStep& step, const Tensor& out, const std::string& what) {
   const std::vector<float> got = test::AsFloats(gpu.Download(out));
@@ -345,7 +358,8 @@ void ExpectPaddingRowsZero(CudaBackend& gpu, const DecodeStep& step, const Tenso
 // Decode steps (q_len 1 everywhere) on the split-KV kernel: contexts from 1 to 33k, some
 // off the block size, padding rows, GQA groups 1 to 20 (past one 16-row tile), windows,
 // softcap, every head dim; many short sequences (one split, written directly); a 1-token
-// context beside a 32k one (the most splits).
+// context beside a 32k one (the most splits). Each head's output is held to 2% of its
+// own largest value.
 TEST(CudaKernelTest, DecodeAttentionMatchesCpu) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
@@ -369,7 +383,7 @@ TEST(CudaKernelTest, DecodeAttentionMatchesCpu) {
     std::ostringstream what;
     what << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap << " heads=" << c.heads << "/"
          << c.kv_heads << " seqs=" << c.contexts.size();
-    EXPECT_LE(GpuVsCpu(*gpu, got, expected), 2e-2) << what.str();
+    EXPECT_LE(WorstHeadError(test::AsFloats(gpu->Download(got)), test::AsFloats(expected), c.d), 2e-2) << what.str();
     ExpectPaddingRowsZero(*gpu, step, got, what.str());
   }
 }
@@ -391,7 +405,7 @@ TEST(CudaKernelTest, DecodeAttentionAgreesWithPrefillKernels) {
     const AttentionParams params = DecodeParams(c.d, c.window, c.softcap, kBlock);
     const std::vector<float> split = test::AsFloats(gpu->Download(GpuDecode(*gpu, step, params)));
     const std::vector<float> old = test::AsFloats(gpu_old->Download(GpuDecode(*gpu_old, step, params)));
-    EXPECT_LE(test::RelativeMaxError(split, old), 2e-2)
+    EXPECT_LE(WorstHeadError(split, old, c.d), 2e-2)
         << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap << " heads=" << c.heads << "/"
         << c.kv_heads;
   }
@@ -462,7 +476,9 @@ TEST(CudaKernelTest, DecodeAttentionReplaysInCudaGraphWithNewContexts) {
     ASSERT_EQ(cudaMemsetAsync(out.raw(), 0xff, out.nbytes(), stream), cudaSuccess);  // poison again
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    EXPECT_LE(GpuVsCpu(*gpu, out, CpuDecodeReference(now, params)), 2e-2) << what;
+    EXPECT_LE(WorstHeadError(test::AsFloats(gpu->Download(out)), test::AsFloats(CpuDecodeReference(now, params)), d),
+              2e-2)
+        << what;
     ExpectPaddingRowsZero(*gpu, now, out, what);
   };
   replay_with(captured, "as captured");

@@ -25,8 +25,8 @@
 namespace hsx::cuda {
 namespace {
 
-constexpr int kRows = 16;        // query heads per block: one mma row tile
-constexpr int kMaxSplits = 64;   // bounds the workspace and the combine's loop
+constexpr int kRows = 16;       // query heads per block: one mma row tile
+constexpr int kMaxSplits = 64;  // bounds the workspace and the combine's loop
 constexpr int kCombineThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -55,8 +55,8 @@ constexpr int ScoreLd() {  // f32 score row stride, padded likewise
 template <int D>
 constexpr size_t SharedBytes() {
   return size_t(Stages<D>()) * 2 * Tile<D>() * Ld<D>() * 2  // K and V tiles per stage
-         + size_t(kRows) * Ld<D>() * 2                         // Q
-         + size_t(kRows) * ScoreLd<D>() * 4;                   // one tile's scores
+         + size_t(kRows) * Ld<D>() * 2                      // Q
+         + size_t(kRows) * ScoreLd<D>() * 4;                // one tile's scores
 }
 
 // The keys a sequence's single query sees, [begin, end), and the chunk each split takes:
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
   constexpr int kWarps = Warps<D>(), kThreads = 32 * kWarps, kTile = Tile<D>(), kStages = Stages<D>();
   constexpr int kLd = Ld<D>(), kSLd = ScoreLd<D>();
   constexpr int kWarpKeys = kTile / kWarps, kWarpDims = D / kWarps;  // each warp's share
-  constexpr int kChunks = D / 8;                                    // 16-byte pieces of a row
+  constexpr int kChunks = D / 8;                                     // 16-byte pieces of a row
   // Q fragments stay in registers up to D = 256; D = 512 rereads them from shared memory.
   constexpr bool kQInRegisters = D <= 256;
   static_assert(kWarpKeys % 8 == 0 && kWarpDims % 16 == 0 && kThreads % kChunks == 0 &&
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     WaitAsync<kStages - 2>();
-    __syncthreads();        // this tile landed; every warp is done with the previous tile
+    __syncthreads();            // this tile landed; every warp is done with the previous tile
     issue(tile + kStages - 1);  // into the stage the previous tile used
     const bf16* k_s = kv_s + (tile % kStages) * 2 * kTile * kLd;
     const bf16* v_s = k_s + kTile * kLd;
@@ -262,8 +262,7 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
-          const __nv_bfloat162 e =
-              __floats2bfloat162_rn(Exp2(sv[k][h][x].x - base[h]), Exp2(sv[k][h][x].y - base[h]));
+          const __nv_bfloat162 e = __floats2bfloat162_rn(Exp2(sv[k][h][x].x - base[h]), Exp2(sv[k][h][x].y - base[h]));
           l[h] += __low2float(e) + __high2float(e);
           p_frag[k][2 * x + h] = *reinterpret_cast<const uint32_t*>(&e);
         }
