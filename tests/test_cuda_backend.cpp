@@ -9,9 +9,11 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <sstream>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -268,6 +270,226 @@ TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
           << " softcap=" << c.softcap << " heads=" << heads << "/" << kv_heads;
     }
   }
+}
+
+// A decode step: one query per sequence over a paged cache whose blocks are shuffled;
+// a context of 0 is a padding row (q_len 1, no keys), as a CUDA graph's padded batch has.
+struct DecodeStep {
+  std::vector<SequenceSlice> seqs;
+  Tensor q, k_cache, v_cache;  // f32, on the host
+};
+
+DecodeStep MakeDecodeStep(const std::vector<int>& contexts, int64_t heads, int64_t kv_heads, int64_t d, int block,
+                          std::mt19937& rng) {
+  int64_t num_blocks = 0;
+  for (int ctx : contexts) num_blocks += (ctx + block - 1) / block;
+  std::vector<int32_t> free_blocks(num_blocks);
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+  DecodeStep step;
+  size_t next = 0;
+  for (int ctx : contexts) {
+    SequenceSlice s;
+    s.q_start = static_cast<int32_t>(step.seqs.size());
+    s.q_len = 1;
+    s.ctx_len = ctx;
+    for (int i = 0; i < (ctx + block - 1) / block; ++i) s.block_table.push_back(free_blocks[next++]);
+    step.seqs.push_back(s);
+  }
+  const int64_t t = static_cast<int64_t>(contexts.size());
+  step.q = RandomHost({t, heads, d}, rng);
+  step.k_cache = RandomHost({std::max<int64_t>(num_blocks, 1) * block, kv_heads, d}, rng);
+  step.v_cache = RandomHost({std::max<int64_t>(num_blocks, 1) * block, kv_heads, d}, rng);
+  return step;
+}
+
+// The CPU's attention over the step's live rows; padding rows stay zero.
+Tensor CpuDecodeReference(const DecodeStep& step, const AttentionParams& params) {
+  CpuBackend cpu;
+  std::vector<SequenceSlice> live;
+  for (const SequenceSlice& s : step.seqs)
+    if (s.ctx_len > 0) live.push_back(s);
+  Tensor out = Tensor::Host(DType::kF32, step.q.shape());  // zero-filled
+  cpu.Attention(step.q, step.k_cache, step.v_cache, MakeAttentionBatch(cpu, live), params, out);
+  return out;
+}
+
+// The step on `gpu`, into poison.
+Tensor GpuDecode(CudaBackend& gpu, const DecodeStep& step, const AttentionParams& params) {
+  Tensor out = Poisoned(gpu, DType::kBF16, step.q.shape());
+  gpu.Attention(gpu.Upload(ToBf16(step.q)), gpu.Upload(ToBf16(step.k_cache)), gpu.Upload(ToBf16(step.v_cache)),
+                MakeAttentionBatch(gpu, step.seqs), params, out);
+  return out;
+}
+
+AttentionParams DecodeParams(int64_t d, int window, float softcap, int block) {
+  AttentionParams params;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  params.sliding_window = window;
+  params.softcap = softcap;
+  params.block_size = block;
+  return params;
+}
+
+// The largest error of any head's output row against that row's own largest value: a
+// long context's output is small beside a short one's, and one scale for the whole
+// batch would hide its errors.
+double WorstHeadError(const std::vector<float>& got, const std::vector<float>& want, int64_t head_dim) {
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); i += static_cast<size_t>(head_dim)) {
+    const std::vector<float> a(got.begin() + i, got.begin() + i + head_dim),
+        b(want.begin() + i, want.begin() + i + head_dim);
+    worst = std::max(worst, test::RelativeMaxError(a, b));
+  }
+  return worst;
+}
+
+// Every padding row of a decode output is exactly zero.
+void ExpectPaddingRowsZero(CudaBackend& gpu, const DecodeStep& step, const Tensor& out, const std::string& what) {
+  const std::vector<float> got = test::AsFloats(gpu.Download(out));
+  const int64_t row = out.numel() / out.size(0);
+  for (const SequenceSlice& s : step.seqs) {
+    if (s.ctx_len != 0) continue;
+    for (int64_t i = 0; i < row; ++i)
+      ASSERT_EQ(got[s.q_start * row + i], 0.0f) << what << ": padding row " << s.q_start << " element " << i;
+  }
+}
+
+// Decode steps (q_len 1 everywhere) on the split-KV kernel: contexts from 1 to 33k, some
+// off the block size, padding rows, GQA groups 1 to 20 (past one 16-row tile), windows,
+// softcap, every head dim; many short sequences (one split, written directly); a 1-token
+// context beside a 32k one (the most splits). Each head's output is held to 2% of its
+// own largest value.
+TEST(CudaKernelTest, DecodeAttentionMatchesCpu) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  std::mt19937 rng(6);
+  constexpr int kBlock = 16;
+  const std::vector<int> mixed = {1, 0, 15, 16, 17, 100, 1000, 0, 4099, 33000, 2, 513};
+  struct Case { int64_t d; int window; float softcap; int64_t heads, kv_heads; std::vector<int> contexts; };
+  std::vector<int> many(200);
+  for (int& c : many) c = std::uniform_int_distribution<int>(0, 300)(rng);
+  for (const Case& c : std::vector<Case>{{16, 0, 0, 4, 2, mixed}, {32, 100, 0, 4, 1, mixed},
+                                         {64, 0, 0, 8, 8, mixed}, {64, 0, 30, 8, 4, mixed},
+                                         {128, 0, 0, 16, 4, mixed}, {128, 1000, 0, 16, 2, mixed},
+                                         {128, 0, 0, 40, 2, mixed}, {128, 0, 0, 32, 8, many},
+                                         {128, 0, 0, 16, 2, {1, 32768}}, {256, 0, 50, 8, 2, mixed},
+                                         {256, 4096, 0, 2, 2, mixed}, {512, 0, 0, 8, 1, mixed},
+                                         {512, 300, 20, 4, 1, {32768, 1}}}) {
+    const DecodeStep step = MakeDecodeStep(c.contexts, c.heads, c.kv_heads, c.d, kBlock, rng);
+    const AttentionParams params = DecodeParams(c.d, c.window, c.softcap, kBlock);
+    const Tensor expected = CpuDecodeReference(step, params);
+    const Tensor got = GpuDecode(*gpu, step, params);
+    std::ostringstream what;
+    what << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap << " heads=" << c.heads << "/"
+         << c.kv_heads << " seqs=" << c.contexts.size();
+    EXPECT_LE(WorstHeadError(test::AsFloats(gpu->Download(got)), test::AsFloats(expected), c.d), 2e-2) << what.str();
+    ExpectPaddingRowsZero(*gpu, step, got, what.str());
+  }
+}
+
+// The split-KV decode kernel and the prefill kernels it replaces in decode steps
+// (HSX_DECODE_ATTENTION=0) agree within bf16 rounding.
+TEST(CudaKernelTest, DecodeAttentionAgreesWithPrefillKernels) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  setenv("HSX_DECODE_ATTENTION", "0", 1);
+  auto gpu_old = Gpu();
+  unsetenv("HSX_DECODE_ATTENTION");
+  std::mt19937 rng(7);
+  constexpr int kBlock = 16;
+  struct Case { int64_t d; int window; float softcap; int64_t heads, kv_heads; };
+  for (const Case& c : std::vector<Case>{{64, 0, 0, 8, 2}, {128, 0, 0, 32, 8}, {128, 500, 30, 8, 1},
+                                         {256, 0, 0, 8, 4}, {512, 0, 0, 4, 2}}) {
+    const DecodeStep step = MakeDecodeStep({3, 8191, 64, 20000, 777}, c.heads, c.kv_heads, c.d, kBlock, rng);
+    const AttentionParams params = DecodeParams(c.d, c.window, c.softcap, kBlock);
+    const std::vector<float> split = test::AsFloats(gpu->Download(GpuDecode(*gpu, step, params)));
+    const std::vector<float> old = test::AsFloats(gpu_old->Download(GpuDecode(*gpu_old, step, params)));
+    EXPECT_LE(WorstHeadError(split, old, c.d), 2e-2)
+        << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap << " heads=" << c.heads << "/"
+        << c.kv_heads;
+  }
+}
+
+// Graph-safe: a decode step captured in a CUDA graph with one set of contexts and
+// replayed after the device's seq_info changed (longer, shorter, padding) gives the
+// attention of the new contexts, so no launch parameter came from per-sequence data.
+TEST(CudaKernelTest, DecodeAttentionReplaysInCudaGraphWithNewContexts) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  std::mt19937 rng(8);
+  constexpr int kBlock = 16;
+  const int64_t heads = 16, kv_heads = 2, d = 128;
+  // The caches and block tables hold the longest contexts; the captured step sees less.
+  const std::vector<int> full = {30000, 513, 2000, 1, 9000};
+  const DecodeStep step = MakeDecodeStep(full, heads, kv_heads, d, kBlock, rng);
+  DecodeStep captured = step;
+  for (SequenceSlice& s : captured.seqs) s.ctx_len = std::max(1, s.ctx_len / 7);
+  const AttentionParams params = DecodeParams(d, 0, 0, kBlock);
+
+  const Tensor q = gpu->Upload(ToBf16(step.q)), kc = gpu->Upload(ToBf16(step.k_cache));
+  const Tensor vc = gpu->Upload(ToBf16(step.v_cache));
+  const AttentionBatch batch = MakeAttentionBatch(*gpu, captured.seqs);
+  Tensor out = Poisoned(*gpu, DType::kBF16, step.q.shape());
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  cuda::AttentionArgs a{};
+  a.q = static_cast<const cuda::bf16*>(q.raw());
+  a.k_cache = static_cast<const cuda::bf16*>(kc.raw());
+  a.v_cache = static_cast<const cuda::bf16*>(vc.raw());
+  a.out = static_cast<cuda::bf16*>(out.raw());
+  a.seq_info = batch.seq_info.data<int32_t>();
+  a.block_tables = batch.block_tables.data<int32_t>();
+  a.num_seqs = static_cast<int>(full.size());
+  a.max_q_len = 1;
+  a.num_heads = static_cast<int>(heads);
+  a.kv_heads = static_cast<int>(kv_heads);
+  a.head_dim = static_cast<int>(d);
+  a.block_size = kBlock;
+  a.scale = params.scale;
+  a.decode_splits = cuda::DecodeAttentionSplits(a.num_seqs, a.num_heads, a.kv_heads, sms);
+  ASSERT_GT(a.decode_splits, 1);
+  const Tensor workspace = gpu->Empty(
+      DType::kF32, {static_cast<int64_t>(cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, a.num_heads, a.head_dim,
+                                                                             a.decode_splits) / sizeof(float))});
+  a.decode_workspace = workspace.data<float>();
+  gpu->Synchronize();  // uploads done before another stream reads them
+
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_TRUE(cuda::Attention(a, stream));  // first use (kernel attributes) outside the capture, as a warm-up
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_TRUE(cuda::Attention(a, stream));
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+  auto replay_with = [&](const DecodeStep& now, const std::string& what) {
+    std::vector<int32_t> info;
+    for (size_t i = 0; i < now.seqs.size(); ++i)
+      info.insert(info.end(), {now.seqs[i].q_start, 1, now.seqs[i].ctx_len, batch.seq_info_host[i * 4 + 3]});
+    ASSERT_EQ(cudaMemcpyAsync(batch.seq_info.data<int32_t>(), info.data(), info.size() * sizeof(int32_t),
+                              cudaMemcpyHostToDevice, stream),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(out.raw(), 0xff, out.nbytes(), stream), cudaSuccess);  // poison again
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_LE(WorstHeadError(test::AsFloats(gpu->Download(out)), test::AsFloats(CpuDecodeReference(now, params)), d),
+              2e-2)
+        << what;
+    ExpectPaddingRowsZero(*gpu, now, out, what);
+  };
+  replay_with(captured, "as captured");
+  replay_with(step, "longer contexts");
+  DecodeStep padded = step;
+  padded.seqs[1].ctx_len = 0;
+  padded.seqs[3].ctx_len = 0;
+  replay_with(padded, "padding rows");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace

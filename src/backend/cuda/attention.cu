@@ -10,7 +10,9 @@
 #include <mma.h>
 
 #include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/dynamic_shared_memory.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_sync.cuh"
 #include "backend/cuda/online_softmax.cuh"
 
 namespace hsx::cuda {
@@ -50,37 +52,6 @@ __device__ void LoadRows(bf16* dst, int rows, int valid, int threads, RowPtr row
   }
 }
 
-// Raw tensor-core primitives (sm_80+ PTX): ldmatrix loads 8x8 b16 tiles from shared
-// memory straight into mma fragment layout; mma.sync m16n8k16 multiplies bf16 with f32
-// accumulation. Fragment layouts (g = lane / 4, t = lane % 4):
-//   A 16x16: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 8+2t..), a3 (g+8, 8+2t..)
-//   B 16x8:  b0 (k 2t..2t+1, n g), b1 (k 8+2t.., n g)
-//   C 16x8:  c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
-__device__ __forceinline__ unsigned SharedAddress(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SharedAddress(p)));
-}
-__device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SharedAddress(p)));
-}
-__device__ __forceinline__ void LoadMatrixX2(uint32_t (&r)[2], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(SharedAddress(p)));
-}
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // Query heads per block in RegisterKernel: up to 4 of a KV group.
 __host__ __device__ constexpr int HeadsPerBlock(int group) { return group % 4 == 0 ? 4 : (group % 2 == 0 ? 2 : 1); }
 
@@ -441,11 +412,7 @@ template <int D>
 void Launch(const AttentionArgs& a, cudaStream_t stream) {
   if constexpr (D <= 256) {
     constexpr size_t kSmem = RegisterKernelSharedBytes<D>();
-    static bool configured = [] {
-      cudaFuncSetAttribute(RegisterKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
-      return true;
-    }();
-    (void)configured;
+    AllowDynamicSharedMemory<RegisterKernel<D>>(kSmem);
     constexpr int kWarps = RegisterKernelWarps<D>();
     const int group = a.num_heads / a.kv_heads, per_block = HeadsPerBlock(group);
     const int block_rows = 16 * (kWarps / per_block);
@@ -454,11 +421,7 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
   } else {
     constexpr int kRows = 16 * WarpsFor<D>();
     constexpr size_t kSmem = SharedBytes<D>();
-    static bool configured = [] {
-      cudaFuncSetAttribute(SharedKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
-      return true;
-    }();
-    (void)configured;
+    AllowDynamicSharedMemory<SharedKernel<D>>(kSmem);
     const dim3 grid((a.max_q_len + kRows - 1) / kRows, a.num_heads, a.num_seqs);
     SharedKernel<D><<<grid, 32 * WarpsFor<D>(), kSmem, stream>>>(a);
   }
@@ -468,6 +431,7 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
 
 bool Attention(const AttentionArgs& a, cudaStream_t stream) {
   if (a.num_seqs == 0 || a.max_q_len == 0) return true;
+  if (a.max_q_len == 1 && a.decode_splits > 0) return AttentionDecode(a, stream);
   if (a.hopper && AttentionHopper(a, stream)) return true;
   switch (a.head_dim) {
     case 16: Launch<16>(a, stream); return true;

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/dynamic_shared_memory.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/online_softmax.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -242,11 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1) HopperKernel(AttentionArgs a, con
 bool AttentionHopper(const AttentionArgs& a, cudaStream_t stream) {
   const int group = a.num_heads / a.kv_heads;
   if (a.head_dim != kD || kRows % group != 0) return false;
-  static bool configured = [] {
-    cudaFuncSetAttribute(HopperKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes));
-    return true;
-  }();
-  (void)configured;
+  AllowDynamicSharedMemory<HopperKernel>(kSmemBytes);
   if (a.host_seq_info == nullptr) return false;
   const int tokens = kRows / group;
   const int32_t* info = a.host_seq_info;

@@ -143,6 +143,10 @@ struct CudaBackend::Impl {
   // mma.sync kernel, for comparison.
   bool hopper_attention = false;
   bool batch_invariant = false;
+  // Decode steps (one query per sequence) on the split-KV kernel; HSX_DECODE_ATTENTION=0
+  // keeps the kernels above, for comparison. Off in batch-invariant mode.
+  bool decode_attention = false;
+  int sm_count = 0;
   static constexpr size_t kWorkspaceBytes = 64ull << 20;
 
   // One matmul plan per exact shape: descriptors plus the algorithm it runs.
@@ -383,6 +387,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index, bool 
   impl->name = std::string("cuda:") + prop.name;
   const char* attention = std::getenv("HSX_ATTENTION");
   impl->hopper_attention = prop.major == 9 && !(attention && std::string(attention) == "mma");
+  const char* decode = std::getenv("HSX_DECODE_ATTENTION");
+  impl->decode_attention = !batch_invariant && !(decode && std::string(decode) == "0");
+  impl->sm_count = prop.multiProcessorCount;
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking));
   Check(cublasLtCreate(&impl->lt), "cublasLtCreate");
@@ -663,6 +670,15 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.softcap = params.softcap;
   a.hopper = impl_->hopper_attention;
   a.batch_invariant = impl_->batch_invariant;
+  Tensor workspace;  // freed after the launch: the allocator reuses memory in stream order
+  if (impl_->decode_attention && a.max_q_len == 1) {
+    a.decode_splits = cuda::DecodeAttentionSplits(a.num_seqs, a.num_heads, a.kv_heads, impl_->sm_count);
+    const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, a.num_heads, a.head_dim, a.decode_splits);
+    if (bytes > 0) {
+      workspace = Empty(DType::kF32, {static_cast<int64_t>(bytes / sizeof(float))});
+      a.decode_workspace = workspace.data<float>();
+    }
+  }
   if (!cuda::Attention(a, impl_->stream)) {
     std::fprintf(stderr, "hsx: CUDA attention supports head dims 16, 32, 64, 128, 256, 512; got %d\n", a.head_dim);
     std::abort();

@@ -8,7 +8,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/per_device.h"
+#include "backend/cuda/dynamic_shared_memory.cuh"
 
 namespace hsx::cuda {
 namespace {
@@ -398,10 +398,7 @@ void RmsNormRope(bf16* x, const bf16* w, float eps, bool one_plus_weight, const 
     std::fprintf(stderr, "hsx: RmsNormRope needs 16-byte aligned rows (head dim %ld)\n", static_cast<long>(dim));
     std::abort();
   }
-  static std::atomic<uint64_t> configured{0};
-  OncePerDevice(configured, [] {
-    cudaFuncSetAttribute(RmsNormRopeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 << 10);
-  });
+  AllowDynamicSharedMemory<RmsNormRopeKernel>(160 << 10);
   const int half = static_cast<int>(rotary_dims / 2);
   const size_t smem = heads * dim * sizeof(bf16) + (2 * half + kWarps * dim) * sizeof(float);
   if (tokens > 0 && heads > 0)

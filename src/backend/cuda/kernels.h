@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace hsx::cuda {
@@ -71,9 +72,22 @@ struct AttentionArgs {
   // Key tiles start at multiples of the tile size, not at a block's window start, so a
   // sliding-window row sees the same tiles whichever rows share its block.
   bool batch_invariant;
+  // Split-KV decode (attention_decode.cu): with decode_splits > 0, a step whose sequences
+  // all have q_len <= 1 runs there, each context cut into up to decode_splits chunks
+  // (DecodeAttentionSplits); decode_workspace holds DecodeAttentionWorkspaceBytes for
+  // the chunks' partial results. Launch shapes never depend on per-sequence data.
+  int decode_splits = 0;
+  float* decode_workspace = nullptr;
 };
-// False if head_dim is not one of 16, 32, 64, 128, 256, 512.
+// False if head_dim is not one of 16, 32, 64, 128, 256, 512 (or decode_splits is past 64).
 bool Attention(const AttentionArgs& args, cudaStream_t stream);
+// The split-KV decode kernels; false, launching nothing, unless head_dim is supported and
+// decode_splits in [1, 64].
+bool AttentionDecode(const AttentionArgs& args, cudaStream_t stream);
+// Chunks per context: about two blocks per SM over num_seqs * kv_heads; at most 64.
+int DecodeAttentionSplits(int num_seqs, int num_heads, int kv_heads, int sm_count);
+// Bytes of f32 workspace for `splits` chunks (0 for one: the kernel writes out directly).
+size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim, int splits);
 // The wgmma kernel (attention_hopper.cu); false, launching nothing, unless head_dim is
 // 128, the GQA group divides 128 and host_seq_info is given.
 bool AttentionHopper(const AttentionArgs& args, cudaStream_t stream);

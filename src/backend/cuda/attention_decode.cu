@@ -1,0 +1,386 @@
+// Split-KV ("flash decoding") attention for decode steps, where every sequence has one
+// query. attention.cu gives each (sequence, head) one block that walks the whole context,
+// which leaves most of the GPU idle for a few long sequences; here each sequence's visible
+// keys are cut into `splits` chunks, one block per (chunk, KV head, sequence), and a
+// second kernel merges the chunks' partial softmax results.
+//
+// A block serves every query head of its KV group (up to 16, the rows of one mma tile),
+// so each K/V element is read from HBM once per sequence. Key tiles stream through a
+// cp.async pipeline; each warp computes the scores of a quarter of a tile's keys
+// (S = Q K^T on mma.sync), all warps then apply the tile's online softmax to the whole
+// tile (redundantly, from shared memory), and each warp accumulates a quarter of the
+// output dims (O += P V), so the f32 accumulator fits in registers up to head dim 512.
+//
+// Graph-safe: the launch depends only on num_seqs, heads, head_dim and the split count,
+// which DecodeAttentionSplits derives from the batch's shape and the SM count; each block
+// finds its chunk from ctx_len on the device, and blocks past the last chunk exit.
+#include <algorithm>
+
+#include "backend/cuda/async_copy.cuh"
+#include "backend/cuda/dynamic_shared_memory.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_sync.cuh"
+#include "backend/cuda/online_softmax.cuh"
+
+namespace hsx::cuda {
+namespace {
+
+constexpr int kRows = 16;       // query heads per block: one mma row tile
+constexpr int kMaxSplits = 64;  // bounds the workspace and the combine's loop
+constexpr int kCombineThreads = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Warps per block: each takes D / warps output dims, at least one 16-wide mma block.
+template <int D>
+__host__ __device__ constexpr int Warps() {
+  return D >= 64 ? 4 : D / 16;
+}
+// Keys per tile: narrower tiles for wide heads so that the pipeline fits in shared memory.
+template <int D>
+__host__ __device__ constexpr int Tile() {
+  return D <= 128 ? 64 : 32;
+}
+template <int D>
+constexpr int Stages() {
+  return D <= 64 ? 4 : (D <= 256 ? 3 : 2);
+}
+template <int D>
+constexpr int Ld() {  // shared row stride in bf16: padded so ldmatrix's 8 rows hit distinct banks
+  return D + 8;
+}
+template <int D>
+constexpr int ScoreLd() {  // f32 score row stride, padded likewise
+  return Tile<D>() + 8;
+}
+template <int D>
+constexpr size_t SharedBytes() {
+  return size_t(Stages<D>()) * 2 * Tile<D>() * Ld<D>() * 2  // K and V tiles per stage
+         + size_t(kRows) * Ld<D>() * 2                      // Q
+         + size_t(kRows) * ScoreLd<D>() * 4;                // one tile's scores
+}
+
+// The keys a sequence's single query sees, [begin, end), and the chunk each split takes:
+// an equal share rounded up to whole tiles, so only the last chunk has a partial tile.
+struct Chunks {
+  int begin, end, size, count;
+};
+__device__ __forceinline__ Chunks SplitKeys(int ctx_len, int window, int splits, int tile) {
+  Chunks c;
+  c.end = ctx_len;
+  c.begin = window > 0 ? max(0, ctx_len - window) : 0;
+  const int n = max(0, c.end - c.begin);
+  c.size = ((n + splits - 1) / splits + tile - 1) / tile * tile;
+  c.count = n == 0 ? 0 : (n + c.size - 1) / c.size;
+  return c;
+}
+
+// Partial results of split s for (seq, head): the unnormalized output [D], and the
+// running max (log2 units) and sum, in a workspace of three arrays.
+struct Workspace {
+  float *o, *m, *l;
+  __device__ Workspace(const AttentionArgs& a) {
+    const int64_t rows = int64_t(a.num_seqs) * a.num_heads * a.decode_splits;
+    o = a.decode_workspace;
+    m = o + rows * a.head_dim;
+    l = m + rows;
+  }
+};
+
+template <int D>
+__global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a) {
+  constexpr int kWarps = Warps<D>(), kThreads = 32 * kWarps, kTile = Tile<D>(), kStages = Stages<D>();
+  constexpr int kLd = Ld<D>(), kSLd = ScoreLd<D>();
+  constexpr int kWarpKeys = kTile / kWarps, kWarpDims = D / kWarps;  // each warp's share
+  constexpr int kChunks = D / 8;                                     // 16-byte pieces of a row
+  // Q fragments stay in registers up to D = 256; D = 512 rereads them from shared memory.
+  constexpr bool kQInRegisters = D <= 256;
+  static_assert(kWarpKeys % 8 == 0 && kWarpDims % 16 == 0 && kThreads % kChunks == 0 &&
+                kTile % (kThreads / kChunks) == 0);
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* kv_s = reinterpret_cast<bf16*>(smem);  // per stage: K tile, then V tile
+  bf16* q_s = kv_s + kStages * 2 * kTile * kLd;
+  float* s_s = reinterpret_cast<float*>(q_s + kRows * kLd);
+
+  const int split = blockIdx.x, seq = blockIdx.z;
+  const int group = a.num_heads / a.kv_heads, row_tiles = (group + kRows - 1) / kRows;
+  const int kvh = blockIdx.y / row_tiles, head0 = kvh * group + (blockIdx.y % row_tiles) * kRows;
+  const int rows = min(kRows, kvh * group + group - head0);  // live query heads of this block
+  const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
+  const int ctx_len = a.seq_info[seq * 4 + 2], table_offset = a.seq_info[seq * 4 + 3];
+  if (q_len == 0) return;  // no query row in this step
+  const Chunks chunks = SplitKeys(ctx_len, a.sliding_window, a.decode_splits, kTile);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  bf16* out_rows = a.out + (int64_t(q_start) * a.num_heads + head0) * D;
+
+  if (chunks.count == 0) {  // a padding row (no keys): zeros, written once
+    if (split == 0)
+      for (int i = threadIdx.x; i < rows * D; i += kThreads) out_rows[i] = __float2bfloat16(0.0f);
+    return;
+  }
+  if (split >= chunks.count) return;
+  const int key_begin = chunks.begin + split * chunks.size;
+  const int key_end = min(chunks.end, key_begin + chunks.size);
+  const int num_tiles = (key_end - key_begin + kTile - 1) / kTile;
+  const int32_t* table = a.block_tables + table_offset;
+
+  // Issues the cp.async copies of a tile's keys and values into its stage; keys past
+  // key_end are zero-filled (their scores are masked, and zero values keep P V finite).
+  // Each thread copies one 16-byte column of every (kThreads / kChunks)-th row.
+  auto issue = [&](int tile) {
+    if (tile < num_tiles) {
+      bf16* k_dst = kv_s + (tile % kStages) * 2 * kTile * kLd;
+      bf16* v_dst = k_dst + kTile * kLd;
+      constexpr int kRowStep = kThreads / kChunks;
+      const int kt = key_begin + tile * kTile, c = threadIdx.x % kChunks;
+#pragma unroll
+      for (int i = 0; i < kTile / kRowStep; ++i) {  // unrolled, so the table reads overlap
+        const int r = threadIdx.x / kChunks + i * kRowStep;
+        const int p = min(kt + r, key_end - 1);
+        const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
+        const int64_t off = (slot * a.kv_heads + kvh) * D + c * 8;
+        CopyAsync16(k_dst + r * kLd + c * 8, a.k_cache + off, kt + r < key_end);
+        CopyAsync16(v_dst + r * kLd + c * 8, a.v_cache + off, kt + r < key_end);
+      }
+    }
+    CommitAsync();  // an empty group past the end keeps the wait counts uniform
+  };
+  for (int tile = 0; tile < kStages - 1; ++tile) issue(tile);
+
+  // The block's query heads, zero rows past `rows`.
+  const bf16* q_base = a.q + (int64_t(q_start) * a.num_heads + head0) * D;
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < rows) v = reinterpret_cast<const uint4*>(q_base + r * D)[c];
+    reinterpret_cast<uint4*>(q_s + r * kLd)[c] = v;
+  }
+  __syncthreads();
+  // A-operand addresses: lanes 0-15 give rows 0-15 at column 0, lanes 16-31 at column 8.
+  const bf16* q_lane = q_s + (lane % 16) * kLd + 8 * (lane / 16);
+  uint32_t q_frag[kQInRegisters ? D / 16 : 1][4];
+  if constexpr (kQInRegisters) {
+#pragma unroll
+    for (int s = 0; s < D / 16; ++s) LoadMatrixX4(q_frag[s], q_lane + 16 * s);
+  }
+
+  float o[kWarpDims / 8][4];
+#pragma unroll
+  for (int c = 0; c < kWarpDims / 8; ++c) o[c][0] = o[c][1] = o[c][2] = o[c][3] = 0.0f;
+  // Rows g and g + 8: running max (log2 units) and this lane's part of the sum; every
+  // warp computes the same values from the same scores.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float scale_log2 = a.scale * kLog2e;
+  const bool softcap = a.softcap > 0.0f;
+  const int warp_key = warp * kWarpKeys, warp_dim = warp * kWarpDims;
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    WaitAsync<kStages - 2>();
+    __syncthreads();            // this tile landed; every warp is done with the previous tile
+    issue(tile + kStages - 1);  // into the stage the previous tile used
+    const bf16* k_s = kv_s + (tile % kStages) * 2 * kTile * kLd;
+    const bf16* v_s = k_s + kTile * kLd;
+    const int valid = key_end - (key_begin + tile * kTile);  // keys of this tile, if < kTile
+
+    // S = Q K^T for this warp's keys; K rows are B's columns, so plain ldmatrix gives B.
+    float s[kWarpKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kWarpKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    if constexpr (D % 32 == 0) {
+#pragma unroll
+      for (int p = 0; p < D / 32; ++p) {
+        uint32_t qa[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (kQInRegisters) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qa[h][i] = q_frag[2 * p + h][i];
+          } else {
+            LoadMatrixX4(qa[h], q_lane + 32 * p + 16 * h);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kWarpKeys / 8; ++j) {
+          uint32_t b[4];  // keys warp_key + 8j.., dims 32p + {0, 8, 16, 24}
+          LoadMatrixX4(b, k_s + (warp_key + 8 * j + lane % 8) * kLd + 32 * p + 8 * (lane / 8));
+          Mma(s[j], qa[0], b[0], b[1]);
+          Mma(s[j], qa[1], b[2], b[3]);
+        }
+      }
+    } else {  // D == 16
+#pragma unroll
+      for (int j = 0; j < kWarpKeys / 8; ++j) {
+        uint32_t b[2];
+        LoadMatrixX2(b, k_s + (warp_key + 8 * j + lane % 8) * kLd + 8 * ((lane / 8) % 2));
+        Mma(s[j], q_frag[0], b[0], b[1]);
+      }
+    }
+    // Scaled (and softcapped) scores in log2 units, keys past the chunk masked.
+#pragma unroll
+    for (int j = 0; j < kWarpKeys / 8; ++j) {
+      const int key = warp_key + 8 * j + 2 * t;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float v = softcap ? a.softcap * tanhf(s[j][i] * a.scale / a.softcap) * kLog2e : s[j][i] * scale_log2;
+        if (key + (i & 1) >= valid) v = -INFINITY;
+        s[j][i] = v;
+      }
+      *reinterpret_cast<float2*>(s_s + g * kSLd + key) = make_float2(s[j][0], s[j][1]);
+      *reinterpret_cast<float2*>(s_s + (g + 8) * kSLd + key) = make_float2(s[j][2], s[j][3]);
+    }
+    __syncthreads();
+
+    // Online softmax over the whole tile, read back in A-fragment layout: sv[k][h][x]
+    // holds row g + 8h, keys 16k + 8x + 2t and the one after.
+    float2 sv[kTile / 16][2][2];
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int k = 0; k < kTile / 16; ++k) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          sv[k][h][x] = *reinterpret_cast<const float2*>(s_s + (g + 8 * h) * kSLd + 16 * k + 8 * x + 2 * t);
+          mx[h] = fmaxf(mx[h], fmaxf(sv[k][h][x].x, sv[k][h][x].y));
+        }
+      }
+    }
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float alpha = OnlineSoftmaxStep(mx[h], m[h], l[h], base[h]);
+#pragma unroll
+      for (int c = 0; c < kWarpDims / 8; ++c) {
+        o[c][2 * h] *= alpha;
+        o[c][2 * h + 1] *= alpha;
+      }
+    }
+    // P in A fragments; the row sums add the bf16-rounded values that P V uses.
+    uint32_t p_frag[kTile / 16][4];
+#pragma unroll
+    for (int k = 0; k < kTile / 16; ++k) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          const __nv_bfloat162 e = __floats2bfloat162_rn(Exp2(sv[k][h][x].x - base[h]), Exp2(sv[k][h][x].y - base[h]));
+          l[h] += __low2float(e) + __high2float(e);
+          p_frag[k][2 * x + h] = *reinterpret_cast<const uint32_t*>(&e);
+        }
+      }
+    }
+
+    // O += P V for this warp's dims; V rows are B's rows, so ldmatrix.trans gives B.
+#pragma unroll
+    for (int k = 0; k < kTile / 16; ++k) {
+#pragma unroll
+      for (int c = 0; c < kWarpDims / 16; ++c) {
+        uint32_t b[4];  // keys 16k.., dims warp_dim + 16c + {0, 8}
+        LoadMatrixX4Trans(b, v_s + (16 * k + lane % 16) * kLd + warp_dim + 16 * c + 8 * (lane / 16));
+        Mma(o[2 * c], p_frag[k], b[0], b[1]);
+        Mma(o[2 * c + 1], p_frag[k], b[2], b[3]);
+      }
+    }
+  }
+  WaitAsync<0>();  // no copy may still target shared memory when the block exits
+
+  // One chunk: the final output. Several: this chunk's partial results for the combine.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffff, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffff, l[h], 2);
+    const int r = g + 8 * h;
+    if (r >= rows) continue;
+    if (chunks.count == 1) {
+      const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+      bf16* out = out_rows + r * D + warp_dim + 2 * t;
+#pragma unroll
+      for (int c = 0; c < kWarpDims / 8; ++c)
+        *reinterpret_cast<__nv_bfloat162*>(out + 8 * c) =
+            __floats2bfloat162_rn(o[c][2 * h] * inv, o[c][2 * h + 1] * inv);
+    } else {
+      const Workspace ws(a);
+      const int64_t row = (int64_t(seq) * a.num_heads + head0 + r) * a.decode_splits + split;
+      float* po = ws.o + row * D + warp_dim + 2 * t;
+#pragma unroll
+      for (int c = 0; c < kWarpDims / 8; ++c)
+        *reinterpret_cast<float2*>(po + 8 * c) = make_float2(o[c][2 * h], o[c][2 * h + 1]);
+      if (warp == 0 && t == 0) {
+        ws.m[row] = m[h];
+        ws.l[row] = l[h];
+      }
+    }
+  }
+}
+
+// Merges the chunks of one (sequence, head): out = sum_s w_s o_s / sum_s w_s l_s with
+// w_s = 2^(m_s - max m). Rows of one chunk or none were written by DecodeKernel.
+template <int D>
+__global__ void __launch_bounds__(kCombineThreads) CombineKernel(AttentionArgs a) {
+  const int head = blockIdx.x, seq = blockIdx.y;
+  const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
+  const int ctx_len = a.seq_info[seq * 4 + 2];
+  const Chunks chunks = SplitKeys(ctx_len, a.sliding_window, a.decode_splits, Tile<D>());
+  if (q_len == 0 || chunks.count <= 1) return;
+  const Workspace ws(a);
+  const int64_t row0 = (int64_t(seq) * a.num_heads + head) * a.decode_splits;
+  __shared__ float weight[kMaxSplits];
+  __shared__ float inv_sum;
+  if (threadIdx.x < 32) {
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < chunks.count; s += 32) mx = fmaxf(mx, ws.m[row0 + s]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+    float sum = 0.0f;
+    for (int s = threadIdx.x; s < chunks.count; s += 32) {
+      weight[s] = exp2f(ws.m[row0 + s] - mx);
+      sum += weight[s] * ws.l[row0 + s];
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    if (threadIdx.x == 0) inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  __syncthreads();
+  bf16* out = a.out + (int64_t(q_start) * a.num_heads + head) * D;
+  for (int d = threadIdx.x; d < D; d += kCombineThreads) {
+    float acc = 0.0f;
+    for (int s = 0; s < chunks.count; ++s) acc += weight[s] * ws.o[(row0 + s) * D + d];
+    out[d] = __float2bfloat16(acc * inv_sum);
+  }
+}
+
+template <int D>
+void Launch(const AttentionArgs& a, cudaStream_t stream) {
+  constexpr size_t kSmem = SharedBytes<D>();
+  AllowDynamicSharedMemory<DecodeKernel<D>>(kSmem);
+  const int group = a.num_heads / a.kv_heads;
+  const dim3 grid(a.decode_splits, a.kv_heads * ((group + kRows - 1) / kRows), a.num_seqs);
+  DecodeKernel<D><<<grid, 32 * Warps<D>(), kSmem, stream>>>(a);
+  if (a.decode_splits > 1) CombineKernel<D><<<dim3(a.num_heads, a.num_seqs), kCombineThreads, 0, stream>>>(a);
+}
+
+}  // namespace
+
+int DecodeAttentionSplits(int num_seqs, int num_heads, int kv_heads, int sm_count) {
+  // Enough blocks for about two per SM; more only cut chunks shorter and add merging.
+  const int64_t blocks = int64_t(num_seqs) * kv_heads * ((num_heads / kv_heads + kRows - 1) / kRows);
+  if (blocks <= 0) return 1;
+  return int(std::clamp<int64_t>((2 * int64_t(sm_count) + blocks - 1) / blocks, 1, kMaxSplits));
+}
+
+size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim, int splits) {
+  if (splits <= 1) return 0;
+  return size_t(num_seqs) * num_heads * splits * (head_dim + 2) * sizeof(float);
+}
+
+bool AttentionDecode(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.decode_splits < 1 || a.decode_splits > kMaxSplits) return false;
+  switch (a.head_dim) {
+    case 16: Launch<16>(a, stream); return true;
+    case 32: Launch<32>(a, stream); return true;
+    case 64: Launch<64>(a, stream); return true;
+    case 128: Launch<128>(a, stream); return true;
+    case 256: Launch<256>(a, stream); return true;
+    case 512: Launch<512>(a, stream); return true;
+    default: return false;
+  }
+}
+
+}  // namespace hsx::cuda
