@@ -247,6 +247,9 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
   const bool max_tokens_null = body.contains("max_tokens") && body["max_tokens"].is_null();
   const std::optional<int64_t> max_tokens = f.Int("max_tokens", 0);
   const int64_t min_tokens = f.Int("min_tokens", 0).value_or(0);
+  // Absent, OpenAI's and vLLM's default: sampling at temperature 1, not greedy (the
+  // other defaults are SamplingParams' own; without a seed each choice draws a random one).
+  r.sampling.temperature = 1.0f;
   if (auto t = f.Number("temperature")) {
     if (*t < 0) return f.Refuse("temperature", "must be a number >= 0");
     r.sampling.temperature = static_cast<float>(*t);

@@ -76,7 +76,7 @@ def custom_server(tmp_path_factory):
 
 
 def greedy(server, prompt, n_tokens):
-    status, body = complete(server, {"prompt": prompt, "max_tokens": n_tokens, "ignore_eos": True,
+    status, body = complete(server, {"prompt": prompt, "max_tokens": n_tokens, "ignore_eos": True, "temperature": 0,
                                      "return_token_ids": True})
     assert status == 200, body
     return body["choices"][0]
@@ -238,7 +238,7 @@ def test_stop_strings_cut_the_text_and_end_generation(text_server):
     base = greedy(text_server, "Once upon a time", 40)
     start, stop = stop_candidate(base["text"])
     status, body = complete(text_server, {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True,
-                                          "stop": ["never-there", stop], "return_token_ids": True})
+                                          "temperature": 0, "stop": ["never-there", stop], "return_token_ids": True})
     assert status == 200, body
     choice = body["choices"][0]
     assert choice["text"] == base["text"][:start]
@@ -247,7 +247,7 @@ def test_stop_strings_cut_the_text_and_end_generation(text_server):
     assert choice["token_ids"] == base["token_ids"][:len(choice["token_ids"])]
     # include_stop_str_in_output keeps the stop string.
     status, body = complete(text_server, {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True,
-                                          "stop": stop, "include_stop_str_in_output": True})
+                                          "temperature": 0, "stop": stop, "include_stop_str_in_output": True})
     assert body["choices"][0]["text"] == base["text"][:start + len(stop)]
 
 
@@ -256,7 +256,7 @@ def test_streaming_never_sends_text_past_a_stop_string(text_server):
     start, stop = stop_candidate(base["text"])
     client = openai.Client(base_url=text_server.url + "/v1", api_key="unused")
     chunks = list(client.completions.create(model="qwen3-fixture", prompt="Once upon a time", max_tokens=40,
-                                            stream=True, stop=stop, extra_body={"ignore_eos": True}))
+                                            stream=True, stop=stop, temperature=0, extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks) == base["text"][:start]
     assert chunks[-1].choices[0].finish_reason == "stop"
 
@@ -265,7 +265,7 @@ def test_streamed_text_with_echo_equals_the_whole_text(text_server):
     base = greedy(text_server, "Once upon a time", 40)
     client = openai.Client(base_url=text_server.url + "/v1", api_key="unused")
     chunks = list(client.completions.create(model="qwen3-fixture", prompt="Once upon a time", max_tokens=40,
-                                            stream=True, echo=True, extra_body={"ignore_eos": True}))
+                                            stream=True, echo=True, temperature=0, extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks) == "Once upon a time" + base["text"]
     assert chunks[-1].choices[0].finish_reason == "length"
 
@@ -274,7 +274,7 @@ def test_stop_token_ids_and_min_tokens(server, golden):
     prompt = golden["prompt_1"].tolist()
     tokens = golden["greedy_1"].tolist()
     status, body = complete(server, {"prompt": prompt, "max_tokens": 8, "stop_token_ids": [tokens[3]],
-                                     "return_token_ids": True})
+                                     "temperature": 0, "return_token_ids": True})
     assert status == 200, body
     assert body["choices"][0]["token_ids"] == tokens[:tokens.index(tokens[3]) + 1]
     assert body["choices"][0]["finish_reason"] == "stop"
@@ -311,7 +311,8 @@ def test_n_times_prompts_beyond_the_queue_is_400(server):
 
 def test_echo_prepends_the_prompt(text_server):
     base = greedy(text_server, "Hello there", 5)
-    status, body = complete(text_server, {"prompt": "Hello there", "max_tokens": 5, "ignore_eos": True, "echo": True})
+    status, body = complete(text_server, {"prompt": "Hello there", "max_tokens": 5, "ignore_eos": True, "echo": True,
+                                          "temperature": 0})
     assert status == 200
     assert body["choices"][0]["text"] == "Hello there" + base["text"]
     ids = post(text_server.url + "/tokenize", {"prompt": "Hello there"})[1]["tokens"]
