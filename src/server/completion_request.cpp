@@ -260,7 +260,8 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
   }
   if (auto k = f.Int("top_k", -1)) r.sampling.top_k = static_cast<int>(std::min<int64_t>(*k, INT32_MAX));
   if (auto k = f.Int("logprobs", 0, kMaxLogprobs)) {
-    if (r.stream || r.echo) return f.Refuse("logprobs", "is not supported by hsx with stream or echo");
+    // With echo, OpenAI's logprobs cover the prompt's tokens too.
+    if (r.echo) return f.Refuse("logprobs", "with echo needs the prompt's logprobs, which hsx does not compute");
     r.sampling.logprobs = static_cast<int>(*k);
   }
   // vLLM's ranges; the device sampler applies them (backend/sampling.h).

@@ -373,11 +373,60 @@ def test_logprobs_are_hugging_faces_log_softmax(server, golden):
     assert set(lp["top_logprobs"][0]) == {f"token_id:{t}" for t in top5}
     for t in top5:
         assert abs(lp["top_logprobs"][0][f"token_id:{t}"] - log_softmax[t]) < 1e-4
-    # Without the parameter there are none; with stream it is refused by name.
+    # Without the parameter there are none; with echo (which needs the prompt's) it is
+    # refused by name.
     status, body = complete(server, {"prompt": [1, 2], "max_tokens": 1})
     assert body["choices"][0]["logprobs"] is None
-    assert "logprobs" in assert_400(server, {"prompt": [1, 2], "max_tokens": 1, "logprobs": 1, "stream": True},
-                                    "logprobs")
+    for stream in (False, True):
+        assert "prompt's logprobs" in assert_400(
+            server, {"prompt": [1, 2], "max_tokens": 1, "logprobs": 1, "echo": True, "stream": stream}, "logprobs")
+
+
+def joined_stream_logprobs(chunks):
+    """A stream's logprobs joined over its chunks. Each chunk carries those of its own
+    tokens, its text_offsets by vLLM's rule: the first at the characters of text sent
+    before the chunk, each next one after the text of the token before."""
+    joined = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    sent = 0
+    for chunk in chunks:
+        choice = chunk.choices[0]
+        lp = choice.logprobs
+        if lp is None:
+            assert not getattr(choice, "token_ids", None), "a chunk with tokens but no logprobs"
+        else:
+            assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == \
+                len(choice.token_ids or [])
+            offset = sent
+            for token, at in zip(lp.tokens, lp.text_offset):
+                assert at == offset, (lp.tokens, lp.text_offset, sent)
+                offset += len(token)
+            for key in joined:
+                joined[key] += getattr(lp, key)
+        sent += len(choice.text)
+    return joined
+
+
+@pytest.mark.parametrize("which,prompt", [("server", list(range(1, 13))), ("text_server", "Once upon a time")])
+def test_streamed_logprobs_equal_the_non_streamed_ones(request, which, prompt):
+    # Prompts shorter than a KV block, so neither request reuses the other's cached prefix
+    # and both compute the same logits bit for bit.
+    s = request.getfixturevalue(which)
+    client = openai.Client(base_url=s.url + "/v1", api_key="unused")
+    args = dict(model="qwen3-fixture", prompt=prompt, max_tokens=10, logprobs=3, seed=11,
+                extra_body={"ignore_eos": True, "return_token_ids": True})
+    whole = client.completions.create(**args).choices[0]
+    chunks = list(client.completions.create(stream=True, **args))
+    assert [t for c in chunks for t in (getattr(c.choices[0], "token_ids", None) or [])] == whole.token_ids
+    assert len(whole.token_ids) == 10
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    joined = joined_stream_logprobs(chunks)
+    for key in ("tokens", "token_logprobs", "top_logprobs"):
+        assert joined[key] == getattr(whole.logprobs, key), key
+    assert whole.logprobs.text_offset[0] == 0
+    if which == "server":  # token_id:<id> texts never collide: the drawn token and 3 others
+        assert all(3 <= len(top) <= 4 for top in joined["top_logprobs"])
+        assert whole.logprobs.tokens == [f"token_id:{t}" for t in whole.token_ids]
 
 
 def test_stream_options_include_usage(server, golden):
@@ -421,3 +470,4 @@ def test_text_that_cannot_fit_is_refused_before_tokenizing(text_server):
     # Text that passes the byte bound is still measured in tokens, in vLLM's words.
     message = assert_400(text_server, {"prompt": "word " * 1000, "max_tokens": 1}, "prompt")
     assert "maximum context length is 256 tokens" in message, message
+
