@@ -48,6 +48,7 @@ struct CompletionRequest {
   bool echo = false;
   bool return_token_ids = false;
   bool ignore_eos = false;
+  bool add_special_tokens = true;  // text prompts get the tokenizer's BOS/EOS, as in vLLM
   int min_tokens = 0;
   std::vector<std::string> stop;
   bool include_stop_str_in_output = false;

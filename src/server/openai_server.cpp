@@ -212,7 +212,13 @@ void OpenAiServer::Routes() {
     if (!body.is_object() || !body.contains("prompt") || !body["prompt"].is_string()) {
       return ReplyError(res, 400, "expected a JSON object with a string field 'prompt'", "prompt");
     }
-    auto ids = tokenizer_->Encode(body["prompt"].get<std::string>());
+    // vLLM's add_special_tokens: true (the default) adds the tokenizer's BOS/EOS.
+    const auto add_special = body.find("add_special_tokens");
+    const bool absent = add_special == body.end() || add_special->is_null();
+    if (!absent && !add_special->is_boolean()) {
+      return ReplyError(res, 400, "'add_special_tokens' must be true or false", "add_special_tokens");
+    }
+    auto ids = tokenizer_->Encode(body["prompt"].get<std::string>(), absent || add_special->get<bool>());
     if (!ids.ok()) return ReplyError(res, 400, ids.status().message(), "prompt");
     ReplyJson(res, {{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", config_.max_model_len}});
   });

@@ -2,6 +2,7 @@
 request is refused alone with an OpenAI-style error that names the field, nothing runs or
 is written for a refused request, and the server stays up; what hsx implements of OpenAI's
 completion parameters (stop, stop_token_ids, min_tokens, n, echo) behaves as vLLM's."""
+import fcntl
 import json
 import os
 import pathlib
@@ -14,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import MODEL, Server
+from conftest import MODEL, Server, read_safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "tests" / "data" / "tokenizers" / "bpe_qwen2" / "tokenizer.json"
@@ -63,6 +64,29 @@ def text_server(tmp_path_factory):
     config.update(vocab_size=3000, max_position_embeddings=TEXT_MODEL_LEN)
     (model / "config.json").write_text(json.dumps(config))
     (model / "tokenizer.json").write_bytes(TOKENIZER.read_bytes())
+    s = Server(tmp, "--load-format", "dummy", model=model)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def bos_server(tmp_path_factory):
+    """text_server's model with a tokenizer whose post-processor adds a BOS (<|endoftext|>,
+    id 0) to every encoding, as Llama 3's and Gemma's do."""
+    tmp = tmp_path_factory.mktemp("bos-serve")
+    model = tmp / "model"
+    model.mkdir()
+    config = json.loads((MODEL / "config.json").read_text())
+    config.update(vocab_size=3000, max_position_embeddings=TEXT_MODEL_LEN)
+    (model / "config.json").write_text(json.dumps(config))
+    tokenizer = json.loads(TOKENIZER.read_text())
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
     s = Server(tmp, "--load-format", "dummy", model=model)
     yield s
     s.stop()
@@ -471,3 +495,44 @@ def test_text_that_cannot_fit_is_refused_before_tokenizing(text_server):
     message = assert_400(text_server, {"prompt": "word " * 1000, "max_tokens": 1}, "prompt")
     assert "maximum context length is 256 tokens" in message, message
 
+
+# 14. add_special_tokens (vLLM's extra parameter, true by default): false encodes text
+# prompts without the tokenizer's post-processor tokens.
+
+def read_file_when_complete(path):
+    with open(path + ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        return read_safetensors(path)
+
+
+def test_add_special_tokens_false_leaves_out_the_bos(bos_server):
+    text = "Once upon a time"
+    choices = {}
+    for add in (None, True, False):
+        body = {"prompt": text, "max_tokens": 1, "return_token_ids": True}
+        if add is not None:
+            body["add_special_tokens"] = add
+        status, res = complete(bos_server, body)
+        assert status == 200, res
+        choice = res["choices"][0]
+        assert res["usage"]["prompt_tokens"] == len(choice["prompt_token_ids"])
+        file = read_file_when_complete(choice["kv_transfer_params"]["hidden_states_path"])
+        assert file["token_ids"].tolist() == choice["prompt_token_ids"]
+        choices[add] = choice["prompt_token_ids"]
+    assert choices[None] == choices[True] == [0] + choices[False]
+    # HF's tokenizers, which vLLM calls, agrees.
+    tokenizers = pytest.importorskip("tokenizers")
+    hf = tokenizers.Tokenizer.from_file(str(bos_server.storage.parent / "model" / "tokenizer.json"))
+    assert choices[True] == hf.encode(text).ids and choices[False] == hf.encode(text, add_special_tokens=False).ids
+    # /tokenize takes the same field; token-id prompts are taken as they are either way.
+    assert post(bos_server.url + "/tokenize", {"prompt": text})[1]["tokens"] == choices[True]
+    assert post(bos_server.url + "/tokenize", {"prompt": text, "add_special_tokens": False})[1]["tokens"] == \
+        choices[False]
+    for add in (True, False):
+        status, res = complete(bos_server, {"prompt": [5, 6], "max_tokens": 1, "return_token_ids": True,
+                                            "add_special_tokens": add})
+        assert res["choices"][0]["prompt_token_ids"] == [5, 6]
+    assert "add_special_tokens" in assert_400(bos_server, {"prompt": text, "add_special_tokens": "no"},
+                                              "add_special_tokens")
+    code, err = post(bos_server.url + "/tokenize", {"prompt": text, "add_special_tokens": 0})
+    assert code == 400 and err["error"]["param"] == "add_special_tokens", err
