@@ -266,7 +266,7 @@ void OpenAiServer::Routes() {
         requests.push_back(std::move(r));
       }
     }
-    if (c.stream) return Stream(std::move(requests[0]), paths[0], c, res);
+    if (c.stream) return Stream(std::move(requests[0]), paths[0], c, req, res);
 
     // Each choice finishes through its own promise. Its text is built from its tokens
     // once it is done, or, with stop strings, on the engine thread as they arrive (a stop
@@ -431,9 +431,12 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
 // shape (text held back while it could still become a stop string; with logprobs, the
 // logprobs of the chunk's tokens, as vLLM sends them), then a chunk with the finish
 // reason (and kv_transfer_params), the usage chunk when asked for, then [DONE]. A client
-// that goes away cancels its request, which frees its KV blocks.
+// that goes away cancels its request, which frees its KV blocks: a write fails, or,
+// while there is nothing to write (a long prefill, tokens held for their logprobs), the
+// watch on its socket says so. `req` outlives the content provider (cpp-httplib writes
+// the response before its process_request returns).
 void OpenAiServer::Stream(Request request, const std::string& path, const CompletionRequest& c,
-                          httplib::Response& res) {
+                          const httplib::Request& req, httplib::Response& res) {
   struct State {
     std::mutex mu;
     std::condition_variable cv;
@@ -486,6 +489,7 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
   const bool return_token_ids = c.return_token_ids, include_usage = c.include_usage;
   const bool logprobs = c.sampling.logprobs >= 0;
   const int64_t prompt_tokens = static_cast<int64_t>(c.prompts[0].ids.size());
+  auto client = std::make_shared<ClientWatch>(req);
   res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
     try {
       std::unique_lock<std::mutex> lock(state->mu);
@@ -493,7 +497,16 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
       auto sendable = [&] {
         return logprobs ? std::min(state->tokens.size(), state->logprobs.size()) : state->tokens.size();
       };
-      state->cv.wait(lock, [&] { return state->finished || sendable() > state->sent_tokens; });
+      while (!state->cv.wait_for(lock, std::chrono::milliseconds(50),
+                                 [&] { return state->finished || sendable() > state->sent_tokens; })) {
+        lock.unlock();  // finding the socket reads /proc: never with the engine thread waiting
+        const bool gone = client->Gone();
+        lock.lock();
+        if (gone) {
+          engine_.Abort(id);
+          return false;
+        }
+      }
       auto chunk = [&](json choices, json usage = nullptr) {
         json body = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", config_.model_name},
                      {"choices", std::move(choices)}};

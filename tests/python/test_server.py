@@ -132,6 +132,31 @@ def test_a_client_that_disconnects_frees_its_blocks(server):
     assert metric(server, finished) == finished_before
 
 
+def test_a_streaming_client_that_leaves_before_any_chunk_is_cancelled(server):
+    # With logprobs a stream holds its tokens until their logprobs are in, so no write
+    # can fail: the server must notice the closed socket itself.
+    import http.client
+    failed = 'hsx_requests_total{status="failed"}'
+    finished = 'hsx_requests_total{status="finished"}'
+    failed_before, finished_before = metric(server, failed), metric(server, finished)
+    steps_before = metric(server, "hsx_computed_tokens_total")
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": [5] * 300, "max_tokens": 3700, "stream": True,
+                                                        "ignore_eos": True, "logprobs": 2}),
+                 {"Content-Type": "application/json"})
+    assert conn.getresponse().status == 200
+    for _ in range(100):  # until generation is under way
+        if metric(server, "hsx_computed_tokens_total") > steps_before + 300:
+            break
+        time.sleep(0.05)
+    conn.sock.close()
+    conn.close()
+    assert_idle_soon(server)
+    assert metric(server, failed) == failed_before + 1
+    assert metric(server, finished) == finished_before
+    assert metric(server, "hsx_computed_tokens_total") < steps_before + 300 + 3000
+
+
 def test_a_non_streaming_client_that_disconnects_is_cancelled(server):
     import socket
     failed = 'hsx_requests_total{status="failed"}'
