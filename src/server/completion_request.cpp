@@ -97,9 +97,9 @@ const std::set<std::string>& KnownFields() {
       "top_k", "ignore_eos", "min_tokens", "stop_token_ids", "include_stop_str_in_output", "return_token_ids",
       "kv_transfer_params", "use_beam_search", "min_p", "repetition_penalty", "length_penalty", "allowed_token_ids",
       "prompt_logprobs", "truncate_prompt_tokens", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-      "response_format", "logits_processors", "prompt_embeds", "priority",
+      "response_format", "logits_processors", "prompt_embeds", "priority", "add_special_tokens",
       // vLLM's extras that do not change what hsx computes
-      "request_id", "cache_salt", "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens",
+      "request_id", "cache_salt", "skip_special_tokens", "spaces_between_special_tokens",
       "return_tokens_as_token_ids", "guided_decoding_backend", "guided_whitespace_pattern", "vllm_xargs"};
   return kKnown;
 }
@@ -151,9 +151,10 @@ std::string PromptTooLong(size_t tokens, int max_model_len) {
          std::to_string(tokens) + " input tokens. Please reduce the length of the input messages.";
 }
 
-// One prompt: text or token ids. `what` names it in errors ("prompt", "prompt[3]").
+// One prompt: text (encoded with the tokenizer's special tokens or without) or token ids
+// (taken as they are, as vLLM takes them). `what` names it in errors ("prompt", "prompt[3]").
 std::optional<RequestError> ReadPrompt(const json& p, const std::string& what, const CompletionLimits& limits,
-                                       CompletionRequest::Prompt& out) {
+                                       bool add_special_tokens, CompletionRequest::Prompt& out) {
   auto fail = [&](const std::string& message) { return RequestError{400, what + ": " + message, "prompt"}; };
   auto too_long = [&](size_t tokens) { return static_cast<int64_t>(tokens) > limits.max_model_len; };
   if (p.is_string()) {
@@ -166,7 +167,7 @@ std::optional<RequestError> ReadPrompt(const json& p, const std::string& what, c
                   std::to_string(limits.max_prompt_bytes) + " bytes can hold in max_model_len " +
                   std::to_string(limits.max_model_len) + " tokens");
     }
-    auto ids = limits.tokenizer->Encode(out.text);
+    auto ids = limits.tokenizer->Encode(out.text, add_special_tokens);
     if (!ids.ok()) return fail(ids.status().message());
     out.ids = std::move(ids).value();
   } else if (p.is_array()) {
@@ -240,6 +241,7 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
   r.return_token_ids = f.Bool("return_token_ids").value_or(false);
   r.ignore_eos = f.Bool("ignore_eos").value_or(false);
   r.include_stop_str_in_output = f.Bool("include_stop_str_in_output").value_or(false);
+  r.add_special_tokens = f.Bool("add_special_tokens").value_or(true);
   r.n = static_cast<int>(f.Int("n", 1, INT32_MAX).value_or(1));
   if (auto best_of = f.Int("best_of", 1, INT32_MAX); best_of && *best_of != r.n) {
     return RequestError{400, "'best_of' other than n is not supported by hsx", "best_of"};
@@ -247,6 +249,9 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
   const bool max_tokens_null = body.contains("max_tokens") && body["max_tokens"].is_null();
   const std::optional<int64_t> max_tokens = f.Int("max_tokens", 0);
   const int64_t min_tokens = f.Int("min_tokens", 0).value_or(0);
+  // Absent, OpenAI's and vLLM's default: sampling at temperature 1, not greedy (the
+  // other defaults are SamplingParams' own; without a seed each choice draws a random one).
+  r.sampling.temperature = 1.0f;
   if (auto t = f.Number("temperature")) {
     if (*t < 0) return f.Refuse("temperature", "must be a number >= 0");
     r.sampling.temperature = static_cast<float>(*t);
@@ -257,7 +262,8 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
   }
   if (auto k = f.Int("top_k", -1)) r.sampling.top_k = static_cast<int>(std::min<int64_t>(*k, INT32_MAX));
   if (auto k = f.Int("logprobs", 0, kMaxLogprobs)) {
-    if (r.stream || r.echo) return f.Refuse("logprobs", "is not supported by hsx with stream or echo");
+    // With echo, OpenAI's logprobs cover the prompt's tokens too.
+    if (r.echo) return f.Refuse("logprobs", "with echo needs the prompt's logprobs, which hsx does not compute");
     r.sampling.logprobs = static_cast<int>(*k);
   }
   // vLLM's ranges; the device sampler applies them (backend/sampling.h).
@@ -352,7 +358,7 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
   for (size_t i = 0; i < count; ++i) {
     auto& p = r.prompts[i];
     const std::string what = batch ? "prompt[" + std::to_string(i) + "]" : "prompt";
-    if (auto e = ReadPrompt(batch ? prompt[i] : prompt, what, limits, p)) return *e;
+    if (auto e = ReadPrompt(batch ? prompt[i] : prompt, what, limits, r.add_special_tokens, p)) return *e;
     const int64_t room = limits.max_model_len - static_cast<int64_t>(p.ids.size());
     const int64_t wanted = max_tokens ? *max_tokens : max_tokens_null ? room : kDefaultMaxTokens;
     if (wanted > room) {

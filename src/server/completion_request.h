@@ -48,11 +48,12 @@ struct CompletionRequest {
   bool echo = false;
   bool return_token_ids = false;
   bool ignore_eos = false;
+  bool add_special_tokens = true;  // text prompts get the tokenizer's BOS/EOS, as in vLLM
   int min_tokens = 0;
   std::vector<std::string> stop;
   bool include_stop_str_in_output = false;
   std::vector<int32_t> stop_token_ids;  // the client's, beside the model's EOS
-  SamplingParams sampling;
+  SamplingParams sampling;  // OpenAI's and vLLM's defaults: temperature 1, top_p 1, no top_k, min_p 0, random seed
   bool include_output_tokens = false;
   std::string hidden_states_name;  // a client-chosen file name inside the storage directory
   std::vector<std::string> ignored_fields;  // unknown top-level fields (shortened), for the log

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <string_view>
 
 #include "capture/file_lock.h"
 #include "capture/hidden_states_file.h"
@@ -36,6 +38,11 @@ void ReplyError(httplib::Response& res, int code, const std::string& message, co
 void ReplyJson(httplib::Response& res, const json& body) {
   res.status = 200;
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+// Characters of valid UTF-8 text (what Python's len counts): its bytes that start one.
+int64_t CharCount(std::string_view text) {
+  return std::count_if(text.begin(), text.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
 }
 
 int64_t Now() {
@@ -205,7 +212,13 @@ void OpenAiServer::Routes() {
     if (!body.is_object() || !body.contains("prompt") || !body["prompt"].is_string()) {
       return ReplyError(res, 400, "expected a JSON object with a string field 'prompt'", "prompt");
     }
-    auto ids = tokenizer_->Encode(body["prompt"].get<std::string>());
+    // vLLM's add_special_tokens: true (the default) adds the tokenizer's BOS/EOS.
+    const auto add_special = body.find("add_special_tokens");
+    const bool absent = add_special == body.end() || add_special->is_null();
+    if (!absent && !add_special->is_boolean()) {
+      return ReplyError(res, 400, "'add_special_tokens' must be true or false", "add_special_tokens");
+    }
+    auto ids = tokenizer_->Encode(body["prompt"].get<std::string>(), absent || add_special->get<bool>());
     if (!ids.ok()) return ReplyError(res, 400, ids.status().message(), "prompt");
     ReplyJson(res, {{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", config_.max_model_len}});
   });
@@ -253,7 +266,7 @@ void OpenAiServer::Routes() {
         requests.push_back(std::move(r));
       }
     }
-    if (c.stream) return Stream(std::move(requests[0]), paths[0], c, res);
+    if (c.stream) return Stream(std::move(requests[0]), paths[0], c, req, res);
 
     // Each choice finishes through its own promise. Its text is built from its tokens
     // once it is done, or, with stop strings, on the engine thread as they arrive (a stop
@@ -305,7 +318,8 @@ void OpenAiServer::Routes() {
       texts[i]->Finish();
       const auto& prompt = c.prompts[i / static_cast<size_t>(c.n)];
       json choice = {{"index", i}, {"text", (c.echo ? PromptText(prompt) : "") + texts[i]->text()},
-                     {"logprobs", c.sampling.logprobs >= 0 ? LogprobsJson(*r.seq) : json()},
+                     {"logprobs", c.sampling.logprobs >= 0
+                                      ? LogprobsJson(out, r.seq->logprobs, 0, out.size(), 0) : json()},
                      {"finish_reason", r.seq->stopped() ? "stop" : "length"}};
       if (c.return_token_ids) {
         choice["prompt_token_ids"] = prompt.ids;
@@ -355,13 +369,15 @@ std::string OpenAiServer::PromptText(const CompletionRequest::Prompt& prompt) co
   return text.ok() ? *text : "";
 }
 
-// A finished request: with extraction on, lock its file (before the response names it)
-// and queue the write, which releases the lock when the file is complete.
-// OpenAI's completion logprobs: per generated token its text, its raw logprob, the top
-// ones (with the drawn token, as vLLM returns them) and its offset in the choice's text.
-// Token texts are decoded one token at a time; without a tokenizer they read
-// "token_id:<id>", as vLLM's return_tokens_as_token_ids writes them.
-nlohmann::json OpenAiServer::LogprobsJson(const Sequence& seq) const {
+// OpenAI's completion logprobs for tokens [first, end): per token its text, its raw
+// logprob, the top ones (with the drawn token, as vLLM returns them) and its offset in the
+// choice's text, counted in characters as vLLM counts them: `text_offset` for the first,
+// then each token's text after the one before (a stream starts each chunk at the
+// characters it has sent). Token texts are decoded one token at a time; without a
+// tokenizer they read "token_id:<id>", as vLLM's return_tokens_as_token_ids writes them.
+nlohmann::json OpenAiServer::LogprobsJson(const std::vector<int32_t>& generated,
+                                          const std::vector<Sequence::TokenLogprobs>& logprobs, size_t first,
+                                          size_t end, int64_t text_offset) const {
   auto text_of = [&](int32_t id) {
     if (tokenizer_ != nullptr) {
       if (auto text = tokenizer_->Decode({id}); text.ok()) return *text;
@@ -369,22 +385,22 @@ nlohmann::json OpenAiServer::LogprobsJson(const Sequence& seq) const {
     return "token_id:" + std::to_string(id);
   };
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
-  const std::vector<int32_t> out = seq.generated();
-  size_t offset = 0;
-  for (size_t i = 0; i < out.size() && i < seq.logprobs.size(); ++i) {
-    const std::string text = text_of(out[i]);
+  for (size_t i = first; i < end && i < generated.size() && i < logprobs.size(); ++i) {
+    const std::string text = text_of(generated[i]);
     tokens.push_back(text);
-    token_logprobs.push_back(seq.logprobs[i].logprob);
+    token_logprobs.push_back(logprobs[i].logprob);
     json entries = json::object();
-    for (const auto& [id, lp] : seq.logprobs[i].top) entries[text_of(id)] = lp;
-    entries[text] = seq.logprobs[i].logprob;
+    for (const auto& [id, lp] : logprobs[i].top) entries[text_of(id)] = lp;
+    entries[text] = logprobs[i].logprob;
     top.push_back(std::move(entries));
-    offsets.push_back(offset);
-    offset += text.size();
+    offsets.push_back(text_offset);
+    text_offset += CharCount(text);
   }
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
+// A finished request: with extraction on, lock its file (before the response names it)
+// and queue the write, which releases the lock when the file is complete.
 OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_ptr<Sequence> seq,
                                               const std::string& path) {
   Completion c{status, std::move(seq), path, !status.ok() && cut_short_};  // failed by StopNow: not the client's fault
@@ -412,19 +428,28 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
 }
 
 // stream: true as server-sent events, one chunk per token in OpenAI's completion-chunk
-// shape (text held back while it could still become a stop string), then a chunk with
-// the finish reason (and kv_transfer_params), the usage chunk when asked for, then [DONE].
-// A client that goes away cancels its request, which frees its KV blocks.
+// shape (text held back while it could still become a stop string; with logprobs, the
+// logprobs of the chunk's tokens, as vLLM sends them), then a chunk with the finish
+// reason (and kv_transfer_params), the usage chunk when asked for, then [DONE]. A client
+// that goes away cancels its request, which frees its KV blocks: a write fails, or,
+// while there is nothing to write (a long prefill, tokens held for their logprobs), the
+// watch on its socket says so. `req` outlives the content provider (cpp-httplib writes
+// the response before its process_request returns).
 void OpenAiServer::Stream(Request request, const std::string& path, const CompletionRequest& c,
-                          httplib::Response& res) {
+                          const httplib::Request& req, httplib::Response& res) {
   struct State {
     std::mutex mu;
     std::condition_variable cv;
     std::vector<int32_t> tokens;
+    // Their logprobs, when asked for. The engine's on_token passes only the token, so
+    // these come with the finished sequence and a stream with logprobs holds its tokens
+    // (and their text) until then.
+    std::vector<Sequence::TokenLogprobs> logprobs;
     std::unique_ptr<CompletionText> text;
     bool finished = false;
     Completion result;
     size_t sent_tokens = 0, sent_text = 0;
+    int64_t sent_chars = 0;  // characters of sent_text, where the next chunk's text_offset starts
     size_t decoded = 0;  // tokens given to `text`
     bool echoed = false;
   };
@@ -450,6 +475,7 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
                                                                               std::unique_ptr<Sequence> seq) {
     Completion done = Finish(status, std::move(seq), path);
     std::lock_guard<std::mutex> lock(state->mu);
+    if (done.seq) state->logprobs = done.seq->logprobs;
     state->result = std::move(done);
     state->finished = true;
     state->cv.notify_one();
@@ -461,11 +487,26 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
   const int64_t created = Now();
   const std::string echo = c.echo ? PromptText(c.prompts[0]) : "";
   const bool return_token_ids = c.return_token_ids, include_usage = c.include_usage;
+  const bool logprobs = c.sampling.logprobs >= 0;
   const int64_t prompt_tokens = static_cast<int64_t>(c.prompts[0].ids.size());
+  auto client = std::make_shared<ClientWatch>(req);
   res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
     try {
       std::unique_lock<std::mutex> lock(state->mu);
-      state->cv.wait(lock, [&] { return state->finished || state->tokens.size() > state->sent_tokens; });
+      // Tokens go out once their logprobs (when asked for) are known, and their text with them.
+      auto sendable = [&] {
+        return logprobs ? std::min(state->tokens.size(), state->logprobs.size()) : state->tokens.size();
+      };
+      while (!state->cv.wait_for(lock, std::chrono::milliseconds(50),
+                                 [&] { return state->finished || sendable() > state->sent_tokens; })) {
+        lock.unlock();  // finding the socket reads /proc: never with the engine thread waiting
+        const bool gone = client->Gone();
+        lock.lock();
+        if (gone) {
+          engine_.Abort(id);
+          return false;
+        }
+      }
       auto chunk = [&](json choices, json usage = nullptr) {
         json body = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", config_.model_name},
                      {"choices", std::move(choices)}};
@@ -476,22 +517,28 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
       const Completion& result = state->result;
       const bool write_failed = done && result.status.ok() && result.written.valid() && !result.written.get().ok();
       const bool failed = done && (!result.status.ok() || write_failed);
-      for (; state->decoded < state->tokens.size(); ++state->decoded) state->text->Add(state->tokens[state->decoded]);
+      const size_t ready_tokens = sendable();
+      const bool held = ready_tokens < state->tokens.size();
+      for (; state->decoded < ready_tokens; ++state->decoded) state->text->Add(state->tokens[state->decoded]);
       if (done && !failed) state->text->Finish();
       std::string out;
       const std::string& text = state->text->text();
-      const size_t ready = failed ? state->sent_text : state->text->ready();
-      if (state->tokens.size() > state->sent_tokens || ready > state->sent_text || (!echo.empty() && !state->echoed)) {
-        json choice = {{"index", 0},
-                       {"text", (state->echoed ? "" : echo) + text.substr(state->sent_text, ready - state->sent_text)},
-                       {"logprobs", nullptr}, {"finish_reason", nullptr}};
+      const size_t ready = failed || held ? state->sent_text : state->text->ready();
+      if (ready_tokens > state->sent_tokens || ready > state->sent_text || (!echo.empty() && !state->echoed)) {
+        const std::string delta = (state->echoed ? "" : echo) + text.substr(state->sent_text, ready - state->sent_text);
+        json choice = {{"index", 0}, {"text", delta},
+                       {"logprobs", logprobs ? LogprobsJson(state->tokens, state->logprobs, state->sent_tokens,
+                                                            ready_tokens, state->sent_chars)
+                                             : json()},
+                       {"finish_reason", nullptr}};
         if (return_token_ids) {
           choice["token_ids"] = std::vector<int32_t>(state->tokens.begin() + static_cast<int64_t>(state->sent_tokens),
-                                                     state->tokens.end());
+                                                     state->tokens.begin() + static_cast<int64_t>(ready_tokens));
         }
         out += chunk(json::array({std::move(choice)}));
-        state->sent_tokens = state->tokens.size();
+        state->sent_tokens = ready_tokens;
         state->sent_text = ready;
+        state->sent_chars += CharCount(delta);
         state->echoed = true;
       }
       if (failed) {

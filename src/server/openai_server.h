@@ -17,6 +17,7 @@
 #include "tokenizer/tokenizer.h"
 
 namespace httplib {
+struct Request;
 struct Response;
 }
 
@@ -67,8 +68,10 @@ class OpenAiServer {
     std::shared_future<Status> written;  // the file's write, when there is one
   };
   Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& path);
-  nlohmann::json LogprobsJson(const Sequence& seq) const;
-  void Stream(Request request, const std::string& path, const CompletionRequest& c, httplib::Response& res);
+  nlohmann::json LogprobsJson(const std::vector<int32_t>& generated, const std::vector<Sequence::TokenLogprobs>& logprobs,
+                              size_t first, size_t end, int64_t text_offset) const;
+  void Stream(Request request, const std::string& path, const CompletionRequest& c, const httplib::Request& req,
+              httplib::Response& res);
   Request EngineRequest(const CompletionRequest& c, size_t p, int j, std::string id) const;
   static CompletionText::Options TextOptions(const CompletionRequest& c, const Request& r);
   std::string PromptText(const CompletionRequest::Prompt& prompt) const;

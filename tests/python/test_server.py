@@ -74,7 +74,7 @@ def test_openai_client_generates_the_golden_greedy_tokens(server, golden):
     client = openai.Client(base_url=server.url + "/v1", api_key="unused")
     assert [m.id for m in client.models.list().data] == ["qwen3-fixture"]
     prompts = [golden[f"prompt_{k}"].tolist() for k in range(3)]
-    res = client.completions.create(model="qwen3-fixture", prompt=prompts, max_tokens=8,
+    res = client.completions.create(model="qwen3-fixture", prompt=prompts, max_tokens=8, temperature=0,
                                     extra_body={"return_token_ids": True})
     assert len(res.choices) == 3
     for k, choice in enumerate(res.choices):
@@ -102,7 +102,7 @@ def assert_idle_soon(server):
 def test_streaming_with_the_openai_client(server, golden):
     client = openai.Client(base_url=server.url + "/v1", api_key="unused")
     chunks = list(client.completions.create(model="qwen3-fixture", prompt=golden["prompt_2"].tolist(), max_tokens=8,
-                                            stream=True, extra_body={"return_token_ids": True}))
+                                            stream=True, temperature=0, extra_body={"return_token_ids": True}))
     tokens = [t for c in chunks for t in (getattr(c.choices[0], "token_ids", None) or [])]
     assert tokens == golden["greedy_2"].tolist()
     assert chunks[-1].choices[0].finish_reason == "length"
@@ -118,7 +118,8 @@ def test_a_client_that_disconnects_frees_its_blocks(server):
     finished = 'hsx_requests_total{status="finished"}'
     failed_before, finished_before = metric(server, failed), metric(server, finished)
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-    conn.request("POST", "/v1/completions", json.dumps({"prompt": [5] * 300, "max_tokens": 3700, "stream": True}),
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": [5] * 300, "max_tokens": 3700, "stream": True,
+                                                        "ignore_eos": True}),
                  {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200
@@ -131,13 +132,38 @@ def test_a_client_that_disconnects_frees_its_blocks(server):
     assert metric(server, finished) == finished_before
 
 
+def test_a_streaming_client_that_leaves_before_any_chunk_is_cancelled(server):
+    # With logprobs a stream holds its tokens until their logprobs are in, so no write
+    # can fail: the server must notice the closed socket itself.
+    import http.client
+    failed = 'hsx_requests_total{status="failed"}'
+    finished = 'hsx_requests_total{status="finished"}'
+    failed_before, finished_before = metric(server, failed), metric(server, finished)
+    steps_before = metric(server, "hsx_computed_tokens_total")
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": [5] * 300, "max_tokens": 3700, "stream": True,
+                                                        "ignore_eos": True, "logprobs": 2}),
+                 {"Content-Type": "application/json"})
+    assert conn.getresponse().status == 200
+    for _ in range(100):  # until generation is under way
+        if metric(server, "hsx_computed_tokens_total") > steps_before + 300:
+            break
+        time.sleep(0.05)
+    conn.sock.close()
+    conn.close()
+    assert_idle_soon(server)
+    assert metric(server, failed) == failed_before + 1
+    assert metric(server, finished) == finished_before
+    assert metric(server, "hsx_computed_tokens_total") < steps_before + 300 + 3000
+
+
 def test_a_non_streaming_client_that_disconnects_is_cancelled(server):
     import socket
     failed = 'hsx_requests_total{status="failed"}'
     finished = 'hsx_requests_total{status="finished"}'
     failed_before, finished_before = metric(server, failed), metric(server, finished)
     steps_before = metric(server, "hsx_computed_tokens_total")
-    body = json.dumps({"prompt": [5] * 300, "max_tokens": 3700}).encode()
+    body = json.dumps({"prompt": [5] * 300, "max_tokens": 3700, "ignore_eos": True}).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -170,7 +196,7 @@ def test_a_kept_alive_client_waiting_for_a_long_answer_gets_it(server, golden):
 def test_include_output_tokens_saves_prompt_and_generated_but_last(server, golden):
     client = openai.Client(base_url=server.url + "/v1", api_key="unused")
     prompt = golden["prompt_1"].tolist()
-    res = client.completions.create(model="qwen3-fixture", prompt=prompt, max_tokens=8,
+    res = client.completions.create(model="qwen3-fixture", prompt=prompt, max_tokens=8, temperature=0,
                                     extra_body={"return_token_ids": True,
                                                 "kv_transfer_params": {"include_output_tokens": True}})
     generated = res.choices[0].token_ids
@@ -210,6 +236,27 @@ def test_sampling_is_reproducible_with_a_seed(server, golden):
     assert runs[0] == runs[1] and len(runs[0]) == 12
     greedy = post(server.url + "/v1/completions", {**body, "temperature": 0})[1]["choices"][0]["token_ids"]
     assert greedy[:8] == golden["greedy_1"].tolist()
+
+
+def test_a_request_without_sampling_parameters_samples_at_temperature_1(server, golden):
+    """OpenAI's and vLLM's defaults: temperature 1, top_p 1, no top_k, min_p 0, and a fresh
+    random seed per request (and per choice) when none is sent."""
+    body = {"prompt": golden["prompt_1"].tolist(), "max_tokens": 8, "ignore_eos": True, "return_token_ids": True}
+
+    def tokens(**extra):
+        status, res, _ = post(server.url + "/v1/completions", {**body, **extra})
+        assert status == 200, res
+        return [c["token_ids"] for c in res["choices"]]
+
+    unseeded = {tuple(tokens()[0]) for _ in range(20)}
+    assert len(unseeded) > 1, "20 identical requests without a seed drew the same tokens"
+    assert len({tuple(t) for t in tokens(n=4)}) > 1
+    # The defaults are those values: a seed draws the same tokens with them sent explicitly.
+    for seed in (1, 2, 3):
+        default = tokens(seed=seed)
+        assert default == tokens(seed=seed, temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0)
+        assert default == tokens(seed=seed)
+    assert any(tokens(seed=s)[0] != golden["greedy_1"].tolist() for s in (1, 2, 3))
 
 
 @pytest.mark.parametrize("body,param", [

@@ -107,10 +107,11 @@ def load_workload(golden):
 
 def run_client(server, job, openai_client):
     """One client: its request, then every file it names read the way vLLM reads it."""
-    body = {"model": "qwen3-fixture", "max_tokens": job["max_tokens"], "ignore_eos": True, "return_token_ids": True}
+    body = {"model": "qwen3-fixture", "max_tokens": job["max_tokens"], "ignore_eos": True, "return_token_ids": True,
+            "temperature": 0}
     if job["stream"]:
         chunks = list(openai_client.completions.create(
-            model="qwen3-fixture", prompt=job["prompts"][0], max_tokens=job["max_tokens"], stream=True,
+            model="qwen3-fixture", prompt=job["prompts"][0], max_tokens=job["max_tokens"], stream=True, temperature=0,
             extra_body={"return_token_ids": True, "ignore_eos": True}))
         tokens = [t for c in chunks for t in (getattr(c.choices[0], "token_ids", None) or [])]
         outs = [{"prompt_token_ids": chunks[-1].choices[0].prompt_token_ids, "token_ids": tokens,
@@ -140,7 +141,7 @@ def alone(tmp_path_factory, golden):
                 if tuple(p) in ref:
                     continue
                 status, res, _ = post(s, {"prompt": p, "max_tokens": MAX_TOKENS, "ignore_eos": True,
-                                          "return_token_ids": True})
+                                          "temperature": 0, "return_token_ids": True})
                 assert status == 200, res
                 path = res["kv_transfer_params"]["hidden_states_path"]
                 ref[tuple(p)] = (res["choices"][0]["token_ids"], read_when_complete(path)["hidden_states"])
@@ -285,7 +286,8 @@ def test_a_full_queue_answers_503_with_retry_after(tmp_path):
     try:
         # One long streaming request fills the queue...
         conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=TIMEOUT)
-        conn.request("POST", "/v1/completions", json.dumps({"prompt": [5] * 64, "max_tokens": 3700, "stream": True}),
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": [5] * 64, "max_tokens": 3700, "stream": True,
+                                                            "ignore_eos": True}),
                      {"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.status == 200

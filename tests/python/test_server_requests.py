@@ -2,6 +2,7 @@
 request is refused alone with an OpenAI-style error that names the field, nothing runs or
 is written for a refused request, and the server stays up; what hsx implements of OpenAI's
 completion parameters (stop, stop_token_ids, min_tokens, n, echo) behaves as vLLM's."""
+import fcntl
 import json
 import os
 import pathlib
@@ -14,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import MODEL, Server
+from conftest import MODEL, Server, read_safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "tests" / "data" / "tokenizers" / "bpe_qwen2" / "tokenizer.json"
@@ -69,6 +70,29 @@ def text_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def bos_server(tmp_path_factory):
+    """text_server's model with a tokenizer whose post-processor adds a BOS (<|endoftext|>,
+    id 0) to every encoding, as Llama 3's and Gemma's do."""
+    tmp = tmp_path_factory.mktemp("bos-serve")
+    model = tmp / "model"
+    model.mkdir()
+    config = json.loads((MODEL / "config.json").read_text())
+    config.update(vocab_size=3000, max_position_embeddings=TEXT_MODEL_LEN)
+    (model / "config.json").write_text(json.dumps(config))
+    tokenizer = json.loads(TOKENIZER.read_text())
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    s = Server(tmp, "--load-format", "dummy", model=model)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
 def custom_server(tmp_path_factory):
     s = Server(tmp_path_factory.mktemp("custom-serve"), "--allow-custom-save-path", "--max-body-bytes", "100000")
     yield s
@@ -76,7 +100,7 @@ def custom_server(tmp_path_factory):
 
 
 def greedy(server, prompt, n_tokens):
-    status, body = complete(server, {"prompt": prompt, "max_tokens": n_tokens, "ignore_eos": True,
+    status, body = complete(server, {"prompt": prompt, "max_tokens": n_tokens, "ignore_eos": True, "temperature": 0,
                                      "return_token_ids": True})
     assert status == 200, body
     return body["choices"][0]
@@ -238,7 +262,7 @@ def test_stop_strings_cut_the_text_and_end_generation(text_server):
     base = greedy(text_server, "Once upon a time", 40)
     start, stop = stop_candidate(base["text"])
     status, body = complete(text_server, {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True,
-                                          "stop": ["never-there", stop], "return_token_ids": True})
+                                          "temperature": 0, "stop": ["never-there", stop], "return_token_ids": True})
     assert status == 200, body
     choice = body["choices"][0]
     assert choice["text"] == base["text"][:start]
@@ -247,7 +271,7 @@ def test_stop_strings_cut_the_text_and_end_generation(text_server):
     assert choice["token_ids"] == base["token_ids"][:len(choice["token_ids"])]
     # include_stop_str_in_output keeps the stop string.
     status, body = complete(text_server, {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True,
-                                          "stop": stop, "include_stop_str_in_output": True})
+                                          "temperature": 0, "stop": stop, "include_stop_str_in_output": True})
     assert body["choices"][0]["text"] == base["text"][:start + len(stop)]
 
 
@@ -256,7 +280,7 @@ def test_streaming_never_sends_text_past_a_stop_string(text_server):
     start, stop = stop_candidate(base["text"])
     client = openai.Client(base_url=text_server.url + "/v1", api_key="unused")
     chunks = list(client.completions.create(model="qwen3-fixture", prompt="Once upon a time", max_tokens=40,
-                                            stream=True, stop=stop, extra_body={"ignore_eos": True}))
+                                            stream=True, stop=stop, temperature=0, extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks) == base["text"][:start]
     assert chunks[-1].choices[0].finish_reason == "stop"
 
@@ -265,7 +289,7 @@ def test_streamed_text_with_echo_equals_the_whole_text(text_server):
     base = greedy(text_server, "Once upon a time", 40)
     client = openai.Client(base_url=text_server.url + "/v1", api_key="unused")
     chunks = list(client.completions.create(model="qwen3-fixture", prompt="Once upon a time", max_tokens=40,
-                                            stream=True, echo=True, extra_body={"ignore_eos": True}))
+                                            stream=True, echo=True, temperature=0, extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks) == "Once upon a time" + base["text"]
     assert chunks[-1].choices[0].finish_reason == "length"
 
@@ -274,7 +298,7 @@ def test_stop_token_ids_and_min_tokens(server, golden):
     prompt = golden["prompt_1"].tolist()
     tokens = golden["greedy_1"].tolist()
     status, body = complete(server, {"prompt": prompt, "max_tokens": 8, "stop_token_ids": [tokens[3]],
-                                     "return_token_ids": True})
+                                     "temperature": 0, "return_token_ids": True})
     assert status == 200, body
     assert body["choices"][0]["token_ids"] == tokens[:tokens.index(tokens[3]) + 1]
     assert body["choices"][0]["finish_reason"] == "stop"
@@ -311,7 +335,8 @@ def test_n_times_prompts_beyond_the_queue_is_400(server):
 
 def test_echo_prepends_the_prompt(text_server):
     base = greedy(text_server, "Hello there", 5)
-    status, body = complete(text_server, {"prompt": "Hello there", "max_tokens": 5, "ignore_eos": True, "echo": True})
+    status, body = complete(text_server, {"prompt": "Hello there", "max_tokens": 5, "ignore_eos": True, "echo": True,
+                                          "temperature": 0})
     assert status == 200
     assert body["choices"][0]["text"] == "Hello there" + base["text"]
     ids = post(text_server.url + "/tokenize", {"prompt": "Hello there"})[1]["tokens"]
@@ -372,11 +397,60 @@ def test_logprobs_are_hugging_faces_log_softmax(server, golden):
     assert set(lp["top_logprobs"][0]) == {f"token_id:{t}" for t in top5}
     for t in top5:
         assert abs(lp["top_logprobs"][0][f"token_id:{t}"] - log_softmax[t]) < 1e-4
-    # Without the parameter there are none; with stream it is refused by name.
+    # Without the parameter there are none; with echo (which needs the prompt's) it is
+    # refused by name.
     status, body = complete(server, {"prompt": [1, 2], "max_tokens": 1})
     assert body["choices"][0]["logprobs"] is None
-    assert "logprobs" in assert_400(server, {"prompt": [1, 2], "max_tokens": 1, "logprobs": 1, "stream": True},
-                                    "logprobs")
+    for stream in (False, True):
+        assert "prompt's logprobs" in assert_400(
+            server, {"prompt": [1, 2], "max_tokens": 1, "logprobs": 1, "echo": True, "stream": stream}, "logprobs")
+
+
+def joined_stream_logprobs(chunks):
+    """A stream's logprobs joined over its chunks. Each chunk carries those of its own
+    tokens, its text_offsets by vLLM's rule: the first at the characters of text sent
+    before the chunk, each next one after the text of the token before."""
+    joined = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    sent = 0
+    for chunk in chunks:
+        choice = chunk.choices[0]
+        lp = choice.logprobs
+        if lp is None:
+            assert not getattr(choice, "token_ids", None), "a chunk with tokens but no logprobs"
+        else:
+            assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == \
+                len(choice.token_ids or [])
+            offset = sent
+            for token, at in zip(lp.tokens, lp.text_offset):
+                assert at == offset, (lp.tokens, lp.text_offset, sent)
+                offset += len(token)
+            for key in joined:
+                joined[key] += getattr(lp, key)
+        sent += len(choice.text)
+    return joined
+
+
+@pytest.mark.parametrize("which,prompt", [("server", list(range(1, 13))), ("text_server", "Once upon a time")])
+def test_streamed_logprobs_equal_the_non_streamed_ones(request, which, prompt):
+    # Prompts shorter than a KV block, so neither request reuses the other's cached prefix
+    # and both compute the same logits bit for bit.
+    s = request.getfixturevalue(which)
+    client = openai.Client(base_url=s.url + "/v1", api_key="unused")
+    args = dict(model="qwen3-fixture", prompt=prompt, max_tokens=10, logprobs=3, seed=11,
+                extra_body={"ignore_eos": True, "return_token_ids": True})
+    whole = client.completions.create(**args).choices[0]
+    chunks = list(client.completions.create(stream=True, **args))
+    assert [t for c in chunks for t in (getattr(c.choices[0], "token_ids", None) or [])] == whole.token_ids
+    assert len(whole.token_ids) == 10
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    joined = joined_stream_logprobs(chunks)
+    for key in ("tokens", "token_logprobs", "top_logprobs"):
+        assert joined[key] == getattr(whole.logprobs, key), key
+    assert whole.logprobs.text_offset[0] == 0
+    if which == "server":  # token_id:<id> texts never collide: the drawn token and 3 others
+        assert all(3 <= len(top) <= 4 for top in joined["top_logprobs"])
+        assert whole.logprobs.tokens == [f"token_id:{t}" for t in whole.token_ids]
 
 
 def test_stream_options_include_usage(server, golden):
@@ -420,3 +494,45 @@ def test_text_that_cannot_fit_is_refused_before_tokenizing(text_server):
     # Text that passes the byte bound is still measured in tokens, in vLLM's words.
     message = assert_400(text_server, {"prompt": "word " * 1000, "max_tokens": 1}, "prompt")
     assert "maximum context length is 256 tokens" in message, message
+
+
+# 14. add_special_tokens (vLLM's extra parameter, true by default): false encodes text
+# prompts without the tokenizer's post-processor tokens.
+
+def read_file_when_complete(path):
+    with open(path + ".lock") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        return read_safetensors(path)
+
+
+def test_add_special_tokens_false_leaves_out_the_bos(bos_server):
+    text = "Once upon a time"
+    choices = {}
+    for add in (None, True, False):
+        body = {"prompt": text, "max_tokens": 1, "return_token_ids": True}
+        if add is not None:
+            body["add_special_tokens"] = add
+        status, res = complete(bos_server, body)
+        assert status == 200, res
+        choice = res["choices"][0]
+        assert res["usage"]["prompt_tokens"] == len(choice["prompt_token_ids"])
+        file = read_file_when_complete(choice["kv_transfer_params"]["hidden_states_path"])
+        assert file["token_ids"].tolist() == choice["prompt_token_ids"]
+        choices[add] = choice["prompt_token_ids"]
+    assert choices[None] == choices[True] == [0] + choices[False]
+    # HF's tokenizers, which vLLM calls, agrees.
+    tokenizers = pytest.importorskip("tokenizers")
+    hf = tokenizers.Tokenizer.from_file(str(bos_server.storage.parent / "model" / "tokenizer.json"))
+    assert choices[True] == hf.encode(text).ids and choices[False] == hf.encode(text, add_special_tokens=False).ids
+    # /tokenize takes the same field; token-id prompts are taken as they are either way.
+    assert post(bos_server.url + "/tokenize", {"prompt": text})[1]["tokens"] == choices[True]
+    assert post(bos_server.url + "/tokenize", {"prompt": text, "add_special_tokens": False})[1]["tokens"] == \
+        choices[False]
+    for add in (True, False):
+        status, res = complete(bos_server, {"prompt": [5, 6], "max_tokens": 1, "return_token_ids": True,
+                                            "add_special_tokens": add})
+        assert res["choices"][0]["prompt_token_ids"] == [5, 6]
+    assert "add_special_tokens" in assert_400(bos_server, {"prompt": text, "add_special_tokens": "no"},
+                                              "add_special_tokens")
+    code, err = post(bos_server.url + "/tokenize", {"prompt": text, "add_special_tokens": 0})
+    assert code == 400 and err["error"]["param"] == "add_special_tokens", err
