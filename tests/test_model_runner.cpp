@@ -4,6 +4,7 @@
 // without, greedy and seeded, on every fixture model the graphs serve.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -129,11 +130,21 @@ std::unique_ptr<CudaBackend> Gpu() {
   return b.ok() ? std::move(b).value() : nullptr;
 }
 
+// In bf16, padding changes how many splits decode attention uses (they follow the batch
+// size), so real rows move within rounding: held to the bf16 error HF itself has on the
+// model (1.5x, as the fixture test), at least 2e-2.
 TEST(ModelRunnerPadding, PaddedDecodeRowsChangeNoRealRowOnCuda) {
   auto gpu = Gpu();
   if (!gpu) GTEST_SKIP() << "no CUDA device";
-  for (const std::string name : {"llama", "qwen3", "gemma3", "gemma4", "gemma4_kvshare"})
-    ExpectPaddingChangesNothing(*gpu, name, 2e-2);
+  for (const std::string name : {"llama", "qwen3", "gemma3", "gemma4", "gemma4_kvshare"}) {
+    SafetensorsFile golden = test::Golden(test::ModelDir(name) + "/golden.safetensors");
+    double hf = 0;
+    for (int k = 0; k < 3; ++k) {
+      hf = std::max(hf, test::RelativeMaxError(test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()),
+                                               test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value())));
+    }
+    ExpectPaddingChangesNothing(*gpu, name, std::max(2e-2, 1.5 * hf));
+  }
 }
 
 struct Generated {

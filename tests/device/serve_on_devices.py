@@ -63,11 +63,12 @@ def serve_once(binary, device, prompt, storage):
                 break
             except OSError:
                 time.sleep(0.1)
-        body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0}).encode()
+        body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0,
+                           "return_token_ids": True}).encode()
         req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
         response = json.loads(urllib.request.urlopen(req, timeout=120).read())
         path = response["kv_transfer_params"]["hidden_states_path"]
-        return response["choices"][0]["text"], read_safetensors(path)
+        return response["choices"][0]["token_ids"], read_safetensors(path)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -81,19 +82,19 @@ def main():
     want = golden["hidden_2"][:, LAYERS]
     hf_error = np.abs(golden["hidden_bf16gpu_2"][:, LAYERS] - want).max() / np.abs(want).max()
     ok = True
-    texts = {}
+    tokens_by_device = {}
     with tempfile.TemporaryDirectory() as tmp:
         for device in devices:
             storage = pathlib.Path(tmp) / device.replace(":", "")
-            text, states = serve_once(binary, device, prompt, storage)
+            tokens, states = serve_once(binary, device, prompt, storage)
             error = float(np.abs(states["hidden_states"] - want).max() / np.abs(want).max())
             good = error <= 1.5 * hf_error and list(states["token_ids"]) == prompt
-            texts[device] = text
-            print(json.dumps({"device": device, "text": text, "state_error": error, "hf_bf16_error": float(hf_error),
+            tokens_by_device[device] = tuple(tokens)
+            print(json.dumps({"device": device, "token_ids": tokens, "state_error": error, "hf_bf16_error": float(hf_error),
                               "ok": good}))
             ok = ok and good
-    same = len(set(texts.values())) == 1
-    print(json.dumps({"metric": "serve_on_devices", "devices": devices, "same_text": same, "ok": ok and same}))
+    same = len(set(tokens_by_device.values())) == 1
+    print(json.dumps({"metric": "serve_on_devices", "devices": devices, "same_tokens": same, "ok": ok and same}))
     sys.exit(0 if ok and same else 1)
 
 
