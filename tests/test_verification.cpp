@@ -17,6 +17,8 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/sampling_math.h"
+#include "engine/sampler.h"
+#include "engine/sequence.h"
 #include "sampling_reference.h"
 
 namespace hsx {
@@ -270,6 +272,43 @@ TEST(Verification, LogprobsAndTargetProbabilities) {
   EXPECT_EQ(v.num_accepted[1], 0);  // the -1 placeholder
   EXPECT_EQ(v.emitted.tokens[3], std::max_element(rows[1].begin(), rows[1].end()) - rows[1].begin());
   EXPECT_EQ(v.emitted.tokens[4], -1);
+}
+
+// A sequence's row j for verification is the row the plain decode makes once the first j
+// drafts were generated: the same draw index, seed and penalty counts.
+TEST(Verification, RowsAfterDraftsAreThoseOfTheLongerSequence) {
+  Request request;
+  request.prompt = {1, 2, 3, 2};
+  request.sampling.temperature = 0.8f;
+  request.sampling.repetition_penalty = 1.3f;
+  request.sampling.frequency_penalty = 0.2f;
+  request.sampling.seed = 77;
+  Sequence seq(request);
+  seq.Append(4);
+  seq.Append(2);
+  const std::vector<int32_t> drafts = {4, 9, 4};
+  auto sorted = [](std::vector<TokenAdjust> a) {
+    std::sort(a.begin(), a.end(), [](const TokenAdjust& x, const TokenAdjust& y) { return x.token < y.token; });
+    return a;
+  };
+  for (size_t j = 0; j <= drafts.size(); ++j) {
+    std::vector<TokenAdjust> got_adjust, want_adjust;
+    const SamplingRow got = MakeSamplingRowAfter(seq, std::span(drafts).first(j), {7}, got_adjust);
+    Sequence longer(request);
+    for (int32_t t : {4, 2}) longer.Append(t);
+    for (size_t i = 0; i < j; ++i) longer.Append(drafts[i]);
+    const SamplingRow want = MakeSamplingRow(longer, {7}, want_adjust);
+    EXPECT_EQ(got.draw, 2 + j);
+    EXPECT_EQ(got.draw, want.draw);
+    EXPECT_EQ(got.seed_lo, want.seed_lo);
+    const std::vector<TokenAdjust> a = sorted(got_adjust), b = sorted(want_adjust);
+    ASSERT_EQ(a.size(), b.size()) << "row " << j;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].token, b[i].token);
+      EXPECT_EQ(a[i].output_count, b[i].output_count) << "row " << j << " token " << a[i].token;
+      EXPECT_EQ(a[i].flags, b[i].flags);
+    }
+  }
 }
 
 // ---- Losslessness: statistics over many seeds (SPECULATIVE.md 3.3) ----
