@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/sampling.h"
+#include "backend/verification.h"
 #include "tensor/tensor.h"
 
 namespace hsx {
@@ -153,6 +154,13 @@ class Backend {
   // One token per row of logits f32 [rows, vocab] (backend/sampling.h); only the tokens
   // and logprobs come back to the host.
   virtual SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch) = 0;
+  // Speculative decoding's accept stage (backend/verification.h): K_r drafts and K_r + 1
+  // logit rows f32 per request in, the accepted counts and emitted tokens out (only they
+  // and requested logprobs reach the host). draft_probs f32 [drafts, vocab] on the device,
+  // or null for one-hot drafts; target_probs, if not null, f32 [rows, vocab] on the
+  // device, receives each row's processed target distribution p.
+  virtual VerifiedTokens VerifyDrafts(const Tensor& logits, const Tensor* draft_probs, const VerificationBatch& batch,
+                                      Tensor* target_probs) = 0;
 };
 
 AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> seqs);

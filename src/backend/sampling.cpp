@@ -41,22 +41,26 @@ uint32_t LargestThreshold(int first_bit, double need, Measure measure) {
 
 }  // namespace
 
-int32_t SampleRowOnHost(const float* logits, int32_t vocab, const SamplingRow& row, const TokenAdjust* adjust,
-                        float* logprob, int32_t* top_ids, float* top_logprobs) {
-  // Raw logprobs: the log-softmax of the logits as the model gave them.
+float RawLogprobsOnHost(const float* logits, int32_t vocab, int32_t num_logprobs, int32_t* top_ids,
+                        float* top_logprobs) {
   float top = kNegInf;
   for (int32_t i = 0; i < vocab; ++i) top = std::fmax(top, logits[i]);
   double sum = 0;
   for (int32_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - top);
   const float lse = top + static_cast<float>(std::log(sum));
-  for (int32_t n = 0, prev = -1; n < row.num_logprobs; ++n) {
+  for (int32_t n = 0, prev = -1; n < num_logprobs; ++n) {
     prev = NextBest(logits, vocab, prev >= 0 ? logits[prev] : 0.0f, prev);
     top_ids[n] = prev;
     top_logprobs[n] = logits[prev] - lse;
   }
+  return lse;
+}
 
+ProcessedRow ProcessRowOnHost(const float* logits, int32_t vocab, const SamplingRow& row, const TokenAdjust* adjust) {
+  ProcessedRow p;
   // Bans and penalties, one entry per distinct token.
-  std::vector<float> l(logits, logits + vocab);
+  std::vector<float>& l = p.scaled;
+  l.assign(logits, logits + vocab);
   for (int32_t a = row.adjust_begin; a < row.adjust_end; ++a) {
     const TokenAdjust& adj = adjust[a];
     float& x = l[adj.token];
@@ -70,14 +74,13 @@ int32_t SampleRowOnHost(const float* logits, int32_t vocab, const SamplingRow& r
     if (adj.output_count > 0) x -= row.frequency_penalty * static_cast<float>(adj.output_count) + row.presence_penalty;
   }
 
-  int32_t token = 0;
-  if (row.temperature <= 0.0f || !(*std::max_element(l.begin(), l.end()) > kNegInf)) {
-    token = NextBest(l.data(), vocab, 0.0f, -1);
-  } else {
+  const bool greedy = row.temperature <= 0.0f || !(*std::max_element(l.begin(), l.end()) > kNegInf);
+  if (!greedy) {
     float lmax = kNegInf;
     for (int32_t i = 0; i < vocab; ++i) lmax = std::fmax(lmax, l[i] /= row.temperature);
     // e = exp(l - max): the probabilities up to one factor; e = 0 marks a dropped token.
-    std::vector<float> e(static_cast<size_t>(vocab));
+    std::vector<float>& e = p.weight;
+    e.resize(static_cast<size_t>(vocab));
     for (int32_t i = 0; i < vocab; ++i) {
       e[i] = std::exp(l[i] - lmax);
       if (e[i] < row.min_p) e[i] = 0.0f;  // min-p: p_i / p_max = e_i
@@ -104,15 +107,28 @@ int32_t SampleRowOnHost(const float* logits, int32_t vocab, const SamplingRow& r
         if (FloatBits(e[i]) < cut) e[i] = 0.0f;
       }
     }
-    float best = kNegInf;
-    token = -1;
-    for (int32_t i = 0; i < vocab; ++i) {
-      if (e[i] <= 0.0f) continue;
-      const float score = l[i] + sampling::Gumbel(row.seed_lo, row.seed_hi, row.draw, i);
-      if (token < 0 || score > best) best = score, token = i;
-    }
-    if (token < 0) token = NextBest(l.data(), vocab, 0.0f, -1);  // parameters that keep nothing
+    if (std::none_of(e.begin(), e.end(), [](float x) { return x > 0.0f; })) e.clear();  // parameters that keep nothing
   }
+  p.argmax = NextBest(l.data(), vocab, 0.0f, -1);
+  return p;
+}
+
+int32_t DrawOnHost(const ProcessedRow& p, const SamplingRow& row, int32_t excluded) {
+  if (p.greedy()) return p.argmax;
+  float best = kNegInf;
+  int32_t token = -1;
+  for (int32_t i = 0; i < static_cast<int32_t>(p.weight.size()); ++i) {
+    if (p.weight[i] <= 0.0f || i == excluded) continue;
+    const float score = p.scaled[i] + sampling::Gumbel(row.seed_lo, row.seed_hi, row.draw, i);
+    if (token < 0 || score > best) best = score, token = i;
+  }
+  return token >= 0 ? token : p.argmax;
+}
+
+int32_t SampleRowOnHost(const float* logits, int32_t vocab, const SamplingRow& row, const TokenAdjust* adjust,
+                        float* logprob, int32_t* top_ids, float* top_logprobs) {
+  const float lse = RawLogprobsOnHost(logits, vocab, row.num_logprobs, top_ids, top_logprobs);
+  const int32_t token = DrawOnHost(ProcessRowOnHost(logits, vocab, row, adjust), row, -1);
   *logprob = logits[token] - lse;
   return token;
 }

@@ -51,6 +51,26 @@ struct SampledTokens {
   std::vector<float> top_logprobs;  // columns past a row's num_logprobs hold -1 / -inf
 };
 
+// A row after the rules that precede the draw (bans, penalties, temperature, min-p,
+// top-k, top-p), on the host.
+struct ProcessedRow {
+  std::vector<float> scaled;  // the penalized logits, divided by the temperature unless greedy
+  std::vector<float> weight;  // exp(scaled - max) of the kept tokens, 0 for dropped ones; empty: greedy
+  int32_t argmax = 0;         // the highest scaled logit, lowest id on ties
+  bool greedy() const { return weight.empty(); }
+};
+ProcessedRow ProcessRowOnHost(const float* logits, int32_t vocab, const SamplingRow& row, const TokenAdjust* adjust);
+
+// The Sample op's draw from a processed row: greedy rows give the argmax, others the
+// Gumbel-max over the kept tokens other than `excluded` (-1: none) with the noise of
+// (seed, draw); the argmax when none is left.
+int32_t DrawOnHost(const ProcessedRow& p, const SamplingRow& row, int32_t excluded);
+
+// The log-softmax normaliser of raw logits; writes the num_logprobs highest raw
+// logprobs (lowest id first on ties) to top_ids / top_logprobs.
+float RawLogprobsOnHost(const float* logits, int32_t vocab, int32_t num_logprobs, int32_t* top_ids,
+                        float* top_logprobs);
+
 // The reference: samples one row of `vocab` logits on the host. `adjust` is the batch's
 // TokenAdjust array; writes the drawn token's raw logprob and num_logprobs entries of
 // top_ids / top_logprobs, and returns the token.

@@ -42,6 +42,15 @@ HSX_HOST_DEVICE float Gumbel(uint32_t seed_lo, uint32_t seed_hi, uint32_t draw, 
   return -logf(-logf(u));
 }
 
+// The uniform of draft verification's accept test at a row's draw, from counters the
+// Gumbel noise never uses (so the two are independent): 53 bits, in (0, 1) like
+// vLLM's float64 uniforms, never 0, so a token of probability 0 is never accepted.
+HSX_HOST_DEVICE double AcceptUniform(uint32_t seed_lo, uint32_t seed_hi, uint32_t draw) {
+  const uint32_t hi = Philox(seed_lo, seed_hi, 0u, draw, 0x76657269u, 0u) >> 6;  // 26 bits
+  const uint32_t lo = Philox(seed_lo, seed_hi, 0u, draw, 0x76657269u, 1u) >> 5;  // 27 bits
+  return (static_cast<double>(hi) * 134217728.0 + static_cast<double>(lo) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
 HSX_HOST_DEVICE uint32_t FloatBits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof(u));

@@ -8,6 +8,11 @@
 namespace hsx {
 
 SamplingRow MakeSamplingRow(const Sequence& seq, const std::vector<int32_t>& banned, std::vector<TokenAdjust>& adjust) {
+  return MakeSamplingRowAfter(seq, {}, banned, adjust);
+}
+
+SamplingRow MakeSamplingRowAfter(const Sequence& seq, std::span<const int32_t> drafts,
+                                 const std::vector<int32_t>& banned, std::vector<TokenAdjust>& adjust) {
   const SamplingParams& p = seq.request().sampling;
   SamplingRow row;
   row.temperature = p.top_k == 1 ? 0.0f : p.temperature;
@@ -19,7 +24,7 @@ SamplingRow MakeSamplingRow(const Sequence& seq, const std::vector<int32_t>& ban
   row.presence_penalty = p.presence_penalty;
   row.seed_lo = static_cast<uint32_t>(seq.seed());
   row.seed_hi = static_cast<uint32_t>(seq.seed() >> 32);
-  row.draw = static_cast<uint32_t>(seq.num_generated());
+  row.draw = static_cast<uint32_t>(seq.num_generated() + drafts.size());
   row.num_logprobs = std::max(0, p.logprobs);
   row.adjust_begin = static_cast<int32_t>(adjust.size());
   // One entry per distinct token: generated counts, prompt membership, bans.
@@ -34,6 +39,11 @@ SamplingRow MakeSamplingRow(const Sequence& seq, const std::vector<int32_t>& ban
       } else {
         ++e.output_count;
       }
+    }
+    for (int32_t t : drafts) {
+      TokenAdjust& e = entries[t];
+      e.token = t;
+      ++e.output_count;
     }
   }
   for (int32_t t : banned) {

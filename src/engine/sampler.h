@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "backend/sampling.h"
@@ -29,5 +30,11 @@ struct SamplingParams {
 // (the token's output position, so a recompute draws the same). Appends to `adjust` the
 // tokens its penalties touch, and bans `banned` (stop tokens before min_tokens).
 SamplingRow MakeSamplingRow(const Sequence& seq, const std::vector<int32_t>& banned, std::vector<TokenAdjust>& adjust);
+
+// The same row for the token after `drafts` (speculative decoding's verification row j,
+// drafts = the first j drafts): the draw index and the penalties as if the drafts had
+// been generated. MakeSamplingRow is this with no drafts.
+SamplingRow MakeSamplingRowAfter(const Sequence& seq, std::span<const int32_t> drafts,
+                                 const std::vector<int32_t>& banned, std::vector<TokenAdjust>& adjust);
 
 }  // namespace hsx

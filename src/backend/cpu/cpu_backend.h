@@ -43,6 +43,10 @@ class CpuBackend final : public Backend {
               Activation act, Tensor& out) override;
   void FlagNonFiniteRows(const Tensor& x, Tensor& flags) override;
   SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch) override;
+  VerifiedTokens VerifyDrafts(const Tensor& logits, const Tensor* draft_probs, const VerificationBatch& batch,
+                              Tensor* target_probs) override {
+    return VerifyDraftsOnHost(logits, draft_probs, batch, target_probs);
+  }
 
  private:
   // c[m, cols] (leading dimension ldc) = a[m, k] w_panel[cols, k]^T.

@@ -22,6 +22,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernel.h"
+#include "backend/cuda/verification_kernel.h"
 
 namespace hsx {
 namespace {
@@ -696,19 +697,25 @@ void CudaBackend::GatherRows(const Tensor& x, const std::vector<int32_t>& rows, 
   HSX_LAUNCH_CHECK();
 }
 
+namespace {
+
+// Plain data of 4-byte words (SamplingRow, TokenAdjust, int32) to the device, at least one word.
+Tensor UploadWords(Backend& backend, const void* data, size_t bytes) {
+  Tensor host = Tensor::Host(DType::kI32, {static_cast<int64_t>(std::max<size_t>(bytes / 4, 1))});
+  if (bytes > 0) std::memcpy(host.raw(), data, bytes);
+  return backend.Upload(host);
+}
+
+}  // namespace
+
 SampledTokens CudaBackend::Sample(const Tensor& logits, const SamplingBatch& batch) {
   Impl::Timer timer(*impl_, "sample");
   const auto rows = static_cast<int32_t>(logits.size(0));
   const auto vocab = static_cast<int32_t>(logits.size(1));
   const int32_t width = batch.max_logprobs;
   // Parameters up; one download of every result.
-  auto upload_bytes = [&](const void* data, size_t bytes) {  // both structs are 4-byte words
-    Tensor host = Tensor::Host(DType::kI32, {static_cast<int64_t>(std::max<size_t>(bytes / 4, 1))});
-    if (bytes > 0) std::memcpy(host.raw(), data, bytes);
-    return Upload(host);
-  };
-  const Tensor params = upload_bytes(batch.rows.data(), batch.rows.size() * sizeof(SamplingRow));
-  const Tensor adjust = upload_bytes(batch.adjust.data(), batch.adjust.size() * sizeof(TokenAdjust));
+  const Tensor params = UploadWords(*this, batch.rows.data(), batch.rows.size() * sizeof(SamplingRow));
+  const Tensor adjust = UploadWords(*this, batch.adjust.data(), batch.adjust.size() * sizeof(TokenAdjust));
   Tensor work = Empty(DType::kF32, {rows, vocab});
   Tensor out = Empty(DType::kI32, {2 * rows + 2 * rows * width});
   cuda::Sample(logits.data<float>(), rows, vocab, static_cast<const SamplingRow*>(params.raw()),
@@ -724,6 +731,50 @@ SampledTokens CudaBackend::Sample(const Tensor& logits, const SamplingBatch& bat
   result.top_ids.assign(words + 2 * rows, words + 2 * rows + rows * width);
   result.top_logprobs.resize(static_cast<size_t>(rows) * width);
   std::memcpy(result.top_logprobs.data(), words + 2 * rows + rows * width, result.top_logprobs.size() * sizeof(float));
+  return result;
+}
+
+VerifiedTokens CudaBackend::VerifyDrafts(const Tensor& logits, const Tensor* draft_probs, const VerificationBatch& batch,
+                                         Tensor* target_probs) {
+  Impl::Timer timer(*impl_, "verify");
+  const auto vocab = static_cast<int32_t>(logits.size(1));
+  const std::vector<int32_t> begins = VerificationRowBegins(batch, logits.size(0), vocab);
+  const auto requests = static_cast<int32_t>(batch.num_drafts.size());
+  const int32_t rows = begins.back(), width = batch.sampling.max_logprobs;
+  VerifiedTokens result;
+  if (requests == 0) return result;
+  // Row begins, each row's draft index (-1: a bonus row) and the drafts, in one upload.
+  std::vector<int32_t> index(begins);
+  for (int32_t r = 0, d = 0; r < requests; ++r) {
+    for (int32_t j = 0; j < batch.num_drafts[r]; ++j) index.push_back(d++);
+    index.push_back(-1);
+  }
+  index.insert(index.end(), batch.drafts.begin(), batch.drafts.end());
+  const Tensor params = UploadWords(*this, batch.sampling.rows.data(), batch.sampling.rows.size() * sizeof(SamplingRow));
+  const Tensor adjust =
+      UploadWords(*this, batch.sampling.adjust.data(), batch.sampling.adjust.size() * sizeof(TokenAdjust));
+  const Tensor indices = UploadWords(*this, index.data(), index.size() * sizeof(int32_t));
+  Tensor work = Empty(DType::kF32, {rows, vocab});
+  const int64_t result_words = requests + 2 * rows + 2 * static_cast<int64_t>(rows) * width;
+  Tensor out = Empty(DType::kI32, {result_words + rows});  // the rows' accept flags after the results
+  cuda::VerifyDrafts(logits.data<float>(), rows, requests, vocab, static_cast<const SamplingRow*>(params.raw()),
+                     static_cast<const TokenAdjust*>(adjust.raw()), width, indices.data<int32_t>(),
+                     draft_probs ? draft_probs->data<float>() : nullptr,
+                     target_probs ? target_probs->data<float>() : nullptr, work.data<float>(), out.data<int32_t>(),
+                     impl_->stream);
+  HSX_LAUNCH_CHECK();
+  const Tensor host = Download(out.Rows(0, result_words));
+  const int32_t* words = host.data<int32_t>();
+  result.num_accepted.assign(words, words + requests);
+  words += requests;
+  SampledTokens& e = result.emitted;
+  e.tokens.assign(words, words + rows);
+  e.logprobs.resize(rows);
+  std::memcpy(e.logprobs.data(), words + rows, rows * sizeof(float));
+  e.top_ids.assign(words + 2 * rows, words + 2 * rows + static_cast<int64_t>(rows) * width);
+  e.top_logprobs.resize(static_cast<size_t>(rows) * width);
+  std::memcpy(e.top_logprobs.data(), words + 2 * rows + static_cast<int64_t>(rows) * width,
+              e.top_logprobs.size() * sizeof(float));
   return result;
 }
 

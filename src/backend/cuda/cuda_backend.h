@@ -62,6 +62,8 @@ class CudaBackend final : public Backend {
               Activation act, Tensor& out) override;
   void FlagNonFiniteRows(const Tensor& x, Tensor& flags) override;
   SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch) override;
+  VerifiedTokens VerifyDrafts(const Tensor& logits, const Tensor* draft_probs, const VerificationBatch& batch,
+                              Tensor* target_probs) override;
 
  private:
   struct Impl;

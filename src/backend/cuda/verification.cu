@@ -1,0 +1,129 @@
+// Draft verification on the device (backend/verification.h): one block per logit row
+// decides that row's outcome (accepted draft, correction, or bonus token) on its own,
+// with the Sample op's processing and noise (sampling_device.cuh); then one thread per
+// request walks its rows to the first rejection and blanks the rows after it.
+#include "backend/cuda/sampling_device.cuh"
+#include "backend/cuda/verification_kernel.h"
+
+namespace hsx::cuda {
+namespace {
+
+using sampler::Best;
+using sampler::kThreads;
+
+// The out buffer's regions (4-byte words).
+struct Layout {
+  int32_t requests, rows, width;
+  __device__ int32_t* accepted(int32_t* out) const { return out; }
+  __device__ int32_t* tokens(int32_t* out) const { return out + requests; }
+  __device__ float* logprobs(int32_t* out) const { return reinterpret_cast<float*>(out + requests + rows); }
+  __device__ int32_t* top_ids(int32_t* out) const { return out + requests + 2 * rows; }
+  __device__ float* top_lps(int32_t* out) const {
+    return reinterpret_cast<float*>(out + requests + 2 * rows + rows * width);
+  }
+  __device__ int32_t* flags(int32_t* out) const { return out + requests + 2 * rows + 2 * rows * width; }
+};
+
+__global__ void __launch_bounds__(kThreads)
+    VerifyRowKernel(const float* logits, int32_t vocab, const SamplingRow* params, const TokenAdjust* adjust,
+                    Layout layout, const int32_t* row_draft, const int32_t* drafts, const float* draft_probs,
+                    float* target_probs, float* work, int32_t* out) {
+  __shared__ sampler::Scratch scratch;
+  const int g = blockIdx.x;
+  const SamplingRow row = params[g];
+  const float* raw = logits + static_cast<int64_t>(g) * vocab;
+  const sampler::Processed p =
+      sampler::ProcessRow(raw, vocab, row, adjust, work + static_cast<int64_t>(g) * vocab, scratch);
+  // The kept mass; none kept (parameters that keep nothing) makes the row greedy.
+  double z = 0;
+  if (!p.greedy) {
+    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) z += p.Weight(i);
+    z = sampler::BlockSum(z, scratch);
+  }
+  const bool greedy = p.greedy || !(z > 0.0);
+  const int32_t argmax = greedy ? sampler::Argmax(p, vocab, scratch) : -1;
+  if (target_probs != nullptr) {
+    float* out_p = target_probs + static_cast<int64_t>(g) * vocab;
+    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+      out_p[i] = greedy ? (i == argmax ? 1.0f : 0.0f) : static_cast<float>(p.Weight(i) / z);
+    }
+  }
+
+  const int32_t draft_index = row_draft[g];
+  int32_t token;
+  bool accepted = false;
+  if (draft_index < 0) {
+    token = greedy ? argmax : sampler::Draw(p, vocab, row, -1, scratch);  // the bonus token
+  } else {
+    const int32_t draft = drafts[draft_index];
+    const bool valid = draft >= 0 && draft < vocab;
+    const float* q = draft_probs ? draft_probs + static_cast<int64_t>(draft_index) * vocab : nullptr;
+    if (greedy) {
+      token = argmax;
+      accepted = valid && draft == argmax;
+    } else {
+      const double q_draft = !valid ? 0.0 : q ? q[draft] : 1.0;
+      const double p_draft = valid ? p.Weight(draft) / z : 0.0;
+      accepted = q_draft > 0.0 && p_draft >= sampling::AcceptUniform(row.seed_lo, row.seed_hi, row.draw) * q_draft;
+      if (accepted) {
+        token = draft;
+      } else if (q == nullptr) {
+        token = sampler::Draw(p, vocab, row, valid ? draft : -1, scratch);  // p without the draft
+      } else {
+        Best b{0.0f, -1};  // a Gumbel-max over max(p - q, 0)
+        for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+          const double residual = p.Weight(i) / z - q[i];
+          if (!(residual > 0.0)) continue;
+          const float score =
+              static_cast<float>(log(residual)) + sampling::Gumbel(row.seed_lo, row.seed_hi, row.draw, i);
+          b = sampler::Better(b, Best{score, i});
+        }
+        token = sampler::BlockBest(b, scratch).id;
+        if (token < 0) token = sampler::Draw(p, vocab, row, -1, scratch);  // p == q up to rounding
+      }
+    }
+  }
+  const int32_t width = layout.width;
+  const float lse = sampler::RawLogprobs(raw, vocab, row.num_logprobs, width, layout.top_ids(out) + g * width,
+                                         layout.top_lps(out) + g * width, scratch);
+  if (threadIdx.x == 0) {
+    layout.tokens(out)[g] = token;
+    layout.logprobs(out)[g] = raw[token] - lse;
+    layout.flags(out)[g] = accepted;
+  }
+}
+
+// Per request: accepted drafts up to the first rejection (the bonus row never accepts),
+// and rows past the emitted ones blanked.
+__global__ void FinishKernel(Layout layout, const int32_t* begins, int32_t* out) {
+  const int32_t r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= layout.requests) return;
+  const int32_t begin = begins[r], end = begins[r + 1];
+  int32_t n = 0;
+  while (layout.flags(out)[begin + n]) ++n;
+  layout.accepted(out)[r] = n;
+  for (int32_t g = begin + n + 1; g < end; ++g) {
+    layout.tokens(out)[g] = -1;
+    layout.logprobs(out)[g] = -INFINITY;
+    for (int32_t c = 0; c < layout.width; ++c) {
+      layout.top_ids(out)[g * layout.width + c] = -1;
+      layout.top_lps(out)[g * layout.width + c] = -INFINITY;
+    }
+  }
+}
+
+}  // namespace
+
+void VerifyDrafts(const float* logits, int32_t rows, int32_t requests, int32_t vocab, const SamplingRow* params,
+                  const TokenAdjust* adjust, int32_t max_logprobs, const int32_t* index, const float* draft_probs,
+                  float* target_probs, float* work, int32_t* out, cudaStream_t stream) {
+  const Layout layout{requests, rows, max_logprobs};
+  const int32_t* begins = index;
+  const int32_t* row_draft = index + requests + 1;
+  const int32_t* drafts = row_draft + rows;
+  VerifyRowKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, adjust, layout, row_draft, drafts, draft_probs,
+                                                 target_probs, work, out);
+  FinishKernel<<<(requests + 127) / 128, 128, 0, stream>>>(layout, begins, out);
+}
+
+}  // namespace hsx::cuda
