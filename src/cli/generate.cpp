@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/engine.h"
+#include "engine/speculative_config.h"
 
 namespace hsx::cli {
 namespace {
@@ -14,6 +15,7 @@ struct GenerateOptions {
   int max_tokens = 16;
   bool ignore_eos = false;
   double kv_cache_gib = 1.0;
+  std::string speculative_config;  // vLLM's JSON: ngram
 };
 
 int RunGenerate(const GenerateOptions& o) {
@@ -26,6 +28,14 @@ int RunGenerate(const GenerateOptions& o) {
   EngineConfig ec;
   ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
   ec.graphs = !o.model.enforce_eager;
+  if (!o.speculative_config.empty()) {
+    auto spec = ParseSpeculativeConfig(o.speculative_config, loaded->model->config().num_layers);
+    if (!spec.ok()) return Fail(cmd, spec.status());
+    if (spec->method != SpeculativeConfig::Method::kNgram) {
+      return Fail(cmd, Error("--speculative-config: generate takes method \"ngram\" (hidden states: extract or serve)"));
+    }
+    ec.ngram = spec->ngram;
+  }
   Engine engine(*loaded->model, ec);
   int failed = 0;
   const size_t max_in_flight = 2 * static_cast<size_t>(ec.scheduler.max_num_seqs);
@@ -51,6 +61,11 @@ int RunGenerate(const GenerateOptions& o) {
       std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     }
   }
+  if (const EngineStats& st = engine.stats(); st.drafts_proposed > 0) {
+    std::fprintf(stderr, "hsx generate: speculative decoding accepted %lu of %lu drafts (%.1f%%)\n",
+                 static_cast<unsigned long>(st.drafts_accepted), static_cast<unsigned long>(st.drafts_proposed),
+                 100.0 * st.drafts_accepted / st.drafts_proposed);
+  }
   return failed > 0 ? 1 : 0;
 }
 
@@ -64,6 +79,9 @@ void RegisterGenerate(CLI::App& root) {
   app->add_option("--max-tokens", o->max_tokens, "New tokens per request")->check(CLI::NonNegativeNumber);
   app->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
   app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");
+  app->add_option("--speculative-config", o->speculative_config,
+                  "vLLM's JSON, e.g. {\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}: "
+                  "drafts by prompt lookup, verified losslessly");
   app->callback([o] { ExitCode() = RunGenerate(*o); });
 }
 

@@ -14,6 +14,7 @@
 #include "capture/hidden_states_file.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "engine/speculative_config.h"
 #include "server/openai_server.h"
 
 namespace hsx::cli {
@@ -31,35 +32,6 @@ struct ServeOptions {
 
 // --speculative-config '{"method": "extract_hidden_states", ..., "draft_model_config":
 //   {"hf_config": {"eagle_aux_hidden_state_layer_ids": [..]}}}' -> capture layer ids.
-Result<std::vector<int>> ParseSpeculativeConfig(const std::string& text, int num_layers) {
-  const auto j = nlohmann::json::parse(text, nullptr, false);
-  const std::string where = "--speculative-config: ";
-  if (j.is_discarded() || !j.is_object()) return Error(where + "not a JSON object");
-  if (j.value("method", "") != "extract_hidden_states") {
-    return Error(where + "method must be \"extract_hidden_states\" (speculative decoding is not served yet)");
-  }
-  const nlohmann::json* ids = nullptr;
-  if (j.contains("draft_model_config") && j["draft_model_config"].contains("hf_config") &&
-      j["draft_model_config"]["hf_config"].contains("eagle_aux_hidden_state_layer_ids")) {
-    ids = &j["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"];
-  }
-  if (ids == nullptr || !ids->is_array() || ids->empty()) {
-    return Error(where + "expected draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids, a list of layer ids");
-  }
-  std::vector<int> layers;
-  for (const auto& v : *ids) {
-    if (!v.is_number_integer() || v.get<int>() < 0 || v.get<int>() > num_layers) {
-      return Error(where + "layer id " + v.dump() + " is out of range [0, " + std::to_string(num_layers) + "]");
-    }
-    if (std::find(layers.begin(), layers.end(), v.get<int>()) != layers.end()) {
-      return Error(where + "layer id " + v.dump() + " is given twice");
-    }
-    layers.push_back(v.get<int>());
-  }
-  std::sort(layers.begin(), layers.end());
-  return layers;
-}
-
 Status ParseKvTransferConfig(const std::string& text, ServerConfig& server) {
   const auto j = nlohmann::json::parse(text, nullptr, false);
   const std::string where = "--kv-transfer-config: ";
@@ -128,9 +100,10 @@ int RunServe(ServeOptions o) {
   ec.enable_prefix_caching = o.prefix_caching;
   ec.graphs = !o.model.enforce_eager;
   if (!o.speculative_config.empty()) {
-    auto layers = ParseSpeculativeConfig(o.speculative_config, mc.num_layers);
-    if (!layers.ok()) return Fail(cmd, layers.status());
-    ec.capture_layers = *layers;
+    auto spec = ParseSpeculativeConfig(o.speculative_config, mc.num_layers);
+    if (!spec.ok()) return Fail(cmd, spec.status());
+    ec.capture_layers = spec->capture_layers;
+    ec.ngram = spec->ngram;
   }
   if (!o.kv_transfer_config.empty()) {
     if (Status s = ParseKvTransferConfig(o.kv_transfer_config, o.server); !s.ok()) return Fail(cmd, s);
@@ -187,7 +160,7 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--port", o->server.port);
   app->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY'");
   app->add_option("--served-model-name", o->server.model_name);
-  app->add_option("--speculative-config", o->speculative_config, "vLLM's JSON; method extract_hidden_states");
+  app->add_option("--speculative-config", o->speculative_config, "vLLM's JSON; method extract_hidden_states (with --kv-transfer-config) or ngram");
   app->add_option("--kv-transfer-config", o->kv_transfer_config, "vLLM's JSON; ExampleHiddenStatesConnector");
   app->add_flag("--allow-custom-save-path", o->server.allow_custom_path,
                 "Let requests name kv_transfer_params.hidden_states_path (inside shared_storage_path)");

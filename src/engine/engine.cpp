@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 
 #include "engine/sampler.h"
 #include "util/thread_pool.h"
@@ -12,11 +13,11 @@
 namespace hsx {
 namespace {
 
-// Whether a step that computes the next n tokens of seq samples its next token: the chunk
-// completes its known tokens and it wants more. BuildBatch asks for a logit row exactly
+// Whether a step that computes the next n tokens of seq samples its next token(s): the
+// chunk completes its known tokens and drafts, and it wants more. BuildBatch asks for a logit row exactly
 // where Step samples, so both use this.
 bool SamplesAfter(const Sequence& seq, int n) {
-  return seq.num_computed + n == seq.num_tokens() && seq.wants_more_tokens();
+  return seq.num_computed + n == seq.num_scheduled_tokens() && seq.wants_more_tokens();
 }
 
 using Clock = std::chrono::steady_clock;
@@ -51,6 +52,14 @@ Engine::Engine(Model& model, EngineConfig config)
       runner_(model, RunnerConfigFor(config_)),
       blocks_(runner_.num_blocks(), config_.block_size, config_.enable_prefix_caching),
       scheduler_(config_.scheduler, blocks_) {
+  if (config_.ngram.num_speculative_tokens > 0) {
+    auto proposer = NgramProposer::Create(config_.ngram, config_.max_model_len);
+    if (!proposer.ok()) {  // the CLI checked the config: this is a caller's bug
+      std::fprintf(stderr, "hsx: %s\n", proposer.status().message().c_str());
+      std::abort();
+    }
+    ngram_ = std::move(*proposer);
+  }
   if (config_.enable_prefix_caching && !config_.capture_layers.empty()) {
     // Host pages are committed only as rows land in them.
     capture_cache_ = Tensor::Host(config_.capture_dtype,
@@ -120,12 +129,12 @@ ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const
     slice.ctx_len = seq->num_computed + n;
     slice.block_table = seq->block_table;
     for (int p = seq->num_computed; p < slice.ctx_len; ++p) {
-      batch.token_ids.push_back(seq->tokens()[p]);
+      batch.token_ids.push_back(seq->token_at(p));
       batch.positions.push_back(p);
       batch.slot_mapping.push_back(seq->block_table[p / bs] * bs + p % bs);
     }
-    if (SamplesAfter(*seq, n)) {
-      batch.logit_rows.push_back(slice.q_start + n - 1);
+    if (SamplesAfter(*seq, n)) {  // the last known token's row, and each draft's
+      for (int r = n - 1 - static_cast<int>(seq->drafts.size()); r < n; ++r) batch.logit_rows.push_back(slice.q_start + r);
     }
     batch.seqs.push_back(std::move(slice));
   }
@@ -273,24 +282,81 @@ SamplingBatch Engine::SamplingRows(const std::vector<ScheduledChunk>& chunks, st
   return rows;
 }
 
+VerificationBatch Engine::VerificationRows(const std::vector<ScheduledChunk>& chunks,
+                                           std::vector<Sequence*>& sampling) const {
+  VerificationBatch batch;
+  for (const auto& [seq, n] : chunks) {
+    if (!SamplesAfter(*seq, n)) continue;
+    sampling.push_back(seq);
+    const auto& drafts = seq->drafts;
+    batch.num_drafts.push_back(static_cast<int32_t>(drafts.size()));
+    batch.drafts.insert(batch.drafts.end(), drafts.begin(), drafts.end());
+    for (size_t j = 0; j <= drafts.size(); ++j) {  // row j: the token after the first j drafts
+      const bool hold_stops = seq->num_generated() + static_cast<int>(j) < seq->request().min_new_tokens;
+      batch.sampling.rows.push_back(
+          MakeSamplingRowAfter(*seq, std::span<const int32_t>(drafts.data(), j),
+                               hold_stops ? seq->request().stop_token_ids : std::vector<int32_t>{}, batch.sampling.adjust));
+      batch.sampling.max_logprobs = std::max(batch.sampling.max_logprobs, batch.sampling.rows.back().num_logprobs);
+    }
+  }
+  return batch;
+}
+
+bool Engine::AcceptToken(Sequence& seq, const SampledTokens& tokens, size_t row, int max_logprobs) {
+  const int32_t token = tokens.tokens[row];
+  seq.Append(token);
+  if (const int k = seq.request().sampling.logprobs; k >= 0) {
+    Sequence::TokenLogprobs lp{tokens.logprobs[row], {}};
+    for (int j = 0; j < k; ++j) {
+      const size_t at = row * max_logprobs + j;
+      lp.top.emplace_back(tokens.top_ids[at], tokens.top_logprobs[at]);
+    }
+    seq.logprobs.push_back(std::move(lp));
+  }
+  const auto& stops = seq.request().stop_token_ids;
+  const bool stop_string = seq.request().on_token && seq.request().on_token(token);
+  if (stop_string || std::find(stops.begin(), stops.end(), token) != stops.end()) seq.Stop();
+  return seq.wants_more_tokens();
+}
+
 // Appends each sampling sequence's token (and its logprobs), and stops the sequences that
 // drew a stop token or completed a stop string.
 void Engine::Accept(const std::vector<Sequence*>& sampling, const SamplingBatch& rows, const SampledTokens& sampled) {
+  for (size_t r = 0; r < sampling.size(); ++r) AcceptToken(*sampling[r], sampled, r, rows.max_logprobs);
+}
+
+// Appends each sequence's emitted tokens (its accepted drafts, then the correction or
+// bonus token) until one stops it, and takes back the KV of rejected drafts: their slots
+// hold what later steps overwrite.
+void Engine::AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
+                            const VerifiedTokens& verified) {
+  size_t row = 0;
   for (size_t r = 0; r < sampling.size(); ++r) {
     Sequence& seq = *sampling[r];
-    const int32_t token = sampled.tokens[r];
-    seq.Append(token);
-    if (const int k = seq.request().sampling.logprobs; k >= 0) {
-      Sequence::TokenLogprobs lp{sampled.logprobs[r], {}};
-      for (int j = 0; j < k; ++j) {
-        const size_t at = r * rows.max_logprobs + j;
-        lp.top.emplace_back(sampled.top_ids[at], sampled.top_logprobs[at]);
-      }
-      seq.logprobs.push_back(std::move(lp));
+    const int drafts = batch.num_drafts[r], accepted = verified.num_accepted[r];
+    stats_.drafts_proposed += drafts;
+    stats_.drafts_accepted += accepted;
+    // Computed positions: the last known token's and the accepted drafts'.
+    const int computed = seq.num_computed - (drafts - accepted);
+    for (int j = 0; j <= accepted; ++j) {
+      if (!AcceptToken(seq, verified.emitted, row + j, batch.sampling.max_logprobs)) break;
     }
-    const auto& stops = seq.request().stop_token_ids;
-    const bool stop_string = seq.request().on_token && seq.request().on_token(token);
-    if (stop_string || std::find(stops.begin(), stops.end(), token) != stops.end()) seq.Stop();
+    seq.num_computed = std::min(computed, seq.num_tokens());
+    seq.drafts.clear();
+    row += drafts + 1;
+  }
+}
+
+// Prompt lookup for each sequence that decodes next step: up to K drafts, no more than its
+// remaining tokens less the one verification always emits.
+void Engine::Propose(const std::vector<ScheduledChunk>& chunks) {
+  if (!ngram_ || !config_.capture_layers.empty()) return;
+  for (const auto& [seq, n] : chunks) {
+    if (!seq->wants_more_tokens() || seq->num_tokens() - seq->num_computed != 1) continue;
+    const int room = seq->request().max_new_tokens - seq->num_generated() - 1;
+    if (room <= 0) continue;
+    seq->drafts = ngram_->Propose(seq->tokens());
+    if (static_cast<int>(seq->drafts.size()) > room) seq->drafts.resize(room);
   }
 }
 
@@ -307,16 +373,32 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   // Run: the forward and, on the device, one sampled token per sequence whose known tokens
   // this step completes.
   const ForwardBatch batch = BuildBatch(chunks);
+  bool verifying = false;
+  for (const auto& [seq, n] : chunks) verifying = verifying || !seq->drafts.empty();
   std::vector<Sequence*> sampling;
-  const SamplingBatch rows = SamplingRows(chunks, sampling);
-  StepResult result = runner_.Run(batch, rows);
+  SamplingBatch rows;
+  VerificationBatch verification;
+  StepResult result;
+  if (verifying) {
+    verification = VerificationRows(chunks, sampling);
+    result = runner_.Verify(batch, verification);
+  } else {
+    rows = SamplingRows(chunks, sampling);
+    result = runner_.Run(batch, rows);
+  }
   std::unique_ptr<PendingCapture> capture;
   if (result.captured) capture = TrackCapture(chunks, std::move(result.captured));
   ++stats_.steps;
   stats_.tokens_computed += batch.token_ids.size();
   for (const auto& [seq, n] : chunks) seq->num_computed += n;
   // Accept.
-  Accept(sampling, rows, result.sampled);
+  if (verifying) {
+    AcceptVerified(sampling, verification, result.verified);
+  } else {
+    Accept(sampling, rows, result.sampled);
+  }
+  // Propose.
+  Propose(chunks);
   // Retire.
   for (const auto& [seq, n] : chunks) {
     if (!capture) Commit(*seq, seq->num_computed);  // no rows to wait for

@@ -6,10 +6,12 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/block_manager.h"
 #include "engine/model_runner.h"
+#include "engine/ngram_proposer.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
 
@@ -27,11 +29,16 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   // Decode steps replay recorded CUDA graphs (RunnerConfig::graphs); false: vLLM's --enforce-eager.
   bool graphs = true;
+  // Speculative decoding by prompt lookup: K > 0 proposes up to K drafts per decoding
+  // sequence each step, verified losslessly by the next (not with capture layers).
+  NgramConfig ngram;
 };
 
 struct EngineStats {
   uint64_t steps = 0;
   uint64_t tokens_computed = 0;
+  uint64_t drafts_proposed = 0;  // speculative decoding: drafts verified ...
+  uint64_t drafts_accepted = 0;  // ... and how many of them were accepted
 };
 
 class Engine {
@@ -67,13 +74,21 @@ class Engine {
   const ModelRunner& runner() const { return runner_; }
 
  private:
-  // The stages of a Step: the scheduler picks chunks; (propose: a draft's tokens, once
-  // speculative decoding exists); the runner runs them; accept appends what was sampled;
-  // retire hands back what finished.
+  // The stages of a Step: schedule (the scheduler picks chunks, drafts included); run (the
+  // runner computes them and samples, or verifies the drafts); accept (the emitted tokens
+  // are appended); propose (drafts for the next step); retire (the finished go).
   ForwardBatch BuildBatch(const std::vector<ScheduledChunk>& chunks) const;
-  // The sampling rows of the chunks that sample, and those chunks' sequences, in order.
+  // The sampling rows of the chunks that sample, and those chunks' sequences, in order:
+  // one row per sequence, or with drafts one per draft and one more (verification).
   SamplingBatch SamplingRows(const std::vector<ScheduledChunk>& chunks, std::vector<Sequence*>& sampling) const;
+  VerificationBatch VerificationRows(const std::vector<ScheduledChunk>& chunks, std::vector<Sequence*>& sampling) const;
+  // Appends seq's token from row `row` of `tokens` (with its logprobs) and applies the stop
+  // rules; false once seq wants no more tokens.
+  bool AcceptToken(Sequence& seq, const SampledTokens& tokens, size_t row, int max_logprobs);
   void Accept(const std::vector<Sequence*>& sampling, const SamplingBatch& rows, const SampledTokens& sampled);
+  void AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
+                      const VerifiedTokens& verified);
+  void Propose(const std::vector<ScheduledChunk>& chunks);
   // A step whose captured rows are still being copied to the host.
   struct PendingCapture {
     struct Row {
@@ -104,6 +119,7 @@ class Engine {
   ModelRunner runner_;
   BlockManager blocks_;
   Scheduler scheduler_;
+  std::optional<NgramProposer> ngram_;
   EngineStats stats_;
   // Prefix caching with capture: every computed prompt row, by KV slot, so sequences
   // that reuse cached blocks also get those blocks' hidden states. [slots, L, H].

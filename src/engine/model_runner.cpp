@@ -43,6 +43,7 @@ ModelRunner::~ModelRunner() {
   line("prefill or mixed steps", prefill_times_);
   line("decode steps, eager", decode_times_);
   line("decode steps, graphs", graph_times_);
+  line("verification steps", verify_times_);
   std::fprintf(stderr, "hsx profile: %zu decode graphs recorded (profiling runs them eagerly)\n", graphs_.size());
 }
 
@@ -160,30 +161,42 @@ std::unique_ptr<CapturedRows> ModelRunner::StartCaptureCopy(Tensor captured) {
   return rows;
 }
 
+Tensor ModelRunner::EagerLogits(const ForwardBatch& batch, StepResult& result) {
+  ForwardOutput out = model_.Forward(batch, cache_, config_.capture_layers);
+  // The copy starts now, beside the sampling and the next step.
+  if (!config_.capture_layers.empty()) result.captured = StartCaptureCopy(std::move(out.captured));
+  return std::move(out.logits);
+}
+
 StepResult ModelRunner::Run(const ForwardBatch& batch, const SamplingBatch& sampling) {
-  const auto t0 = Clock::now();
+  const auto start = Clock::now();
   StepResult result;
-  Tensor logits;
   const int bucket = GraphBucket(batch);
-  if (bucket > 0) {
-    logits = GraphLogits(batch, bucket).Rows(0, static_cast<int64_t>(batch.token_ids.size()));
-  } else {
-    ForwardOutput out = model_.Forward(batch, cache_, config_.capture_layers);
-    logits = std::move(out.logits);
-    // The copy starts now, beside the sampling and the next step.
-    if (!config_.capture_layers.empty()) result.captured = StartCaptureCopy(std::move(out.captured));
-  }
+  const Tensor logits = bucket > 0 ? GraphLogits(batch, bucket).Rows(0, static_cast<int64_t>(batch.token_ids.size()))
+                                   : EagerLogits(batch, result);
   if (!sampling.rows.empty()) result.sampled = backend().Sample(logits, sampling);
   if (profile_) {
-    backend().Synchronize();
     bool decode = !batch.seqs.empty();
     for (const SequenceSlice& s : batch.seqs) decode = decode && s.q_len == 1;
-    StepTimes& t = bucket > 0 ? graph_times_ : decode ? decode_times_ : prefill_times_;
-    t.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    ++t.steps;
-    t.rows += static_cast<int64_t>(batch.token_ids.size());
+    Profile(bucket > 0 ? graph_times_ : decode ? decode_times_ : prefill_times_, batch, start);
   }
   return result;
+}
+
+StepResult ModelRunner::Verify(const ForwardBatch& batch, const VerificationBatch& verification) {
+  const auto start = Clock::now();
+  StepResult result;
+  const Tensor logits = EagerLogits(batch, result);
+  result.verified = backend().VerifyDrafts(logits, nullptr, verification, nullptr);
+  if (profile_) Profile(verify_times_, batch, start);
+  return result;
+}
+
+void ModelRunner::Profile(StepTimes& t, const ForwardBatch& batch, Clock::time_point start) {
+  backend().Synchronize();
+  t.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  ++t.steps;
+  t.rows += static_cast<int64_t>(batch.token_ids.size());
 }
 
 }  // namespace hsx

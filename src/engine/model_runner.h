@@ -5,6 +5,7 @@
 // schedules and keeps sequences; it never holds a device tensor.
 #pragma once
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -43,7 +44,8 @@ class CapturedRows {
 };
 
 struct StepResult {
-  SampledTokens sampled;                    // one entry per sampling row
+  SampledTokens sampled;                    // Run: one entry per sampling row
+  VerifiedTokens verified;                  // Verify: accepted counts and emitted tokens
   std::unique_ptr<CapturedRows> captured;  // null when no layers are captured
 };
 
@@ -54,6 +56,9 @@ class ModelRunner {
 
   // Runs batch and samples its logit rows with sampling's rows (one each, in order).
   StepResult Run(const ForwardBatch& batch, const SamplingBatch& sampling);
+  // Runs batch and verifies its drafts (speculative decoding): the logit rows are each
+  // request's K + 1 rows, in the order of verification's requests.
+  StepResult Verify(const ForwardBatch& batch, const VerificationBatch& verification);
 
   const RunnerConfig& config() const { return config_; }
   int64_t graph_replays() const { return graph_replays_; }  // decode steps that replayed a graph
@@ -66,6 +71,13 @@ class ModelRunner {
   // Fills the graphs' fixed inputs with batch padded to `bucket` rows; returns them.
   DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket);
   Tensor GraphLogits(const ForwardBatch& batch, int bucket);  // [bucket, V]
+  // The batch's logits run op by op; starts the copy of its captured rows into *result.
+  Tensor EagerLogits(const ForwardBatch& batch, StepResult& result);
+  struct StepTimes {
+    double seconds = 0;
+    int64_t steps = 0, rows = 0;
+  };
+  void Profile(StepTimes& times, const ForwardBatch& batch, std::chrono::steady_clock::time_point start);
   std::unique_ptr<CapturedRows> StartCaptureCopy(Tensor captured);
 
   Model& model_;
@@ -89,11 +101,7 @@ class ModelRunner {
 
   // HSX_PROFILE=1: steps synchronize; seconds and counts per kind of step.
   bool profile_ = std::getenv("HSX_PROFILE") != nullptr;
-  struct StepTimes {
-    double seconds = 0;
-    int64_t steps = 0, rows = 0;
-  };
-  StepTimes prefill_times_, decode_times_, graph_times_;
+  StepTimes prefill_times_, decode_times_, graph_times_, verify_times_;
 };
 
 }  // namespace hsx

@@ -9,6 +9,7 @@ void Scheduler::Preempt() {
   running_.pop_back();
   blocks_.Release(*victim);
   ++victim->preemptions;
+  victim->drafts.clear();  // proposed again after its recompute
   waiting_.push_front(std::move(victim));
   ++preemptions_;
 }
@@ -18,7 +19,9 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
   int budget = config_.max_num_batched_tokens;
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i].get();
-    const int n = std::min(seq->num_tokens() - seq->num_computed, budget);
+    const int n = std::min(seq->num_scheduled_tokens() - seq->num_computed, budget);
+    // A budget that cuts into the drafts verifies fewer of them.
+    seq->drafts.resize(std::max(0, std::min<int>(seq->drafts.size(), seq->num_computed + n - seq->num_tokens())));
     if (!blocks_.Reserve(*seq, seq->num_computed + n)) {
       Preempt();  // frees the newest; if that was seq itself, the loop ends
       continue;

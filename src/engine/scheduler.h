@@ -20,7 +20,7 @@ struct SchedulerConfig {
 
 struct ScheduledChunk {
   Sequence* seq;
-  int num_tokens;  // tokens computed this step, starting at seq->num_computed
+  int num_tokens;  // tokens computed this step, starting at seq->num_computed (drafts last)
 };
 
 class Scheduler {

@@ -48,6 +48,12 @@ class Sequence {
 
   // Tokens whose KV is in the cache; the rest are computed by coming steps.
   int num_computed = 0;
+  // Speculative decoding: tokens proposed after the known ones, fed (and verified) with
+  // the next step; cleared once verified or when the sequence is preempted.
+  std::vector<int32_t> drafts;
+  // The token a step feeds at position p: a known one, or a draft past them.
+  int32_t token_at(int p) const { return p < num_tokens() ? tokens_[p] : drafts[p - num_tokens()]; }
+  int num_scheduled_tokens() const { return num_tokens() + static_cast<int>(drafts.size()); }
   std::vector<int32_t> block_table;
   // Prefix caching: chained hashes of the leading full prompt blocks registered so far,
   // and how many leading tokens came from cached blocks at the last admission (their

@@ -1,0 +1,100 @@
+#include "engine/speculative_config.h"
+
+#include <algorithm>
+#include <set>
+
+#include "util/json.h"
+
+namespace hsx {
+namespace {
+
+constexpr const char* kWhere = "--speculative-config: ";
+
+Status RefuseOtherFields(const nlohmann::json& j, const std::set<std::string>& known, const std::string& method) {
+  for (const auto& [key, value] : j.items()) {
+    if (!known.count(key)) return Error(std::string(kWhere) + "field \"" + key + "\" is not taken by method \"" + method + "\"");
+  }
+  return {};
+}
+
+Result<int> PositiveInt(const nlohmann::json& j, const std::string& field) {
+  if (!j.contains(field)) return Error(std::string(kWhere) + "\"" + field + "\" is required");
+  const auto& v = j[field];
+  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 64) {
+    return Error(std::string(kWhere) + "\"" + field + "\" must be an integer in [1, 64], got " + v.dump());
+  }
+  return static_cast<int>(v.get<int64_t>());
+}
+
+Result<std::vector<int>> AuxLayerIds(const nlohmann::json& j, int num_layers) {
+  const nlohmann::json* ids = nullptr;
+  if (j.contains("draft_model_config") && j["draft_model_config"].is_object() &&
+      j["draft_model_config"].contains("hf_config") && j["draft_model_config"]["hf_config"].is_object() &&
+      j["draft_model_config"]["hf_config"].contains("eagle_aux_hidden_state_layer_ids")) {
+    ids = &j["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"];
+  }
+  if (ids == nullptr || !ids->is_array() || ids->empty()) {
+    return Error(std::string(kWhere) +
+                 "expected draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids, a list of layer ids");
+  }
+  std::vector<int> layers;
+  for (const auto& v : *ids) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > num_layers) {
+      return Error(std::string(kWhere) + "layer id " + v.dump() + " is out of range [0, " + std::to_string(num_layers) + "]");
+    }
+    if (std::find(layers.begin(), layers.end(), v.get<int>()) != layers.end()) {
+      return Error(std::string(kWhere) + "layer id " + v.dump() + " is given twice");
+    }
+    layers.push_back(v.get<int>());
+  }
+  std::sort(layers.begin(), layers.end());
+  return layers;
+}
+
+}  // namespace
+
+Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int num_layers) {
+  auto parsed = ParseJson(text, "--speculative-config");
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
+  if (!j.is_object()) return Error(std::string(kWhere) + "not a JSON object");
+  if (!j.contains("method") || !j["method"].is_string()) return Error(std::string(kWhere) + "\"method\" (a string) is required");
+  const std::string method = j["method"].get<std::string>();
+  SpeculativeConfig config;
+  if (method == "extract_hidden_states") {
+    HSX_RETURN_IF_ERROR(RefuseOtherFields(j, {"method", "num_speculative_tokens", "draft_model_config"}, method));
+    config.method = SpeculativeConfig::Method::kExtractHiddenStates;
+    HSX_ASSIGN_OR_RETURN(config.capture_layers, AuxLayerIds(j, num_layers));
+    return config;
+  }
+  if (method == "ngram") {
+    HSX_RETURN_IF_ERROR(RefuseOtherFields(
+        j, {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}, method));
+    config.method = SpeculativeConfig::Method::kNgram;
+    HSX_ASSIGN_OR_RETURN(config.ngram.num_speculative_tokens, PositiveInt(j, "num_speculative_tokens"));
+    // vLLM's defaults: both 5 when neither is given, else the one given for both.
+    const bool has_min = j.contains("prompt_lookup_min"), has_max = j.contains("prompt_lookup_max");
+    int lookup_min = 5, lookup_max = 5;
+    if (has_min) {
+      HSX_ASSIGN_OR_RETURN(lookup_min, PositiveInt(j, "prompt_lookup_min"));
+    }
+    if (has_max) {
+      HSX_ASSIGN_OR_RETURN(lookup_max, PositiveInt(j, "prompt_lookup_max"));
+    }
+    if (has_min && !has_max) lookup_max = lookup_min;
+    if (has_max && !has_min) lookup_min = lookup_max;
+    if (lookup_min > lookup_max) {
+      return Error(std::string(kWhere) + "prompt_lookup_min (" + std::to_string(lookup_min) +
+                   ") must be <= prompt_lookup_max (" + std::to_string(lookup_max) + ")");
+    }
+    config.ngram.prompt_lookup_min = lookup_min;
+    config.ngram.prompt_lookup_max = lookup_max;
+    return config;
+  }
+  if (method == "eagle3" || method == "mtp") {
+    return Error(std::string(kWhere) + "method \"" + method + "\" is not run by hsx yet (ngram and extract_hidden_states are)");
+  }
+  return Error(std::string(kWhere) + "unknown method \"" + method + "\" (expected extract_hidden_states or ngram)");
+}
+
+}  // namespace hsx

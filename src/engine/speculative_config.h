@@ -1,0 +1,27 @@
+// vLLM's --speculative-config, one JSON object for serve, generate and bench:
+//   {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+//    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [..]}}}
+//      (no drafts: the hidden states of those layers are captured, vLLM's extraction)
+//   {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": a, "prompt_lookup_max": b}
+// Fields a method does not take are refused by name, as are methods hsx does not run yet.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/ngram_proposer.h"
+#include "util/status.h"
+
+namespace hsx {
+
+struct SpeculativeConfig {
+  enum class Method { kNone, kExtractHiddenStates, kNgram };
+  Method method = Method::kNone;
+  std::vector<int> capture_layers;  // extract_hidden_states: ascending, unique, in [0, num_layers]
+  NgramConfig ngram;                // ngram: its K and lookup lengths
+};
+
+// text: the flag's JSON; num_layers: the target's (layer ids range over [0, num_layers]).
+Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int num_layers);
+
+}  // namespace hsx

@@ -1,0 +1,131 @@
+// Speculative decoding in the engine, held to losslessness: with n-gram drafts verified
+// by the VerifyDrafts op, greedy output is token for token the plain decode's, on every
+// fixture model, under chunked prefill, batching and preemption. The batch-invariant CPU
+// backend gives a row the same logits whether it runs alone or beside drafts, so any
+// difference is the engine's; and the speculative config's errors name their field.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/speculative_config.h"
+#include "test_util.h"
+
+namespace hsx {
+namespace {
+
+struct Generation {
+  std::map<std::string, std::vector<int32_t>> tokens;
+  EngineStats stats;
+};
+
+Generation Generate(Model& model, const SafetensorsFile& golden, EngineConfig config, int max_new_tokens) {
+  Engine engine(model, config);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int k = 0; k < 3; ++k) prompts.push_back(test::AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
+  // A prompt that repeats itself, so prompt lookup finds matches from the start.
+  std::vector<int32_t> loop;
+  for (int i = 0; i < 40; ++i) loop.push_back(prompts[1][i % 7]);
+  prompts.push_back(loop);
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    Request r;
+    r.id = "p" + std::to_string(k);
+    r.prompt = prompts[k];
+    r.max_new_tokens = max_new_tokens;
+    r.stop_token_ids = model.config().eos_token_ids;
+    EXPECT_TRUE(engine.Add(std::move(r)).ok());
+  }
+  Generation run;
+  while (engine.has_work())
+    for (auto& seq : engine.Step()) run.tokens[seq->id()] = seq->generated();
+  run.stats = engine.stats();
+  return run;
+}
+
+class SpeculativeGreedyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SpeculativeGreedyTest, NgramDraftsLeaveGreedyOutputUnchanged) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  auto model = Model::Load(test::ModelDir(GetParam()), backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  SafetensorsFile golden = test::Golden(test::ModelDir(GetParam()) + "/golden.safetensors");
+  EngineConfig plain;
+  plain.scheduler.max_num_batched_tokens = 48;  // chunked prefill beside decodes and verifications
+  const Generation reference = Generate(**model, golden, plain, 40);
+  for (int k : {1, 3, 5}) {
+    EngineConfig speculative = plain;
+    speculative.ngram = {k, 1, 3};
+    const Generation run = Generate(**model, golden, speculative, 40);
+    EXPECT_EQ(run.tokens, reference.tokens) << GetParam() << " K=" << k;
+    EXPECT_GT(run.stats.drafts_proposed, 0u) << "no drafts were verified";
+    std::printf("[ngram] %-15s K=%d accepted %lu of %lu drafts, %lu steps (plain %lu)\n", GetParam().c_str(), k,
+                static_cast<unsigned long>(run.stats.drafts_accepted),
+                static_cast<unsigned long>(run.stats.drafts_proposed), static_cast<unsigned long>(run.stats.steps),
+                static_cast<unsigned long>(reference.stats.steps));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, SpeculativeGreedyTest, ::testing::ValuesIn(test::FixtureModels()),
+                         [](const auto& info) { return info.param; });
+
+// KV room for about one long sequence: sequences are preempted (their drafts dropped) and
+// recomputed, and the output stays the plain decode's.
+TEST(SpeculativeEngineTest, PreemptionKeepsGreedyExact) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  auto model = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(model.ok());
+  SafetensorsFile golden = test::Golden(test::ModelDir("qwen3") + "/golden.safetensors");
+  EngineConfig config;
+  config.block_size = 4;
+  config.num_blocks = 48;
+  config.scheduler.max_num_batched_tokens = 32;
+  const Generation reference = Generate(**model, golden, config, 16);
+  config.ngram = {4, 1, 2};
+  const Generation run = Generate(**model, golden, config, 16);
+  EXPECT_EQ(run.tokens, reference.tokens);
+  EXPECT_GT(run.stats.drafts_proposed, 0u);
+}
+
+TEST(SpeculativeConfigTest, ParsesVllmShapesAndNamesBadFields) {
+  auto ngram = ParseSpeculativeConfig(R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})", 4);
+  ASSERT_TRUE(ngram.ok()) << ngram.status().message();
+  EXPECT_EQ(ngram->method, SpeculativeConfig::Method::kNgram);
+  EXPECT_EQ(ngram->ngram.num_speculative_tokens, 4);
+  EXPECT_EQ(ngram->ngram.prompt_lookup_min, 3);  // vLLM: the one given serves for both
+  EXPECT_EQ(ngram->ngram.prompt_lookup_max, 3);
+  auto defaults = ParseSpeculativeConfig(R"({"method": "ngram", "num_speculative_tokens": 2})", 4);
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->ngram.prompt_lookup_min, 5);
+  EXPECT_EQ(defaults->ngram.prompt_lookup_max, 5);
+  auto extract = ParseSpeculativeConfig(
+      R"({"method": "extract_hidden_states", "num_speculative_tokens": 1,
+          "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [4, 0, 2]}}})", 4);
+  ASSERT_TRUE(extract.ok()) << extract.status().message();
+  EXPECT_EQ(extract->capture_layers, (std::vector<int>{0, 2, 4}));
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"[1]", "not a JSON object"},
+      {R"({"num_speculative_tokens": 2})", "\"method\""},
+      {R"({"method": "medusa"})", "unknown method \"medusa\""},
+      {R"({"method": "eagle3", "model": "d", "num_speculative_tokens": 3})", "not run by hsx yet"},
+      {R"({"method": "ngram"})", "\"num_speculative_tokens\" is required"},
+      {R"({"method": "ngram", "num_speculative_tokens": 0})", "[1, 64]"},
+      {R"({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2})",
+       "prompt_lookup_min (4) must be <= prompt_lookup_max (2)"},
+      {R"({"method": "ngram", "num_speculative_tokens": 2, "model": "x"})", "field \"model\" is not taken"},
+      {R"({"method": "extract_hidden_states", "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [5]}}})",
+       "layer id 5 is out of range [0, 4]"},
+      {R"({"method": "extract_hidden_states", "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 1]}}})",
+       "given twice"},
+  };
+  for (const auto& [text, expected] : bad) {
+    auto r = ParseSpeculativeConfig(text, 4);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find(expected), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("--speculative-config"), std::string::npos) << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace hsx
