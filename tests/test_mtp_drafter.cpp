@@ -37,6 +37,8 @@ struct Fixture {
   std::string assistant, golden;
   bool centroid_head;
 };
+void PrintTo(const Fixture& f, std::ostream* os) { *os << f.assistant; }
+
 const Fixture kRandom{"gemma4_assistant", "golden_mtp_vllm.safetensors", true};
 const Fixture kCopy{"gemma4_assistant_copy", "golden_mtp_vllm_copy.safetensors", false};
 

@@ -20,7 +20,7 @@ const json& AssistantDefaults() {
 }
 
 // Limits of the CUDA centroid head (one block's shared memory holds a row's centroid scores).
-constexpr int kMaxCentroids = 12288;
+constexpr int kMaxCentroids = 8192;
 constexpr int kMaxCentroidTopK = 256;
 
 const char* TypeName(const LayerSpec& l) { return l.sliding ? "sliding_attention" : "full_attention"; }

@@ -758,7 +758,7 @@ void CudaBackend::CentroidMaskedLogits(const Tensor& x, const Tensor& centroid_l
                                   x.size(0), static_cast<int>(x.size(1)), static_cast<int>(centroid_logits.size(1)),
                                   static_cast<int>(token_ordering.size(1)), top_k, logits.size(1),
                                   logits.data<float>(), impl_->stream)) {
-    std::fprintf(stderr, "hsx: CUDA centroid head supports top_k in [1, min(256, centroids)] and <= 12288 centroids; got %d of %lld\n",
+    std::fprintf(stderr, "hsx: CUDA centroid head supports top_k in [1, min(256, centroids)] and <= 8192 centroids; got %d of %lld\n",
                  top_k, static_cast<long long>(centroid_logits.size(1)));
     std::abort();
   }

@@ -59,7 +59,7 @@ void FlagNonFiniteRows(const bf16* x, int64_t rows, int64_t cols, int32_t* flags
 
 // Gemma 4 MTP's centroid-masked LM head (Backend::CentroidMaskedLogits): logits f32
 // [rows, vocab]; token_ordering [clusters, per_cluster]. False, launching nothing, unless
-// 1 <= top_k <= min(clusters, 256) and clusters <= 12288.
+// 1 <= top_k <= min(clusters, 256) and clusters <= 8192.
 bool CentroidMaskedLogits(const bf16* x, const float* centroid_logits, const int32_t* token_ordering,
                           const bf16* lm_head, int64_t rows, int hidden, int clusters, int per_cluster, int top_k,
                           int64_t vocab, float* logits, cudaStream_t stream);
