@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -592,6 +593,29 @@ TEST_F(MtpCheckpointTest, ShapesThatDisagreeWithTheConfigAreNamed) {
   auto drafter = MtpDrafter::Load(dir, **target, backend);
   ASSERT_FALSE(drafter.ok());
   EXPECT_NE(drafter.status().message().find("tensor 'model.layers.0.mlp.gate_proj.weight' has shape [96, 32]"),
+            std::string::npos)
+      << drafter.status().message();
+}
+
+TEST_F(MtpCheckpointTest, TokenOrderingOutsideTheVocabularyIsRefused) {
+  CpuBackend backend;
+  auto target = Model::Load(MtpPath("gemma4_target"), backend);
+  ASSERT_TRUE(target.ok());
+  // The centroid assistant's tensors, its token ordering naming token 512 of a 512-token
+  // vocabulary (an out-of-bounds read of the head, were it used).
+  const std::string dir = Write("gemma4_assistant", [](auto&) {});
+  SafetensorsFile original = test::Golden(MtpPath("gemma4_assistant/model.safetensors"));
+  std::vector<NamedTensor> tensors;
+  for (const auto& [name, t] : original.tensors()) {
+    Tensor copy = Tensor::Host(t.dtype(), t.shape());
+    std::memcpy(copy.raw(), t.raw(), t.nbytes());
+    if (name == "masked_embedding.token_ordering") copy.data<int64_t>()[7] = 512;
+    tensors.push_back({name, copy});
+  }
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
+  auto drafter = MtpDrafter::Load(dir, **target, backend);
+  ASSERT_FALSE(drafter.ok());
+  EXPECT_NE(drafter.status().message().find("tensor 'masked_embedding.token_ordering' entry 7 is 512, not a token id in [0, 512)"),
             std::string::npos)
       << drafter.status().message();
 }
