@@ -512,6 +512,8 @@ TEST(MtpConfigTest, ErrorsNameTheField) {
       {[](auto& a, auto&) { a["draft_vocab_size"] = 3; }, "field 'draft_vocab_size': not supported"},
       {[](auto& a, auto&) { a["text_config"]["hidden_size_per_layer_input"] = 8; },
        "text_config: field 'hidden_size_per_layer_input': must be 0"},
+      {[](auto& a, auto&) { a["text_config"]["num_kv_shared_layers"] = 1; },
+       "text_config: field 'num_kv_shared_layers': every assistant layer reads the target's KV"},
       {[](auto& a, auto&) { a["text_config"]["rms_norm_eps"] = 0; }, "assistant/config.json: text_config: field 'rms_norm_eps'"},
       {[](auto& a, auto&) { a["backbone_hidden_size"] = 32; },
        "field 'backbone_hidden_size': 32, but the target's hidden_size is 64"},

@@ -62,6 +62,12 @@ Result<MtpConfig> ParseMtpConfig(const std::string& json_text, const std::string
                    (text.contains(key) ? text[key].dump() : std::string("none")) + ")");
     }
   }
+  // transformers turns 0 or null into num_hidden_layers and refuses any other value.
+  if (text.contains("num_kv_shared_layers") && !text["num_kv_shared_layers"].is_null() &&
+      text["num_kv_shared_layers"] != 0 && text["num_kv_shared_layers"] != text.value("num_hidden_layers", json())) {
+    return Error(text_source + ": field 'num_kv_shared_layers': every assistant layer reads the target's KV, so it must be "
+                 "num_hidden_layers (or 0); got " + text["num_kv_shared_layers"].dump());
+  }
   text["architectures"] = json::array({"Gemma4ForCausalLM"});
   text["num_kv_shared_layers"] = 0;
   HSX_ASSIGN_OR_RETURN(c.text, ParseModelConfig(text.dump(), text_source));
