@@ -149,6 +149,13 @@ class Backend {
   // out = sum of weighted expert MLPs.
   virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
                       bool renormalize, Activation act, Tensor& out) = 0;
+  // Gemma 4 MTP's centroid-masked LM head (vLLM's Gemma4MTPMaskedEmbedder). Per row r of
+  // x [R, H]: the top_k highest of centroid_logits f32 [R, C] (NaN lowest, ties to the lower
+  // index) select clusters; cluster c holds the tokens in row c of token_ordering int32
+  // [C, V / C]. A selected token's logit is x[r] . lm_head[token] (lm_head [V, H]); every
+  // other entry of logits f32 [R, V] is the lowest finite float (vLLM's fill).
+  virtual void CentroidMaskedLogits(const Tensor& x, const Tensor& centroid_logits, const Tensor& token_ordering,
+                                    const Tensor& lm_head, int top_k, Tensor& logits) = 0;
   // flags int32 [R]: 1 where row r of x [R, C] (compute dtype) holds an inf or NaN, else 0.
   virtual void FlagNonFiniteRows(const Tensor& x, Tensor& flags) = 0;
   // One token per row of logits f32 [rows, vocab] (backend/sampling.h); only the tokens

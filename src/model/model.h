@@ -43,6 +43,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
+  const ModelWeights& weights() const { return weights_; }
 
   // capture_layers: ascending, unique ids in [0, num_layers] (vLLM's convention: id i < N
   // is the input of decoder layer i, id N the last layer's output before the final norm).

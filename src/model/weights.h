@@ -2,7 +2,9 @@
 // against the config's shapes, and placed on the backend's device.
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -28,6 +30,16 @@ struct ModelWeights {
   Tensor embed_tokens_per_layer, per_layer_model_projection, per_layer_projection_norm;  // Gemma 4
   std::vector<LayerWeights> layers;
 };
+
+// Every tensor of DIR/model.safetensors or of the shards DIR/model.safetensors.index.json
+// lists, by name, with the file it is in; each file is mapped once.
+using CheckpointTensors = std::map<std::string, std::pair<Tensor, std::string>>;
+Result<CheckpointTensors> OpenCheckpoint(const std::string& model_dir);
+
+// The float tensor `name` (F32, F16 or BF16) of an opened checkpoint, of exactly `shape`,
+// in aligned host memory; errors name the file and tensor.
+Result<Tensor> CheckpointFloatTensor(const CheckpointTensors& tensors, const std::string& model_dir,
+                                     const std::string& name, const Shape& shape);
 
 enum class LoadFormat { kSafetensors, kDummy };
 

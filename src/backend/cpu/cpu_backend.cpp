@@ -6,6 +6,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -408,6 +409,41 @@ void CpuBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeW
       for (int64_t c = 0; c < hidden; ++c) o[c] += routed[i].second * yr[c];
     }
   }
+}
+
+void CpuBackend::CentroidMaskedLogits(const Tensor& x, const Tensor& centroid_logits, const Tensor& token_ordering,
+                                      const Tensor& lm_head, int top_k, Tensor& logits) {
+  const int64_t rows = x.size(0), hidden = x.size(1), clusters = centroid_logits.size(1);
+  const int64_t vocab = logits.size(1), per_cluster = token_ordering.size(1);
+  const int32_t* ordering = token_ordering.data<int32_t>();
+  std::fill(logits.data<float>(), logits.data<float>() + logits.numel(), std::numeric_limits<float>::lowest());
+  ForEach(
+      rows,
+      [&](int64_t b, int64_t e) {
+        std::vector<int32_t> order(static_cast<size_t>(clusters));
+        std::vector<float> embedding(static_cast<size_t>(hidden));
+        for (int64_t r = b; r < e; ++r) {
+          const float* c = centroid_logits.data<float>() + r * clusters;
+          auto key = [&](int32_t i) { return std::isnan(c[i]) ? -std::numeric_limits<float>::infinity() : c[i]; };
+          std::iota(order.begin(), order.end(), 0);
+          std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int32_t a, int32_t b2) {
+            return key(a) > key(b2) || (key(a) == key(b2) && a < b2);
+          });
+          const float* xr = x.data<float>() + r * hidden;
+          float* out = logits.data<float>() + r * vocab;
+          for (int k = 0; k < top_k; ++k) {
+            for (int64_t j = 0; j < per_cluster; ++j) {
+              const int32_t token = ordering[order[k] * per_cluster + j];
+              ConvertToF32(lm_head.dtype(), static_cast<const char*>(lm_head.raw()) + token * hidden * DTypeSize(lm_head.dtype()),
+                           embedding.data(), embedding.size());
+              float dot = 0.0f;
+              for (int64_t i = 0; i < hidden; ++i) dot += xr[i] * embedding[i];
+              out[token] = dot;
+            }
+          }
+        }
+      },
+      vocab);
 }
 
 void CpuBackend::FlagNonFiniteRows(const Tensor& x, Tensor& flags) {

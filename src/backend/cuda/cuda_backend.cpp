@@ -877,6 +877,19 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   HSX_LAUNCH_CHECK();
 }
 
+void CudaBackend::CentroidMaskedLogits(const Tensor& x, const Tensor& centroid_logits, const Tensor& token_ordering,
+                                       const Tensor& lm_head, int top_k, Tensor& logits) {
+  if (!cuda::CentroidMaskedLogits(B(x), centroid_logits.data<float>(), token_ordering.data<int32_t>(), B(lm_head),
+                                  x.size(0), static_cast<int>(x.size(1)), static_cast<int>(centroid_logits.size(1)),
+                                  static_cast<int>(token_ordering.size(1)), top_k, logits.size(1),
+                                  logits.data<float>(), impl_->stream)) {
+    std::fprintf(stderr, "hsx: CUDA centroid head supports top_k in [1, min(256, centroids)] and <= 8192 centroids; got %d of %lld\n",
+                 top_k, static_cast<long long>(centroid_logits.size(1)));
+    std::abort();
+  }
+  HSX_LAUNCH_CHECK();
+}
+
 void CudaBackend::FlagNonFiniteRows(const Tensor& x, Tensor& flags) {
   cuda::FlagNonFiniteRows(B(x), flags.numel(), x.size(-1), flags.data<int32_t>(), impl_->stream);
   HSX_LAUNCH_CHECK();

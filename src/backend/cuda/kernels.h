@@ -58,6 +58,13 @@ void ConvertToBF16(const void* x, int src_dtype, int64_t n, bf16* out, cudaStrea
 // flags[r] = 1 where row r of x [rows, cols] holds an inf or NaN, else 0.
 void FlagNonFiniteRows(const bf16* x, int64_t rows, int64_t cols, int32_t* flags, cudaStream_t stream);
 
+// Gemma 4 MTP's centroid-masked LM head (Backend::CentroidMaskedLogits): logits f32
+// [rows, vocab]; token_ordering [clusters, per_cluster]. False, launching nothing, unless
+// 1 <= top_k <= min(clusters, 256) and clusters <= 8192.
+bool CentroidMaskedLogits(const bf16* x, const float* centroid_logits, const int32_t* token_ordering,
+                          const bf16* lm_head, int64_t rows, int hidden, int clusters, int per_cluster, int top_k,
+                          int64_t vocab, float* logits, cudaStream_t stream);
+
 struct AttentionArgs {
   const bf16* q;        // [T, num_heads, head_dim]
   const bf16* k_cache;  // [slots, kv_heads, head_dim]
