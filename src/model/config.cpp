@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 
+#include "model/config_fields.h"
 #include "util/json.h"
 #include "util/text_file.h"
 
@@ -16,11 +17,9 @@ namespace hsx {
 namespace {
 
 using json = nlohmann::json;
+using Fields = ConfigFields;
 
-// Any count or width a config gives (layers, heads, hidden size, vocabulary, experts):
-// far above every published model, low enough that products of two fit in int64 and a
-// typo fails here rather than as a failed multi-terabyte allocation.
-constexpr int64_t kMaxSize = 1 << 24;
+constexpr int64_t kMaxSize = kMaxConfigSize;
 constexpr int64_t kMaxPositions = int64_t{1} << 30;
 constexpr int64_t kMaxLayers = 4096;  // per-layer specs are allocated up front
 
@@ -82,35 +81,6 @@ const json& HfDefaultsJson(Arch arch) {
   return kParsed.at(arch);
 }
 
-// Fields transformers reads (or keeps) that cannot change hidden states or stop tokens.
-// Every other field hsx does not read is refused: an unknown field may change the
-// computation, and a silently wrong hidden state is worse than an error.
-const std::set<std::string>& IgnoredFields() {
-  static const std::set<std::string> kIgnored = {
-      // Bookkeeping and training-only settings (PreTrainedConfig and the hub's files).
-      "_name_or_path", "transformers_version", "_commit_hash", "model_type", "use_cache", "initializer_range",
-      "attention_dropout", "bos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
-      "output_hidden_states", "output_attentions", "return_dict", "use_return_dict", "torchscript", "id2label",
-      "label2id", "num_labels", "problem_type", "finetuning_task", "chunk_size_feed_forward", "is_encoder_decoder",
-      "is_decoder", "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder", "pruned_heads",
-      "tf_legacy_loss", "use_bfloat16", "tokenizer_class", "prefix", "task_specific_params",
-      "_attn_implementation_autoset", "attn_implementation", "output_router_logits", "router_aux_loss_coef",
-      // Generation defaults: transformers pops them from the model config; hsx's sampling
-      // comes from the request, stop tokens from eos_token_id and generation_config.json.
-      "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-      "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-      "encoder_repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
-      "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-      "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-      "begin_suppress_tokens", "epsilon_cutoff", "eta_cutoff", "cache_implementation",
-      // Llama: transformers 5 never reads it; 4.x split the same matmuls tp ways (same result).
-      "pretraining_tp",
-      // Gemma 3: a copy transformers 5 writes next to an explicit layer_types.
-      "_sliding_window_pattern",
-  };
-  return kIgnored;
-}
-
 // Keys of a multimodal config's top level that only concern the vision or audio towers.
 const std::set<std::string>& MultimodalTopLevelFields() {
   static const std::set<std::string> kFields = {
@@ -121,133 +91,6 @@ const std::set<std::string>& MultimodalTopLevelFields() {
   };
   return kFields;
 }
-
-// Whether the JSON integer v lies in [lo, hi] (unsigned values above INT64_MAX included).
-bool IntInRange(const json& v, int64_t lo, int64_t hi) {
-  if (v.is_number_unsigned()) {
-    const uint64_t x = v.get<uint64_t>();
-    return x <= static_cast<uint64_t>(INT64_MAX) && lo <= static_cast<int64_t>(x) && static_cast<int64_t>(x) <= hi;
-  }
-  const int64_t x = v.get<int64_t>();
-  return lo <= x && x <= hi;
-}
-
-// Typed reads of one config object with errors that name the file and the field. A
-// field the object lacks falls back to `defaults` (transformers' value); every field
-// looked at is recorded, so the fields nobody read can be refused at the end.
-class Fields {
- public:
-  Fields(const json& j, const json& defaults, std::string source)
-      : j_(j), defaults_(defaults), source_(std::move(source)) {}
-
-  // The field's value, the default's, or nullptr when neither has one (null is a value).
-  const json* Get(const std::string& key) const {
-    read_.insert(key);
-    if (j_.contains(key)) return &j_[key];
-    if (defaults_.contains(key)) return &defaults_[key];
-    return nullptr;
-  }
-  // Whether config.json itself has the field (with any value, null included).
-  bool Given(const std::string& key) const {
-    read_.insert(key);
-    return j_.contains(key);
-  }
-  bool Has(const std::string& key) const {
-    const json* v = Get(key);
-    return v != nullptr && !v->is_null();
-  }
-
-  Result<std::optional<int64_t>> OptionalInt(const std::string& key, int64_t lo, int64_t hi) const {
-    const json* v = Get(key);
-    if (v == nullptr || v->is_null()) return std::optional<int64_t>();
-    if (!v->is_number_integer()) return Wrong(key, *v, "an integer");
-    if (!IntInRange(*v, lo, hi)) {
-      return Fail(key, v->dump() + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    }
-    return std::optional<int64_t>(v->get<int64_t>());
-  }
-  // A required integer in [lo, hi].
-  Result<int> Int(const std::string& key, int64_t lo = 1, int64_t hi = kMaxSize) const {
-    HSX_ASSIGN_OR_RETURN(auto v, OptionalInt(key, lo, hi));
-    if (!v) return Missing(key, "an integer");
-    return static_cast<int>(*v);
-  }
-
-  Result<std::optional<double>> OptionalNumber(const std::string& key) const {
-    const json* v = Get(key);
-    if (v == nullptr || v->is_null()) return std::optional<double>();
-    if (!v->is_number()) return Wrong(key, *v, "a number");
-    return std::optional<double>(v->get<double>());
-  }
-  // A required number that must be finite and > 0 (rope bases, scales, epsilons): other
-  // values can only produce inf or NaN.
-  Result<double> Positive(const std::string& key) const {
-    HSX_ASSIGN_OR_RETURN(auto v, OptionalNumber(key));
-    if (!v) return Missing(key, "a number");
-    // The forward computes in f32: a value that rounds to 0 or inf there is as bad as 0 or inf.
-    if (!(*v >= std::numeric_limits<float>::min() && *v <= std::numeric_limits<float>::max())) {
-      return Fail(key, "must be a finite number > 0 within single precision's range (got " + Get(key)->dump() + ")");
-    }
-    return *v;
-  }
-
-  Result<bool> Bool(const std::string& key, bool fallback = false) const {
-    const json* v = Get(key);
-    if (v == nullptr || v->is_null()) return fallback;
-    if (!v->is_boolean()) return Wrong(key, *v, "true or false");
-    return v->get<bool>();
-  }
-
-  Result<std::string> String(const std::string& key) const {
-    const json* v = Get(key);
-    if (v == nullptr || v->is_null()) return Missing(key, "a string");
-    if (!v->is_string()) return Wrong(key, *v, "a string");
-    return v->get<std::string>();
-  }
-
-  // A list of integers in [lo, hi] (null or absent: empty).
-  Result<std::vector<int>> IntList(const std::string& key, int64_t lo, int64_t hi) const {
-    const json* v = Get(key);
-    std::vector<int> out;
-    if (v == nullptr || v->is_null()) return out;
-    if (!v->is_array()) return Wrong(key, *v, "a list of integers");
-    for (const json& e : *v) {
-      if (!e.is_number_integer()) return Fail(key, "entries must be integers");
-      if (!IntInRange(e, lo, hi)) {
-        return Fail(key, "entry " + e.dump() + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-      }
-      out.push_back(e.get<int>());
-    }
-    return out;
-  }
-
-  // Refuses the fields of config.json that nothing read and that are not known not to matter.
-  Status CheckAllRead(const std::set<std::string>& also_ignored = {}) const {
-    for (const auto& [key, value] : j_.items()) {
-      if (read_.count(key) || IgnoredFields().count(key) || also_ignored.count(key)) continue;
-      return Fail(key, "not supported: hsx does not implement it and cannot rule out that it changes the "
-                       "model's computation (see docs/model-semantics.md)");
-    }
-    return {};
-  }
-
-  const std::string& source() const { return source_; }
-  Status Fail(const std::string& key, const std::string& what) const {
-    return Error(source_ + ": field '" + key + "': " + what);
-  }
-
- private:
-  Status Missing(const std::string& key, const char* expected) const {
-    return Fail(key, std::string("missing (expected ") + expected + ")");
-  }
-  Status Wrong(const std::string& key, const json& v, const char* expected) const {
-    return Fail(key, "is " + std::string(v.type_name()) + ", expected " + expected);
-  }
-  const json& j_;
-  const json& defaults_;
-  std::string source_;
-  mutable std::set<std::string> read_;
-};
 
 struct ArchName {
   const char* name;
