@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -128,33 +129,10 @@ Result<std::vector<std::string>> ShardFiles(const std::string& dir, const std::s
   return files;
 }
 
-// Name -> tensor over all shards of a checkpoint; each file is mapped once.
-Result<std::map<std::string, std::pair<Tensor, std::string>>> OpenCheckpoint(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::vector<std::string> files;
-  const std::string index_path = dir + "/model.safetensors.index.json";
-  if (fs::exists(index_path)) {
-    HSX_ASSIGN_OR_RETURN(files, ShardFiles(dir, index_path));
-  } else if (fs::exists(dir + "/model.safetensors")) {
-    files.push_back(dir + "/model.safetensors");
-  } else {
-    return Error(dir + ": no model.safetensors or model.safetensors.index.json");
-  }
-  std::map<std::string, std::pair<Tensor, std::string>> all;
-  for (const auto& path : files) {
-    HSX_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
-    for (const auto& [name, t] : file.tensors()) {
-      auto [it, inserted] = all.emplace(name, std::make_pair(t, path));
-      if (!inserted) return Error(path + ": tensor '" + name + "' is also in " + it->second.second);
-    }
-  }
-  return all;
-}
-
 // Text-only checkpoints use model.*; multimodal ones nest the language model as
 // model.language_model.* (transformers 5) or language_model.model.* with
 // language_model.lm_head (transformers 4, e.g. Gemma 3 4B and up).
-Naming FindNaming(const std::map<std::string, std::pair<Tensor, std::string>>& tensors) {
+Naming FindNaming(const CheckpointTensors& tensors) {
   if (tensors.count("model.language_model.embed_tokens.weight")) return {"model.language_model.", "lm_head.weight"};
   if (tensors.count("language_model.model.embed_tokens.weight")) return {"language_model.model.", "language_model.lm_head.weight"};
   return {};
@@ -176,24 +154,59 @@ void FinishTied(const ModelConfig& c, ModelWeights& w) {
 
 }  // namespace
 
+Result<CheckpointTensors> OpenCheckpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (fs::exists(index_path)) {
+    HSX_ASSIGN_OR_RETURN(files, ShardFiles(dir, index_path));
+  } else if (fs::exists(dir + "/model.safetensors")) {
+    files.push_back(dir + "/model.safetensors");
+  } else {
+    return Error(dir + ": no model.safetensors or model.safetensors.index.json");
+  }
+  CheckpointTensors all;
+  for (const auto& path : files) {
+    HSX_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
+    for (const auto& [name, t] : file.tensors()) {
+      auto [it, inserted] = all.emplace(name, std::make_pair(t, path));
+      if (!inserted) return Error(path + ": tensor '" + name + "' is also in " + it->second.second);
+    }
+  }
+  return all;
+}
+
+Result<Tensor> CheckpointTensor(const CheckpointTensors& tensors, const std::string& model_dir, const std::string& name,
+                                const Shape& shape, std::initializer_list<DType> dtypes, const char* expected) {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) {
+    return Error(model_dir + ": missing tensor '" + name + "' (expected shape " + ShapeToString(shape) + ")");
+  }
+  const Tensor& t = it->second.first;
+  if (t.shape() != shape) {
+    return Error(it->second.second + ": tensor '" + name + "' has shape " + ShapeToString(t.shape()) +
+                 ", but config.json implies " + ShapeToString(shape));
+  }
+  if (std::find(dtypes.begin(), dtypes.end(), t.dtype()) == dtypes.end()) {
+    return Error(it->second.second + ": tensor '" + name + "' has dtype " + std::string(DTypeName(t.dtype())) +
+                 ", expected " + expected);
+  }
+  return Aligned(t);
+}
+
+Result<Tensor> UploadCheckpointWeight(const CheckpointTensors& tensors, const std::string& model_dir,
+                                      const std::string& name, const Shape& shape, Backend& backend) {
+  HSX_ASSIGN_OR_RETURN(const Tensor t, CheckpointTensor(tensors, model_dir, name, shape,
+                                                        {DType::kF32, DType::kBF16, DType::kF16},
+                                                        "a float type (BF16, F16 or F32)"));
+  return backend.UploadWeight(t);
+}
+
 Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend) {
   HSX_ASSIGN_OR_RETURN(auto tensors, OpenCheckpoint(model_dir));
   ModelWeights w;
   for (const Slot& slot : Schema(config, w, FindNaming(tensors))) {
-    auto it = tensors.find(slot.name);
-    if (it == tensors.end()) {
-      return Error(model_dir + ": missing tensor '" + slot.name + "' (expected shape " + ShapeToString(slot.shape) + ")");
-    }
-    const Tensor& t = it->second.first;
-    if (t.shape() != slot.shape) {
-      return Error(it->second.second + ": tensor '" + slot.name + "' has shape " + ShapeToString(t.shape()) +
-                   ", but config.json implies " + ShapeToString(slot.shape));
-    }
-    if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16) {
-      return Error(it->second.second + ": tensor '" + slot.name + "' has dtype " + std::string(DTypeName(t.dtype())) +
-                   ", expected a float type (BF16, F16 or F32)");
-    }
-    *slot.dst = backend.UploadWeight(Aligned(t));
+    HSX_ASSIGN_OR_RETURN(*slot.dst, UploadCheckpointWeight(tensors, model_dir, slot.name, slot.shape, backend));
   }
   FinishTied(config, w);
   return w;

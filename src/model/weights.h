@@ -2,7 +2,10 @@
 // against the config's shapes, and placed on the backend's device.
 #pragma once
 
+#include <initializer_list>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -30,6 +33,18 @@ struct ModelWeights {
 };
 
 enum class LoadFormat { kSafetensors, kDummy };
+
+// Every tensor of a checkpoint directory (DIR/model.safetensors or the shards that
+// model.safetensors.index.json names), mmapped and validated: name -> (tensor, its file).
+using CheckpointTensors = std::map<std::string, std::pair<Tensor, std::string>>;
+Result<CheckpointTensors> OpenCheckpoint(const std::string& model_dir);
+// The named host tensor with exactly `shape` and one of `dtypes` (`expected` describes
+// them), aligned for typed reads; errors name the file, the tensor and what was expected.
+Result<Tensor> CheckpointTensor(const CheckpointTensors& tensors, const std::string& model_dir, const std::string& name,
+                                const Shape& shape, std::initializer_list<DType> dtypes, const char* expected);
+// The same for a float weight (BF16, F16 or F32), placed on the backend's device.
+Result<Tensor> UploadCheckpointWeight(const CheckpointTensors& tensors, const std::string& model_dir,
+                                      const std::string& name, const Shape& shape, Backend& backend);
 
 // Loads DIR/model.safetensors or the shards listed in DIR/model.safetensors.index.json.
 Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend);
