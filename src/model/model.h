@@ -35,6 +35,8 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
+  // Read access for drafts that share the target's embedding or LM head (EAGLE-3).
+  const ModelWeights& weights() const { return weights_; }
 
   // capture_layers: ascending, unique ids in [0, num_layers] (vLLM's convention: id i < N
   // is the input of decoder layer i, id N the last layer's output before the final norm).
