@@ -69,8 +69,9 @@ struct DraftResults {
 // batch: the first pass at positions 0..T-1 (row j: token prompt[j+1], or the target's
 // next token at j = T-1, and fc of aux state j), in `chunks` equal parts (chunked
 // prefill: each part one forward over all prompts); then K-1 steps of one token per
-// prompt at position T-2+s, fed the previous step's greedy token and next_hidden.
-DraftResults RunDraft(Backend& backend, const std::string& variant, int chunks) {
+// prompt at position T-2+s, fed the previous step's greedy token (or, teacher_forced,
+// the golden's: a bf16 run may flip a near tie) and next_hidden.
+DraftResults RunDraft(Backend& backend, const std::string& variant, int chunks, bool teacher_forced = false) {
   auto target = Model::Load(test::ModelDir(TargetOf(variant)), backend);
   EXPECT_TRUE(target.ok()) << target.status().message();
   auto loaded = Eagle3Draft::Load(DraftDir(variant), **target, backend);
@@ -182,7 +183,8 @@ DraftResults RunDraft(Backend& backend, const std::string& variant, int chunks) 
       slice.block_table = s.block_table;
       batch.seqs.push_back(slice);
       batch.logit_rows.push_back(k);
-      batch.token_ids.push_back(out.draft_tokens[k].back());
+      const std::vector<int32_t> golden_tokens = test::AsIds(golden.Get("draft_tokens_" + std::to_string(k)).value());
+      batch.token_ids.push_back(teacher_forced ? golden_tokens[step - 2] : out.draft_tokens[k].back());
       batch.positions.push_back(pos);
       batch.slot_mapping.push_back(slot(s, pos));
       Tensor dst = hidden.Rows(k, k + 1);
@@ -210,23 +212,28 @@ const std::vector<std::string>& Variants() {
 
 class Eagle3GoldenTest : public ::testing::TestWithParam<std::string> {};
 
-// Every golden tensor within `tolerance` (max abs difference); tokens exactly, unless
-// `token_margin` > 0: then a token may differ only where the golden's top two logits
-// are closer than that (bf16 can flip a near tie).
-void ExpectMatchesGolden(const DraftResults& out, const std::string& variant, double tolerance, double token_margin) {
+// Bounds on the max abs difference from the golden, per tensor.
+struct Tolerances {
+  double fc_out, prefill_logits, draft_logits, draft_prenorm;
+};
+
+// Every golden tensor within its tolerance; tokens exactly, unless `token_margin` > 0:
+// then a token may differ only where the golden's top two logits are closer than that.
+void ExpectMatchesGolden(const DraftResults& out, const std::string& variant, const Tolerances& tolerance,
+                         double token_margin) {
   const SafetensorsFile golden = test::Golden(DraftDir(variant) + "/golden.safetensors");
   ASSERT_FALSE(out.fc_out.empty());
   for (size_t k = 0; k < out.fc_out.size(); ++k) {
     const std::string n = std::to_string(k);
-    auto check = [&](const std::vector<float>& mine, const char* key) {
+    auto check = [&](const std::vector<float>& mine, const char* key, double bound) {
       const double err = MaxAbsError(mine, test::AsFloats(golden.Get(key + n).value()));
-      EXPECT_LE(err, tolerance) << variant << " " << key << n;
+      EXPECT_LE(err, bound) << variant << " " << key << n;
       std::printf("[eagle3] %-13s %-16s max abs error %.3e\n", variant.c_str(), (key + n).c_str(), err);
     };
-    check(out.fc_out[k], "fc_out_");
-    check(out.prefill_logits[k], "prefill_logits_");
-    check(out.draft_logits[k], "draft_logits_");
-    check(out.draft_prenorm[k], "draft_prenorm_");
+    check(out.fc_out[k], "fc_out_", tolerance.fc_out);
+    check(out.prefill_logits[k], "prefill_logits_", tolerance.prefill_logits);
+    check(out.draft_logits[k], "draft_logits_", tolerance.draft_logits);
+    check(out.draft_prenorm[k], "draft_prenorm_", tolerance.draft_prenorm);
     const std::vector<int32_t> tokens = test::AsIds(golden.Get("draft_tokens_" + n).value());
     const std::vector<float> logits = test::AsFloats(golden.Get("draft_logits_" + n).value());
     const size_t vd = logits.size() / kSteps;
@@ -242,19 +249,22 @@ void ExpectMatchesGolden(const DraftResults& out, const std::string& variant, do
 }
 
 // speculators reproduces itself to 1.5e-6 with an independent implementation (the
-// fixture README); hsx's f32 CPU path, with other summation orders, stays within 1e-5.
+// fixture README); hsx's f32 CPU path, with other summation orders, stays within 1e-5
+// (measured: at most 5.0e-6, on llama_copy's prefill logits).
 constexpr double kF32Tolerance = 1e-5;
+constexpr Tolerances kF32 = {kF32Tolerance, kF32Tolerance, kF32Tolerance, kF32Tolerance};
 
 TEST_P(Eagle3GoldenTest, CpuMatchesSpeculators) {
   CpuBackend backend;
-  ExpectMatchesGolden(RunDraft(backend, GetParam(), 1), GetParam(), kF32Tolerance, 0.0);
+  ExpectMatchesGolden(RunDraft(backend, GetParam(), 1), GetParam(), kF32, 0.0);
 }
 
 TEST_P(Eagle3GoldenTest, CpuChunkedFirstPassMatchesWhole) {
   CpuBackend backend;
   const DraftResults whole = RunDraft(backend, GetParam(), 1);
-  const DraftResults chunked = RunDraft(backend, GetParam(), 2);
-  ExpectMatchesGolden(chunked, GetParam(), kF32Tolerance, 0.0);
+  // Teacher-forced, as the CUDA test runs: on an exact path the same tokens as self-fed.
+  const DraftResults chunked = RunDraft(backend, GetParam(), 2, true);
+  ExpectMatchesGolden(chunked, GetParam(), kF32, 0.0);
   ASSERT_EQ(whole.prefill_logits.size(), chunked.prefill_logits.size());
   for (size_t k = 0; k < whole.prefill_logits.size(); ++k) {
     EXPECT_LE(MaxAbsError(chunked.prefill_logits[k], whole.prefill_logits[k]), kF32Tolerance) << "prompt " << k;
@@ -264,14 +274,26 @@ TEST_P(Eagle3GoldenTest, CpuChunkedFirstPassMatchesWhole) {
 }
 
 #ifdef HSX_HAS_CUDA
-// bf16 on the GPU against speculators' f32: 8-bit mantissas through fc, one decoder layer
-// and the head. No bf16 run of speculators is recorded for these drafts, so the bound is
-// set from bf16's rounding (2^-8 relative per op, a few ops deep, on logits of magnitude
-// ~5): 0.1 absolute; the test prints the measured errors so the bound can be tightened.
-TEST_P(Eagle3GoldenTest, CudaBf16MatchesSpeculators) {
+// The error a bf16 forward has on these drafts: tests/data/generators/eagle3_bf16_error.py
+// rounds every op of the draft to bf16 as a PyTorch bf16 eager run does (the fixtures hold
+// no bf16 run of speculators) and prints these max abs errors against the f32 goldens.
+Tolerances Bf16Reference(const std::string& variant) {
+  if (variant == "llama_legacy") return {1.826e-2, 2.665e-2, 2.763e-2, 4.801e-2};
+  if (variant == "qwen3_default") return {1.456e-2, 3.373e-2, 4.993e-2, 6.925e-2};
+  return {3.288e-4, 1.150e-1, 1.613e-2, 3.195e-2};  // llama_copy
+}
+
+// The CUDA bf16 draft within 1.5x that error, whole and chunked; the chained steps take
+// the golden's tokens (as the reference does), and a draft token may differ from the
+// golden's only where its top two logits are within twice the logits' bound.
+TEST_P(Eagle3GoldenTest, CudaBf16WithinOneAndAHalfTimesBf16Reference) {
   auto gpu = CudaBackend::Create(0);
   if (!gpu.ok()) GTEST_SKIP() << "no CUDA device";
-  for (int chunks : {1, 2}) ExpectMatchesGolden(RunDraft(**gpu, GetParam(), chunks), GetParam(), 0.1, 0.2);
+  const Tolerances ref = Bf16Reference(GetParam());
+  const Tolerances bound = {1.5 * ref.fc_out, 1.5 * ref.prefill_logits, 1.5 * ref.draft_logits, 1.5 * ref.draft_prenorm};
+  for (int chunks : {1, 2}) {
+    ExpectMatchesGolden(RunDraft(**gpu, GetParam(), chunks, true), GetParam(), bound, 2 * bound.draft_logits);
+  }
 }
 #endif
 
