@@ -71,10 +71,12 @@ struct DraftResults {
 // prefill: each part one forward over all prompts); then K-1 steps of one token per
 // prompt at position T-2+s, fed the previous step's greedy token (or, teacher_forced,
 // the golden's: a bf16 run may flip a near tie) and next_hidden.
-DraftResults RunDraft(Backend& backend, const std::string& variant, int chunks, bool teacher_forced = false) {
+// `draft_dir` replaces the variant's checkpoint (an edited copy), its golden inputs kept.
+DraftResults RunDraft(Backend& backend, const std::string& variant, int chunks, bool teacher_forced = false,
+                      const std::string& draft_dir = "") {
   auto target = Model::Load(test::ModelDir(TargetOf(variant)), backend);
   EXPECT_TRUE(target.ok()) << target.status().message();
-  auto loaded = Eagle3Draft::Load(DraftDir(variant), **target, backend);
+  auto loaded = Eagle3Draft::Load(draft_dir.empty() ? DraftDir(variant) : draft_dir, **target, backend);
   EXPECT_TRUE(loaded.ok()) << loaded.status().message();
   if (!target.ok() || !loaded.ok()) return {};
   Eagle3Draft& draft = **loaded;
@@ -299,6 +301,46 @@ TEST_P(Eagle3GoldenTest, CudaBf16WithinOneAndAHalfTimesBf16Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, Eagle3GoldenTest, ::testing::ValuesIn(Variants()),
                          [](const auto& info) { return info.param; });
+
+// A sliding window the prompts reach (qwen3_default's 2048 never is): rows within the
+// window see what full attention sees; later rows see less, so their logits move.
+TEST(Eagle3SlidingTest, WindowedLayersSeeOnlyTheWindow) {
+  char tmpl[] = "/tmp/hsx-eagle3-window-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  fs::copy_file(DraftDir("qwen3_default") + "/model.safetensors", dir + "/model.safetensors");
+  {
+    std::ifstream in(DraftDir("qwen3_default") + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["transformer_layer_config"]["sliding_window"] = 8;
+    std::ofstream(dir + "/config.json") << j.dump();
+  }
+  CpuBackend backend;
+  auto target = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(target.ok()) << target.status().message();
+  auto full = Eagle3Draft::Load(DraftDir("qwen3_default"), **target, backend);
+  auto windowed = Eagle3Draft::Load(dir, **target, backend);
+  ASSERT_TRUE(full.ok() && windowed.ok());
+  EXPECT_TRUE((*windowed)->decoder().layers[0].sliding);
+  EXPECT_EQ((*windowed)->decoder().sliding_window, 8);
+  EXPECT_EQ((*full)->decoder().sliding_window, 2048);
+
+  const DraftResults a = RunDraft(backend, "qwen3_default", 1);
+  const DraftResults b = RunDraft(backend, "qwen3_default", 1, false, dir);
+  fs::remove_all(dir);
+  ASSERT_EQ(a.prefill_logits.size(), b.prefill_logits.size());
+  const int64_t vd = (*full)->config().draft_vocab_size;
+  for (size_t k = 1; k < a.prefill_logits.size(); ++k) {  // T = 37, 130
+    const int64_t t = static_cast<int64_t>(a.prefill_logits[k].size()) / vd;
+    double inside = 0, beyond = 0;
+    for (int64_t j = 0; j < t; ++j) {
+      const double d = MaxAbsError(Slice(a.prefill_logits[k], j * vd, (j + 1) * vd), Slice(b.prefill_logits[k], j * vd, (j + 1) * vd));
+      double& worst = j < 8 ? inside : beyond;
+      worst = std::max(worst, d);
+    }
+    EXPECT_LE(inside, kF32Tolerance) << "prompt " << k;
+    EXPECT_GT(beyond, 1e-2) << "prompt " << k;
+  }
+}
 
 // ---- Broken drafts ------------------------------------------------------------------
 
