@@ -515,6 +515,42 @@ TEST_F(Eagle3ErrorTest, TensorsAreCheckedByNameShapeAndDtype) {
   EXPECT_CONTAINS(LoadError(), "tensor 'layers.0.self_attn.q_proj.weight' has shape [64, 64], but config.json implies [64, 128]");
 }
 
+// The original EAGLE repository's `midlayer.*` names read as layers.0.*; both at once are refused.
+TEST_F(Eagle3ErrorTest, MidlayerNamesAreLayerZero) {
+  const SafetensorsFile file = SafetensorsFile::Open(DraftDir("llama_legacy") + "/model.safetensors").value();
+  std::vector<NamedTensor> renamed;
+  for (const auto& [n, t] : file.tensors()) renamed.push_back({n.rfind("layers.0.", 0) == 0 ? "midlayer." + n.substr(9) : n, t});
+  ASSERT_TRUE(WriteSafetensors(dir_ + "/model.safetensors", renamed).ok());
+  auto draft = Eagle3Draft::Load(dir_, *target_, backend_);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  const Tensor& q = (*draft)->weights().layers[0].q_proj;
+  EXPECT_EQ(std::memcmp(q.raw(), file.Get("layers.0.self_attn.q_proj.weight").value().raw(), q.nbytes()), 0);
+  renamed.push_back({"layers.0.self_attn.q_proj.weight", file.Get("layers.0.self_attn.q_proj.weight").value()});
+  ASSERT_TRUE(WriteSafetensors(dir_ + "/model.safetensors", renamed).ok());
+  EXPECT_CONTAINS(LoadError(), "tensor 'midlayer.self_attn.q_proj.weight' is given twice (as midlayer.* and layers.0.*)");
+}
+
+// A draft over the full vocabulary without its own head uses the target's (vLLM shares it).
+TEST(Eagle3HeadTest, AbsentFullVocabularyHeadIsTheTargets) {
+  char tmpl[] = "/tmp/hsx-eagle3-head-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  fs::copy_file(DraftDir("qwen3_default") + "/config.json", dir + "/config.json");
+  const SafetensorsFile file = SafetensorsFile::Open(DraftDir("qwen3_default") + "/model.safetensors").value();
+  std::vector<NamedTensor> tensors;
+  for (const auto& [n, t] : file.tensors()) {
+    if (n != "lm_head.weight") tensors.push_back({n, t});
+  }
+  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
+  CpuBackend backend;
+  auto target = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(target.ok()) << target.status().message();
+  auto draft = Eagle3Draft::Load(dir, **target, backend);
+  fs::remove_all(dir);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  EXPECT_EQ((*draft)->weights().lm_head.raw(), (*target)->weights().lm_head.raw());
+  EXPECT_NE((*draft)->weights().embed_tokens.raw(), (*target)->weights().embed_tokens.raw());  // its own
+}
+
 TEST_F(Eagle3ErrorTest, AbsentEmbeddingIsTheTargets) {
   ReplaceTensor("embed_tokens.weight", Tensor());
   auto draft = Eagle3Draft::Load(dir_, *target_, backend_);

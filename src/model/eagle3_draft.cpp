@@ -1,5 +1,7 @@
 #include "model/eagle3_draft.h"
 
+#include <algorithm>
+#include <cassert>
 #include <set>
 
 namespace hsx {
@@ -151,6 +153,7 @@ Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Load(const std::string& dir, c
 
 Tensor Eagle3Draft::CombineHiddenStates(const Tensor& aux) {
   const int64_t a = aux.size(0), t = aux.size(1), h = aux.size(2);
+  assert(a == config_.num_aux() && h == config_.decoder.hidden_size);
   const DType dt = backend_.compute_dtype();
   const float eps = config_.decoder.rms_norm_eps;
   Tensor g = backend_.Empty(dt, {t, a * h});
