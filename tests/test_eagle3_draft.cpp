@@ -394,6 +394,12 @@ TEST_F(Eagle3ErrorTest, TheUnbrokenCopyLoads) {
   ASSERT_TRUE(draft.ok()) << draft.status().message();
   EXPECT_EQ((*draft)->config().aux_layer_ids, std::vector<int>({1, 2, 3}));
   EXPECT_EQ((*draft)->config().num_speculative_tokens, 3);
+  // What other writers add: the layer config's own class name (or null).
+  for (const nlohmann::json& names : {nlohmann::json({"LlamaForCausalLM"}), nlohmann::json()}) {
+    EditConfig([&](auto& j) { j["transformer_layer_config"]["architectures"] = names; });
+    auto again = Eagle3Draft::Load(dir_, *target_, backend_);
+    EXPECT_TRUE(again.ok()) << again.status().message();
+  }
 }
 
 TEST_F(Eagle3ErrorTest, MissingConfigFieldsAreNamed) {
@@ -436,6 +442,11 @@ TEST_F(Eagle3ErrorTest, UnknownAndContradictoryFieldsAreRefused) {
     j["transformer_layer_config"]["model_type"] = "mistral";
   });
   EXPECT_CONTAINS(LoadError(), "transformer_layer_config: field 'model_type': 'mistral' is not supported");
+  EditConfig([](auto& j) {
+    j["transformer_layer_config"]["model_type"] = "llama";
+    j["transformer_layer_config"]["architectures"] = {"Qwen3ForCausalLM"};
+  });
+  EXPECT_CONTAINS(LoadError(), "field 'architectures': [\"Qwen3ForCausalLM\"] disagrees with model_type 'llama'");
 }
 
 TEST_F(Eagle3ErrorTest, AuxLayerIdsOutOfRange) {

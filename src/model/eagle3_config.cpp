@@ -42,10 +42,15 @@ Result<ModelConfig> ParseDecoder(const json& root, const std::string& source) {
   if (model_type != "llama" && model_type != "qwen3") {
     return Error(where + ": field 'model_type': '" + model_type + "' is not supported for EAGLE-3 drafts (supported: llama, qwen3)");
   }
-  if (layer.contains("architectures")) {
-    return Error(where + ": field 'architectures': unexpected in a draft's layer config (the decoder is chosen by model_type)");
+  // The decoder is chosen by model_type; an architectures list (older HF versions write
+  // one, or null) must agree with it.
+  const std::string class_name = model_type == "llama" ? "LlamaForCausalLM" : "Qwen3ForCausalLM";
+  if (layer.contains("architectures") && !layer["architectures"].is_null() &&
+      layer["architectures"] != json::array({class_name})) {
+    return Error(where + ": field 'architectures': " + layer["architectures"].dump() + " disagrees with model_type '" +
+                 model_type + "' (expected null or [\"" + class_name + "\"])");
   }
-  layer["architectures"] = json::array({model_type == "llama" ? "LlamaForCausalLM" : "Qwen3ForCausalLM"});
+  layer["architectures"] = json::array({class_name});
 
   std::vector<bool> sliding;
   int window = 0;
