@@ -16,10 +16,13 @@ using json = nlohmann::json;
 
 // speculators' keys that cannot change the draft's computation: provenance, loading
 // hints for trust_remote_code, training switches, the weights' dtype (hsx reads each
-// tensor's own). architectures is HF's class name, which vLLM overwrites too.
+// tensor's own), HF's tensor/pipeline/expert-parallel plans and init flag (older
+// speculators versions write them). architectures is HF's class name, which vLLM
+// overwrites too.
 const std::set<std::string>& IgnoredTopLevelFields() {
-  static const std::set<std::string> kFields = {"architectures", "auto_map",  "speculators_version",
-                                                "embed_requires_grad", "dtype", "torch_dtype"};
+  static const std::set<std::string> kFields = {
+      "architectures", "auto_map",           "speculators_version", "embed_requires_grad", "dtype",
+      "torch_dtype",   "has_no_defaults_at_init", "base_model_tp_plan", "base_model_pp_plan",  "base_model_ep_plan"};
   return kFields;
 }
 
