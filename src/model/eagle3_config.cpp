@@ -21,8 +21,8 @@ using json = nlohmann::json;
 // overwrites too.
 const std::set<std::string>& IgnoredTopLevelFields() {
   static const std::set<std::string> kFields = {
-      "architectures", "auto_map",           "speculators_version", "embed_requires_grad", "dtype",
-      "torch_dtype",   "has_no_defaults_at_init", "base_model_tp_plan", "base_model_pp_plan",  "base_model_ep_plan"};
+      "architectures", "auto_map", "speculators_version", "embed_requires_grad", "dtype", "torch_dtype",
+      "has_no_defaults_at_init", "base_model_tp_plan", "base_model_pp_plan", "base_model_ep_plan"};
   return kFields;
 }
 
