@@ -65,15 +65,21 @@ struct DraftResults {
   std::vector<std::vector<int32_t>> draft_tokens;
 };
 
+struct RunOptions {
+  int chunks = 1;                     // the first pass in this many equal parts (chunked prefill)
+  bool teacher_forced = false;        // steps take the golden's tokens (a bf16 run may flip a near tie)
+  bool kv_only_early_chunks = false;  // parts before the last ask for no logits: they only fill the KV
+  std::string draft_dir;              // an edited checkpoint instead of the variant's (golden inputs kept)
+};
+
 // Drives the draft as vLLM's proposer does, over every golden prompt packed into one
 // batch: the first pass at positions 0..T-1 (row j: token prompt[j+1], or the target's
-// next token at j = T-1, and fc of aux state j), in `chunks` equal parts (chunked
-// prefill: each part one forward over all prompts); then K-1 steps of one token per
-// prompt at position T-2+s, fed the previous step's greedy token (or, teacher_forced,
-// the golden's: a bf16 run may flip a near tie) and next_hidden.
-// `draft_dir` replaces the variant's checkpoint (an edited copy), its golden inputs kept.
-DraftResults RunDraft(Backend& backend, const std::string& variant, int chunks, bool teacher_forced = false,
-                      const std::string& draft_dir = "") {
+// next token at j = T-1, and fc of aux state j), each part one forward over all prompts;
+// then K-1 steps of one token per prompt at position T-2+s, fed the previous step's
+// greedy token and next_hidden.
+DraftResults RunDraft(Backend& backend, const std::string& variant, const RunOptions& options = {}) {
+  const int chunks = options.chunks;
+  const std::string& draft_dir = options.draft_dir;
   auto target = Model::Load(test::ModelDir(TargetOf(variant)), backend);
   EXPECT_TRUE(target.ok()) << target.status().message();
   auto loaded = Eagle3Draft::Load(draft_dir.empty() ? DraftDir(variant) : draft_dir, **target, backend);
@@ -120,6 +126,7 @@ DraftResults RunDraft(Backend& backend, const std::string& variant, int chunks, 
   out.prefill_logits.resize(prompts);
   std::vector<Tensor> fed(prompts);  // next_hidden of each prompt's last row
   for (int c = 0; c < chunks; ++c) {
+    const bool wants_logits = !options.kv_only_early_chunks || c + 1 == chunks;
     ForwardBatch batch;
     std::vector<Tensor> parts;
     std::vector<std::pair<int, int32_t>> row_owner;  // (prompt, position) per logit row
@@ -133,8 +140,10 @@ DraftResults RunDraft(Backend& backend, const std::string& variant, int chunks, 
       slice.block_table = s.block_table;
       batch.seqs.push_back(slice);
       for (int32_t p = begin; p < end; ++p) {
-        batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()));
-        row_owner.push_back({k, p});
+        if (wants_logits) {
+          batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()));
+          row_owner.push_back({k, p});
+        }
         batch.token_ids.push_back(s.tokens[p]);
         batch.positions.push_back(p);
         batch.slot_mapping.push_back(slot(s, p));
@@ -150,6 +159,10 @@ DraftResults RunDraft(Backend& backend, const std::string& variant, int chunks, 
       at += part.size(0);
     }
     Eagle3Output result = draft.Forward(batch, hidden, cache);
+    if (!wants_logits) {
+      EXPECT_FALSE(result.logits.defined());
+      continue;
+    }
     const std::vector<float> logits = test::AsFloats(backend.Download(result.logits));
     const int64_t vd = result.logits.size(1);
     for (size_t r = 0; r < row_owner.size(); ++r) {
@@ -186,7 +199,7 @@ DraftResults RunDraft(Backend& backend, const std::string& variant, int chunks, 
       batch.seqs.push_back(slice);
       batch.logit_rows.push_back(k);
       const std::vector<int32_t> golden_tokens = test::AsIds(golden.Get("draft_tokens_" + std::to_string(k)).value());
-      batch.token_ids.push_back(teacher_forced ? golden_tokens[step - 2] : out.draft_tokens[k].back());
+      batch.token_ids.push_back(options.teacher_forced ? golden_tokens[step - 2] : out.draft_tokens[k].back());
       batch.positions.push_back(pos);
       batch.slot_mapping.push_back(slot(s, pos));
       Tensor dst = hidden.Rows(k, k + 1);
@@ -258,20 +271,27 @@ constexpr Tolerances kF32 = {kF32Tolerance, kF32Tolerance, kF32Tolerance, kF32To
 
 TEST_P(Eagle3GoldenTest, CpuMatchesSpeculators) {
   CpuBackend backend;
-  ExpectMatchesGolden(RunDraft(backend, GetParam(), 1), GetParam(), kF32, 0.0);
+  ExpectMatchesGolden(RunDraft(backend, GetParam()), GetParam(), kF32, 0.0);
 }
 
 TEST_P(Eagle3GoldenTest, CpuChunkedFirstPassMatchesWhole) {
   CpuBackend backend;
-  const DraftResults whole = RunDraft(backend, GetParam(), 1);
+  const DraftResults whole = RunDraft(backend, GetParam());
   // Teacher-forced, as the CUDA test runs: on an exact path the same tokens as self-fed.
-  const DraftResults chunked = RunDraft(backend, GetParam(), 2, true);
+  const DraftResults chunked = RunDraft(backend, GetParam(), {.chunks = 2, .teacher_forced = true});
   ExpectMatchesGolden(chunked, GetParam(), kF32, 0.0);
   ASSERT_EQ(whole.prefill_logits.size(), chunked.prefill_logits.size());
   for (size_t k = 0; k < whole.prefill_logits.size(); ++k) {
     EXPECT_LE(MaxAbsError(chunked.prefill_logits[k], whole.prefill_logits[k]), kF32Tolerance) << "prompt " << k;
     EXPECT_LE(MaxAbsError(chunked.draft_logits[k], whole.draft_logits[k]), kF32Tolerance) << "prompt " << k;
     EXPECT_EQ(chunked.draft_tokens[k], whole.draft_tokens[k]) << "prompt " << k;
+  }
+  // The engine asks a partial prefill's draft pass for no logits: it only fills the KV.
+  const DraftResults kv_only = RunDraft(backend, GetParam(), {.chunks = 3, .kv_only_early_chunks = true});
+  for (size_t k = 0; k < whole.draft_logits.size(); ++k) {
+    EXPECT_LE(MaxAbsError(kv_only.draft_logits[k], whole.draft_logits[k]), kF32Tolerance) << "prompt " << k;
+    EXPECT_LE(MaxAbsError(kv_only.draft_prenorm[k], whole.draft_prenorm[k]), kF32Tolerance) << "prompt " << k;
+    EXPECT_EQ(kv_only.draft_tokens[k], whole.draft_tokens[k]) << "prompt " << k;
   }
 }
 
@@ -294,7 +314,8 @@ TEST_P(Eagle3GoldenTest, CudaBf16WithinOneAndAHalfTimesBf16Reference) {
   const Tolerances ref = Bf16Reference(GetParam());
   const Tolerances bound = {1.5 * ref.fc_out, 1.5 * ref.prefill_logits, 1.5 * ref.draft_logits, 1.5 * ref.draft_prenorm};
   for (int chunks : {1, 2}) {
-    ExpectMatchesGolden(RunDraft(**gpu, GetParam(), chunks, true), GetParam(), bound, 2 * bound.draft_logits);
+    ExpectMatchesGolden(RunDraft(**gpu, GetParam(), {.chunks = chunks, .teacher_forced = true}), GetParam(), bound,
+                        2 * bound.draft_logits);
   }
 }
 #endif
@@ -324,8 +345,8 @@ TEST(Eagle3SlidingTest, WindowedLayersSeeOnlyTheWindow) {
   EXPECT_EQ((*windowed)->decoder().sliding_window, 8);
   EXPECT_EQ((*full)->decoder().sliding_window, 2048);
 
-  const DraftResults a = RunDraft(backend, "qwen3_default", 1);
-  const DraftResults b = RunDraft(backend, "qwen3_default", 1, false, dir);
+  const DraftResults a = RunDraft(backend, "qwen3_default");
+  const DraftResults b = RunDraft(backend, "qwen3_default", {.draft_dir = dir});
   fs::remove_all(dir);
   ASSERT_EQ(a.prefill_logits.size(), b.prefill_logits.size());
   const int64_t vd = (*full)->config().draft_vocab_size;

@@ -252,6 +252,7 @@ Eagle3Output Eagle3Draft::Forward(const ForwardBatch& batch, const Tensor& hidde
 
   Eagle3Output out;
   const int64_t r = static_cast<int64_t>(batch.logit_rows.size());
+  if (r == 0) return out;  // a pass that only fills the draft's KV
   out.prenorm = backend_.Empty(dt, {r, h});
   backend_.GatherRows(x, batch.logit_rows, out.prenorm);
   Tensor final_normed = backend_.Empty(dt, {r, h});

@@ -59,7 +59,8 @@ class Eagle3Draft {
   Tensor CombineHiddenStates(const Tensor& aux);
   // One draft pass over a packed batch: hidden [T, H] is CombineHiddenStates' output
   // (first pass) or the previous step's next_hidden rows. Writes every token's K/V into
-  // `cache` at batch.slot_mapping; returns logits and hidden states for batch.logit_rows.
+  // `cache` at batch.slot_mapping; returns logits and hidden states for batch.logit_rows
+  // (undefined tensors when it is empty).
   Eagle3Output Forward(const ForwardBatch& batch, const Tensor& hidden, KVCache& cache);
 
   // A draft-vocabulary id as a target id (i + d2t[i]).
