@@ -74,7 +74,7 @@ Result<ModelConfig> ParseDecoder(const json& root, const std::string& source) {
         }
         sliding.push_back(t == "sliding_attention");
       }
-    } else if (f.Given("use_sliding_window") && !sliding_keys["use_sliding_window"].is_null() && use_sliding) {
+    } else if (!sliding_keys["use_sliding_window"].is_null() && use_sliding) {
       return f.Fail("use_sliding_window", "true without layer_types: give layer_types to say which layers slide");
     }
     if (std::find(sliding.begin(), sliding.end(), true) != sliding.end()) {
