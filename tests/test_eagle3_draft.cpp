@@ -468,6 +468,24 @@ TEST_F(Eagle3ErrorTest, UnknownAndContradictoryFieldsAreRefused) {
     j["transformer_layer_config"]["architectures"] = {"Qwen3ForCausalLM"};
   });
   EXPECT_CONTAINS(LoadError(), "field 'architectures': [\"Qwen3ForCausalLM\"] disagrees with model_type 'llama'");
+  // Sliding Llama draft layers (vLLM's reading): layer_types names them, sliding_window sizes them.
+  EditConfig([](auto& j) {
+    j["transformer_layer_config"].erase("architectures");
+    j["transformer_layer_config"]["layer_types"] = {"sliding_attention"};
+  });
+  EXPECT_CONTAINS(LoadError(), "transformer_layer_config: field 'sliding_window': missing");
+  EditConfig([](auto& j) {
+    j["transformer_layer_config"]["sliding_window"] = 16;
+    j["transformer_layer_config"]["use_sliding_window"] = false;
+  });
+  EXPECT_CONTAINS(LoadError(), "field 'use_sliding_window': false, but layer_types lists sliding_attention layers");
+  EditConfig([](auto& j) {
+    j["transformer_layer_config"].erase("layer_types");
+    j["transformer_layer_config"]["use_sliding_window"] = true;
+  });
+  EXPECT_CONTAINS(LoadError(), "field 'use_sliding_window': true without layer_types");
+  EditConfig([](auto& j) { j["transformer_layer_config"]["layer_types"] = {"sliding_attention", "full_attention"}; });
+  EXPECT_CONTAINS(LoadError(), "field 'layer_types': expected a list of 1 layer types");
 }
 
 TEST_F(Eagle3ErrorTest, AuxLayerIdsOutOfRange) {
