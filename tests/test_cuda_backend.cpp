@@ -156,6 +156,34 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
   }
 }
 
+// Column writes tile a wider tensor exactly (a copy: bit-equal to the CPU's), and leave
+// the columns they do not cover as they were.
+TEST(CudaKernelTest, WriteColumnsMatchesCpu) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(5);
+  const int64_t t = 37, cols = 300;
+  Tensor out_cpu = cpu.Empty(DType::kF32, {t, cols});
+  Tensor out_gpu = Poisoned(*gpu, DType::kBF16, {t, cols});
+  for (auto [begin, width] : {std::pair<int64_t, int64_t>{64, 128}, {192, 108}}) {  // columns [0, 64) untouched
+    Tensor x = RandomHost({t, width}, rng);
+    cpu.WriteColumns(x, begin, out_cpu);
+    gpu->WriteColumns(gpu->Upload(ToBf16(x)), begin, out_gpu);
+  }
+  const Tensor got = gpu->Download(out_gpu);
+  for (int64_t r = 0; r < t; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint16_t bits = got.data<uint16_t>()[r * cols + c];
+      if (c < 64) {
+        ASSERT_EQ(bits, 0xffff) << "row " << r << " column " << c << " was not to be written";
+      } else {
+        ASSERT_EQ(BF16ToF32(bits), out_cpu.data<float>()[r * cols + c]) << "row " << r << " column " << c;
+      }
+    }
+  }
+}
+
 // Routing, grouping and the grouped expert GEMMs against the CPU's per-expert loop.
 TEST(CudaKernelTest, MoeMlpMatchesCpu) {
   auto gpu = Gpu();

@@ -5,6 +5,7 @@
 // CI runs this under ASan+UBSan, where any out-of-bounds read, overflow or misaligned
 // load fails it. A config that loads must also never give non-finite RoPE frequencies,
 // attention scales or norm epsilons (values that could only produce NaN are refused).
+// EAGLE-3 drafts (config.json and model.safetensors) get the same treatment.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,9 +13,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "model/eagle3_draft.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -210,6 +213,72 @@ TEST_F(LoaderFuzzTest, IndexMutationsLoadOrFail) {
     LoadOk();
     if (HasFatalFailure()) return;
   }
+}
+
+// EAGLE-3 drafts of all three fixture variants: config values replaced, config bit flips
+// and truncations, safetensors header values replaced (d2t's dtype or shape, a tensor's
+// offsets), bit flips in the tensor data (d2t's offsets, t2d's bytes). A draft that loads
+// must fit its target: aux ids within its layers, a d2t that maps into its vocabulary.
+TEST_F(LoaderFuzzTest, Eagle3DraftMutationsLoadOrFail) {
+  CpuBackend backend;
+  std::map<std::string, std::unique_ptr<Model>> targets;
+  for (const char* t : {"llama", "qwen3"}) targets[t] = std::move(Model::Load(test::ModelDir(t), backend)).value();
+  std::mt19937_64 rng(91011);
+  int loaded = 0;
+  for (int cases = 0; cases < 1200; ++cases) {
+    static const char* kVariants[] = {"llama_legacy", "qwen3_default", "llama_copy"};
+    const std::string variant = kVariants[rng() % 3];
+    const std::string src = test::DataPath("eagle3/" + variant);
+    const Model& target = *targets[variant == "qwen3_default" ? "qwen3" : "llama"];
+    std::string config = ReadAll(src + "/config.json"), weights = ReadAll(src + "/model.safetensors");
+    switch (cases % 5) {
+      case 0: {
+        json j = json::parse(config);
+        MutateValue(j, rng);
+        config = j.dump();
+        break;
+      }
+      case 1:
+        config = FlipBits(config, rng, 0, config.size(), 1 + rng() % 3);
+        break;
+      case 2:
+        config = config.substr(0, rng() % config.size());
+        break;
+      case 3: {
+        uint64_t len;
+        std::memcpy(&len, weights.data(), 8);
+        json h = json::parse(weights.substr(8, len));
+        MutateValue(h, rng);
+        const std::string text = h.dump();
+        const uint64_t new_len = text.size();
+        weights = std::string(reinterpret_cast<const char*>(&new_len), 8) + text + weights.substr(8 + len);
+        break;
+      }
+      case 4: {  // data bit flips: d2t offsets and t2d bytes included
+        uint64_t len;
+        std::memcpy(&len, weights.data(), 8);
+        weights = FlipBits(weights, rng, 8 + len, weights.size(), 1 + rng() % 8);
+        break;
+      }
+    }
+    Write("config.json", config);
+    Write("model.safetensors", weights);
+    auto draft = Eagle3Draft::Load(dir_, target, backend);
+    if (!draft.ok()) {
+      EXPECT_NE(draft.status().message().find(dir_), std::string::npos) << "error does not name the file: " << draft.status().message();
+      continue;
+    }
+    ++loaded;
+    const Eagle3Config& c = (*draft)->config();
+    CheckFinite(c.decoder);
+    for (int id : c.aux_layer_ids) EXPECT_TRUE(id >= 0 && id <= target.config().num_layers) << id;
+    for (int32_t i = 0; i < static_cast<int32_t>((*draft)->weights().d2t.size()); ++i) {
+      const int32_t t = (*draft)->ToTargetId(i);
+      ASSERT_TRUE(t >= 0 && t < target.config().vocab_size) << "draft id " << i << " -> " << t;
+    }
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GT(loaded, 0);
 }
 
 }  // namespace

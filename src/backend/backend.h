@@ -145,6 +145,9 @@ class Backend {
   virtual void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) = 0;
   // out [T, w] = x[:, begin : begin + w] for x [T, C].
   virtual void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) = 0;
+  // out[:, begin : begin + w] = x for x [T, w], out [T, C]: SliceColumns' inverse, which
+  // concatenates along the last dimension (EAGLE-3's [embedding | hidden] and aux inputs).
+  virtual void WriteColumns(const Tensor& x, int64_t begin, Tensor& out) = 0;
   // Softmax router over experts (router_logits [T, E] f32), top_k, optional renormalization;
   // out = sum of weighted expert MLPs.
   virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,

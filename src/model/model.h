@@ -43,6 +43,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() const { return backend_; }
+  // Read access for drafts that share the target's embedding or LM head (EAGLE-3).
   const ModelWeights& weights() const { return weights_; }
 
   // capture_layers: ascending, unique ids in [0, num_layers] (vLLM's convention: id i < N

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -175,8 +176,8 @@ Result<CheckpointTensors> OpenCheckpoint(const std::string& dir) {
   return all;
 }
 
-Result<Tensor> CheckpointFloatTensor(const CheckpointTensors& tensors, const std::string& model_dir,
-                                     const std::string& name, const Shape& shape) {
+Result<Tensor> CheckpointTensor(const CheckpointTensors& tensors, const std::string& model_dir, const std::string& name,
+                                const Shape& shape, std::initializer_list<DType> dtypes, const char* expected) {
   auto it = tensors.find(name);
   if (it == tensors.end()) {
     return Error(model_dir + ": missing tensor '" + name + "' (expected shape " + ShapeToString(shape) + ")");
@@ -186,19 +187,30 @@ Result<Tensor> CheckpointFloatTensor(const CheckpointTensors& tensors, const std
     return Error(it->second.second + ": tensor '" + name + "' has shape " + ShapeToString(t.shape()) +
                  ", but config.json implies " + ShapeToString(shape));
   }
-  if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16) {
+  if (std::find(dtypes.begin(), dtypes.end(), t.dtype()) == dtypes.end()) {
     return Error(it->second.second + ": tensor '" + name + "' has dtype " + std::string(DTypeName(t.dtype())) +
-                 ", expected a float type (BF16, F16 or F32)");
+                 ", expected " + expected);
   }
   return Aligned(t);
+}
+
+Result<Tensor> CheckpointFloatTensor(const CheckpointTensors& tensors, const std::string& model_dir,
+                                     const std::string& name, const Shape& shape) {
+  return CheckpointTensor(tensors, model_dir, name, shape, {DType::kF32, DType::kBF16, DType::kF16},
+                          "a float type (BF16, F16 or F32)");
+}
+
+Result<Tensor> UploadCheckpointWeight(const CheckpointTensors& tensors, const std::string& model_dir,
+                                      const std::string& name, const Shape& shape, Backend& backend) {
+  HSX_ASSIGN_OR_RETURN(const Tensor t, CheckpointFloatTensor(tensors, model_dir, name, shape));
+  return backend.UploadWeight(t);
 }
 
 Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend) {
   HSX_ASSIGN_OR_RETURN(auto tensors, OpenCheckpoint(model_dir));
   ModelWeights w;
   for (const Slot& slot : Schema(config, w, FindNaming(tensors))) {
-    HSX_ASSIGN_OR_RETURN(const Tensor t, CheckpointFloatTensor(tensors, model_dir, slot.name, slot.shape));
-    *slot.dst = backend.UploadWeight(t);
+    HSX_ASSIGN_OR_RETURN(*slot.dst, UploadCheckpointWeight(tensors, model_dir, slot.name, slot.shape, backend));
   }
   FinishTied(config, w);
   return w;

@@ -2,6 +2,7 @@
 // against the config's shapes, and placed on the backend's device.
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <utility>
@@ -31,17 +32,22 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
-// Every tensor of DIR/model.safetensors or of the shards DIR/model.safetensors.index.json
-// lists, by name, with the file it is in; each file is mapped once.
+enum class LoadFormat { kSafetensors, kDummy };
+
+// Every tensor of a checkpoint directory (DIR/model.safetensors or the shards that
+// model.safetensors.index.json names), mmapped and validated: name -> (tensor, its file).
 using CheckpointTensors = std::map<std::string, std::pair<Tensor, std::string>>;
 Result<CheckpointTensors> OpenCheckpoint(const std::string& model_dir);
-
-// The float tensor `name` (F32, F16 or BF16) of an opened checkpoint, of exactly `shape`,
-// in aligned host memory; errors name the file and tensor.
+// The named host tensor with exactly `shape` and one of `dtypes` (`expected` describes
+// them), aligned for typed reads; errors name the file, the tensor and what was expected.
+Result<Tensor> CheckpointTensor(const CheckpointTensors& tensors, const std::string& model_dir, const std::string& name,
+                                const Shape& shape, std::initializer_list<DType> dtypes, const char* expected);
+// The same for a float tensor (BF16, F16 or F32), on the host ...
 Result<Tensor> CheckpointFloatTensor(const CheckpointTensors& tensors, const std::string& model_dir,
                                      const std::string& name, const Shape& shape);
-
-enum class LoadFormat { kSafetensors, kDummy };
+// ... and placed on the backend's device as a weight.
+Result<Tensor> UploadCheckpointWeight(const CheckpointTensors& tensors, const std::string& model_dir,
+                                      const std::string& name, const Shape& shape, Backend& backend);
 
 // Loads DIR/model.safetensors or the shards listed in DIR/model.safetensors.index.json.
 Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend);

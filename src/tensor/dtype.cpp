@@ -22,6 +22,7 @@ size_t DTypeSize(DType dtype) {
     case DType::kBF16: return 2;
     case DType::kI64: return 8;
     case DType::kI32: return 4;
+    case DType::kBool: return 1;
   }
   return 0;
 }
@@ -33,6 +34,7 @@ std::string_view DTypeName(DType dtype) {
     case DType::kBF16: return "BF16";
     case DType::kI64: return "I64";
     case DType::kI32: return "I32";
+    case DType::kBool: return "BOOL";
   }
   return "?";
 }
@@ -43,6 +45,7 @@ std::optional<DType> ParseSafetensorsDType(std::string_view name) {
   if (name == "BF16") return DType::kBF16;
   if (name == "I64") return DType::kI64;
   if (name == "I32") return DType::kI32;
+  if (name == "BOOL") return DType::kBool;
   return std::nullopt;
 }
 

@@ -368,6 +368,12 @@ void CpuBackend::SliceColumns(const Tensor& x, int64_t begin, Tensor& out) {
     std::memcpy(out.data<float>() + t * width, x.data<float>() + t * cols + begin, width * 4);
 }
 
+void CpuBackend::WriteColumns(const Tensor& x, int64_t begin, Tensor& out) {
+  const int64_t cols = out.size(-1), width = x.size(-1);
+  for (int64_t t = 0; t < x.size(0); ++t)
+    std::memcpy(out.data<float>() + t * cols + begin, x.data<float>() + t * width, width * 4);
+}
+
 void CpuBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
                         bool renormalize, Activation act, Tensor& out) {
   const int64_t tokens = x.size(0), hidden = x.size(1), num_experts = router_logits.size(1);

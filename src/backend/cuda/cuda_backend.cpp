@@ -783,6 +783,11 @@ void CudaBackend::SliceColumns(const Tensor& x, int64_t begin, Tensor& out) {
   HSX_LAUNCH_CHECK();
 }
 
+void CudaBackend::WriteColumns(const Tensor& x, int64_t begin, Tensor& out) {
+  cuda::WriteColumns(B(x), x.size(0), x.size(-1), begin, out.size(-1), B(out), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
 // Routing on the device; one small download (tokens per expert) sizes the grouped
 // GEMMs. Pairs (token, choice) are permuted so each expert's rows are contiguous, the
 // three expert GEMMs run as grouped GEMMs (one cuBLAS call each, one group per active

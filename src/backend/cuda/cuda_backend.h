@@ -58,6 +58,7 @@ class CudaBackend final : public Backend {
                  const AttentionParams& params, Tensor& out) override;
   void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) override;
   void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) override;
+  void WriteColumns(const Tensor& x, int64_t begin, Tensor& out) override;
   void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k, bool renormalize,
               Activation act, Tensor& out) override;
   void CentroidMaskedLogits(const Tensor& x, const Tensor& centroid_logits, const Tensor& token_ordering,

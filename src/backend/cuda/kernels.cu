@@ -258,6 +258,10 @@ __global__ void SliceColumnsKernel(const bf16* x, int64_t cols, int64_t begin, i
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) out[blockIdx.x * width + i] = x[blockIdx.x * cols + begin + i];
 }
 
+__global__ void WriteColumnsKernel(const bf16* x, int64_t width, int64_t begin, int64_t cols, bf16* out) {
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) out[blockIdx.x * cols + begin + i] = x[blockIdx.x * width + i];
+}
+
 __global__ void ScatterAddWeightedKernel(const bf16* y, const int32_t* rows, const float* weights, int64_t hidden,
                                          float* out) {
   const float w = weights[blockIdx.x];
@@ -417,6 +421,10 @@ void GatherRows(const void* x, const int32_t* rows, int64_t n_rows, int64_t row_
 void SliceColumns(const bf16* x, int64_t rows, int64_t cols, int64_t begin, int64_t width, bf16* out,
                   cudaStream_t stream) {
   if (rows > 0) SliceColumnsKernel<<<rows, 128, 0, stream>>>(x, cols, begin, width, out);
+}
+void WriteColumns(const bf16* x, int64_t rows, int64_t width, int64_t begin, int64_t cols, bf16* out,
+                  cudaStream_t stream) {
+  if (rows > 0) WriteColumnsKernel<<<rows, 128, 0, stream>>>(x, width, begin, cols, out);
 }
 void ScatterAddWeighted(const bf16* y, const int32_t* rows, const float* weights, int64_t n, int64_t hidden,
                         float* out_f32, cudaStream_t stream) {

@@ -38,6 +38,9 @@ void StoreKV(const bf16* k, const bf16* v, const int32_t* slots, int64_t tokens,
 void GatherRows(const void* x, const int32_t* rows, int64_t n_rows, int64_t row_bytes, void* out, cudaStream_t stream);
 void SliceColumns(const bf16* x, int64_t rows, int64_t cols, int64_t begin, int64_t width, bf16* out,
                   cudaStream_t stream);
+// out[:, begin : begin + width] = x for x [rows, width], out [rows, cols].
+void WriteColumns(const bf16* x, int64_t rows, int64_t width, int64_t begin, int64_t cols, bf16* out,
+                  cudaStream_t stream);
 // out_f32[rows[i]] += weights[i] * y[i] for i < n; then ToBF16 writes the sum out.
 void ScatterAddWeighted(const bf16* y, const int32_t* rows, const float* weights, int64_t n, int64_t hidden,
                         float* out_f32, cudaStream_t stream);

@@ -1,0 +1,278 @@
+#include "model/eagle3_draft.h"
+
+#include <algorithm>
+#include <cassert>
+#include <set>
+
+namespace hsx {
+namespace {
+
+Tensor HostInts(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::Host(DType::kI32, {static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+// The original EAGLE repository names the first layer `midlayer`; vLLM and speculators'
+// converter read it as layers.0.
+Result<CheckpointTensors> WithSpeculatorsNames(CheckpointTensors tensors) {
+  CheckpointTensors out;
+  for (auto& [name, entry] : tensors) {
+    std::string renamed = name;
+    if (name.rfind("midlayer.", 0) == 0) renamed = "layers.0." + name.substr(9);
+    const std::string file = entry.second;
+    if (!out.emplace(renamed, std::move(entry)).second) {
+      return Error(file + ": tensor '" + name + "' is given twice (as midlayer.* and layers.0.*)");
+    }
+  }
+  return out;
+}
+
+// d2t [Vd] int64 (target id = i + d2t[i]) must land in the target vocabulary; t2d [V]
+// bool, where present, must mark exactly those ids (vLLM ignores it; a mismatch means
+// the two tensors describe different vocabularies).
+Result<std::vector<int32_t>> ReadVocabMap(const CheckpointTensors& tensors, const std::string& dir, int vd, int v) {
+  HSX_ASSIGN_OR_RETURN(const Tensor d2t, CheckpointTensor(tensors, dir, "d2t", {vd}, {DType::kI64}, "I64"));
+  const std::string& file = tensors.at("d2t").second;
+  std::vector<int32_t> offsets(static_cast<size_t>(vd));
+  for (int i = 0; i < vd; ++i) {
+    const int64_t offset = d2t.data<int64_t>()[i];
+    // Overflow-safe: |offset| <= V keeps i + offset in int64 and the result in int32.
+    if (offset < -int64_t{v} || offset > v || i + offset < 0 || i + offset >= v) {
+      return Error(file + ": tensor 'd2t': entry " + std::to_string(i) + " is " + std::to_string(offset) +
+                   ", which maps draft id " + std::to_string(i) + " outside the target vocabulary [0, " +
+                   std::to_string(v) + ")");
+    }
+    offsets[i] = static_cast<int32_t>(offset);
+  }
+  if (!tensors.count("t2d")) return offsets;
+  HSX_ASSIGN_OR_RETURN(const Tensor t2d, CheckpointTensor(tensors, dir, "t2d", {v}, {DType::kBool}, "BOOL"));
+  const uint8_t* mask = t2d.data<uint8_t>();
+  int64_t count = 0;
+  for (int i = 0; i < v; ++i) {
+    if (mask[i] > 1) return Error(tensors.at("t2d").second + ": tensor 't2d': entry " + std::to_string(i) + " is not 0 or 1");
+    count += mask[i];
+  }
+  for (int i = 0; i < vd; ++i) {
+    if (!mask[i + offsets[i]]) {
+      return Error(file + ": tensors 'd2t' and 't2d' disagree: d2t maps draft id " + std::to_string(i) + " to target id " +
+                   std::to_string(i + offsets[i]) + ", which t2d does not mark");
+    }
+  }
+  if (count != vd) {
+    return Error(tensors.at("t2d").second + ": tensor 't2d' marks " + std::to_string(count) + " target ids, expected " +
+                 std::to_string(vd) + " (draft_vocab_size)");
+  }
+  return offsets;
+}
+
+}  // namespace
+
+Eagle3Draft::Eagle3Draft(Eagle3Config config, Eagle3Weights weights, Backend& backend)
+    : config_(std::move(config)), weights_(std::move(weights)), backend_(backend) {
+  for (const LayerSpec& l : config_.decoder.layers) {
+    RopeTable table;
+    const std::vector<float> f = RopeInverseFrequencies(l.rope, l.head_dim, &table.rotary_dims);
+    Tensor host = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
+    std::copy(f.begin(), f.end(), host.data<float>());
+    table.inv_freq = backend_.Upload(host);
+    rope_.push_back(table);
+  }
+}
+
+Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Load(const std::string& dir, const Model& target, Backend& backend) {
+  HSX_ASSIGN_OR_RETURN(Eagle3Config config, LoadEagle3Config(dir, target.config()));
+  HSX_ASSIGN_OR_RETURN(CheckpointTensors opened, OpenCheckpoint(dir));
+  HSX_ASSIGN_OR_RETURN(const CheckpointTensors tensors, WithSpeculatorsNames(std::move(opened)));
+  const ModelConfig& d = config.decoder;
+  const int64_t h = d.hidden_size, v = d.vocab_size, vd = config.draft_vocab_size, a = config.num_aux();
+  std::set<std::string> used;
+  Eagle3Weights w;
+  auto take = [&](const std::string& name, Shape shape, Tensor& dst) -> Status {
+    used.insert(name);
+    HSX_ASSIGN_OR_RETURN(dst, UploadCheckpointWeight(tensors, dir, name, shape, backend));
+    return {};
+  };
+
+  // Drafts may leave out the (frozen) copy of the target's embedding; vLLM then uses the target's.
+  if (tensors.count("embed_tokens.weight")) {
+    HSX_RETURN_IF_ERROR(take("embed_tokens.weight", {v, h}, w.embed_tokens));
+  } else {
+    w.embed_tokens = target.weights().embed_tokens;
+  }
+  HSX_RETURN_IF_ERROR(take("fc.weight", {h, a * h}, w.fc));
+  if (config.norm_before_fc) HSX_RETURN_IF_ERROR(take("input_norm.weight", {a * h}, w.input_norm));
+  if (config.fc_norm) {
+    w.fc_norms.resize(static_cast<size_t>(a));
+    for (int i = 0; i < a; ++i) HSX_RETURN_IF_ERROR(take("fc_norm." + std::to_string(i) + ".weight", {h}, w.fc_norms[i]));
+  }
+  HSX_RETURN_IF_ERROR(take("layers.0.hidden_norm.weight", {h}, w.hidden_norm));
+  w.layers.resize(static_cast<size_t>(d.num_layers));
+  for (int i = 0; i < d.num_layers; ++i) {
+    const LayerSpec& spec = d.layers[i];
+    LayerWeights& l = w.layers[i];
+    const std::string p = "layers." + std::to_string(i) + ".";
+    const int64_t in = i == 0 ? 2 * h : h;  // layer 0 reads [embedding | hidden]
+    const int64_t q_out = static_cast<int64_t>(d.num_heads) * spec.head_dim;
+    const int64_t kv_out = static_cast<int64_t>(spec.num_kv_heads) * spec.head_dim;
+    HSX_RETURN_IF_ERROR(take(p + "input_layernorm.weight", {h}, l.input_norm));
+    HSX_RETURN_IF_ERROR(take(p + "post_attention_layernorm.weight", {h}, l.post_attention_norm));
+    HSX_RETURN_IF_ERROR(take(p + "self_attn.q_proj.weight", {q_out, in}, l.q_proj));
+    HSX_RETURN_IF_ERROR(take(p + "self_attn.k_proj.weight", {kv_out, in}, l.k_proj));
+    HSX_RETURN_IF_ERROR(take(p + "self_attn.v_proj.weight", {kv_out, in}, l.v_proj));
+    HSX_RETURN_IF_ERROR(take(p + "self_attn.o_proj.weight", {h, q_out}, l.o_proj));
+    if (d.qk_norm) {
+      HSX_RETURN_IF_ERROR(take(p + "self_attn.q_norm.weight", {spec.head_dim}, l.q_norm));
+      HSX_RETURN_IF_ERROR(take(p + "self_attn.k_norm.weight", {spec.head_dim}, l.k_norm));
+    }
+    HSX_RETURN_IF_ERROR(take(p + "mlp.gate_proj.weight", {d.intermediate_size, h}, l.gate_proj));
+    HSX_RETURN_IF_ERROR(take(p + "mlp.up_proj.weight", {d.intermediate_size, h}, l.up_proj));
+    HSX_RETURN_IF_ERROR(take(p + "mlp.down_proj.weight", {h, d.intermediate_size}, l.down_proj));
+  }
+  HSX_RETURN_IF_ERROR(take("norm.weight", {h}, w.final_norm));
+  if (tensors.count("lm_head.weight")) {
+    HSX_RETURN_IF_ERROR(take("lm_head.weight", {vd, h}, w.lm_head));
+  } else if (vd == v) {
+    w.lm_head = target.weights().lm_head;  // vLLM shares the target's head when the draft has none
+  } else {
+    return Error(dir + ": missing tensor 'lm_head.weight' (expected shape " + ShapeToString({vd, h}) +
+                 "; the target's head cannot stand in for a draft vocabulary of " + std::to_string(vd) + " tokens)");
+  }
+  if (vd < v) {
+    used.insert("d2t");
+    used.insert("t2d");
+    HSX_ASSIGN_OR_RETURN(w.d2t, ReadVocabMap(tensors, dir, static_cast<int>(vd), static_cast<int>(v)));
+  }
+  for (const auto& [name, entry] : tensors) {
+    if (used.count(name)) continue;
+    return Error(entry.second + ": tensor '" + name + "' is not part of the EAGLE-3 draft config.json describes " +
+                 "(check draft_vocab_size, norm_before_fc, fc_norm, num_hidden_layers and the layer model_type)");
+  }
+  return std::make_unique<Eagle3Draft>(std::move(config), std::move(w), backend);
+}
+
+Tensor Eagle3Draft::CombineHiddenStates(const Tensor& aux) {
+  const int64_t a = aux.size(0), t = aux.size(1), h = aux.size(2);
+  assert(a == config_.num_aux() && h == config_.decoder.hidden_size);
+  const DType dt = backend_.compute_dtype();
+  const float eps = config_.decoder.rms_norm_eps;
+  Tensor g = backend_.Empty(dt, {t, a * h});
+  for (int64_t i = 0; i < a; ++i) {
+    Tensor chunk = aux.Rows(i, i + 1).View({t, h});
+    if (config_.fc_norm) {
+      Tensor normed = backend_.Empty(dt, {t, h});
+      backend_.RmsNorm(chunk, &weights_.fc_norms[i], eps, false, normed);
+      chunk = normed;
+    }
+    backend_.WriteColumns(chunk, i * h, g);
+  }
+  if (config_.norm_before_fc) backend_.RmsNorm(g, &weights_.input_norm, eps, false, g);
+  Tensor hidden = backend_.Empty(dt, {t, h});
+  backend_.Linear(g, weights_.fc, nullptr, hidden);
+  return hidden;
+}
+
+void Eagle3Draft::AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const Tensor& slots,
+                                 const AttentionBatch& batch, KVCache& cache, Tensor& out) {
+  const ModelConfig& d = config_.decoder;
+  const LayerSpec& spec = d.layers[layer];
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t t = x.size(0), hd = spec.head_dim, nh = d.num_heads, kvh = spec.num_kv_heads;
+  const DType dt = backend_.compute_dtype();
+  Tensor q = backend_.Empty(dt, {t, nh, hd});
+  Tensor k = backend_.Empty(dt, {t, kvh, hd});
+  Tensor v = backend_.Empty(dt, {t, kvh, hd});
+  backend_.Linear(x, w.q_proj, nullptr, q);
+  backend_.Linear(x, w.k_proj, nullptr, k);
+  backend_.Linear(x, w.v_proj, nullptr, v);
+  for (auto [head, norm] : {std::pair<Tensor*, const Tensor*>{&q, &w.q_norm}, {&k, &w.k_norm}}) {
+    if (d.qk_norm) {
+      backend_.RmsNormRope(*head, *norm, d.rms_norm_eps, false, positions, rope_[layer]);
+    } else {
+      backend_.Rope(*head, positions, rope_[layer]);
+    }
+  }
+  backend_.StoreKV(k, v, slots, cache.k(layer), cache.v(layer));
+  AttentionParams params;
+  params.scale = d.attention_scale(layer);
+  params.sliding_window = spec.sliding ? d.sliding_window : 0;
+  params.block_size = cache.block_size();
+  Tensor attn = backend_.Empty(dt, {t, nh, hd});
+  backend_.Attention(q, cache.k(layer), cache.v(layer), batch, params, attn);
+  backend_.Linear(attn.View({t, nh * hd}), w.o_proj, nullptr, out);
+}
+
+void Eagle3Draft::MlpBlock(int layer, const Tensor& x, Tensor& out) {
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t t = x.size(0), inter = config_.decoder.intermediate_size;
+  const DType dt = backend_.compute_dtype();
+  Tensor gate = backend_.Empty(dt, {t, inter});
+  Tensor up = backend_.Empty(dt, {t, inter});
+  backend_.Linear(x, w.gate_proj, nullptr, gate);
+  backend_.Linear(x, w.up_proj, nullptr, up);
+  backend_.GatedActivation(gate, up, config_.decoder.activation, gate);
+  backend_.Linear(gate, w.down_proj, nullptr, out);
+}
+
+Eagle3Output Eagle3Draft::Forward(const ForwardBatch& batch, const Tensor& hidden, KVCache& cache) {
+  const ModelConfig& d = config_.decoder;
+  const int64_t t = static_cast<int64_t>(batch.token_ids.size()), h = d.hidden_size;
+  const DType dt = backend_.compute_dtype();
+  const float eps = d.rms_norm_eps;
+  const Tensor ids = backend_.Upload(HostInts(batch.token_ids));
+  const Tensor positions = backend_.Upload(HostInts(batch.positions));
+  const Tensor slots = backend_.Upload(HostInts(batch.slot_mapping));
+  const AttentionBatch attention_batch = MakeAttentionBatch(backend_, batch.seqs);
+
+  // Layer 0's input: [rms(embedding, input_layernorm) | rms(hidden, hidden_norm)], the
+  // embedding unscaled (speculators' plain nn.Embedding, also for Gemma targets).
+  Tensor x = backend_.Empty(dt, {t, h});
+  Tensor input = backend_.Empty(dt, {t, 2 * h});
+  {
+    Tensor embedded = backend_.Empty(dt, {t, h});
+    backend_.Embed(weights_.embed_tokens, ids, 1.0f, embedded);
+    backend_.RmsNorm(embedded, &weights_.layers[0].input_norm, eps, false, embedded);
+    backend_.WriteColumns(embedded, 0, input);
+  }
+  Tensor hidden_normed = backend_.Empty(dt, {t, h});
+  backend_.RmsNorm(hidden, &weights_.hidden_norm, eps, false, hidden_normed);
+  backend_.WriteColumns(hidden_normed, h, input);
+  backend_.Copy(config_.norm_before_residual ? hidden_normed : hidden, x);
+
+  Tensor normed = backend_.Empty(dt, {t, h});
+  Tensor branch = backend_.Empty(dt, {t, h});
+  for (int i = 0; i < d.num_layers; ++i) {
+    const LayerWeights& w = weights_.layers[i];
+    if (i > 0) backend_.RmsNorm(x, &w.input_norm, eps, false, normed);
+    AttentionBlock(i, i == 0 ? input : normed, positions, slots, attention_batch, cache, branch);
+    backend_.AddRmsNorm(x, branch, &w.post_attention_norm, eps, false, normed);
+    MlpBlock(i, normed, branch);
+    backend_.Add(x, branch);
+  }
+
+  Eagle3Output out;
+  const int64_t r = static_cast<int64_t>(batch.logit_rows.size());
+  if (r == 0) return out;  // a pass that only fills the draft's KV
+  out.prenorm = backend_.Empty(dt, {r, h});
+  backend_.GatherRows(x, batch.logit_rows, out.prenorm);
+  Tensor final_normed = backend_.Empty(dt, {r, h});
+  backend_.RmsNorm(out.prenorm, &weights_.final_norm, eps, false, final_normed);
+  out.logits = backend_.Empty(DType::kF32, {r, config_.draft_vocab_size});
+  backend_.Linear(final_normed, weights_.lm_head, nullptr, out.logits);
+  out.next_hidden = config_.norm_output ? final_normed : out.prenorm;
+  return out;
+}
+
+int32_t Eagle3Draft::ToTargetId(int32_t draft_id) const {
+  return weights_.d2t.empty() ? draft_id : draft_id + weights_.d2t[draft_id];
+}
+
+std::vector<int32_t> Eagle3Draft::GreedyTargetTokens(const Tensor& logits) {
+  SamplingBatch greedy;
+  greedy.rows.resize(static_cast<size_t>(logits.size(0)));  // temperature 0: the highest logit
+  std::vector<int32_t> tokens = backend_.Sample(logits, greedy).tokens;
+  for (int32_t& token : tokens) token = ToTargetId(token);
+  return tokens;
+}
+
+}  // namespace hsx
