@@ -61,11 +61,12 @@ Case MakeCase(int requests, int64_t vocab, bool with_probs, uint32_t seed) {
       }
       row.draw = 20 + j;
       row.adjust_begin = static_cast<int32_t>(c.batch.sampling.adjust.size());
-      if (kind >= 5) {
-        for (int a = 0; a < 30; ++a) {
-          c.batch.sampling.adjust.push_back({(r * 131 + j * 7 + a * 977) % static_cast<int32_t>(vocab), a % 3, a % 2});
+      if (kind >= 5) {  // distinct tokens, as the op requires
+        const auto n = static_cast<int32_t>(std::min<int64_t>(30, vocab - 1)), base = r * 131 + j * 7;
+        for (int32_t a = 0; a < n; ++a) {
+          c.batch.sampling.adjust.push_back({static_cast<int32_t>((base + a) % vocab), a % 3, a % 2});
         }
-        c.batch.sampling.adjust.push_back({(r + j) % static_cast<int32_t>(vocab), 0, TokenAdjust::kBanned});
+        c.batch.sampling.adjust.push_back({static_cast<int32_t>((base + n) % vocab), 0, TokenAdjust::kBanned});
       }
       row.adjust_end = static_cast<int32_t>(c.batch.sampling.adjust.size());
       c.batch.sampling.rows.push_back(row);

@@ -317,7 +317,7 @@ const std::vector<float> kTarget = {1.0f, 2.2f, 0.3f, 2.0f, -1.0f, 1.6f, 0.0f, 1
 
 // The verification rules with a deliberate error, for the negative controls: built from
 // the same host pieces, so only the rule differs.
-enum class WrongRule { kAcceptEveryDraft, kRecoverFromP, kAcceptIgnoringDraftProbs };
+enum class WrongRule { kAcceptEveryDraft, kRecoverFromP, kTruncateAfterTheTest, kAcceptIgnoringDraftProbs };
 
 int32_t WrongFirstToken(WrongRule rule, const std::vector<float>& logits, const SamplingRow& row, int32_t draft,
                         const std::vector<double>* q) {
@@ -326,8 +326,15 @@ int32_t WrongFirstToken(WrongRule rule, const std::vector<float>& logits, const 
   const ProcessedRow p = ProcessRowOnHost(logits.data(), vocab, row, nullptr);
   double z = 0;
   for (float w : p.weight) z += w;
-  if (p.weight[draft] / z >= sampling::AcceptUniform(row.seed_lo, row.seed_hi, row.draw)) return draft;
+  double p_draft = p.weight[draft] / z;
+  if (rule == WrongRule::kTruncateAfterTheTest) {  // the test on the softmax at the temperature alone
+    double all = 0;
+    for (float l : p.scaled) all += std::exp(static_cast<double>(l));
+    p_draft = std::exp(static_cast<double>(p.scaled[draft])) / all;
+  }
+  if (p_draft >= sampling::AcceptUniform(row.seed_lo, row.seed_hi, row.draw)) return draft;
   if (rule == WrongRule::kRecoverFromP) return DrawOnHost(p, row, -1);
+  if (rule == WrongRule::kTruncateAfterTheTest) return DrawOnHost(p, row, draft);
   float best = -INFINITY;  // the right recovery from max(p - q, 0), after the wrong test
   int32_t token = -1;
   for (int32_t i = 0; i < vocab; ++i) {
@@ -405,6 +412,8 @@ TEST(VerificationLossless, FirstTokenFollowsTheTarget) {
       EXPECT_LT(chi, ChiSquareBound(std::max(dof, 1))) << what;
 
       std::vector<WrongRule> wrong = {WrongRule::kAcceptEveryDraft, WrongRule::kRecoverFromP};
+      const SamplingRow& r = config.row;
+      if (r.top_k > 0 || r.top_p < 1.0f || r.min_p > 0.0f) wrong.push_back(WrongRule::kTruncateAfterTheTest);
       if (with_probs) wrong = {WrongRule::kAcceptIgnoringDraftProbs};
       for (WrongRule rule : wrong) {
         std::vector<int> bad(vocab, 0);

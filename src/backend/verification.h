@@ -34,7 +34,8 @@ struct VerificationBatch {
   std::vector<int32_t> drafts;  // [sum K_r]: each request's drafts in order
   // One SamplingRow per logit row (sampling.rows[begin_r + j]): the draw index is that
   // position's output index and the TokenAdjust entries count the drafts before it as
-  // generated, so penalties see what the plain decode would have seen.
+  // generated, so penalties see what the plain decode would have seen (the engine's
+  // MakeSamplingRowAfter makes such rows).
   SamplingBatch sampling;
 };
 
