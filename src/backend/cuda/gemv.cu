@@ -10,7 +10,8 @@
 // is read through the read-only cache, where the blocks of an SM, sweeping k in the same
 // order, share it, while weights bypass L1 (no_allocate) so they do not evict it.
 // Partial sums are reduced in a fixed order (warp reduce-scatter, then the warps in
-// order), so results never depend on timing.
+// order), so results never depend on timing; the chunk order, the launch shape (set by k)
+// and the reduction tree are the same for every m, so neither does a row on m.
 #include <algorithm>
 #include <cstdint>
 
@@ -26,8 +27,8 @@ constexpr int kMaxWarps = 8;
 __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
   return v;
 }
 
@@ -66,8 +67,8 @@ __device__ __forceinline__ void WarpReduceScatter(float (&v)[N], int lane) {
 }
 
 template <int M, typename Out>
-__global__ void __launch_bounds__(kMaxWarps * 32) GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                                            int64_t n, int64_t k, Out* __restrict__ y) {
+__global__ void __launch_bounds__(kMaxWarps * 32)
+    GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w, int64_t n, int64_t k, Out* __restrict__ y) {
   constexpr int kUnroll = M <= 2 ? 4 : 2;
   // Accumulators padded to a power of two for the reduce-scatter: acc[i * kRows + r].
   static_assert(M >= 1 && M <= 8);
@@ -122,8 +123,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) GemvKernel(const bf16* __restr
     float total = 0.0f;
     for (int j = 0; j < int(blockDim.x / 32); ++j) total += partial[j][threadIdx.x];
     if (i < M && row0 + r < n) {
-      if constexpr (sizeof(Out) == sizeof(float)) y[i * n + row0 + r] = total;
-      else y[i * n + row0 + r] = __float2bfloat16(total);
+      if constexpr (sizeof(Out) == sizeof(float))
+        y[i * n + row0 + r] = total;
+      else
+        y[i * n + row0 + r] = __float2bfloat16(total);
     }
   }
 }
@@ -133,8 +136,10 @@ void Launch(const bf16* x, const bf16* w, int64_t n, int64_t k, void* y, bool y_
   // About two chunks per thread per unrolled pass at least: short rows take fewer warps.
   const int warps = static_cast<int>(std::clamp<int64_t>(k / 8 / 64, 1, kMaxWarps));
   const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows)), block(warps * 32);
-  if (y_f32) GemvKernel<M, float><<<grid, block, 0, stream>>>(x, w, n, k, static_cast<float*>(y));
-  else GemvKernel<M, bf16><<<grid, block, 0, stream>>>(x, w, n, k, static_cast<bf16*>(y));
+  if (y_f32)
+    GemvKernel<M, float><<<grid, block, 0, stream>>>(x, w, n, k, static_cast<float*>(y));
+  else
+    GemvKernel<M, bf16><<<grid, block, 0, stream>>>(x, w, n, k, static_cast<bf16*>(y));
 }
 
 }  // namespace
@@ -145,18 +150,11 @@ bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k) {
 }
 
 void Gemv(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream) {
-  static_assert(kGemvMaxRows == 8, "one case per m below");
-  if (n == 0) return;
-  switch (m) {
-    case 1: return Launch<1>(x, w, n, k, y, y_f32, stream);
-    case 2: return Launch<2>(x, w, n, k, y, y_f32, stream);
-    case 3: return Launch<3>(x, w, n, k, y, y_f32, stream);
-    case 4: return Launch<4>(x, w, n, k, y, y_f32, stream);
-    case 5: return Launch<5>(x, w, n, k, y, y_f32, stream);
-    case 6: return Launch<6>(x, w, n, k, y, y_f32, stream);
-    case 7: return Launch<7>(x, w, n, k, y, y_f32, stream);
-    case 8: return Launch<8>(x, w, n, k, y, y_f32, stream);
-  }
+  using Launcher = void (*)(const bf16*, const bf16*, int64_t, int64_t, void*, bool, cudaStream_t);
+  static constexpr Launcher kByRows[] = {Launch<1>, Launch<2>, Launch<3>, Launch<4>,
+                                         Launch<5>, Launch<6>, Launch<7>, Launch<8>};
+  static_assert(sizeof kByRows / sizeof kByRows[0] == kGemvMaxRows);
+  if (n > 0) kByRows[m - 1](x, w, n, k, y, y_f32, stream);
 }
 
 }  // namespace hsx::cuda

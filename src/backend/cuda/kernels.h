@@ -63,6 +63,7 @@ void FlagNonFiniteRows(const bf16* x, int64_t rows, int64_t cols, int32_t* flags
 constexpr int kGemvMaxRows = 8;
 // Whether Gemv takes this call: 1 <= m <= kGemvMaxRows, k a multiple of 8, x and w 16-byte aligned.
 bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k);
+// Only for calls GemvSupports takes.
 void Gemv(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream);
 
 struct AttentionArgs {
