@@ -22,6 +22,9 @@ namespace {
 
 constexpr int kRows = 4;  // weight rows per block
 constexpr int kMaxWarps = 8;
+// 16-byte chunks of each row a thread loads before using any; with the launch's
+// k / 512 warps (at most 8) a 4096-wide row is one pass.
+constexpr int kUnroll = 2;
 
 // 16 bytes of weights that are read once: no L1 allocation, 256-byte L2 prefetch.
 __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
@@ -69,7 +72,6 @@ __device__ __forceinline__ void WarpReduceScatter(float (&v)[N], int lane) {
 template <int M, typename Out>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w, int64_t n, int64_t k, Out* __restrict__ y) {
-  constexpr int kUnroll = M <= 2 ? 4 : 2;
   // Accumulators padded to a power of two for the reduce-scatter: acc[i * kRows + r].
   static_assert(M >= 1 && M <= 8);
   constexpr int kValues = (M == 1 ? 1 : M == 2 ? 2 : M <= 4 ? 4 : 8) * kRows;
@@ -133,8 +135,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 
 template <int M>
 void Launch(const bf16* x, const bf16* w, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream) {
-  // About two chunks per thread per unrolled pass at least: short rows take fewer warps.
-  const int warps = static_cast<int>(std::clamp<int64_t>(k / 8 / 64, 1, kMaxWarps));
+  // kUnroll chunks per thread per row at least: short rows take fewer warps.
+  const int warps = static_cast<int>(std::clamp<int64_t>(k / 8 / (32 * kUnroll), 1, kMaxWarps));
   const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows)), block(warps * 32);
   if (y_f32)
     GemvKernel<M, float><<<grid, block, 0, stream>>>(x, w, n, k, static_cast<float*>(y));
