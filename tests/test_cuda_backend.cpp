@@ -149,6 +149,27 @@ TEST(CudaKernelTest, GemvMatchesCpuOnDecodeShapes) {
   }
 }
 
+// Linear dispatches decode-sized calls to the kernel: its output is the kernel's, bit for bit.
+TEST(CudaKernelTest, LinearRunsGemvForDecodeRows) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  std::mt19937 rng(15);
+  const int64_t n = 4096, k = 4096;
+  const Tensor w = DeviceWeight(*gpu, n, k, 400);
+  for (int64_t m : {int64_t{1}, int64_t{5}, int64_t{cuda::kGemvMaxRows}}) {
+    const Tensor x = gpu->Upload(ToBf16(RandomHost({m, k}, rng)));
+    Tensor y = Poisoned(*gpu, DType::kF32, {m, n}), direct = Poisoned(*gpu, DType::kF32, {m, n});
+    gpu->Linear(x, w, nullptr, y);
+    gpu->Synchronize();
+    ASSERT_TRUE(cuda::GemvSupports(x.raw(), w.raw(), m, k));
+    cuda::Gemv(static_cast<const cuda::bf16*>(x.raw()), static_cast<const cuda::bf16*>(w.raw()), m, n, k,
+               direct.raw(), true, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Tensor a = gpu->Download(y), b = gpu->Download(direct);
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "m=" << m;
+  }
+}
+
 // The kernel takes 16-byte vector loads: k a multiple of 8, x and w 16-byte aligned.
 TEST(CudaKernelTest, GemvSupportsOnlyVectorAlignedCalls) {
   alignas(16) static const cuda::bf16 buffer[16] = {};
