@@ -98,6 +98,156 @@ TEST(CudaKernelTest, LinearMatchesCpuOnOddShapes) {
   }
 }
 
+// Decode-sized Linear calls (m <= kGemvMaxRows) run on the weight-streaming kernel
+// (gemv.cu). Weights are filled on the device (the LM head is 151936 x 4096) and given to
+// the CPU reference in bf16; one reference over kGemvMaxRows + 1 rows serves every m,
+// since a row's output depends on its own x row only.
+struct GemvShape {
+  int64_t n, k;
+};
+
+Tensor DeviceWeight(CudaBackend& gpu, int64_t n, int64_t k, uint64_t seed) {
+  Tensor w = gpu.Empty(DType::kBF16, {n, k});
+  gpu.FillUniform(w, seed, -0.1f, 0.1f);
+  return w;
+}
+
+TEST(CudaKernelTest, GemvMatchesCpuOnDecodeShapes) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(11);
+  const int64_t rows = cuda::kGemvMaxRows + 1;  // the last m falls back to cuBLASLt
+  // Qwen3-8B's projections and LM head, then odd row counts and short rows.
+  for (const GemvShape& s : std::vector<GemvShape>{{1024, 4096}, {4096, 4096}, {12288, 4096}, {4096, 12288},
+                                                   {151936, 4096}, {1000, 4096}, {4097, 1024}, {3, 8},
+                                                   {37, 200}, {1, 64}, {777, 2056}}) {
+    const Tensor w = DeviceWeight(*gpu, s.n, s.k, 100 + s.n + s.k);
+    const Tensor x = RandomHost({rows, s.k}, rng);
+    Tensor expected = cpu.Empty(DType::kF32, {rows, s.n});
+    cpu.Linear(x, gpu->Download(w), nullptr, expected);
+    const Tensor xg = gpu->Upload(ToBf16(x));
+    // Every m <= kGemvMaxRows sums each row in one fixed order, so its rows are the bits of
+    // the widest call's (and no timing changes them).
+    Tensor widest = Poisoned(*gpu, DType::kF32, {cuda::kGemvMaxRows, s.n});
+    gpu->Linear(xg.Rows(0, cuda::kGemvMaxRows), w, nullptr, widest);
+    const Tensor widest_host = gpu->Download(widest);
+    for (int64_t m = 1; m <= rows; ++m) {
+      const Tensor want = expected.Rows(0, m);
+      for (DType out : {DType::kF32, DType::kBF16}) {
+        Tensor y = Poisoned(*gpu, out, {m, s.n});
+        gpu->Linear(xg.Rows(0, m), w, nullptr, y);
+        EXPECT_LE(GpuVsCpu(*gpu, y, want), out == DType::kF32 ? 1e-3 : 1e-2)
+            << "m=" << m << " n=" << s.n << " k=" << s.k << " " << DTypeName(out);
+        if (out == DType::kF32 && m <= cuda::kGemvMaxRows) {
+          const Tensor got = gpu->Download(y);
+          EXPECT_EQ(std::memcmp(got.raw(), widest_host.raw(), got.nbytes()), 0)
+              << "rows differ from the widest call's: m=" << m << " n=" << s.n << " k=" << s.k;
+        }
+      }
+    }
+  }
+}
+
+// Linear dispatches decode-sized calls to the kernel: its output is the kernel's, bit for bit.
+TEST(CudaKernelTest, LinearRunsGemvForDecodeRows) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  std::mt19937 rng(15);
+  const int64_t n = 4096, k = 4096;
+  const Tensor w = DeviceWeight(*gpu, n, k, 400);
+  for (int64_t m : {int64_t{1}, int64_t{5}, int64_t{cuda::kGemvMaxRows}}) {
+    const Tensor x = gpu->Upload(ToBf16(RandomHost({m, k}, rng)));
+    Tensor y = Poisoned(*gpu, DType::kF32, {m, n}), direct = Poisoned(*gpu, DType::kF32, {m, n});
+    gpu->Linear(x, w, nullptr, y);
+    gpu->Synchronize();
+    ASSERT_TRUE(cuda::GemvSupports(x.raw(), w.raw(), m, k));
+    cuda::Gemv(static_cast<const cuda::bf16*>(x.raw()), static_cast<const cuda::bf16*>(w.raw()), m, n, k,
+               direct.raw(), true, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Tensor a = gpu->Download(y), b = gpu->Download(direct);
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "m=" << m;
+  }
+}
+
+// The kernel takes 16-byte vector loads: k a multiple of 8, x and w 16-byte aligned.
+TEST(CudaKernelTest, GemvSupportsOnlyVectorAlignedCalls) {
+  alignas(16) static const cuda::bf16 buffer[16] = {};
+  EXPECT_TRUE(cuda::GemvSupports(buffer, buffer, 1, 8));
+  EXPECT_TRUE(cuda::GemvSupports(buffer, buffer + 8, cuda::kGemvMaxRows, 4096));
+  EXPECT_FALSE(cuda::GemvSupports(buffer, buffer, 0, 8));
+  EXPECT_FALSE(cuda::GemvSupports(buffer, buffer, cuda::kGemvMaxRows + 1, 8));
+  EXPECT_FALSE(cuda::GemvSupports(buffer, buffer, 1, 4100));
+  EXPECT_FALSE(cuda::GemvSupports(buffer + 1, buffer, 1, 8));
+  EXPECT_FALSE(cuda::GemvSupports(buffer, buffer + 4, 1, 8));
+}
+
+// Calls the kernel refuses (k not a multiple of 8) still compute, through cuBLASLt, and
+// a bias is added after either path.
+TEST(CudaKernelTest, GemvFallsBackOnOddKAndAddsBias) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(12);
+  const int64_t m = 3, n = 300;
+  for (int64_t k : {100, 4100, 256}) {
+    const Tensor x = RandomHost({m, k}, rng), w = RandomHost({n, k}, rng, 0.1f), b = RandomHost({n}, rng);
+    Tensor expected = cpu.Empty(DType::kF32, {m, n});
+    cpu.Linear(x, w, &b, expected);
+    const Tensor wg = gpu->UploadWeight(w), bg = gpu->UploadWeight(b);
+    Tensor y = Poisoned(*gpu, DType::kBF16, {m, n});
+    gpu->Linear(gpu->Upload(ToBf16(x)), wg, &bg, y);
+    EXPECT_LE(GpuVsCpu(*gpu, y, expected), 1e-2) << "k=" << k;
+  }
+}
+
+// The kernel and cuBLASLt (HSX_GEMV=0) agree on every m the kernel takes.
+TEST(CudaKernelTest, GemvAgreesWithCublasLt) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  setenv("HSX_GEMV", "0", 1);
+  auto gpu_old = Gpu();
+  unsetenv("HSX_GEMV");
+  std::mt19937 rng(13);
+  for (const GemvShape& s : std::vector<GemvShape>{{1024, 4096}, {12288, 4096}, {4096, 12288}, {1000, 136}}) {
+    const Tensor w_host = gpu->Download(DeviceWeight(*gpu, s.n, s.k, 200 + s.n));
+    const Tensor w = gpu->Upload(w_host), w_old = gpu_old->Upload(w_host);
+    const Tensor x = ToBf16(RandomHost({cuda::kGemvMaxRows, s.k}, rng));
+    const Tensor xg = gpu->Upload(x), xg_old = gpu_old->Upload(x);
+    for (int64_t m = 1; m <= cuda::kGemvMaxRows; ++m) {
+      for (DType out : {DType::kF32, DType::kBF16}) {
+        Tensor y = Poisoned(*gpu, out, {m, s.n}), y_old = Poisoned(*gpu_old, out, {m, s.n});
+        gpu->Linear(xg.Rows(0, m), w, nullptr, y);
+        gpu_old->Linear(xg_old.Rows(0, m), w_old, nullptr, y_old);
+        EXPECT_LE(test::RelativeMaxError(test::AsFloats(gpu->Download(y)), test::AsFloats(gpu_old->Download(y_old))),
+                  out == DType::kF32 ? 1e-4 : 1e-2)
+            << "m=" << m << " n=" << s.n << " k=" << s.k << " " << DTypeName(out);
+      }
+    }
+  }
+}
+
+// Graph-safe: recorded once, a replay computes on the x it finds then.
+TEST(CudaKernelTest, GemvReplaysInCudaGraph) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  ASSERT_TRUE(gpu->can_record());
+  CpuBackend cpu;
+  std::mt19937 rng(14);
+  const int64_t m = 4, n = 4096, k = 4096;
+  const Tensor w = DeviceWeight(*gpu, n, k, 300);
+  Tensor xg = gpu->Upload(ToBf16(RandomHost({m, k}, rng)));
+  Tensor y = Poisoned(*gpu, DType::kF32, {m, n});
+  auto graph = gpu->Record([&] { gpu->Linear(xg, w, nullptr, y); });
+  ASSERT_NE(graph, nullptr);
+  const Tensor x = RandomHost({m, k}, rng);
+  gpu->UploadTo(ToBf16(x), xg);
+  graph->Replay();
+  Tensor expected = cpu.Empty(DType::kF32, {m, n});
+  cpu.Linear(x, gpu->Download(w), nullptr, expected);
+  EXPECT_LE(GpuVsCpu(*gpu, y, expected), 1e-3);
+}
+
 TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);

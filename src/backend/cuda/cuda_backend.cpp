@@ -147,6 +147,10 @@ struct CudaBackend::Impl {
   // Decode steps (one query per sequence) on the split-KV kernel; HSX_DECODE_ATTENTION=0
   // keeps the kernels above, for comparison. Off in batch-invariant mode.
   bool decode_attention = false;
+  // Decode-sized Linear calls (m <= kGemvMaxRows) on hsx's weight-streaming kernel
+  // (gemv.cu); HSX_GEMV=0 keeps cuBLASLt, for comparison. Off in batch-invariant mode,
+  // which keeps one cuBLASLt algorithm per weight shape for every m.
+  bool gemv = false;
   int sm_count = 0;
   static constexpr size_t kWorkspaceBytes = 64ull << 20;
 
@@ -194,11 +198,15 @@ struct CudaBackend::Impl {
     }
   };
 
+  static std::string LinearLabel(int64_t n, int64_t k) {
+    return "linear " + std::to_string(n) + "x" + std::to_string(k);
+  }
+
   // Row-major y[m, n] = x[m, k] w[n, k]^T is column-major y^T = w x^T: A = w (transposed), B = x.
   Plan MakePlan(int64_t m, int64_t n, int64_t k, DType out) {
     Plan p;
     p.m = m;
-    p.label = "linear " + std::to_string(n) + "x" + std::to_string(k);
+    p.label = LinearLabel(n, k);
     Check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
     Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa), "TRANSA");
@@ -390,6 +398,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index, bool 
   impl->hopper_attention = prop.major == 9 && !(attention && std::string(attention) == "mma");
   const char* decode = std::getenv("HSX_DECODE_ATTENTION");
   impl->decode_attention = !batch_invariant && !(decode && std::string(decode) == "0");
+  const char* gemv = std::getenv("HSX_GEMV");
+  impl->gemv = !batch_invariant && !(gemv && std::string(gemv) == "0");
   impl->sm_count = prop.multiProcessorCount;
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking));
@@ -561,10 +571,19 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
     std::fprintf(stderr, "hsx: Linear's output overlaps its input or weight\n");
     std::abort();
   }
+  const bool gemv = impl_->gemv && x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 &&
+                    (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32) &&
+                    cuda::GemvSupports(x.raw(), w.raw(), m, k);
   // Planning (and tuning) comes before the timer so the profile shows only the GEMM.
-  const Impl::Plan& p = impl_->GetPlan(m, n, k, y.dtype(), w.raw(), x.raw(), y.raw());
-  Impl::Timer timer(*impl_, p.label);
-  Check(impl_->Matmul(p, p.algo, w.raw(), x.raw(), y.raw()), "cublasLtMatmul");
+  const Impl::Plan* p = gemv ? nullptr : &impl_->GetPlan(m, n, k, y.dtype(), w.raw(), x.raw(), y.raw());
+  const std::string gemv_label = gemv && impl_->profile ? Impl::LinearLabel(n, k) : std::string();
+  Impl::Timer timer(*impl_, gemv ? std::string_view(gemv_label) : std::string_view(p->label));
+  if (gemv) {
+    cuda::Gemv(B(x), B(w), m, n, k, y.raw(), y.dtype() == DType::kF32, impl_->stream);
+    HSX_LAUNCH_CHECK();
+  } else {
+    Check(impl_->Matmul(*p, p->algo, w.raw(), x.raw(), y.raw()), "cublasLtMatmul");
+  }
   if (bias != nullptr) {
     cuda::AddBias(B(y), B(*bias), m, n, impl_->stream);
     HSX_LAUNCH_CHECK();

@@ -68,6 +68,14 @@ bool CentroidMaskedLogits(const bf16* x, const float* centroid_logits, const int
                           const bf16* lm_head, int64_t rows, int hidden, int clusters, int per_cluster, int top_k,
                           int64_t vocab, float* logits, cudaStream_t stream);
 
+// Decode-sized Linear (gemv.cu): y[m, n] = x[m, k] w[n, k]^T, y bf16 or (y_f32) f32, each
+// weight read from memory once whatever m; deterministic (no atomics, fixed reduction order).
+constexpr int kGemvMaxRows = 8;
+// Whether Gemv takes this call: 1 <= m <= kGemvMaxRows, k a multiple of 8, x and w 16-byte aligned.
+bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k);
+// Only for calls GemvSupports takes.
+void Gemv(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream);
+
 struct AttentionArgs {
   const bf16* q;        // [T, num_heads, head_dim]
   const bf16* k_cache;  // [slots, kv_heads, head_dim]
