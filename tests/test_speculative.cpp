@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
 #include "engine/speculative_config.h"
+#include "model/eagle3_draft.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -87,6 +88,73 @@ TEST(SpeculativeEngineTest, PreemptionKeepsGreedyExact) {
   EXPECT_GT(run.stats.drafts_proposed, 0u);
 }
 
+// EAGLE-3 drafts from speculators' checkpoints: the greedy output is the plain decode's,
+// whatever the draft (llama_copy proposes the current token again, so the target's
+// repetitions get accepted; the random drafts are never accepted), with K = 1 and 3.
+class Eagle3EngineTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Eagle3EngineTest, DraftsLeaveGreedyOutputUnchanged) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  const std::string variant = GetParam();
+  const std::string target = variant == "qwen3_default" ? "qwen3" : "llama";
+  auto model = Model::Load(test::ModelDir(target), backend);
+  ASSERT_TRUE(model.ok());
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  SafetensorsFile golden = test::Golden(test::ModelDir(target) + "/golden.safetensors");
+  EngineConfig plain;
+  plain.scheduler.max_num_batched_tokens = 48;
+  const Generation reference = Generate(**model, golden, plain, 24);
+  for (int k : {1, 3}) {
+    EngineConfig speculative = plain;
+    speculative.eagle3 = {draft->get(), k};
+    const Generation run = Generate(**model, golden, speculative, 24);
+    EXPECT_EQ(run.tokens, reference.tokens) << variant << " K=" << k;
+    EXPECT_GT(run.stats.drafts_proposed, 0u);
+    if (variant == "llama_copy") {
+      EXPECT_GT(run.stats.drafts_accepted, 0u);
+    }
+    std::printf("[eagle3] %-13s K=%d accepted %lu of %lu drafts, %lu steps (plain %lu)\n", variant.c_str(), k,
+                static_cast<unsigned long>(run.stats.drafts_accepted),
+                static_cast<unsigned long>(run.stats.drafts_proposed), static_cast<unsigned long>(run.stats.steps),
+                static_cast<unsigned long>(reference.stats.steps));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, Eagle3EngineTest, ::testing::Values("llama_legacy", "qwen3_default", "llama_copy"),
+                         [](const auto& info) { return info.param; });
+
+// The drafts are speculators': run alone with K = 3 for 8 tokens, each llama_copy prompt
+// accepts exactly as many drafts as the golden's end-to-end rounds (spec_rounds_k, made
+// with speculators' own forward): 3 (a full round) for prompt 0, 1 for prompt 3, else 0.
+TEST(Eagle3EngineTest, AcceptsWhatSpeculatorsRoundsAccept) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/llama_copy"), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  SafetensorsFile golden = test::Golden(test::DataPath("eagle3/llama_copy/golden.safetensors"));
+  for (int k = 0; k < 4; ++k) {
+    const std::string n = std::to_string(k);
+    EngineConfig config;
+    config.eagle3 = {draft->get(), 3};
+    Engine engine(**model, config);
+    Request r;
+    r.id = "p" + n;
+    r.prompt = test::AsIds(golden.Get("prompt_" + n).value());
+    r.max_new_tokens = 8;
+    ASSERT_TRUE(engine.Add(std::move(r)).ok());
+    std::vector<int32_t> out;
+    while (engine.has_work())
+      for (auto& seq : engine.Step()) out = seq->generated();
+    EXPECT_EQ(out, test::AsIds(golden.Get("greedy_" + n).value())) << "prompt " << k;
+    const Tensor rounds = golden.Get("spec_rounds_" + n).value();  // [R, K + 1]
+    uint64_t accepted = 0;
+    for (int64_t i = 0; i < rounds.size(0); ++i) accepted += rounds.data<int64_t>()[i * rounds.size(1) + 3];
+    EXPECT_EQ(engine.stats().drafts_accepted, accepted) << "prompt " << k;
+  }
+}
+
 TEST(SpeculativeConfigTest, ParsesVllmShapesAndNamesBadFields) {
   auto ngram = ParseSpeculativeConfig(R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})", 4);
   ASSERT_TRUE(ngram.ok()) << ngram.status().message();
@@ -108,7 +176,9 @@ TEST(SpeculativeConfigTest, ParsesVllmShapesAndNamesBadFields) {
       {"[1]", "not a JSON object"},
       {R"({"num_speculative_tokens": 2})", "\"method\""},
       {R"({"method": "medusa"})", "unknown method \"medusa\""},
-      {R"({"method": "eagle3", "model": "d", "num_speculative_tokens": 3})", "not run by hsx yet"},
+      {R"({"method": "mtp", "model": "d", "num_speculative_tokens": 3})", "not run by hsx yet"},
+      {R"({"method": "eagle3", "num_speculative_tokens": 3})", "\"model\" (the draft's directory) is required"},
+      {R"({"method": "eagle3", "model": "d", "prompt_lookup_max": 3})", "field \"prompt_lookup_max\" is not taken"},
       {R"({"method": "ngram"})", "\"num_speculative_tokens\" is required"},
       {R"({"method": "ngram", "num_speculative_tokens": 0})", "[1, 64]"},
       {R"({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2})",

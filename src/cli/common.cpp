@@ -53,6 +53,34 @@ Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options) {
   return loaded;
 }
 
+Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text, bool extracts, LoadedModel& loaded,
+                                                         EngineConfig& ec) {
+  HSX_ASSIGN_OR_RETURN(SpeculativeConfig spec, ParseSpeculativeConfig(text, loaded.model->config().num_layers));
+  switch (spec.method) {
+    case SpeculativeConfig::Method::kExtractHiddenStates:
+      if (!extracts) return Error("--speculative-config: method extract_hidden_states is for extract and serve");
+      ec.capture_layers = spec.capture_layers;
+      break;
+    case SpeculativeConfig::Method::kNgram:
+      ec.ngram = spec.ngram;
+      break;
+    case SpeculativeConfig::Method::kEagle3: {
+      HSX_ASSIGN_OR_RETURN(loaded.eagle3, Eagle3Draft::Load(spec.model, *loaded.model, *loaded.backend));
+      const int k = spec.num_speculative_tokens > 0 ? spec.num_speculative_tokens
+                                                    : loaded.eagle3->config().num_speculative_tokens;
+      if (k <= 0) {
+        return Error("--speculative-config: \"num_speculative_tokens\" is required (" + spec.model +
+                     " names no proposal length)");
+      }
+      ec.eagle3 = {loaded.eagle3.get(), k};
+      break;
+    }
+    case SpeculativeConfig::Method::kNone:
+      break;
+  }
+  return spec.method;
+}
+
 Result<PromptReader> PromptReader::Open(const std::string& path, const Tokenizer* tokenizer) {
   PromptReader r;
   r.path_ = path;

@@ -14,6 +14,8 @@
 
 #include "backend/backend_factory.h"
 #include "engine/engine.h"
+#include "engine/speculative_config.h"
+#include "model/eagle3_draft.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -43,9 +45,16 @@ struct LoadedModel {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;
+  std::unique_ptr<Eagle3Draft> eagle3;  // set by ApplySpeculativeConfig; dies before the backend
   const Tokenizer* tokenizer_or_null() const { return tokenizer ? &*tokenizer : nullptr; }
 };
 Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options);
+
+// --speculative-config into the engine's settings: extraction layers (when the command
+// extracts), n-gram or EAGLE-3 drafting (the draft is loaded into loaded.eagle3). Returns
+// the method.
+Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text, bool extracts, LoadedModel& loaded,
+                                                         EngineConfig& ec);
 
 // One JSONL line: {"id": .., "token_ids": [..]} or {"id": .., "prompt": ".."}.
 struct PromptLine {

@@ -4,7 +4,6 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/engine.h"
-#include "engine/speculative_config.h"
 
 namespace hsx::cli {
 namespace {
@@ -15,7 +14,7 @@ struct GenerateOptions {
   int max_tokens = 16;
   bool ignore_eos = false;
   double kv_cache_gib = 1.0;
-  std::string speculative_config;  // vLLM's JSON: ngram
+  std::string speculative_config;  // vLLM's JSON: ngram or eagle3
 };
 
 int RunGenerate(const GenerateOptions& o) {
@@ -29,12 +28,8 @@ int RunGenerate(const GenerateOptions& o) {
   ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
   ec.graphs = !o.model.enforce_eager;
   if (!o.speculative_config.empty()) {
-    auto spec = ParseSpeculativeConfig(o.speculative_config, loaded->model->config().num_layers);
-    if (!spec.ok()) return Fail(cmd, spec.status());
-    if (spec->method != SpeculativeConfig::Method::kNgram) {
-      return Fail(cmd, Error("--speculative-config: generate takes method \"ngram\" (hidden states: extract or serve)"));
-    }
-    ec.ngram = spec->ngram;
+    auto method = ApplySpeculativeConfig(o.speculative_config, /*extracts=*/false, *loaded, ec);
+    if (!method.ok()) return Fail(cmd, method.status());
   }
   Engine engine(*loaded->model, ec);
   int failed = 0;
@@ -80,8 +75,8 @@ void RegisterGenerate(CLI::App& root) {
   app->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
   app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");
   app->add_option("--speculative-config", o->speculative_config,
-                  "vLLM's JSON, e.g. {\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}: "
-                  "drafts by prompt lookup, verified losslessly");
+                  "vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, \"prompt_lookup_max\": n} or "
+                  "{\"method\": \"eagle3\", \"model\": DIR, \"num_speculative_tokens\": K}: drafts verified losslessly");
   app->callback([o] { ExitCode() = RunGenerate(*o); });
 }
 

@@ -14,7 +14,6 @@
 #include "capture/hidden_states_file.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "engine/speculative_config.h"
 #include "server/openai_server.h"
 
 namespace hsx::cli {
@@ -100,10 +99,8 @@ int RunServe(ServeOptions o) {
   ec.enable_prefix_caching = o.prefix_caching;
   ec.graphs = !o.model.enforce_eager;
   if (!o.speculative_config.empty()) {
-    auto spec = ParseSpeculativeConfig(o.speculative_config, mc.num_layers);
-    if (!spec.ok()) return Fail(cmd, spec.status());
-    ec.capture_layers = spec->capture_layers;
-    ec.ngram = spec->ngram;
+    auto method = ApplySpeculativeConfig(o.speculative_config, /*extracts=*/true, *loaded, ec);
+    if (!method.ok()) return Fail(cmd, method.status());
   }
   if (!o.kv_transfer_config.empty()) {
     if (Status s = ParseKvTransferConfig(o.kv_transfer_config, o.server); !s.ok()) return Fail(cmd, s);
@@ -160,7 +157,7 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--port", o->server.port);
   app->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY'");
   app->add_option("--served-model-name", o->server.model_name);
-  app->add_option("--speculative-config", o->speculative_config, "vLLM's JSON; method extract_hidden_states (with --kv-transfer-config) or ngram");
+  app->add_option("--speculative-config", o->speculative_config, "vLLM's JSON; method extract_hidden_states (with --kv-transfer-config), ngram or eagle3");
   app->add_option("--kv-transfer-config", o->kv_transfer_config, "vLLM's JSON; ExampleHiddenStatesConnector");
   app->add_flag("--allow-custom-save-path", o->server.allow_custom_path,
                 "Let requests name kv_transfer_params.hidden_states_path (inside shared_storage_path)");

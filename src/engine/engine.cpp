@@ -26,6 +26,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 // max_model_len and num_blocks as the engine runs them (0 means: from the model, from the budget).
 EngineConfig Resolve(const Model& model, EngineConfig c) {
   if (c.max_model_len <= 0) c.max_model_len = model.config().max_position_embeddings;
+  if (c.eagle3.draft != nullptr) c.enable_prefix_caching = false;  // a cached block has no draft KV
   if (c.num_blocks <= 0) {
     const size_t per_block = KVCache::BytesPerToken(model.config(), model.backend().compute_dtype()) * c.block_size;
     c.num_blocks = static_cast<int>(std::max<size_t>(1, c.kv_cache_bytes / per_block));
@@ -41,6 +42,7 @@ RunnerConfig RunnerConfigFor(const EngineConfig& c) {
   r.max_model_len = c.max_model_len;
   r.graphs = c.graphs;
   r.max_graph_batch = c.scheduler.max_num_seqs;
+  r.eagle3 = c.eagle3.draft;
   return r;
 }
 
@@ -347,16 +349,64 @@ void Engine::AcceptVerified(const std::vector<Sequence*>& sampling, const Verifi
   }
 }
 
-// Prompt lookup for each sequence that decodes next step: up to K drafts, no more than its
-// remaining tokens less the one verification always emits.
-void Engine::Propose(const std::vector<ScheduledChunk>& chunks) {
-  if (!ngram_ || !config_.capture_layers.empty()) return;
+int Engine::DraftRoom(const Sequence& seq, int k) const {
+  if (!seq.wants_more_tokens() || seq.num_tokens() - seq.num_computed != 1) return 0;
+  return std::max(0, std::min(k, seq.request().max_new_tokens - seq.num_generated() - 1));
+}
+
+// Drafts for each sequence that decodes next step: prompt lookup, or the EAGLE-3 draft.
+void Engine::Propose(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks) {
+  if (!config_.capture_layers.empty()) return;
+  if (config_.eagle3.draft != nullptr) return ProposeEagle3(batch, chunks);
+  if (!ngram_) return;
   for (const auto& [seq, n] : chunks) {
-    if (!seq->wants_more_tokens() || seq->num_tokens() - seq->num_computed != 1) continue;
-    const int room = seq->request().max_new_tokens - seq->num_generated() - 1;
-    if (room <= 0) continue;
+    const int room = DraftRoom(*seq, config_.ngram.num_speculative_tokens);
+    if (room == 0) continue;
     seq->drafts = ngram_->Propose(seq->tokens());
     if (static_cast<int>(seq->drafts.size()) > room) seq->drafts.resize(room);
+  }
+}
+
+// The draft's first pass covers every position of the step whose KV stays (a chunk's, up to
+// the accepted drafts), each fed the token after it, so the draft's KV follows the
+// target's; a sequence that decodes next also gets K - 1 more slots for the chained steps.
+void Engine::ProposeEagle3(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks) {
+  const int k = config_.eagle3.num_speculative_tokens;
+  ForwardBatch first;
+  std::vector<int32_t> step_rows;
+  std::vector<DraftRequest> requests;
+  std::vector<std::pair<Sequence*, int>> drafting;  // with its room
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Sequence* seq = chunks[i].seq;
+    const SequenceSlice& ran = batch.seqs[i];
+    const int start = batch.positions[ran.q_start];
+    const int end = std::min(seq->num_computed, start + ran.q_len);
+    if (!seq->wants_more_tokens() || end <= start) continue;
+    int room = DraftRoom(*seq, k);
+    // The chained steps write the draft's KV up to position num_computed + k - 2.
+    if (room > 0 && !blocks_.Reserve(*seq, seq->num_computed + k - 1)) room = 0;  // no KV room: plain decode
+    SequenceSlice slice;
+    slice.q_start = static_cast<int32_t>(first.token_ids.size());
+    slice.q_len = end - start;
+    slice.ctx_len = end;
+    slice.block_table = seq->block_table;
+    for (int p = start; p < end; ++p) {
+      first.token_ids.push_back(seq->tokens()[p + 1]);
+      first.positions.push_back(p);
+      first.slot_mapping.push_back(batch.slot_mapping[ran.q_start + p - start]);
+      step_rows.push_back(ran.q_start + p - start);
+    }
+    if (room > 0) {
+      first.logit_rows.push_back(slice.q_start + slice.q_len - 1);
+      requests.push_back({seq->num_computed, seq->block_table});
+      drafting.emplace_back(seq, room);
+    }
+    first.seqs.push_back(std::move(slice));
+  }
+  const auto drafts = runner_.ProposeEagle3(first, step_rows, requests, k);
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    auto& [seq, room] = drafting[i];
+    seq->drafts.assign(drafts[i].begin(), drafts[i].begin() + std::min<size_t>(room, drafts[i].size()));
   }
 }
 
@@ -398,7 +448,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
     Accept(sampling, rows, result.sampled);
   }
   // Propose.
-  Propose(chunks);
+  Propose(batch, chunks);
   // Retire.
   for (const auto& [seq, n] : chunks) {
     if (!capture) Commit(*seq, seq->num_computed);  // no rows to wait for

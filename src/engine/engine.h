@@ -32,6 +32,12 @@ struct EngineConfig {
   // Speculative decoding by prompt lookup: K > 0 proposes up to K drafts per decoding
   // sequence each step, verified losslessly by the next (not with capture layers).
   NgramConfig ngram;
+  // Speculative decoding by an EAGLE-3 draft proposing num_speculative_tokens a step
+  // (not with capture layers; prefix caching is turned off: cached blocks lack draft KV).
+  struct Eagle3Drafting {
+    Eagle3Draft* draft = nullptr;
+    int num_speculative_tokens = 0;
+  } eagle3;
 };
 
 struct EngineStats {
@@ -88,7 +94,11 @@ class Engine {
   void Accept(const std::vector<Sequence*>& sampling, const SamplingBatch& rows, const SampledTokens& sampled);
   void AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
                       const VerifiedTokens& verified);
-  void Propose(const std::vector<ScheduledChunk>& chunks);
+  void Propose(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks);
+  void ProposeEagle3(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks);
+  // How many drafts seq may take next step (0 if it does not decode next): its remaining
+  // tokens less the one verification always emits, at most `k`.
+  int DraftRoom(const Sequence& seq, int k) const;
   // A step whose captured rows are still being copied to the host.
   struct PendingCapture {
     struct Row {

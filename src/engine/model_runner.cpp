@@ -31,6 +31,10 @@ ModelRunner::ModelRunner(Model& model, RunnerConfig config)
   if (config_.max_model_len <= 0) config_.max_model_len = model.config().max_position_embeddings;
   max_blocks_per_seq_ = (config_.max_model_len + config_.block_size - 1) / config_.block_size;
   config_.max_graph_batch = BucketFor(std::max(1, config_.max_graph_batch));
+  if (config_.eagle3 != nullptr) {
+    draft_cache_ = std::make_unique<KVCache>(config_.eagle3->decoder(), model.backend(), config_.num_blocks,
+                                             config_.block_size);
+  }
 }
 
 ModelRunner::~ModelRunner() {
@@ -50,6 +54,7 @@ ModelRunner::~ModelRunner() {
 int ModelRunner::GraphBucket(const ForwardBatch& batch) const {
   const int rows = static_cast<int>(batch.token_ids.size());
   if (!config_.graphs || graphs_failed_ || !backend().can_record() || has_moe_ || !config_.capture_layers.empty() ||
+      config_.eagle3 != nullptr ||
       rows == 0 || rows > config_.max_graph_batch || batch.seqs.size() != static_cast<size_t>(rows) ||
       batch.logit_rows.size() != static_cast<size_t>(rows)) {
     return 0;
@@ -162,6 +167,11 @@ std::unique_ptr<CapturedRows> ModelRunner::StartCaptureCopy(Tensor captured) {
 }
 
 Tensor ModelRunner::EagerLogits(const ForwardBatch& batch, StepResult& result) {
+  if (config_.eagle3 != nullptr) {
+    ForwardOutput out = model_.Forward(batch, cache_, config_.eagle3->config().aux_layer_ids);
+    aux_ = std::move(out.captured);
+    return std::move(out.logits);
+  }
   ForwardOutput out = model_.Forward(batch, cache_, config_.capture_layers);
   // The copy starts now, beside the sampling and the next step.
   if (!config_.capture_layers.empty()) result.captured = StartCaptureCopy(std::move(out.captured));
@@ -190,6 +200,50 @@ StepResult ModelRunner::Verify(const ForwardBatch& batch, const VerificationBatc
   result.verified = backend().VerifyDrafts(logits, nullptr, verification, nullptr);
   if (profile_) Profile(verify_times_, batch, start);
   return result;
+}
+
+std::vector<std::vector<int32_t>> ModelRunner::ProposeEagle3(const ForwardBatch& first_pass,
+                                                               const std::vector<int32_t>& step_rows,
+                                                               const std::vector<DraftRequest>& requests,
+                                                               int num_drafts) {
+  Eagle3Draft& draft = *config_.eagle3;
+  Backend& backend = model_.backend();
+  std::vector<std::vector<int32_t>> drafts(requests.size());
+  if (first_pass.token_ids.empty()) return drafts;
+  // The first pass's aux states: its rows of every aux layer of the step, [A, R, H].
+  const int64_t layers = aux_.size(0), total = aux_.size(1), h = aux_.size(2);
+  const int64_t rows = static_cast<int64_t>(step_rows.size());
+  std::vector<int32_t> gather;
+  for (int64_t l = 0; l < layers; ++l)
+    for (int32_t r : step_rows) gather.push_back(static_cast<int32_t>(l * total + r));
+  Tensor aux = backend.Empty(aux_.dtype(), {layers * rows, h});
+  backend.GatherRows(aux_.View({layers * total, h}), gather, aux);
+  Eagle3Output out = draft.Forward(first_pass, draft.CombineHiddenStates(aux.View({layers, rows, h})), *draft_cache_);
+  if (requests.empty()) return drafts;
+  std::vector<int32_t> tokens = draft.GreedyTargetTokens(out.logits);
+  const int bs = config_.block_size;
+  for (int s = 2;; ++s) {
+    for (size_t i = 0; i < requests.size(); ++i) drafts[i].push_back(tokens[i]);
+    if (s > num_drafts) break;
+    // Step s: each request's previous draft at the position after, fed the hidden it left.
+    ForwardBatch step;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const int32_t pos = requests[i].position + s - 2;
+      SequenceSlice slice;
+      slice.q_start = static_cast<int32_t>(i);
+      slice.q_len = 1;
+      slice.ctx_len = pos + 1;
+      slice.block_table = requests[i].block_table;
+      step.token_ids.push_back(tokens[i]);
+      step.positions.push_back(pos);
+      step.slot_mapping.push_back(slice.block_table[pos / bs] * bs + pos % bs);
+      step.logit_rows.push_back(static_cast<int32_t>(i));
+      step.seqs.push_back(std::move(slice));
+    }
+    out = draft.Forward(step, out.next_hidden, *draft_cache_);
+    tokens = draft.GreedyTargetTokens(out.logits);
+  }
+  return drafts;
 }
 
 void ModelRunner::Profile(StepTimes& t, const ForwardBatch& batch, Clock::time_point start) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/eagle3_draft.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 
@@ -26,6 +27,17 @@ struct RunnerConfig {
   // batch-size bucket, where the backend can record (CUDA) and nothing is captured.
   bool graphs = true;
   int max_graph_batch = 256;  // larger decode batches run without a graph
+  // An EAGLE-3 draft: every step also captures its aux layers, kept on the device for
+  // ProposeEagle3 (not with capture_layers, and without decode graphs).
+  Eagle3Draft* eagle3 = nullptr;
+};
+
+// A sequence that drafts after the step: where its chained draft steps run (the position
+// of its last known token, the one with no KV yet) and its block table (with room for K - 1
+// more slots).
+struct DraftRequest {
+  int32_t position = 0;
+  std::vector<int32_t> block_table;
 };
 
 // One step's captured rows on their way to a pinned host buffer.
@@ -59,6 +71,12 @@ class ModelRunner {
   // Runs batch and verifies its drafts (speculative decoding): the logit rows are each
   // request's K + 1 rows, in the order of verification's requests.
   StepResult Verify(const ForwardBatch& batch, const VerificationBatch& verification);
+  // EAGLE-3 after a step: the draft's first pass (first_pass: the step's computed positions
+  // whose KV stays, each fed the token after it; step_rows: each row's row in the step, whose
+  // aux states it takes; its logit rows one per request, in order) writes the draft's KV,
+  // then num_drafts - 1 chained steps; returns each request's greedy drafts (target ids).
+  std::vector<std::vector<int32_t>> ProposeEagle3(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
+                                                  const std::vector<DraftRequest>& requests, int num_drafts);
 
   const RunnerConfig& config() const { return config_; }
   int64_t graph_replays() const { return graph_replays_; }  // decode steps that replayed a graph
@@ -83,6 +101,8 @@ class ModelRunner {
   Model& model_;
   RunnerConfig config_;
   KVCache cache_;
+  std::unique_ptr<KVCache> draft_cache_;  // EAGLE-3: the draft's KV at the target's slots
+  Tensor aux_;                            // EAGLE-3: the last step's aux states [A, T, H]
   bool has_moe_ = false;  // MoE routing downloads expert counts: it cannot be recorded
   int64_t capture_runs_ = 0;
   Tensor host_buffers_[2];  // captured rows and flags alternate between two pinned buffers

@@ -3,6 +3,8 @@
 //    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [..]}}}
 //      (no drafts: the hidden states of those layers are captured, vLLM's extraction)
 //   {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": a, "prompt_lookup_max": b}
+//   {"method": "eagle3", "model": DIR, "num_speculative_tokens": K}  (a speculators checkpoint;
+//      K defaults to the checkpoint's proposal length)
 // Fields a method does not take are refused by name, as are methods hsx does not run yet.
 #pragma once
 
@@ -15,10 +17,12 @@
 namespace hsx {
 
 struct SpeculativeConfig {
-  enum class Method { kNone, kExtractHiddenStates, kNgram };
+  enum class Method { kNone, kExtractHiddenStates, kNgram, kEagle3 };
   Method method = Method::kNone;
   std::vector<int> capture_layers;  // extract_hidden_states: ascending, unique, in [0, num_layers]
   NgramConfig ngram;                // ngram: its K and lookup lengths
+  std::string model;                // eagle3: the draft's directory
+  int num_speculative_tokens = 0;   // eagle3: K; 0: the checkpoint's own
 };
 
 // text: the flag's JSON; num_layers: the target's (layer ids range over [0, num_layers]).
