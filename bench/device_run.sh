@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|devices]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|devices|spec]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
 #   AB_B=HSX_ATTENTION=mma), two runs each, plus one HSX_PROFILE run of each;
 #   decode = hsx bench --decode (batch 1, 32, 128; greedy, and temperature 1 / top-p 0.9
 #   at 32; batch 1 and 32 with --enforce-eager) against HF transformers' generate;
-#   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs)
+#   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs);
+#   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
@@ -76,6 +77,31 @@ if [ "$what" = ab ]; then
       echo "$side $(env ${!var:-} bash -c qwen3_8b_bench 2>/dev/null | grep extract_tokens_per_s)"
     done
   done | tee "$OUT/ab.txt"
+fi
+if [ "$what" = spec ]; then  # speculative decoding on the GPU: the same greedy tokens with and without drafts
+  python3 - > /tmp/spec_prompts.jsonl <<'PY'
+import json
+from safetensors.numpy import load_file
+g = load_file("tests/data/eagle3/llama_copy/golden.safetensors")
+for k in range(4):
+    print(json.dumps({"id": f"p{k}", "token_ids": [int(t) for t in g[f"prompt_{k}"]]}))
+PY
+  gen() { .devbin/hsx generate --device cuda --model tests/data/models/llama --input /tmp/spec_prompts.jsonl \
+            --max-tokens 24 --ignore-eos "$@"; }
+  # Lines come in finishing order: compare them sorted by id. With --batch-invariant a row's
+  # bits do not depend on how many tokens its step verifies, so the tokens must be equal;
+  # without, bf16 rounding differs between decode and verification kernels (near-ties may flip).
+  for mode in "" --batch-invariant; do
+    gen $mode | sort > "$OUT/spec_plain$mode.jsonl"
+    gen $mode --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}' \
+      2> "$OUT/spec_ngram$mode.err" | sort > "$OUT/spec_ngram$mode.jsonl"
+    gen $mode --speculative-config '{"method": "eagle3", "model": "tests/data/eagle3/llama_copy", "num_speculative_tokens": 3}' \
+      2> "$OUT/spec_eagle3$mode.err" | sort > "$OUT/spec_eagle3$mode.jsonl"
+    for m in ngram eagle3; do
+      if cmp -s "$OUT/spec_plain$mode.jsonl" "$OUT/spec_$m$mode.jsonl"; then same=same; else same=DIFFERENT; fi
+      echo "$m ${mode:-default}: $same tokens as plain decode; $(tail -1 "$OUT/spec_$m$mode.err")"
+    done
+  done
 fi
 if [ "$what" = devices ]; then  # nvidia-h200-x2: hsx serve --device cuda:1 beside cuda:0
   python3 tests/device/serve_on_devices.py .devbin/hsx cuda:0 cuda:1 2>&1 | tee "$OUT/devices.jsonl"
