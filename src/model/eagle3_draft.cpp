@@ -4,14 +4,10 @@
 #include <cassert>
 #include <set>
 
+#include "model/decoder_layer.h"
+
 namespace hsx {
 namespace {
-
-Tensor HostInts(const std::vector<int32_t>& v) {
-  Tensor t = Tensor::Host(DType::kI32, {static_cast<int64_t>(v.size())});
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t;
-}
 
 // The original EAGLE repository names the first layer `midlayer`; vLLM and speculators'
 // converter read it as layers.0.
@@ -69,16 +65,10 @@ Result<std::vector<int32_t>> ReadVocabMap(const CheckpointTensors& tensors, cons
 }  // namespace
 
 Eagle3Draft::Eagle3Draft(Eagle3Config config, Eagle3Weights weights, Backend& backend)
-    : config_(std::move(config)), weights_(std::move(weights)), backend_(backend) {
-  for (const LayerSpec& l : config_.decoder.layers) {
-    RopeTable table;
-    const std::vector<float> f = RopeInverseFrequencies(l.rope, l.head_dim, &table.rotary_dims);
-    Tensor host = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
-    std::copy(f.begin(), f.end(), host.data<float>());
-    table.inv_freq = backend_.Upload(host);
-    rope_.push_back(table);
-  }
-}
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      backend_(backend),
+      rope_(MakeRopeTables(config_.decoder, backend)) {}
 
 Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Load(const std::string& dir, const Model& target, Backend& backend) {
   HSX_ASSIGN_OR_RETURN(Eagle3Config config, LoadEagle3Config(dir, target.config()));
@@ -172,48 +162,6 @@ Tensor Eagle3Draft::CombineHiddenStates(const Tensor& aux) {
   return hidden;
 }
 
-void Eagle3Draft::AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const Tensor& slots,
-                                 const AttentionBatch& batch, KVCache& cache, Tensor& out) {
-  const ModelConfig& d = config_.decoder;
-  const LayerSpec& spec = d.layers[layer];
-  const LayerWeights& w = weights_.layers[layer];
-  const int64_t t = x.size(0), hd = spec.head_dim, nh = d.num_heads, kvh = spec.num_kv_heads;
-  const DType dt = backend_.compute_dtype();
-  Tensor q = backend_.Empty(dt, {t, nh, hd});
-  Tensor k = backend_.Empty(dt, {t, kvh, hd});
-  Tensor v = backend_.Empty(dt, {t, kvh, hd});
-  backend_.Linear(x, w.q_proj, nullptr, q);
-  backend_.Linear(x, w.k_proj, nullptr, k);
-  backend_.Linear(x, w.v_proj, nullptr, v);
-  for (auto [head, norm] : {std::pair<Tensor*, const Tensor*>{&q, &w.q_norm}, {&k, &w.k_norm}}) {
-    if (d.qk_norm) {
-      backend_.RmsNormRope(*head, *norm, d.rms_norm_eps, false, positions, rope_[layer]);
-    } else {
-      backend_.Rope(*head, positions, rope_[layer]);
-    }
-  }
-  backend_.StoreKV(k, v, slots, cache.k(layer), cache.v(layer));
-  AttentionParams params;
-  params.scale = d.attention_scale(layer);
-  params.sliding_window = spec.sliding ? d.sliding_window : 0;
-  params.block_size = cache.block_size();
-  Tensor attn = backend_.Empty(dt, {t, nh, hd});
-  backend_.Attention(q, cache.k(layer), cache.v(layer), batch, params, attn);
-  backend_.Linear(attn.View({t, nh * hd}), w.o_proj, nullptr, out);
-}
-
-void Eagle3Draft::MlpBlock(int layer, const Tensor& x, Tensor& out) {
-  const LayerWeights& w = weights_.layers[layer];
-  const int64_t t = x.size(0), inter = config_.decoder.intermediate_size;
-  const DType dt = backend_.compute_dtype();
-  Tensor gate = backend_.Empty(dt, {t, inter});
-  Tensor up = backend_.Empty(dt, {t, inter});
-  backend_.Linear(x, w.gate_proj, nullptr, gate);
-  backend_.Linear(x, w.up_proj, nullptr, up);
-  backend_.GatedActivation(gate, up, config_.decoder.activation, gate);
-  backend_.Linear(gate, w.down_proj, nullptr, out);
-}
-
 Eagle3Output Eagle3Draft::Forward(const ForwardBatch& batch, const Tensor& hidden, KVCache& cache) {
   const ModelConfig& d = config_.decoder;
   const int64_t t = static_cast<int64_t>(batch.token_ids.size()), h = d.hidden_size;
@@ -244,9 +192,10 @@ Eagle3Output Eagle3Draft::Forward(const ForwardBatch& batch, const Tensor& hidde
   for (int i = 0; i < d.num_layers; ++i) {
     const LayerWeights& w = weights_.layers[i];
     if (i > 0) backend_.RmsNorm(x, &w.input_norm, eps, false, normed);
-    AttentionBlock(i, i == 0 ? input : normed, positions, slots, attention_batch, cache, branch);
+    AttentionBlock(backend_, d, i, weights_.layers[i], rope_[i], i == 0 ? input : normed, positions, slots,
+                   attention_batch, cache, branch);
     backend_.AddRmsNorm(x, branch, &w.post_attention_norm, eps, false, normed);
-    MlpBlock(i, normed, branch);
+    MlpBlock(backend_, d, i, weights_.layers[i], normed, branch);
     backend_.Add(x, branch);
   }
 

@@ -69,9 +69,6 @@ class Eagle3Draft {
   std::vector<int32_t> GreedyTargetTokens(const Tensor& logits);
 
  private:
-  void AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const Tensor& slots,
-                      const AttentionBatch& batch, KVCache& cache, Tensor& out);
-  void MlpBlock(int layer, const Tensor& x, Tensor& out);
 
   Eagle3Config config_;
   Eagle3Weights weights_;

@@ -2,35 +2,21 @@
 
 #include <cmath>
 
+#include "model/decoder_layer.h"
+
 namespace hsx {
 
 Model::Model(ModelConfig config, ModelWeights weights, Backend& backend)
-    : config_(std::move(config)), weights_(std::move(weights)), backend_(backend) {
-  for (const LayerSpec& l : config_.layers) {
-    RopeTable table;
-    const std::vector<float> f = RopeInverseFrequencies(l.rope, l.head_dim, &table.rotary_dims);
-    Tensor host = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
-    std::copy(f.begin(), f.end(), host.data<float>());
-    table.inv_freq = backend_.Upload(host);
-    rope_.push_back(table);
-  }
-}
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      backend_(backend),
+      rope_(MakeRopeTables(config_, backend)) {}
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, Backend& backend) {
   HSX_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   HSX_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(model_dir, config, backend));
   return std::make_unique<Model>(std::move(config), std::move(weights), backend);
 }
-
-namespace {
-
-Tensor HostInts(const std::vector<int32_t>& v) {
-  Tensor t = Tensor::Host(DType::kI32, {static_cast<int64_t>(v.size())});
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t;
-}
-
-}  // namespace
 
 // Gemma 4: a per-layer input for every token and layer, [T, L * P], from a second
 // embedding table plus a projection of the main embedding.
@@ -47,71 +33,6 @@ Tensor Model::PerLayerInputs(const Tensor& ids, const Tensor& embeds) {
   backend_.Add(projected, per_layer);
   backend_.Scale(projected, static_cast<float>(1.0 / std::sqrt(2.0)));
   return projected;
-}
-
-void Model::AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const Tensor& slots,
-                           const AttentionBatch& batch, KVCache& cache, Tensor& out) {
-  const LayerSpec& spec = config_.layers[layer];
-  const LayerWeights& w = weights_.layers[layer];
-  const int64_t t = x.size(0), hd = spec.head_dim, nh = config_.num_heads, kvh = spec.num_kv_heads;
-  const DType dt = backend_.compute_dtype();
-  const float eps = config_.rms_norm_eps;
-  const bool one_plus = config_.norm_one_plus_weight;
-
-  Tensor q = backend_.Empty(dt, {t, nh, hd});
-  backend_.Linear(x, w.q_proj, w.q_bias.defined() ? &w.q_bias : nullptr, q);
-  auto norm_rope = [&](Tensor& x, const Tensor& norm) {
-    if (config_.qk_norm) {
-      backend_.RmsNormRope(x, norm, eps, one_plus, positions, rope_[layer]);
-    } else {
-      backend_.Rope(x, positions, rope_[layer]);
-    }
-  };
-  norm_rope(q, w.q_norm);
-
-  if (spec.kv_source == layer) {
-    Tensor k = backend_.Empty(dt, {t, kvh, hd});
-    backend_.Linear(x, w.k_proj, w.k_bias.defined() ? &w.k_bias : nullptr, k);
-    Tensor v = backend_.Empty(dt, {t, kvh, hd});
-    if (spec.k_eq_v) {
-      backend_.Copy(k, v);  // values are the raw keys, before the key norm and RoPE
-    } else {
-      backend_.Linear(x, w.v_proj, w.v_bias.defined() ? &w.v_bias : nullptr, v);
-    }
-    norm_rope(k, w.k_norm);
-    if (config_.v_norm) backend_.RmsNorm(v, nullptr, eps, false, v);
-    backend_.StoreKV(k, v, slots, cache.k(layer), cache.v(layer));
-  }
-
-  AttentionParams params;
-  params.scale = config_.attention_scale(layer);
-  params.sliding_window = spec.sliding ? config_.sliding_window : 0;
-  params.softcap = config_.attn_softcap;
-  params.block_size = cache.block_size();
-  Tensor attn = backend_.Empty(dt, {t, nh, hd});
-  backend_.Attention(q, cache.k(layer), cache.v(layer), batch, params, attn);
-  backend_.Linear(attn.View({t, nh * hd}), w.o_proj, nullptr, out);
-}
-
-void Model::MlpBlock(int layer, const Tensor& x, Tensor& out) {
-  const LayerWeights& w = weights_.layers[layer];
-  const int64_t t = x.size(0);
-  const DType dt = backend_.compute_dtype();
-  if (config_.layers[layer].moe) {
-    // Routing is discontinuous: bf16 logits flip near-tied experts that the f32
-    // reference keeps apart, so the router's GEMM writes f32 (the same bf16 inputs).
-    Tensor router_logits = backend_.Empty(DType::kF32, {t, config_.num_experts});
-    backend_.Linear(x, w.router, nullptr, router_logits);
-    backend_.MoeMlp(x, router_logits, w.experts, config_.experts_per_token, config_.norm_topk_prob,
-                    config_.activation, out);
-    return;
-  }
-  Tensor gate = backend_.Empty(dt, {t, config_.intermediate_size});
-  Tensor up = backend_.Empty(dt, {t, config_.intermediate_size});
-  backend_.Linear(x, w.gate_proj, nullptr, gate);
-  backend_.Linear(x, w.up_proj, nullptr, up);
-  backend_.GatedActivation(gate, up, config_.activation, gate);
-  backend_.Linear(gate, w.down_proj, nullptr, out);
 }
 
 DeviceBatch Model::Upload(const ForwardBatch& batch) const {
@@ -170,11 +91,11 @@ ForwardOutput Model::Forward(const DeviceBatch& batch, KVCache& cache, const std
       backend_.RmsNorm(x, &w.input_norm, eps, one_plus, normed);
     }
     capture(i, x);
-    AttentionBlock(i, normed, positions, slots, attention_batch, cache, branch);
+    AttentionBlock(backend_, config_, i, w, rope_[i], normed, positions, slots, attention_batch, cache, branch);
     if (config_.sandwich_norms) backend_.RmsNorm(branch, &w.post_attention_norm, eps, one_plus, branch);
     const Tensor& mlp_norm = config_.sandwich_norms ? w.pre_feedforward_norm : w.post_attention_norm;
     backend_.AddRmsNorm(x, branch, &mlp_norm, eps, one_plus, normed);
-    MlpBlock(i, normed, branch);
+    MlpBlock(backend_, config_, i, w, normed, branch);
     if (config_.sandwich_norms) backend_.RmsNorm(branch, &w.post_feedforward_norm, eps, one_plus, branch);
     carry = !per_layer_inputs.defined() && !config_.layer_scalar;
     if (carry) continue;

@@ -56,9 +56,6 @@ class Model {
 
  private:
   Tensor PerLayerInputs(const Tensor& ids, const Tensor& embeds);
-  void AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const Tensor& slots,
-                      const AttentionBatch& batch, KVCache& cache, Tensor& out);
-  void MlpBlock(int layer, const Tensor& x, Tensor& out);
 
   ModelConfig config_;
   ModelWeights weights_;

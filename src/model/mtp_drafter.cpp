@@ -2,14 +2,10 @@
 
 #include <cstring>
 
+#include "model/decoder_layer.h"
+
 namespace hsx {
 namespace {
-
-Tensor HostInts(const std::vector<int32_t>& v) {
-  Tensor t = Tensor::Host(DType::kI32, {static_cast<int64_t>(v.size())});
-  std::copy(v.begin(), v.end(), t.data<int32_t>());
-  return t;
-}
 
 // Columns [begin, begin + width) of a host matrix, as a new host matrix.
 Tensor HostColumns(const Tensor& m, int64_t begin, int64_t width) {
@@ -87,14 +83,7 @@ MtpDrafter::MtpDrafter(MtpConfig config, std::vector<int> target_kv_layers, MtpW
       backend_(backend) {
   // As the target's forward does: HF rounds the embedding scale to the compute dtype first.
   if (backend_.compute_dtype() == DType::kBF16) embed_scale_ = BF16ToF32(F32ToBF16(embed_scale_));
-  for (const LayerSpec& l : config_.text.layers) {
-    RopeTable table;
-    const std::vector<float> f = RopeInverseFrequencies(l.rope, l.head_dim, &table.rotary_dims);
-    Tensor host = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
-    std::copy(f.begin(), f.end(), host.data<float>());
-    table.inv_freq = backend_.Upload(host);
-    rope_.push_back(table);
-  }
+  rope_ = MakeRopeTables(config_.text, backend_);
 }
 
 void MtpDrafter::AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const AttentionBatch& batch,
@@ -106,7 +95,7 @@ void MtpDrafter::AttentionBlock(int layer, const Tensor& x, const Tensor& positi
   const DType dt = backend_.compute_dtype();
   Tensor q = backend_.Empty(dt, {t, nh, hd});
   backend_.Linear(x, w.q_proj, nullptr, q);
-  backend_.RmsNormRope(q, w.q_norm, c.rms_norm_eps, c.norm_one_plus_weight, positions, rope_[layer]);
+  NormRope(backend_, c, w.q_norm, positions, rope_[layer], q);
   AttentionParams params;
   params.scale = c.attention_scale(layer);
   params.sliding_window = spec.sliding ? c.sliding_window : 0;
@@ -116,19 +105,6 @@ void MtpDrafter::AttentionBlock(int layer, const Tensor& x, const Tensor& positi
   Tensor attn = backend_.Empty(dt, {t, nh, hd});
   backend_.Attention(q, target_cache.k(source), target_cache.v(source), batch, params, attn);
   backend_.Linear(attn.View({t, nh * hd}), w.o_proj, nullptr, out);
-}
-
-void MtpDrafter::MlpBlock(int layer, const Tensor& x, Tensor& out) {
-  const ModelConfig& c = config_.text;
-  const LayerWeights& w = weights_.decoder.layers[layer];
-  const int64_t t = x.size(0);
-  const DType dt = backend_.compute_dtype();
-  Tensor gate = backend_.Empty(dt, {t, c.intermediate_size});
-  Tensor up = backend_.Empty(dt, {t, c.intermediate_size});
-  backend_.Linear(x, w.gate_proj, nullptr, gate);
-  backend_.Linear(x, w.up_proj, nullptr, up);
-  backend_.GatedActivation(gate, up, c.activation, gate);
-  backend_.Linear(gate, w.down_proj, nullptr, out);
 }
 
 MtpDraftOutput MtpDrafter::Step(const MtpDraftBatch& batch, const Tensor& hidden, KVCache& target_cache) {
@@ -160,7 +136,7 @@ MtpDraftOutput MtpDrafter::Step(const MtpDraftBatch& batch, const Tensor& hidden
     AttentionBlock(i, normed, pos, attention_batch, target_cache, branch);
     backend_.RmsNorm(branch, &w.post_attention_norm, eps, one_plus, branch);
     backend_.AddRmsNorm(x, branch, &w.pre_feedforward_norm, eps, one_plus, normed);
-    MlpBlock(i, normed, branch);
+    MlpBlock(backend_, c, i, weights_.decoder.layers[i], normed, branch);
     backend_.RmsNorm(branch, &w.post_feedforward_norm, eps, one_plus, branch);
     backend_.Add(x, branch);
     backend_.ScaleByTensor(x, w.layer_scalar);

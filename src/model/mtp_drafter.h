@@ -63,7 +63,6 @@ class MtpDrafter {
  private:
   void AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const AttentionBatch& batch,
                       KVCache& target_cache, Tensor& out);
-  void MlpBlock(int layer, const Tensor& x, Tensor& out);
 
   MtpConfig config_;
   std::vector<int> target_kv_layers_;

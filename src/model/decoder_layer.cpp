@@ -1,0 +1,88 @@
+#include "model/decoder_layer.h"
+
+#include <algorithm>
+
+namespace hsx {
+
+std::vector<RopeTable> MakeRopeTables(const ModelConfig& config, Backend& backend) {
+  std::vector<RopeTable> tables;
+  for (const LayerSpec& l : config.layers) {
+    RopeTable table;
+    const std::vector<float> f = RopeInverseFrequencies(l.rope, l.head_dim, &table.rotary_dims);
+    Tensor host = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
+    std::copy(f.begin(), f.end(), host.data<float>());
+    table.inv_freq = backend.Upload(host);
+    tables.push_back(table);
+  }
+  return tables;
+}
+
+Tensor HostInts(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::Host(DType::kI32, {static_cast<int64_t>(v.size())});
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+void NormRope(Backend& backend, const ModelConfig& config, const Tensor& norm, const Tensor& positions,
+              const RopeTable& rope, Tensor& x) {
+  if (config.qk_norm) {
+    backend.RmsNormRope(x, norm, config.rms_norm_eps, config.norm_one_plus_weight, positions, rope);
+  } else {
+    backend.Rope(x, positions, rope);
+  }
+}
+
+void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, const LayerWeights& w,
+                    const RopeTable& rope, const Tensor& x, const Tensor& positions, const Tensor& slots,
+                    const AttentionBatch& batch, KVCache& cache, Tensor& out) {
+  const LayerSpec& spec = config.layers[layer];
+  const int64_t t = x.size(0), hd = spec.head_dim, nh = config.num_heads, kvh = spec.num_kv_heads;
+  const DType dt = backend.compute_dtype();
+  Tensor q = backend.Empty(dt, {t, nh, hd});
+  backend.Linear(x, w.q_proj, w.q_bias.defined() ? &w.q_bias : nullptr, q);
+  NormRope(backend, config, w.q_norm, positions, rope, q);
+  if (spec.kv_source == layer) {
+    Tensor k = backend.Empty(dt, {t, kvh, hd});
+    backend.Linear(x, w.k_proj, w.k_bias.defined() ? &w.k_bias : nullptr, k);
+    Tensor v = backend.Empty(dt, {t, kvh, hd});
+    if (spec.k_eq_v) {
+      backend.Copy(k, v);  // values are the raw keys, before the key norm and RoPE
+    } else {
+      backend.Linear(x, w.v_proj, w.v_bias.defined() ? &w.v_bias : nullptr, v);
+    }
+    NormRope(backend, config, w.k_norm, positions, rope, k);
+    if (config.v_norm) backend.RmsNorm(v, nullptr, config.rms_norm_eps, false, v);
+    backend.StoreKV(k, v, slots, cache.k(layer), cache.v(layer));
+  }
+  AttentionParams params;
+  params.scale = config.attention_scale(layer);
+  params.sliding_window = spec.sliding ? config.sliding_window : 0;
+  params.softcap = config.attn_softcap;
+  params.block_size = cache.block_size();
+  Tensor attn = backend.Empty(dt, {t, nh, hd});
+  backend.Attention(q, cache.k(layer), cache.v(layer), batch, params, attn);
+  backend.Linear(attn.View({t, nh * hd}), w.o_proj, nullptr, out);
+}
+
+void MlpBlock(Backend& backend, const ModelConfig& config, int layer, const LayerWeights& w, const Tensor& x,
+              Tensor& out) {
+  const int64_t t = x.size(0);
+  const DType dt = backend.compute_dtype();
+  if (config.layers[layer].moe) {
+    // Routing is discontinuous: bf16 logits flip near-tied experts that the f32
+    // reference keeps apart, so the router's GEMM writes f32 (the same bf16 inputs).
+    Tensor router_logits = backend.Empty(DType::kF32, {t, config.num_experts});
+    backend.Linear(x, w.router, nullptr, router_logits);
+    backend.MoeMlp(x, router_logits, w.experts, config.experts_per_token, config.norm_topk_prob, config.activation,
+                   out);
+    return;
+  }
+  Tensor gate = backend.Empty(dt, {t, config.intermediate_size});
+  Tensor up = backend.Empty(dt, {t, config.intermediate_size});
+  backend.Linear(x, w.gate_proj, nullptr, gate);
+  backend.Linear(x, w.up_proj, nullptr, up);
+  backend.GatedActivation(gate, up, config.activation, gate);
+  backend.Linear(gate, w.down_proj, nullptr, out);
+}
+
+}  // namespace hsx
