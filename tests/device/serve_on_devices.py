@@ -7,7 +7,6 @@ within bf16 error of the f32 golden. Exits 1 on any difference. Usage:
 import json
 import pathlib
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -17,26 +16,11 @@ import urllib.request
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from safetensors_numpy import read_safetensors  # noqa: E402
+
 MODEL = ROOT / "tests" / "data" / "models" / "qwen3"
 LAYERS = [0, 2, 4]
-
-
-def read_safetensors(path):
-    raw = pathlib.Path(path).read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = meta["data_offsets"]
-        data = raw[8 + n + begin:8 + n + end]
-        if meta["dtype"] == "BF16":
-            arr = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            arr = np.frombuffer(data, {"F32": np.float32, "I64": np.int64}[meta["dtype"]])
-        out[name] = arr.reshape(meta["shape"])
-    return out
 
 
 def free_port():

@@ -4,13 +4,13 @@ import json
 import os
 import pathlib
 import socket
-import struct
 import subprocess
 import time
 import urllib.request
 
-import numpy as np
 import pytest
+
+from safetensors_numpy import read_safetensors  # noqa: F401 (tests import it from here)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HSX = os.environ.get("HSX_BINARY", str(ROOT / "build" / "src" / "hsx"))
@@ -22,25 +22,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def read_safetensors(path):
-    """Any safetensors file as numpy arrays, bf16 widened to f32 (numpy has no bf16)."""
-    raw = pathlib.Path(path).read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = meta["data_offsets"]
-        data = raw[8 + n + begin:8 + n + end]
-        if meta["dtype"] == "BF16":
-            arr = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            arr = np.frombuffer(data, {"F32": np.float32, "I64": np.int64, "F16": np.float16}[meta["dtype"]])
-        out[name] = arr.reshape(meta["shape"])
-    return out
 
 
 class Server:
