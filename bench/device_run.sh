@@ -114,7 +114,7 @@ if [ "$what" = decode ]; then
   { decode_bench --batch-sizes 1,32,128; decode_bench --batch-sizes 32 --temperature 1 --top-p 0.9 | grep batch;
     decode_bench --batch-sizes 1,32 --enforce-eager | grep batch | sed 's/}$/, "eager": true}/'; } \
     2>"$OUT/decode.err" | tee "$OUT/decode.jsonl"
-  HSX_PROFILE=1 decode_bench --batch-sizes 32 --new-tokens 64 2>&1 >/dev/null | grep "hsx profile" | sort -t' ' -k4 -gr | head -24
+  (export HSX_PROFILE=1; decode_bench --batch-sizes 32 --new-tokens 64 2>&1 >/dev/null) | grep "hsx profile" | sort -t' ' -k4 -gr | head -24
   if [ "${HF:-1}" = 1 ]; then
     timeout 300 python3 bench/hf_decode.py 512 256 1,32,128 2>"$OUT/hf_decode.err" | tee -a "$OUT/decode.jsonl"
     tail -2 "$OUT/hf_decode.err"
