@@ -9,7 +9,8 @@
 #   decode = hsx bench --decode (batch 1, 32, 128; greedy, and temperature 1 / top-p 0.9
 #   at 32; batch 1 and 32 with --enforce-eager) against HF transformers' generate;
 #   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs);
-#   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts
+#   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
+#   on the Gemma 4 fixture plain and with the MTP assistant
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
@@ -86,17 +87,23 @@ g = load_file("tests/data/eagle3/llama_copy/golden.safetensors")
 for k in range(4):
     print(json.dumps({"id": f"p{k}", "token_ids": [int(t) for t in g[f"prompt_{k}"]]}))
 PY
-  gen() { .devbin/hsx generate --device cuda --model tests/data/models/llama --input /tmp/spec_prompts.jsonl \
+  gen() { local model=$1; shift; .devbin/hsx generate --device cuda --model "$model" --input /tmp/spec_prompts.jsonl \
             --max-tokens 24 --ignore-eos "$@"; }
   # Lines come in finishing order: compare them sorted by id. With --batch-invariant a row's
   # bits do not depend on how many tokens its step verifies, so the tokens must be equal;
   # without, bf16 rounding differs between decode and verification kernels (near-ties may flip).
   for mode in "" --batch-invariant; do
-    gen $mode | sort > "$OUT/spec_plain$mode.jsonl"
-    gen $mode --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}' \
+    gen tests/data/models/llama $mode | sort > "$OUT/spec_plain$mode.jsonl"
+    gen tests/data/models/llama $mode --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}' \
       2> "$OUT/spec_ngram$mode.err" | sort > "$OUT/spec_ngram$mode.jsonl"
-    gen $mode --speculative-config '{"method": "eagle3", "model": "tests/data/eagle3/llama_copy", "num_speculative_tokens": 3}' \
+    gen tests/data/models/llama $mode --speculative-config '{"method": "eagle3", "model": "tests/data/eagle3/llama_copy", "num_speculative_tokens": 3}' \
       2> "$OUT/spec_eagle3$mode.err" | sort > "$OUT/spec_eagle3$mode.jsonl"
+    gen tests/data/mtp/gemma4_target $mode --speculative-config \
+      '{"method": "mtp", "model": "tests/data/mtp/gemma4_assistant_copy", "num_speculative_tokens": 4}' \
+      2> "$OUT/spec_mtp$mode.err" | sort > "$OUT/spec_mtp$mode.jsonl"
+    gen tests/data/mtp/gemma4_target $mode | sort > "$OUT/spec_mtp_plain$mode.jsonl"
+    cmp -s "$OUT/spec_mtp_plain$mode.jsonl" "$OUT/spec_mtp$mode.jsonl" && same=same || same=DIFFERENT
+    echo "mtp ${mode:-default}: $same tokens as plain decode; $(tail -1 "$OUT/spec_mtp$mode.err")"
     for m in ngram eagle3; do
       if cmp -s "$OUT/spec_plain$mode.jsonl" "$OUT/spec_$m$mode.jsonl"; then same=same; else same=DIFFERENT; fi
       echo "$m ${mode:-default}: $same tokens as plain decode; $(tail -1 "$OUT/spec_$m$mode.err")"

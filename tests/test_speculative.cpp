@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "engine/speculative_config.h"
 #include "model/eagle3_draft.h"
+#include "model/mtp_drafter.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -155,6 +156,50 @@ TEST(Eagle3EngineTest, AcceptsWhatSpeculatorsRoundsAccept) {
   }
 }
 
+// Gemma 4 MTP drafts, driven as vLLM drives them: run alone with K = 4 for 16 tokens, each
+// prompt of golden_mtp_vllm_copy gives the target's greedy tokens and accepts what the
+// golden's rounds accept (the last round cut to the tokens left, as the engine cuts it);
+// with the random centroid-head assistant nothing is accepted, and the output is the same.
+TEST(MtpEngineTest, AcceptsWhatVllmDrivenRoundsAccept) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  auto model = Model::Load(test::DataPath("mtp/gemma4_target"), backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  for (const std::string variant : {"gemma4_assistant_copy", "gemma4_assistant"}) {
+    auto drafter = MtpDrafter::Load(test::DataPath("mtp/" + variant), **model, backend);
+    ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+    const bool copy = variant == "gemma4_assistant_copy";
+    SafetensorsFile golden = test::Golden(test::DataPath(copy ? "mtp/golden_mtp_vllm_copy.safetensors"
+                                                                : "mtp/golden_mtp_vllm.safetensors"));
+    for (int k = 0; k < (copy ? 4 : 3); ++k) {
+      const std::string n = std::to_string(k);
+      EngineConfig config;
+      config.mtp = {drafter->get(), 4};
+      Engine engine(**model, config);
+      Request r;
+      r.id = "p" + n;
+      r.prompt = test::AsIds(golden.Get("prompt_" + n).value());
+      r.max_new_tokens = 16;
+      ASSERT_TRUE(engine.Add(std::move(r)).ok());
+      std::vector<int32_t> out;
+      while (engine.has_work())
+        for (auto& seq : engine.Step()) out = seq->generated();
+      EXPECT_EQ(out, test::AsIds(golden.Get("greedy_" + n).value())) << variant << " prompt " << k;
+      // The golden's rounds, each cut to the drafts the engine lets a round have.
+      const Tensor rounds = golden.Get("accepted_" + n).value();
+      uint64_t accepted = 0;
+      int generated = 1;  // the prefill's token
+      for (int64_t i = 0; i < rounds.numel() && generated < 16; ++i) {
+        const int room = std::min<int>(4, 16 - generated - 1);
+        const int a = std::min<int>(static_cast<int>(rounds.data<int64_t>()[i]), room);
+        accepted += a;
+        generated += a + 1;
+      }
+      EXPECT_EQ(engine.stats().drafts_accepted, accepted) << variant << " prompt " << k;
+      EXPECT_GT(engine.stats().drafts_proposed, 0u);
+    }
+  }
+}
+
 TEST(SpeculativeConfigTest, ParsesVllmShapesAndNamesBadFields) {
   auto ngram = ParseSpeculativeConfig(R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})", 4);
   ASSERT_TRUE(ngram.ok()) << ngram.status().message();
@@ -176,7 +221,7 @@ TEST(SpeculativeConfigTest, ParsesVllmShapesAndNamesBadFields) {
       {"[1]", "not a JSON object"},
       {R"({"num_speculative_tokens": 2})", "\"method\""},
       {R"({"method": "medusa"})", "unknown method \"medusa\""},
-      {R"({"method": "mtp", "model": "d", "num_speculative_tokens": 3})", "not run by hsx yet"},
+      {R"({"method": "mtp", "model": "d"})", "\"num_speculative_tokens\" is required"},
       {R"({"method": "eagle3", "num_speculative_tokens": 3})", "\"model\" (the draft's directory) is required"},
       {R"({"method": "eagle3", "model": "d", "prompt_lookup_max": 3})", "field \"prompt_lookup_max\" is not taken"},
       {R"({"method": "ngram"})", "\"num_speculative_tokens\" is required"},

@@ -75,6 +75,11 @@ Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text
       ec.eagle3 = {loaded.eagle3.get(), k};
       break;
     }
+    case SpeculativeConfig::Method::kMtp: {
+      HSX_ASSIGN_OR_RETURN(loaded.mtp, MtpDrafter::Load(spec.model, *loaded.model, *loaded.backend));
+      ec.mtp = {loaded.mtp.get(), spec.num_speculative_tokens};
+      break;
+    }
     case SpeculativeConfig::Method::kNone:
       break;
   }

@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/speculative_config.h"
 #include "model/eagle3_draft.h"
+#include "model/mtp_drafter.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -45,13 +46,14 @@ struct LoadedModel {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;
-  std::unique_ptr<Eagle3Draft> eagle3;  // set by ApplySpeculativeConfig; dies before the backend
+  std::unique_ptr<Eagle3Draft> eagle3;  // drafts set by ApplySpeculativeConfig; they die before the model
+  std::unique_ptr<MtpDrafter> mtp;
   const Tokenizer* tokenizer_or_null() const { return tokenizer ? &*tokenizer : nullptr; }
 };
 Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options);
 
 // --speculative-config into the engine's settings: extraction layers (when the command
-// extracts), n-gram or EAGLE-3 drafting (the draft is loaded into loaded.eagle3). Returns
+// extracts), n-gram, EAGLE-3 or MTP drafting (the draft is loaded into `loaded`). Returns
 // the method.
 Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text, bool extracts, LoadedModel& loaded,
                                                          EngineConfig& ec);

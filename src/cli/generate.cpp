@@ -76,7 +76,7 @@ void RegisterGenerate(CLI::App& root) {
   app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");
   app->add_option("--speculative-config", o->speculative_config,
                   "vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, \"prompt_lookup_max\": n} or "
-                  "{\"method\": \"eagle3\", \"model\": DIR, \"num_speculative_tokens\": K}: drafts verified losslessly");
+                  "{\"method\": \"eagle3\" or \"mtp\", \"model\": DIR, \"num_speculative_tokens\": K}: drafts verified losslessly");
   app->callback([o] { ExitCode() = RunGenerate(*o); });
 }
 

@@ -157,7 +157,7 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--port", o->server.port);
   app->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY'");
   app->add_option("--served-model-name", o->server.model_name);
-  app->add_option("--speculative-config", o->speculative_config, "vLLM's JSON; method extract_hidden_states (with --kv-transfer-config), ngram or eagle3");
+  app->add_option("--speculative-config", o->speculative_config, "vLLM's JSON; method extract_hidden_states (with --kv-transfer-config), ngram, eagle3 or mtp");
   app->add_option("--kv-transfer-config", o->kv_transfer_config, "vLLM's JSON; ExampleHiddenStatesConnector");
   app->add_flag("--allow-custom-save-path", o->server.allow_custom_path,
                 "Let requests name kv_transfer_params.hidden_states_path (inside shared_storage_path)");

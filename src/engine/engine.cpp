@@ -43,6 +43,7 @@ RunnerConfig RunnerConfigFor(const EngineConfig& c) {
   r.graphs = c.graphs;
   r.max_graph_batch = c.scheduler.max_num_seqs;
   r.eagle3 = c.eagle3.draft;
+  r.mtp = c.mtp.drafter;
   return r;
 }
 
@@ -330,8 +331,9 @@ void Engine::Accept(const std::vector<Sequence*>& sampling, const SamplingBatch&
 // Appends each sequence's emitted tokens (its accepted drafts, then the correction or
 // bonus token) until one stops it, and takes back the KV of rejected drafts: their slots
 // hold what later steps overwrite.
-void Engine::AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
-                            const VerifiedTokens& verified) {
+std::vector<int32_t> Engine::AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
+                                            const VerifiedTokens& verified) {
+  std::vector<int32_t> last_rows;
   size_t row = 0;
   for (size_t r = 0; r < sampling.size(); ++r) {
     Sequence& seq = *sampling[r];
@@ -345,8 +347,10 @@ void Engine::AcceptVerified(const std::vector<Sequence*>& sampling, const Verifi
     }
     seq.num_computed = std::min(computed, seq.num_tokens());
     seq.drafts.clear();
+    last_rows.push_back(static_cast<int32_t>(row + accepted));
     row += drafts + 1;
   }
+  return last_rows;
 }
 
 int Engine::DraftRoom(const Sequence& seq, int k) const {
@@ -355,15 +359,44 @@ int Engine::DraftRoom(const Sequence& seq, int k) const {
 }
 
 // Drafts for each sequence that decodes next step: prompt lookup, or the EAGLE-3 draft.
-void Engine::Propose(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks) {
+void Engine::Propose(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks,
+                     const std::vector<std::pair<Sequence*, int32_t>>& sampled) {
   if (!config_.capture_layers.empty()) return;
   if (config_.eagle3.draft != nullptr) return ProposeEagle3(batch, chunks);
+  if (config_.mtp.drafter != nullptr) return ProposeMtp(sampled);
   if (!ngram_) return;
   for (const auto& [seq, n] : chunks) {
     const int room = DraftRoom(*seq, config_.ngram.num_speculative_tokens);
     if (room == 0) continue;
     seq->drafts = ngram_->Propose(seq->tokens());
     if (static_cast<int>(seq->drafts.size()) > room) seq->drafts.resize(room);
+  }
+}
+
+// The drafter's round for each sequence that decodes next: its queries sit at p, the last
+// position with KV (whose final-normed hidden starts the round), over the target's KV 0..p.
+void Engine::ProposeMtp(const std::vector<std::pair<Sequence*, int32_t>>& sampled) {
+  const int k = config_.mtp.num_speculative_tokens;
+  MtpDraftBatch batch;
+  std::vector<int32_t> hidden_rows;
+  std::vector<std::pair<Sequence*, int>> drafting;  // with its room
+  for (const auto& [seq, row] : sampled) {
+    const int room = DraftRoom(*seq, k);
+    if (room == 0) continue;
+    SequenceSlice slice;
+    slice.q_start = static_cast<int32_t>(batch.tokens.size());
+    slice.q_len = 1;
+    slice.ctx_len = seq->num_computed;  // p + 1
+    slice.block_table = seq->block_table;
+    batch.tokens.push_back(seq->tokens().back());
+    batch.seqs.push_back(std::move(slice));
+    hidden_rows.push_back(row);
+    drafting.emplace_back(seq, room);
+  }
+  const auto drafts = runner_.ProposeMtp(batch, hidden_rows, k);
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    auto& [seq, room] = drafting[i];
+    seq->drafts.assign(drafts[i].begin(), drafts[i].begin() + room);
   }
 }
 
@@ -442,13 +475,16 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   stats_.tokens_computed += batch.token_ids.size();
   for (const auto& [seq, n] : chunks) seq->num_computed += n;
   // Accept.
+  std::vector<std::pair<Sequence*, int32_t>> sampled;
   if (verifying) {
-    AcceptVerified(sampling, verification, result.verified);
+    const std::vector<int32_t> last_rows = AcceptVerified(sampling, verification, result.verified);
+    for (size_t i = 0; i < sampling.size(); ++i) sampled.emplace_back(sampling[i], last_rows[i]);
   } else {
     Accept(sampling, rows, result.sampled);
+    for (size_t i = 0; i < sampling.size(); ++i) sampled.emplace_back(sampling[i], static_cast<int32_t>(i));
   }
   // Propose.
-  Propose(batch, chunks);
+  Propose(batch, chunks, sampled);
   // Retire.
   for (const auto& [seq, n] : chunks) {
     if (!capture) Commit(*seq, seq->num_computed);  // no rows to wait for

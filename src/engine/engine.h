@@ -38,6 +38,11 @@ struct EngineConfig {
     Eagle3Draft* draft = nullptr;
     int num_speculative_tokens = 0;
   } eagle3;
+  // Speculative decoding by a Gemma 4 MTP drafter (no draft KV: it reads the target's).
+  struct MtpDrafting {
+    MtpDrafter* drafter = nullptr;
+    int num_speculative_tokens = 0;
+  } mtp;
 };
 
 struct EngineStats {
@@ -92,9 +97,14 @@ class Engine {
   // rules; false once seq wants no more tokens.
   bool AcceptToken(Sequence& seq, const SampledTokens& tokens, size_t row, int max_logprobs);
   void Accept(const std::vector<Sequence*>& sampling, const SamplingBatch& rows, const SampledTokens& sampled);
-  void AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
-                      const VerifiedTokens& verified);
-  void Propose(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks);
+  // Returns, per sequence, the logit row its last emitted token came from.
+  std::vector<int32_t> AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
+                                      const VerifiedTokens& verified);
+  // sampled: the sequences that got tokens this step, with the logit row their last token
+  // came from (whose final-normed hidden an MTP drafter starts from).
+  void Propose(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks,
+               const std::vector<std::pair<Sequence*, int32_t>>& sampled);
+  void ProposeMtp(const std::vector<std::pair<Sequence*, int32_t>>& sampled);
   void ProposeEagle3(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks);
   // How many drafts seq may take next step (0 if it does not decode next): its remaining
   // tokens less the one verification always emits, at most `k`.

@@ -54,7 +54,7 @@ ModelRunner::~ModelRunner() {
 int ModelRunner::GraphBucket(const ForwardBatch& batch) const {
   const int rows = static_cast<int>(batch.token_ids.size());
   if (!config_.graphs || graphs_failed_ || !backend().can_record() || has_moe_ || !config_.capture_layers.empty() ||
-      config_.eagle3 != nullptr ||
+      config_.eagle3 != nullptr || config_.mtp != nullptr ||
       rows == 0 || rows > config_.max_graph_batch || batch.seqs.size() != static_cast<size_t>(rows) ||
       batch.logit_rows.size() != static_cast<size_t>(rows)) {
     return 0;
@@ -173,6 +173,7 @@ Tensor ModelRunner::EagerLogits(const ForwardBatch& batch, StepResult& result) {
     return std::move(out.logits);
   }
   ForwardOutput out = model_.Forward(batch, cache_, config_.capture_layers);
+  if (config_.mtp != nullptr) final_hidden_ = out.final_hidden;
   // The copy starts now, beside the sampling and the next step.
   if (!config_.capture_layers.empty()) result.captured = StartCaptureCopy(std::move(out.captured));
   return std::move(out.logits);
@@ -200,6 +201,23 @@ StepResult ModelRunner::Verify(const ForwardBatch& batch, const VerificationBatc
   result.verified = backend().VerifyDrafts(logits, nullptr, verification, nullptr);
   if (profile_) Profile(verify_times_, batch, start);
   return result;
+}
+
+std::vector<std::vector<int32_t>> ModelRunner::ProposeMtp(const MtpDraftBatch& batch,
+                                                            const std::vector<int32_t>& hidden_rows, int num_drafts) {
+  std::vector<std::vector<int32_t>> drafts(batch.tokens.size());
+  if (batch.tokens.empty()) return drafts;
+  Tensor hidden = model_.backend().Empty(final_hidden_.dtype(), {static_cast<int64_t>(hidden_rows.size()),
+                                                                  final_hidden_.size(1)});
+  model_.backend().GatherRows(final_hidden_, hidden_rows, hidden);
+  MtpDraftBatch step = batch;
+  for (int s = 0; s < num_drafts; ++s) {
+    MtpDraftOutput out = config_.mtp->Step(step, hidden, cache_);
+    for (size_t i = 0; i < drafts.size(); ++i) drafts[i].push_back(out.tokens[i]);
+    step.tokens = std::move(out.tokens);  // the next step: each argmax at the same position
+    hidden = std::move(out.hidden);
+  }
+  return drafts;
 }
 
 std::vector<std::vector<int32_t>> ModelRunner::ProposeEagle3(const ForwardBatch& first_pass,

@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "model/eagle3_draft.h"
 #include "model/kv_cache.h"
+#include "model/mtp_drafter.h"
 #include "model/model.h"
 
 namespace hsx {
@@ -30,6 +31,9 @@ struct RunnerConfig {
   // An EAGLE-3 draft: every step also captures its aux layers, kept on the device for
   // ProposeEagle3 (not with capture_layers, and without decode graphs).
   Eagle3Draft* eagle3 = nullptr;
+  // A Gemma 4 MTP drafter: the step's final-normed logit rows are kept for ProposeMtp
+  // (without decode graphs).
+  MtpDrafter* mtp = nullptr;
 };
 
 // A sequence that drafts after the step: where its chained draft steps run (the position
@@ -75,6 +79,11 @@ class ModelRunner {
   // whose KV stays, each fed the token after it; step_rows: each row's row in the step, whose
   // aux states it takes; its logit rows one per request, in order) writes the draft's KV,
   // then num_drafts - 1 chained steps; returns each request's greedy drafts (target ids).
+  // MTP after a step: for each request of `batch` (one row each: the token just emitted at
+  // the constant position p, ctx_len p + 1), num_drafts drafter steps fed first the final-normed
+  // hidden of the step's logit row hidden_rows[r], then their own; returns greedy drafts.
+  std::vector<std::vector<int32_t>> ProposeMtp(const MtpDraftBatch& batch, const std::vector<int32_t>& hidden_rows,
+                                               int num_drafts);
   std::vector<std::vector<int32_t>> ProposeEagle3(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
                                                   const std::vector<DraftRequest>& requests, int num_drafts);
 
@@ -103,6 +112,7 @@ class ModelRunner {
   KVCache cache_;
   std::unique_ptr<KVCache> draft_cache_;  // EAGLE-3: the draft's KV at the target's slots
   Tensor aux_;                            // EAGLE-3: the last step's aux states [A, T, H]
+  Tensor final_hidden_;                   // MTP: the last step's final-normed logit rows
   bool has_moe_ = false;  // MoE routing downloads expert counts: it cannot be recorded
   int64_t capture_runs_ = 0;
   Tensor host_buffers_[2];  // captured rows and flags alternate between two pinned buffers

@@ -91,22 +91,19 @@ Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int nu
     config.ngram.prompt_lookup_max = lookup_max;
     return config;
   }
-  if (method == "eagle3") {
+  if (method == "eagle3" || method == "mtp") {
     HSX_RETURN_IF_ERROR(RefuseOtherFields(j, {"method", "model", "num_speculative_tokens"}, method));
-    config.method = SpeculativeConfig::Method::kEagle3;
+    config.method = method == "eagle3" ? SpeculativeConfig::Method::kEagle3 : SpeculativeConfig::Method::kMtp;
     if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty()) {
       return Error(std::string(kWhere) + "\"model\" (the draft's directory) is required");
     }
     config.model = j["model"].get<std::string>();
-    if (j.contains("num_speculative_tokens")) {
+    if (j.contains("num_speculative_tokens") || method == "mtp") {
       HSX_ASSIGN_OR_RETURN(config.num_speculative_tokens, PositiveInt(j, "num_speculative_tokens"));
     }
     return config;
   }
-  if (method == "mtp") {
-    return Error(std::string(kWhere) + "method \"mtp\" is not run by hsx yet (ngram, eagle3 and extract_hidden_states are)");
-  }
-  return Error(std::string(kWhere) + "unknown method \"" + method + "\" (expected extract_hidden_states, ngram or eagle3)");
+  return Error(std::string(kWhere) + "unknown method \"" + method + "\" (expected extract_hidden_states, ngram, eagle3 or mtp)");
 }
 
 }  // namespace hsx

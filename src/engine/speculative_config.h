@@ -5,6 +5,7 @@
 //   {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": a, "prompt_lookup_max": b}
 //   {"method": "eagle3", "model": DIR, "num_speculative_tokens": K}  (a speculators checkpoint;
 //      K defaults to the checkpoint's proposal length)
+//   {"method": "mtp", "model": DIR, "num_speculative_tokens": K}  (a Gemma 4 assistant)
 // Fields a method does not take are refused by name, as are methods hsx does not run yet.
 #pragma once
 
@@ -17,12 +18,12 @@
 namespace hsx {
 
 struct SpeculativeConfig {
-  enum class Method { kNone, kExtractHiddenStates, kNgram, kEagle3 };
+  enum class Method { kNone, kExtractHiddenStates, kNgram, kEagle3, kMtp };
   Method method = Method::kNone;
   std::vector<int> capture_layers;  // extract_hidden_states: ascending, unique, in [0, num_layers]
   NgramConfig ngram;                // ngram: its K and lookup lengths
-  std::string model;                // eagle3: the draft's directory
-  int num_speculative_tokens = 0;   // eagle3: K; 0: the checkpoint's own
+  std::string model;                // eagle3, mtp: the draft's directory
+  int num_speculative_tokens = 0;   // eagle3, mtp: K; 0 (eagle3 only): the checkpoint's own
 };
 
 // text: the flag's JSON; num_layers: the target's (layer ids range over [0, num_layers]).

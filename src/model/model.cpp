@@ -128,6 +128,7 @@ ForwardOutput Model::Forward(const DeviceBatch& batch, KVCache& cache, const std
       backend_.GatherRows(x, batch.logit_rows, rows);
       backend_.RmsNorm(rows, &weights_.final_norm, eps, one_plus, rows);
     }
+    result.final_hidden = rows;
     result.logits = backend_.Empty(DType::kF32, {r, config_.vocab_size});
     backend_.Linear(rows, weights_.lm_head, nullptr, result.logits);
     if (config_.final_softcap > 0.0f) backend_.Softcap(result.logits, config_.final_softcap);

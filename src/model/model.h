@@ -34,6 +34,7 @@ struct DeviceBatch {
 struct ForwardOutput {
   Tensor logits;    // [logit_rows, V] f32 on the backend's device
   Tensor captured;  // [L, T, H] in compute dtype: the requested layer ids, ascending
+  Tensor final_hidden;  // [logit_rows, H] in compute dtype: the final-normed rows the logits come from
 };
 
 class Model {
