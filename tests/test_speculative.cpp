@@ -60,10 +60,10 @@ TEST_P(SpeculativeGreedyTest, NgramDraftsLeaveGreedyOutputUnchanged) {
     speculative.ngram = {k, 1, 3};
     const Generation run = Generate(**model, golden, speculative, 40);
     EXPECT_EQ(run.tokens, reference.tokens) << GetParam() << " K=" << k;
-    EXPECT_GT(run.stats.drafts_proposed, 0u) << "no drafts were verified";
+    EXPECT_GT(run.stats.num_draft_tokens, 0u) << "no drafts were verified";
     std::printf("[ngram] %-15s K=%d accepted %lu of %lu drafts, %lu steps (plain %lu)\n", GetParam().c_str(), k,
-                static_cast<unsigned long>(run.stats.drafts_accepted),
-                static_cast<unsigned long>(run.stats.drafts_proposed), static_cast<unsigned long>(run.stats.steps),
+                static_cast<unsigned long>(run.stats.num_accepted_tokens),
+                static_cast<unsigned long>(run.stats.num_draft_tokens), static_cast<unsigned long>(run.stats.steps),
                 static_cast<unsigned long>(reference.stats.steps));
   }
 }
@@ -86,7 +86,7 @@ TEST(SpeculativeEngineTest, PreemptionKeepsGreedyExact) {
   config.ngram = {4, 1, 2};
   const Generation run = Generate(**model, golden, config, 16);
   EXPECT_EQ(run.tokens, reference.tokens);
-  EXPECT_GT(run.stats.drafts_proposed, 0u);
+  EXPECT_GT(run.stats.num_draft_tokens, 0u);
 }
 
 // EAGLE-3 drafts from speculators' checkpoints: the greedy output is the plain decode's,
@@ -111,13 +111,13 @@ TEST_P(Eagle3EngineTest, DraftsLeaveGreedyOutputUnchanged) {
     speculative.eagle3 = {draft->get(), k};
     const Generation run = Generate(**model, golden, speculative, 24);
     EXPECT_EQ(run.tokens, reference.tokens) << variant << " K=" << k;
-    EXPECT_GT(run.stats.drafts_proposed, 0u);
+    EXPECT_GT(run.stats.num_draft_tokens, 0u);
     if (variant == "llama_copy") {
-      EXPECT_GT(run.stats.drafts_accepted, 0u);
+      EXPECT_GT(run.stats.num_accepted_tokens, 0u);
     }
     std::printf("[eagle3] %-13s K=%d accepted %lu of %lu drafts, %lu steps (plain %lu)\n", variant.c_str(), k,
-                static_cast<unsigned long>(run.stats.drafts_accepted),
-                static_cast<unsigned long>(run.stats.drafts_proposed), static_cast<unsigned long>(run.stats.steps),
+                static_cast<unsigned long>(run.stats.num_accepted_tokens),
+                static_cast<unsigned long>(run.stats.num_draft_tokens), static_cast<unsigned long>(run.stats.steps),
                 static_cast<unsigned long>(reference.stats.steps));
   }
 }
@@ -152,7 +152,7 @@ TEST(Eagle3EngineTest, AcceptsWhatSpeculatorsRoundsAccept) {
     const Tensor rounds = golden.Get("spec_rounds_" + n).value();  // [R, K + 1]
     uint64_t accepted = 0;
     for (int64_t i = 0; i < rounds.size(0); ++i) accepted += rounds.data<int64_t>()[i * rounds.size(1) + 3];
-    EXPECT_EQ(engine.stats().drafts_accepted, accepted) << "prompt " << k;
+    EXPECT_EQ(engine.stats().num_accepted_tokens, accepted) << "prompt " << k;
   }
 }
 
@@ -194,8 +194,8 @@ TEST(MtpEngineTest, AcceptsWhatVllmDrivenRoundsAccept) {
         accepted += a;
         generated += a + 1;
       }
-      EXPECT_EQ(engine.stats().drafts_accepted, accepted) << variant << " prompt " << k;
-      EXPECT_GT(engine.stats().drafts_proposed, 0u);
+      EXPECT_EQ(engine.stats().num_accepted_tokens, accepted) << variant << " prompt " << k;
+      EXPECT_GT(engine.stats().num_draft_tokens, 0u);
     }
   }
 }

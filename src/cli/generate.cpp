@@ -56,10 +56,10 @@ int RunGenerate(const GenerateOptions& o) {
       std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     }
   }
-  if (const EngineStats& st = engine.stats(); st.drafts_proposed > 0) {
+  if (const EngineStats& st = engine.stats(); st.num_draft_tokens > 0) {
     std::fprintf(stderr, "hsx generate: speculative decoding accepted %lu of %lu drafts (%.1f%%)\n",
-                 static_cast<unsigned long>(st.drafts_accepted), static_cast<unsigned long>(st.drafts_proposed),
-                 100.0 * st.drafts_accepted / st.drafts_proposed);
+                 static_cast<unsigned long>(st.num_accepted_tokens), static_cast<unsigned long>(st.num_draft_tokens),
+                 100.0 * st.num_accepted_tokens / st.num_draft_tokens);
   }
   return failed > 0 ? 1 : 0;
 }

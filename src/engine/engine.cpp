@@ -338,8 +338,12 @@ std::vector<int32_t> Engine::AcceptVerified(const std::vector<Sequence*>& sampli
   for (size_t r = 0; r < sampling.size(); ++r) {
     Sequence& seq = *sampling[r];
     const int drafts = batch.num_drafts[r], accepted = verified.num_accepted[r];
-    stats_.drafts_proposed += drafts;
-    stats_.drafts_accepted += accepted;
+    if (drafts > 0) ++stats_.num_drafts;
+    stats_.num_draft_tokens += drafts;
+    stats_.num_accepted_tokens += accepted;
+    if (stats_.num_accepted_tokens_per_pos.size() < static_cast<size_t>(drafts))
+      stats_.num_accepted_tokens_per_pos.resize(drafts);
+    for (int j = 0; j < accepted; ++j) ++stats_.num_accepted_tokens_per_pos[j];
     // Computed positions: the last known token's and the accepted drafts'.
     const int computed = seq.num_computed - (drafts - accepted);
     for (int j = 0; j <= accepted; ++j) {

@@ -48,8 +48,10 @@ struct EngineConfig {
 struct EngineStats {
   uint64_t steps = 0;
   uint64_t tokens_computed = 0;
-  uint64_t drafts_proposed = 0;  // speculative decoding: drafts verified ...
-  uint64_t drafts_accepted = 0;  // ... and how many of them were accepted
+  // Speculative decoding, as vLLM's spec_decode metrics count it: verifications of at
+  // least one draft, drafts verified, drafts accepted, and accepted by position.
+  uint64_t num_drafts = 0, num_draft_tokens = 0, num_accepted_tokens = 0;
+  std::vector<uint64_t> num_accepted_tokens_per_pos;
 };
 
 class Engine {

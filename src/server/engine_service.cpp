@@ -129,6 +129,7 @@ void EngineService::Loop() {
     stats_.running = in_flight_ = callbacks_.size();
     stats_.free_blocks = engine_.num_free_blocks();
     stats_.prefix_cache_hit_rate = engine_.prefix_cache_hit_rate();
+    stats_.engine = engine_.stats();
   }
 }
 

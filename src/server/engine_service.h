@@ -52,6 +52,7 @@ class EngineService {
     size_t queued = 0, running = 0, last_batch_tokens = 0;
     int free_blocks = 0, total_blocks = 0;
     double prefix_cache_hit_rate = 0;
+    EngineStats engine;  // the engine's own counters (speculative decoding's among them)
   };
   Stats stats() const;
 

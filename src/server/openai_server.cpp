@@ -600,6 +600,20 @@ std::string OpenAiServer::Metrics() const {
   metric("hsx_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks held by requests",
          s.total_blocks ? 1.0 - static_cast<double>(s.free_blocks) / s.total_blocks : 0.0);
   metric("hsx_prefix_cache_hit_rate", "gauge", "Prompt tokens served from cached blocks", s.prefix_cache_hit_rate);
+  // Speculative decoding under vLLM's names.
+  const EngineStats& e = s.engine;
+  metric("vllm:spec_decode_num_drafts_total", "counter", "Verifications of at least one draft token",
+         static_cast<double>(e.num_drafts));
+  metric("vllm:spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified",
+         static_cast<double>(e.num_draft_tokens));
+  metric("vllm:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted",
+         static_cast<double>(e.num_accepted_tokens));
+  out << "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Draft tokens accepted, by position\n"
+      << "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+  for (size_t i = 0; i < e.num_accepted_tokens_per_pos.size(); ++i) {
+    out << "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"" << i << "\"} "
+        << e.num_accepted_tokens_per_pos[i] << "\n";
+  }
   metric("hsx_hidden_state_files_total", "counter", "Hidden-state files written", static_cast<double>(files_written_.load()));
   metric("hsx_hidden_state_file_errors_total", "counter", "Hidden-state files that failed", static_cast<double>(file_errors_.load()));
   metric("hsx_hidden_state_write_seconds_total", "counter", "Time spent writing hidden-state files",
