@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|devices|spec]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|devices|spec|specbench]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
@@ -10,7 +10,8 @@
 #   at 32; batch 1 and 32 with --enforce-eager) against HF transformers' generate;
 #   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs);
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
-#   on the Gemma 4 fixture plain and with the MTP assistant
+#   on the Gemma 4 fixture plain and with the MTP assistant; specbench = bench --decode on the
+#   Qwen3-8B shape plain, with a random EAGLE-3 draft (zero acceptance: the overhead) and n-gram
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
@@ -109,6 +110,14 @@ PY
       echo "$m ${mode:-default}: $same tokens as plain decode; $(tail -1 "$OUT/spec_$m$mode.err")"
     done
   done
+fi
+if [ "$what" = specbench ]; then  # the speculation machinery at the Qwen3-8B shape, plain decode beside
+  python3 bench/make_dummy_eagle3.py /dev/shm/eagle3-qwen3-8b
+  sb() { .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 \
+           --new-tokens 256 --kv-cache-gib 40 --batch-sizes 1,32 "$@" 2>>"$OUT/specbench.err" | grep batch; }
+  { sb; sb --speculative-config '{"method": "eagle3", "model": "/dev/shm/eagle3-qwen3-8b", "num_speculative_tokens": 3}'
+    sb --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'; } \
+    | tee "$OUT/specbench.jsonl"
 fi
 if [ "$what" = devices ]; then  # nvidia-h200-x2: hsx serve --device cuda:1 beside cuda:0
   python3 tests/device/serve_on_devices.py .devbin/hsx cuda:0 cuda:1 2>&1 | tee "$OUT/devices.jsonl"

@@ -164,6 +164,8 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--temperature", decode->sampling.temperature, "Decode: 0 is greedy");
   app->add_option("--top-p", decode->sampling.top_p);
   app->add_option("--top-k", decode->sampling.top_k);
+  app->add_option("--speculative-config", decode->speculative_config,
+                  "Decode: vLLM's JSON (ngram, eagle3, mtp); adds the mean acceptance length and per-position rates");
   app->callback([o, decode, app] {
     if (o->decode) {
       decode->model = o->extract.model;

@@ -66,16 +66,22 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
   auto line = [](const nlohmann::json& j) { std::printf("%s\n", j.dump().c_str()); };
   if (bandwidth > 0) line({{"metric", "device_copy_bandwidth_gbps"}, {"value", bandwidth / 1e9}, {"device", o.model.device}});
 
+  EngineConfig spec;  // the speculative settings every batch size's engine takes
+  if (!o.speculative_config.empty()) {
+    auto method = ApplySpeculativeConfig(o.speculative_config, /*extracts=*/false, *loaded, spec);
+    if (!method.ok()) return Fail("bench", method.status());
+  }
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
   for (int batch : o.batch_sizes) {
-    EngineConfig ec;
+    EngineConfig ec = spec;
     ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
     ec.scheduler.max_num_seqs = std::max(batch, ec.scheduler.max_num_seqs);
     ec.scheduler.max_num_batched_tokens = std::max(o.max_num_batched_tokens, batch);
     ec.enable_prefix_caching = false;  // random prompts share nothing; keep the bookkeeping out
     ec.graphs = !o.model.enforce_eager;
     Engine engine(model, ec);
+    EngineStats decode_start, decode_end;  // the engine's counters around the decode phase
     auto run = [&](int new_tokens, double* decode_seconds, int64_t* decode_tokens, uint64_t* decode_steps) -> Status {
       for (int i = 0; i < batch; ++i) {
         Request r;
@@ -88,12 +94,11 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
         if (r.sampling.seed) r.sampling.seed = *r.sampling.seed + i;
         HSX_RETURN_IF_ERROR(engine.Add(std::move(r)));
       }
-      // Decode phase: from the step that finished the last prompt to the end. Each
-      // token computed after it is one row of a decode step and one token sampled.
+      // Decode phase: from the step that finished the last prompt to the end; its tokens
+      // are those appended after it (with speculative decoding, several a step).
       const int64_t prompt_tokens = static_cast<int64_t>(batch) * o.prompt_len;
       const uint64_t tokens0 = engine.stats().tokens_computed;
       std::optional<Clock::time_point> start;
-      int64_t tokens_at_start = 0;
       uint64_t steps_at_start = 0;
       while (engine.has_work()) {
         for (const auto& seq : engine.Step()) {
@@ -103,14 +108,15 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
         if (!start && computed >= prompt_tokens) {
           backend.Synchronize();
           start = Clock::now();
-          tokens_at_start = computed;
           steps_at_start = engine.stats().steps;
+          decode_start = engine.stats();
         }
       }
       backend.Synchronize();
       *decode_seconds = Seconds(*start, Clock::now());
-      *decode_tokens = static_cast<int64_t>(engine.stats().tokens_computed - tokens0) - tokens_at_start;
+      *decode_tokens = static_cast<int64_t>(engine.stats().tokens_generated - decode_start.tokens_generated);
       *decode_steps = engine.stats().steps - steps_at_start;
+      decode_end = engine.stats();
       return {};
     };
     double seconds = 0;
@@ -125,11 +131,29 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
     const double step_bytes = weight_bytes + static_cast<double>(batch) * mean_context * kv_per_token;
     const double bound_tok_s = bandwidth > 0 ? batch * bandwidth / step_bytes : 0.0;
     const double tok_s = tokens / seconds;
-    line({{"metric", "decode_tokens_per_s"}, {"value", tok_s}, {"batch", batch}, {"model", o.model.model},
-          {"prompt_len", o.prompt_len}, {"new_tokens", o.new_tokens}, {"step_ms", step_ms}, {"steps", steps},
-          {"temperature", o.sampling.temperature}, {"top_p", o.sampling.top_p}, {"top_k", o.sampling.top_k},
-          {"bound_tokens_per_s", bound_tok_s}, {"fraction_of_bound", bound_tok_s > 0 ? tok_s / bound_tok_s : 0.0},
-          {"device", o.model.device}});
+    nlohmann::json result = {
+        {"metric", "decode_tokens_per_s"}, {"value", tok_s}, {"batch", batch}, {"model", o.model.model},
+        {"prompt_len", o.prompt_len}, {"new_tokens", o.new_tokens}, {"step_ms", step_ms}, {"steps", steps},
+        {"temperature", o.sampling.temperature}, {"top_p", o.sampling.top_p}, {"top_k", o.sampling.top_k},
+        {"bound_tokens_per_s", bound_tok_s}, {"fraction_of_bound", bound_tok_s > 0 ? tok_s / bound_tok_s : 0.0},
+        {"device", o.model.device}};
+    if (const uint64_t drafts = decode_end.num_drafts - decode_start.num_drafts; drafts > 0) {
+      // vLLM's figures: tokens per verification (accepted drafts + the one always emitted)
+      // and the acceptance rate of each draft position.
+      const uint64_t accepted = decode_end.num_accepted_tokens - decode_start.num_accepted_tokens;
+      std::vector<double> per_position;
+      for (size_t i = 0; i < decode_end.num_accepted_tokens_per_pos.size(); ++i) {
+        const uint64_t before =
+            i < decode_start.num_accepted_tokens_per_pos.size() ? decode_start.num_accepted_tokens_per_pos[i] : 0;
+        per_position.push_back(static_cast<double>(decode_end.num_accepted_tokens_per_pos[i] - before) / drafts);
+      }
+      result["speculative_config"] = o.speculative_config;
+      result["mean_acceptance_length"] = 1.0 + static_cast<double>(accepted) / drafts;
+      result["acceptance_rate_per_position"] = per_position;
+      result["draft_tokens"] = decode_end.num_draft_tokens - decode_start.num_draft_tokens;
+      result["accepted_tokens"] = accepted;
+    }
+    line(result);
   }
   return 0;
 }

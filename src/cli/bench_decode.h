@@ -1,6 +1,7 @@
 // The decode mode of hsx bench (bench_decode.cpp).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "cli/common.h"
@@ -17,6 +18,7 @@ struct DecodeBenchOptions {
   double kv_cache_gib = 40;
   SamplingParams sampling;
   uint64_t seed = 0;
+  std::string speculative_config;  // vLLM's JSON (ngram, eagle3, mtp): speculative decoding
 };
 
 int RunDecodeBench(const DecodeBenchOptions& options);

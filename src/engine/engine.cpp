@@ -308,6 +308,7 @@ VerificationBatch Engine::VerificationRows(const std::vector<ScheduledChunk>& ch
 bool Engine::AcceptToken(Sequence& seq, const SampledTokens& tokens, size_t row, int max_logprobs) {
   const int32_t token = tokens.tokens[row];
   seq.Append(token);
+  ++stats_.tokens_generated;
   if (const int k = seq.request().sampling.logprobs; k >= 0) {
     Sequence::TokenLogprobs lp{tokens.logprobs[row], {}};
     for (int j = 0; j < k; ++j) {

@@ -47,7 +47,8 @@ struct EngineConfig {
 
 struct EngineStats {
   uint64_t steps = 0;
-  uint64_t tokens_computed = 0;
+  uint64_t tokens_computed = 0;   // rows run through the model (drafts verified included)
+  uint64_t tokens_generated = 0;  // tokens appended to sequences
   // Speculative decoding, as vLLM's spec_decode metrics count it: verifications of at
   // least one draft, drafts verified, drafts accepted, and accepted by position.
   uint64_t num_drafts = 0, num_draft_tokens = 0, num_accepted_tokens = 0;
