@@ -70,4 +70,20 @@ inline double ChiSquareBound(int dof, double z = 4.5) {
   return dof * std::pow(1 - a + z * std::sqrt(a), 3);
 }
 
+// Row r of a batch that mixes every option: greedy, temperatures, top-k, top-p, min-p and
+// the penalties (r % 8 picks which), with its own seed.
+inline SamplingRow MixedRow(int r, uint32_t seed_lo) {
+  SamplingRow row;
+  const int kind = r % 8;
+  row.temperature = kind == 0 ? 0.0f : 0.5f + 0.25f * (r % 5);
+  row.top_k = kind == 2 || kind == 7 ? 50 : 0;
+  row.top_p = kind == 3 || kind == 7 ? 0.9f : 1.0f;
+  row.min_p = kind == 4 ? 0.05f : 0.0f;
+  row.repetition_penalty = kind == 5 ? 1.2f : 1.0f;
+  row.frequency_penalty = kind == 6 ? 0.5f : 0.0f;
+  row.presence_penalty = kind == 6 ? 0.25f : 0.0f;
+  row.seed_lo = seed_lo;
+  return row;
+}
+
 }  // namespace hsx::test

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <set>
@@ -341,6 +342,48 @@ TEST_F(CliTest, GenerateRefusesMaxTokensBeyondTheModelLength) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_EQ(r.out, "");
   EXPECT_NE(r.err.find("2147483647 new tokens exceed max_model_len 4096"), std::string::npos) << r.err;
+}
+
+// --speculative-config on generate: an EAGLE-3 draft gives the plain greedy tokens; a bad
+// config, a missing draft directory or a draft that does not fit the target fails before
+// any work, naming what is wrong, with no output.
+TEST_F(CliTest, GenerateSpeculativeConfigWorksOrFailsNamingTheProblem) {
+  SafetensorsFile golden = test::Golden(test::ModelDir("llama") + "/golden.safetensors");
+  const std::string base = "generate --model " + test::ModelDir("llama") + " --input " + GoldenPrompts(golden) +
+                           " --max-tokens 8 --ignore-eos --batch-invariant";
+  const CommandResult plain = Hsx(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const CommandResult drafted = Hsx(base + " --speculative-config '{\"method\": \"eagle3\", \"model\": \"" +
+                                    test::DataPath("eagle3/llama_copy") + "\", \"num_speculative_tokens\": 3}'");
+  ASSERT_EQ(drafted.exit_code, 0) << drafted.err;
+  auto by_id = [](const std::string& out) {
+    std::map<std::string, std::vector<int32_t>> tokens;
+    std::stringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      const auto j = nlohmann::json::parse(line);
+      tokens[j["id"].get<std::string>()] = j["token_ids"].get<std::vector<int32_t>>();
+    }
+    return tokens;
+  };
+  EXPECT_EQ(by_id(drafted.out), by_id(plain.out));
+  EXPECT_NE(drafted.err.find("speculative decoding accepted"), std::string::npos) << drafted.err;
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"'{\"method\": \"ngram\", \"num_speculative_tokens\": 999}'", "[1, 64]"},
+      {"'{\"method\": \"eagle3\", \"model\": \"/nonexistent/draft\"}'", "/nonexistent/draft"},
+      // a Gemma 4 assistant for a Llama target
+      {"'{\"method\": \"mtp\", \"model\": \"" + test::DataPath("mtp/gemma4_assistant") +
+           "\", \"num_speculative_tokens\": 2}'", "Gemma 4"},
+      {"'{\"method\": \"extract_hidden_states\", \"draft_model_config\": {\"hf_config\": "
+       "{\"eagle_aux_hidden_state_layer_ids\": [1]}}}'", "is for extract and serve"},
+      {"'[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]'", "--speculative-config"},
+  };
+  for (const auto& [config, expected] : bad) {
+    const CommandResult r = Hsx(base + " --speculative-config " + config);
+    EXPECT_EQ(r.exit_code, 1) << config;
+    EXPECT_EQ(r.out, "") << config;
+    EXPECT_NE(r.err.find(expected), std::string::npos) << config << ": " << r.err;
+  }
 }
 
 TEST_F(CliTest, TokenizeMatchesGoldenIdsAndReportsBadLines) {

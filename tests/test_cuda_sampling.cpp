@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "sampling_reference.h"
 
 namespace hsx {
 namespace {
@@ -50,16 +51,8 @@ TEST(CudaSampling, MatchesTheCpuReferenceAtARealVocabulary) {
   SamplingBatch batch;
   batch.max_logprobs = 5;
   for (int r = 0; r < rows; ++r) {
-    SamplingRow row;
+    SamplingRow row = test::MixedRow(r, static_cast<uint32_t>(1000 + r));
     const int kind = r % 8;
-    row.temperature = kind == 0 ? 0.0f : 0.5f + 0.25f * (r % 5);
-    row.top_k = kind == 2 || kind == 7 ? 50 : 0;
-    row.top_p = kind == 3 || kind == 7 ? 0.9f : 1.0f;
-    row.min_p = kind == 4 ? 0.05f : 0.0f;
-    row.repetition_penalty = kind == 5 ? 1.2f : 1.0f;
-    row.frequency_penalty = kind == 6 ? 0.5f : 0.0f;
-    row.presence_penalty = kind == 6 ? 0.25f : 0.0f;
-    row.seed_lo = 1000 + r;
     row.draw = r * 7;
     row.num_logprobs = r % 6;
     row.adjust_begin = static_cast<int32_t>(batch.adjust.size());

@@ -13,6 +13,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "sampling_reference.h"
 
 namespace hsx {
 namespace {
@@ -35,16 +36,8 @@ Case MakeCase(int requests, int64_t vocab, bool with_probs, uint32_t seed) {
   for (int r = 0; r < requests; ++r) {
     const int k = r % 5;
     c.batch.num_drafts.push_back(k);
-    SamplingRow row;
+    SamplingRow row = test::MixedRow(r, static_cast<uint32_t>(seed * 1000 + r));
     const int kind = r % 8;
-    row.temperature = kind == 0 ? 0.0f : 0.5f + 0.25f * (r % 5);
-    row.top_k = kind == 2 || kind == 7 ? 50 : 0;
-    row.top_p = kind == 3 || kind == 7 ? 0.9f : 1.0f;
-    row.min_p = kind == 4 ? 0.05f : 0.0f;
-    row.repetition_penalty = kind == 5 ? 1.2f : 1.0f;
-    row.frequency_penalty = kind == 6 ? 0.5f : 0.0f;
-    row.presence_penalty = kind == 6 ? 0.25f : 0.0f;
-    row.seed_lo = seed * 1000 + r;
     row.num_logprobs = r % 4;
     for (int j = 0; j <= k; ++j) {
       const size_t base = logits.size();

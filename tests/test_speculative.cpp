@@ -22,27 +22,35 @@ struct Generation {
   EngineStats stats;
 };
 
-Generation Generate(Model& model, const SafetensorsFile& golden, EngineConfig config, int max_new_tokens) {
+// Runs `requests` to the end through an engine of `config`.
+Generation RunAll(Model& model, const EngineConfig& config, std::vector<Request> requests) {
   Engine engine(model, config);
+  for (Request& r : requests) EXPECT_TRUE(engine.Add(std::move(r)).ok());
+  Generation run;
+  while (engine.has_work())
+    for (auto& seq : engine.Step()) run.tokens[seq->id()] = seq->generated();
+  run.stats = engine.stats();
+  return run;
+}
+
+// The three golden prompts and one that repeats itself (so prompt lookup finds matches
+// from the start), batched.
+Generation Generate(Model& model, const SafetensorsFile& golden, const EngineConfig& config, int max_new_tokens) {
   std::vector<std::vector<int32_t>> prompts;
   for (int k = 0; k < 3; ++k) prompts.push_back(test::AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
-  // A prompt that repeats itself, so prompt lookup finds matches from the start.
   std::vector<int32_t> loop;
   for (int i = 0; i < 40; ++i) loop.push_back(prompts[1][i % 7]);
   prompts.push_back(loop);
+  std::vector<Request> requests;
   for (size_t k = 0; k < prompts.size(); ++k) {
     Request r;
     r.id = "p" + std::to_string(k);
     r.prompt = prompts[k];
     r.max_new_tokens = max_new_tokens;
     r.stop_token_ids = model.config().eos_token_ids;
-    EXPECT_TRUE(engine.Add(std::move(r)).ok());
+    requests.push_back(std::move(r));
   }
-  Generation run;
-  while (engine.has_work())
-    for (auto& seq : engine.Step()) run.tokens[seq->id()] = seq->generated();
-  run.stats = engine.stats();
-  return run;
+  return RunAll(model, config, std::move(requests));
 }
 
 class SpeculativeGreedyTest : public ::testing::TestWithParam<std::string> {};
@@ -87,6 +95,17 @@ TEST(SpeculativeEngineTest, PreemptionKeepsGreedyExact) {
   const Generation run = Generate(**model, golden, config, 16);
   EXPECT_EQ(run.tokens, reference.tokens);
   EXPECT_GT(run.stats.num_draft_tokens, 0u);
+}
+
+// One request alone: its tokens are run.tokens.at("alone").
+Generation RunAlone(Model& model, const EngineConfig& config, std::vector<int32_t> prompt, int max_new_tokens) {
+  Request r;
+  r.id = "alone";
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new_tokens;
+  std::vector<Request> one;
+  one.push_back(std::move(r));
+  return RunAll(model, config, std::move(one));
 }
 
 // EAGLE-3 drafts from speculators' checkpoints: the greedy output is the plain decode's,
@@ -139,20 +158,12 @@ TEST(Eagle3EngineTest, AcceptsWhatSpeculatorsRoundsAccept) {
     const std::string n = std::to_string(k);
     EngineConfig config;
     config.eagle3 = {draft->get(), 3};
-    Engine engine(**model, config);
-    Request r;
-    r.id = "p" + n;
-    r.prompt = test::AsIds(golden.Get("prompt_" + n).value());
-    r.max_new_tokens = 8;
-    ASSERT_TRUE(engine.Add(std::move(r)).ok());
-    std::vector<int32_t> out;
-    while (engine.has_work())
-      for (auto& seq : engine.Step()) out = seq->generated();
-    EXPECT_EQ(out, test::AsIds(golden.Get("greedy_" + n).value())) << "prompt " << k;
+    const Generation run = RunAlone(**model, config, test::AsIds(golden.Get("prompt_" + n).value()), 8);
+    EXPECT_EQ(run.tokens.at("alone"), test::AsIds(golden.Get("greedy_" + n).value())) << "prompt " << k;
     const Tensor rounds = golden.Get("spec_rounds_" + n).value();  // [R, K + 1]
     uint64_t accepted = 0;
     for (int64_t i = 0; i < rounds.size(0); ++i) accepted += rounds.data<int64_t>()[i * rounds.size(1) + 3];
-    EXPECT_EQ(engine.stats().num_accepted_tokens, accepted) << "prompt " << k;
+    EXPECT_EQ(run.stats.num_accepted_tokens, accepted) << "prompt " << k;
   }
 }
 
@@ -174,16 +185,8 @@ TEST(MtpEngineTest, AcceptsWhatVllmDrivenRoundsAccept) {
       const std::string n = std::to_string(k);
       EngineConfig config;
       config.mtp = {drafter->get(), 4};
-      Engine engine(**model, config);
-      Request r;
-      r.id = "p" + n;
-      r.prompt = test::AsIds(golden.Get("prompt_" + n).value());
-      r.max_new_tokens = 16;
-      ASSERT_TRUE(engine.Add(std::move(r)).ok());
-      std::vector<int32_t> out;
-      while (engine.has_work())
-        for (auto& seq : engine.Step()) out = seq->generated();
-      EXPECT_EQ(out, test::AsIds(golden.Get("greedy_" + n).value())) << variant << " prompt " << k;
+      const Generation run = RunAlone(**model, config, test::AsIds(golden.Get("prompt_" + n).value()), 16);
+      EXPECT_EQ(run.tokens.at("alone"), test::AsIds(golden.Get("greedy_" + n).value())) << variant << " prompt " << k;
       // The golden's rounds, each cut to the drafts the engine lets a round have.
       const Tensor rounds = golden.Get("accepted_" + n).value();
       uint64_t accepted = 0;
@@ -194,8 +197,8 @@ TEST(MtpEngineTest, AcceptsWhatVllmDrivenRoundsAccept) {
         accepted += a;
         generated += a + 1;
       }
-      EXPECT_EQ(engine.stats().num_accepted_tokens, accepted) << variant << " prompt " << k;
-      EXPECT_GT(engine.stats().num_draft_tokens, 0u);
+      EXPECT_EQ(run.stats.num_accepted_tokens, accepted) << variant << " prompt " << k;
+      EXPECT_GT(run.stats.num_draft_tokens, 0u);
     }
   }
 }
