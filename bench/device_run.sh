@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|devices|spec|specbench]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|devices|spec|specbench|fp8]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
@@ -11,7 +11,8 @@
 #   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs);
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
 #   on the Gemma 4 fixture plain and with the MTP assistant; specbench = bench --decode on the
-#   Qwen3-8B shape plain, with a random EAGLE-3 draft (zero acceptance: the overhead) and n-gram
+#   Qwen3-8B shape plain, with a random EAGLE-3 draft (zero acceptance: the overhead) and n-gram;
+#   fp8 = the Qwen3-8B extraction bench in bf16 and with --quantization fp8
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
@@ -22,7 +23,7 @@ done
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 if [ "$what" = tests ] || [ "$what" = all ]; then
   HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='*Cuda*:*BatchInvariantOps*:*BatchInvariantEngine*' 2>&1 |
-    tee "$OUT/tests.log" | grep -E "^\[bf16\]|^\[sampling\]|PASSED|FAILED|Failure|Expected|actual|error" | head -60
+    tee "$OUT/tests.log" | grep -E "^\[bf16\]|^\[fp8\]|^\[sampling\]|PASSED|FAILED|Failure|Expected|actual|error" | head -60
 fi
 qwen3_8b_bench() {  # exported, so `env VAR=... bash -c qwen3_8b_bench` can run it
   .devbin/hsx bench --device cuda --model qwen3-8b --load-format dummy --num-prompts 256 --median-len 700 \
@@ -110,6 +111,10 @@ PY
       echo "$m ${mode:-default}: $same tokens as plain decode; $(tail -1 "$OUT/spec_$m$mode.err")"
     done
   done
+fi
+if [ "$what" = fp8 ]; then  # --quantization fp8 against bf16, the Qwen3-8B extraction bench of `bench`
+  { qwen3_8b_bench; qwen3_8b_bench --quantization fp8; } 2>"$OUT/fp8.err" | tee "$OUT/fp8.jsonl"
+  tail -3 "$OUT/fp8.err"
 fi
 if [ "$what" = specbench ]; then  # the speculation machinery at the Qwen3-8B shape, plain decode beside
   python3 bench/make_dummy_eagle3.py /dev/shm/eagle3-qwen3-8b

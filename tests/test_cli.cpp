@@ -333,6 +333,33 @@ TEST_F(CliTest, GenerateMatchesGoldenGreedy) {
   EXPECT_EQ(seen, 3);
 }
 
+// --quantization fp8: extract writes states that differ from the f32 run's by FP8's rounding
+// (within test_float8's bound), and the flag is refused with --batch-invariant.
+TEST_F(CliTest, ExtractWithFp8QuantizationStaysNearTheGoldens) {
+  const std::string model = test::ModelDir("qwen3");
+  SafetensorsFile golden = test::Golden(model + "/golden.safetensors");
+  const std::string prompts = GoldenPrompts(golden);
+  CommandResult r = Hsx("extract --model " + model + " --input " + prompts + " --output " + dir_ +
+                        "/out --layers 4 --dtype float32 --quantization fp8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  SafetensorsFile file = test::Golden(dir_ + "/out/p1.safetensors");
+  const std::vector<float> mine = test::AsFloats(file.Get("hidden_states").value());  // [T, 1, H]
+  const Tensor gold_all = golden.Get("hidden_1").value();                              // [T, N+1, H]
+  const int64_t t = gold_all.size(0), layers = gold_all.size(1), h = gold_all.size(2);
+  ASSERT_EQ(static_cast<int64_t>(mine.size()), t * h);
+  const std::vector<float> all = test::AsFloats(gold_all);
+  std::vector<float> gold;
+  for (int64_t i = 0; i < t; ++i) gold.insert(gold.end(), all.begin() + (i * layers + 4) * h, all.begin() + (i * layers + 5) * h);
+  const double err = test::RelativeMaxError(mine, gold);
+  EXPECT_GT(err, 1e-4);  // FP8 changed the computation ...
+  EXPECT_LT(err, 0.3);   // ... by its rounding, not more
+  r = Hsx("extract --model " + model + " --input " + prompts + " --output " + dir_ + "/out2 --layers 0 " +
+          "--quantization fp8 --batch-invariant");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--quantization fp8 and --batch-invariant"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ + "/out2/manifest.jsonl"));
+}
+
 // --max-tokens near INT32_MAX wrapped prompt + max_tokens past the length check (issue 9.1):
 // every line now fails alone, naming max_model_len, and the command exits 1.
 TEST_F(CliTest, GenerateRefusesMaxTokensBeyondTheModelLength) {

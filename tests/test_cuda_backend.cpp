@@ -670,6 +670,77 @@ TEST(CudaKernelTest, DecodeAttentionReplaysInCudaGraphWithNewContexts) {
   cudaStreamDestroy(stream);
 }
 
+// --quantization fp8: the device quantizes weights to the CPU reference's codes and
+// scales bit for bit (bf16-representable inputs), and its FP8 GEMM (cuBLASLt, per-row
+// scales on both sides) matches the CPU's products of the same codes.
+TEST(CudaFp8Test, WeightQuantizationEqualsTheCpuReference) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(21);
+  Tensor w = RandomHost({300, 4096}, rng, 0.05f);
+  std::fill(w.data<float>() + 4096, w.data<float>() + 2 * 4096, 0.0f);  // an all-zero row takes scale 1
+  const Tensor want = cpu.QuantizeWeightFp8(w);
+  const Tensor got = gpu->QuantizeWeightFp8(gpu->UploadWeight(w));
+  ASSERT_EQ(got.dtype(), DType::kF8E4M3);
+  const Tensor codes = gpu->Download(got), scales = gpu->Download(*got.row_scales());
+  EXPECT_EQ(std::memcmp(codes.raw(), want.raw(), want.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(scales.raw(), want.row_scales()->raw(), scales.nbytes()), 0);
+  EXPECT_EQ(scales.data<float>()[1], 1.0f);
+}
+
+TEST(CudaFp8Test, LinearMatchesCpuFp8) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(22);
+  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 64, 64}, {7, 1024, 4096}, {33, 96, 208}, {300, 4096, 4096}, {2048, 12288, 4096}}) {
+    const Tensor x = RandomHost({m, k}, rng), w = RandomHost({n, k}, rng, 0.05f), b = RandomHost({n}, rng);
+    Tensor y_cpu = cpu.Empty(DType::kF32, {m, n});
+    cpu.Linear(x, cpu.QuantizeWeightFp8(w), &b, y_cpu);
+    Tensor y_gpu = Poisoned(*gpu, DType::kBF16, {m, n});
+    const Tensor wq = gpu->QuantizeWeightFp8(gpu->UploadWeight(w)), bb = gpu->UploadWeight(b);
+    gpu->Linear(gpu->Upload(ToBf16(x)), wq, &bb, y_gpu);
+    // Identical codes and scales; the sums differ only in f32 order and y's bf16 rounding.
+    EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << m << "x" << n << "x" << k;
+  }
+}
+
+class CudaFp8FixtureTest : public ::testing::TestWithParam<std::string> {};
+
+// The error --quantization fp8 adds on the device, next to the CPU's FP8 reference and
+// Hugging Face's bf16 on the same goldens: the device's bf16 activations add about HF's
+// bf16 error on top of the FP8 rounding both share.
+TEST_P(CudaFp8FixtureTest, ErrorNearTheCpuFp8Reference) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  const std::string dir = test::ModelDir(GetParam());
+  auto on_gpu = Model::Load(dir, *gpu);
+  auto on_cpu = Model::Load(dir, cpu);
+  ASSERT_TRUE(on_gpu.ok() && on_cpu.ok());
+  ASSERT_TRUE((*on_gpu)->QuantizeWeightsFp8().ok());
+  ASSERT_TRUE((*on_cpu)->QuantizeWeightsFp8().ok());
+  SafetensorsFile golden = test::Golden(dir + "/golden.safetensors");
+  const test::GoldenPrefill gpu_out = test::RunGoldenPrefill(**on_gpu, golden);
+  const test::GoldenPrefill cpu_out = test::RunGoldenPrefill(**on_cpu, golden);
+  double gpu_err = 0, cpu_err = 0, hf = 0;
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<float> gold = test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value());
+    gpu_err = std::max(gpu_err, test::RelativeMaxError(gpu_out.hidden[k], gold));
+    cpu_err = std::max(cpu_err, test::RelativeMaxError(cpu_out.hidden[k], gold));
+    hf = std::max(hf, test::RelativeMaxError(test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()), gold));
+  }
+  std::printf("[fp8] %-15s hsx cuda fp8 %.3e  cpu fp8 %.3e  hf bf16 %.3e  cuda fp8 / hf bf16 %.2f\n",
+              GetParam().c_str(), gpu_err, cpu_err, hf, gpu_err / hf);
+  RecordProperty("hsx_fp8_error", std::to_string(gpu_err));
+  EXPECT_LE(gpu_err, 1.5 * cpu_err + hf);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, CudaFp8FixtureTest, ::testing::ValuesIn(test::FixtureModels()),
+                         [](const auto& info) { return info.param; });
+
 }  // namespace
 }  // namespace hsx
 #endif  // HSX_HAS_CUDA

@@ -125,7 +125,8 @@ int RunBench(BenchOptions o) {
   line({{"metric", "extract_tokens_per_s"}, {"value", tok_s}, {"model", o.extract.model.model}, {"prompts", o.num_prompts},
         {"tokens", total_tokens}, {"seconds", seconds}, {"layers", o.extract.layers}, {"device", o.extract.model.device},
         {"peak_device_gib", run.peak_device_bytes / double(1ull << 30)}, {"flops_per_token", flops_per_token},
-        {"prefix_caching", o.extract.prefix_caching}});
+        {"prefix_caching", o.extract.prefix_caching},
+        {"quantization", o.extract.model.quantization.empty() ? "none" : o.extract.model.quantization}});
   if (o.extract.model.device != "cpu") return 0;  // the device run reports its own ceilings (bench/)
   line({{"metric", "sgemm_gflops"}, {"value", gemm}, {"what", "OpenBLAS f32 GEMM, the backend's own kernel, same run"}});
   line({{"metric", "extract_gflops"}, {"value", tok_s * flops_per_token / 1e9}, {"flops_per_token", flops_per_token}});

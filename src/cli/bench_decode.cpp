@@ -136,7 +136,7 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
         {"prompt_len", o.prompt_len}, {"new_tokens", o.new_tokens}, {"step_ms", step_ms}, {"steps", steps},
         {"temperature", o.sampling.temperature}, {"top_p", o.sampling.top_p}, {"top_k", o.sampling.top_k},
         {"bound_tokens_per_s", bound_tok_s}, {"fraction_of_bound", bound_tok_s > 0 ? tok_s / bound_tok_s : 0.0},
-        {"device", o.model.device}};
+        {"device", o.model.device}, {"quantization", o.model.quantization.empty() ? "none" : o.model.quantization}};
     if (const uint64_t drafts = decode_end.num_drafts - decode_start.num_drafts; drafts > 0) {
       // vLLM's figures: tokens per verification (accepted drafts + the one always emitted)
       // and the acceptance rate of each draft position.

@@ -24,6 +24,10 @@ void ModelOptions::RegisterExecutionFlags(CLI::App& app) {
                "cached (fixed GEMM algorithms and reduction orders; slower)");
   app.add_flag("--enforce-eager", enforce_eager,
                "Run decode steps op by op instead of replaying CUDA graphs recorded per batch size");
+  app.add_option("--quantization", quantization,
+                 "fp8: the decoder layers' projections as FP8 E4M3 with per-channel scales, quantized at load, and "
+                 "activations quantized per token (embeddings, norms, LM head and attention stay unquantized)")
+      ->check(CLI::IsMember({"fp8"}));
 }
 
 Result<ModelConfig> LoadConfig(const ModelOptions& options) {
@@ -32,10 +36,19 @@ Result<ModelConfig> LoadConfig(const ModelOptions& options) {
 }
 
 Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend) {
-  if (options.load_format != "dummy") return Model::Load(options.model, backend);
-  HSX_ASSIGN_OR_RETURN(ModelConfig config, LoadConfig(options));
-  ModelWeights weights = DummyWeights(config, backend);
-  return std::make_unique<Model>(std::move(config), std::move(weights), backend);
+  if (!options.quantization.empty() && options.batch_invariant) {
+    return Error("--quantization fp8 and --batch-invariant: batch-invariant runs use bf16 GEMMs only");
+  }
+  std::unique_ptr<Model> model;
+  if (options.load_format != "dummy") {
+    HSX_ASSIGN_OR_RETURN(model, Model::Load(options.model, backend));
+  } else {
+    HSX_ASSIGN_OR_RETURN(ModelConfig config, LoadConfig(options));
+    ModelWeights weights = DummyWeights(config, backend);
+    model = std::make_unique<Model>(std::move(config), std::move(weights), backend);
+  }
+  if (options.quantization == "fp8") HSX_RETURN_IF_ERROR(model->QuantizeWeightsFp8());
+  return model;
 }
 
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model) {

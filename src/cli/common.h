@@ -28,9 +28,10 @@ struct ModelOptions {
   std::string device = "cpu";        // cpu | cuda | cuda:N
   bool batch_invariant = false;      // a prompt's results do not depend on its batch
   bool enforce_eager = false;        // no CUDA graphs (vLLM's flag)
+  std::string quantization;          // "" or fp8 (vLLM's flag)
   void Register(CLI::App& app);
-  // The execution flags (--batch-invariant, --enforce-eager), which serve shares (it names
-  // the model positionally).
+  // The execution flags (--batch-invariant, --enforce-eager, --quantization), which serve
+  // shares (it names the model positionally).
   void RegisterExecutionFlags(CLI::App& app);
 };
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "model/decoder_layer.h"
+#include "model/fp8_quantization.h"
 
 namespace hsx {
 
@@ -17,6 +18,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, Backend
   HSX_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(model_dir, config, backend));
   return std::make_unique<Model>(std::move(config), std::move(weights), backend);
 }
+
+Status Model::QuantizeWeightsFp8() { return QuantizeLinearWeightsFp8(weights_, backend_); }
 
 // Gemma 4: a per-layer input for every token and layer, [T, L * P], from a second
 // embedding table plus a projection of the main embedding.

@@ -46,6 +46,8 @@ class Model {
   Backend& backend() const { return backend_; }
   // Read access for drafts that share the target's embedding or LM head (EAGLE-3).
   const ModelWeights& weights() const { return weights_; }
+  // --quantization fp8 (model/fp8_quantization.h), once, before the first forward.
+  Status QuantizeWeightsFp8();
 
   // capture_layers: ascending, unique ids in [0, num_layers] (vLLM's convention: id i < N
   // is the input of decoder layer i, id N the last layer's output before the final norm).

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "tensor/float8.h"
+
 namespace hsx {
 namespace {
 
@@ -23,6 +25,7 @@ size_t DTypeSize(DType dtype) {
     case DType::kI64: return 8;
     case DType::kI32: return 4;
     case DType::kBool: return 1;
+    case DType::kF8E4M3: return 1;
   }
   return 0;
 }
@@ -35,6 +38,7 @@ std::string_view DTypeName(DType dtype) {
     case DType::kI64: return "I64";
     case DType::kI32: return "I32";
     case DType::kBool: return "BOOL";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -46,6 +50,7 @@ std::optional<DType> ParseSafetensorsDType(std::string_view name) {
   if (name == "I64") return DType::kI64;
   if (name == "I32") return DType::kI32;
   if (name == "BOOL") return DType::kBool;
+  if (name == "F8_E4M3") return DType::kF8E4M3;
   return std::nullopt;
 }
 
@@ -106,6 +111,9 @@ void ConvertToF32(DType src_dtype, const void* src, float* dst, size_t n) {
     case DType::kF16:
       for (size_t i = 0; i < n; ++i) dst[i] = F16ToF32(LoadU16(src, i));
       return;
+    case DType::kF8E4M3:  // the codes' values; a row's scale is the caller's to apply
+      for (size_t i = 0; i < n; ++i) dst[i] = F8E4M3ToF32(static_cast<const uint8_t*>(src)[i]);
+      return;
     default:
       return;
   }
@@ -124,6 +132,11 @@ void ConvertFromF32(const float* src, DType dst_dtype, void* dst, size_t n) {
     case DType::kF16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = F32ToF16(src[i]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      auto* d = static_cast<uint8_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = F32ToF8E4M3(src[i]);
       return;
     }
     default:

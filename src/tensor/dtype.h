@@ -10,10 +10,11 @@
 namespace hsx {
 
 // kBool: one byte per element, 0 or 1 (safetensors' BOOL; EAGLE-3's t2d mask).
-enum class DType : uint8_t { kF32, kF16, kBF16, kI64, kI32, kBool };
+// kF8E4M3: FP8 weights of --quantization fp8 (tensor/float8.h), each row with its scale.
+enum class DType : uint8_t { kF32, kF16, kBF16, kI64, kI32, kBool, kF8E4M3 };
 
 size_t DTypeSize(DType dtype);
-// Names as safetensors spells them: "F32", "F16", "BF16", "I64", "I32", "BOOL".
+// Names as safetensors spells them: "F32", "F16", "BF16", "I64", "I32", "BOOL", "F8_E4M3".
 std::string_view DTypeName(DType dtype);
 std::optional<DType> ParseSafetensorsDType(std::string_view name);
 // Names users type on the command line: "float32", "bfloat16", "float16".

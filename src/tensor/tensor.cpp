@@ -54,7 +54,9 @@ Tensor Tensor::Host(DType dtype, Shape shape) {
 
 Tensor Tensor::View(Shape shape) const {
   assert(ShapeNumel(shape) == numel());
-  return Tensor(data_, dtype_, std::move(shape), device_, owner_);
+  Tensor t(data_, dtype_, std::move(shape), device_, owner_);
+  if (row_scales_ && t.dim() >= 1 && t.shape_[0] == shape_[0]) t.row_scales_ = row_scales_;
+  return t;
 }
 
 Tensor Tensor::Rows(int64_t begin, int64_t end) const {
@@ -64,7 +66,16 @@ Tensor Tensor::Rows(int64_t begin, int64_t end) const {
   Shape s = shape_;
   s[0] = end - begin;
   char* p = static_cast<char*>(data_) + begin * row_elems * static_cast<int64_t>(DTypeSize(dtype_));
-  return Tensor(p, dtype_, std::move(s), device_, owner_);
+  Tensor t(p, dtype_, std::move(s), device_, owner_);
+  if (row_scales_) t.row_scales_ = std::make_shared<const Tensor>(row_scales_->Rows(begin, end));
+  return t;
+}
+
+Tensor Tensor::WithRowScales(Tensor scales) const {
+  assert(scales.dtype() == DType::kF32 && scales.numel() == shape_[0]);
+  Tensor t = *this;
+  t.row_scales_ = std::make_shared<const Tensor>(std::move(scales));
+  return t;
 }
 
 }  // namespace hsx

@@ -50,12 +50,19 @@ class Tensor {
   // Rows [begin, end) of the first dimension.
   Tensor Rows(int64_t begin, int64_t end) const;
 
+  // FP8 weights carry one f32 scale per row (first dimension): row r stands for its
+  // elements times (*row_scales())[r]. Rows() slices the scales; a View keeping the
+  // first dimension keeps them.
+  const Tensor* row_scales() const { return row_scales_.get(); }
+  Tensor WithRowScales(Tensor scales) const;
+
  private:
   void* data_ = nullptr;
   DType dtype_ = DType::kF32;
   Shape shape_;
   Device device_ = Device::kCPU;
   std::shared_ptr<void> owner_;
+  std::shared_ptr<const Tensor> row_scales_;
 };
 
 }  // namespace hsx

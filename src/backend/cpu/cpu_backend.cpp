@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "tensor/float8.h"
 #include "util/thread_pool.h"
 
 namespace hsx {
@@ -120,6 +121,17 @@ void CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Te
   if (m == 0) return;
   const float* a = x.data<float>();
   float* c = y.data<float>();
+  std::vector<float> x_scales, x_codes;  // FP8: each row of x quantized as the weight's rows are
+  if (w.dtype() == DType::kF8E4M3) {
+    x_scales.resize(static_cast<size_t>(m));
+    x_codes.resize(static_cast<size_t>(m * k));
+    std::vector<uint8_t> row(static_cast<size_t>(k));
+    for (int64_t i = 0; i < m; ++i) {
+      x_scales[i] = QuantizeRowF8E4M3(a + i * k, k, row.data());
+      ConvertToF32(DType::kF8E4M3, row.data(), x_codes.data() + i * k, static_cast<size_t>(k));
+    }
+    a = x_codes.data();
+  }
   if (w.dtype() == DType::kF32) {
     MultiplyPanel(a, m, k, w.data<float>(), n, c, n);
   } else {
@@ -136,11 +148,30 @@ void CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Te
       MultiplyPanel(a, m, k, wf.data(), rows, c + r0, n);
     }
   }
+  if (w.dtype() == DType::kF8E4M3) {  // the products of codes, scaled back
+    const float* sw = w.row_scales()->data<float>();
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * n + j] = c[i * n + j] * x_scales[i] * sw[j];
+  }
   if (bias != nullptr) {
     const std::vector<float> b = ToF32(*bias);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c[i * n + j] += b[j];
   }
+}
+
+Tensor CpuBackend::QuantizeWeightFp8(const Tensor& w) {
+  const int64_t n = w.size(0), k = w.size(1);
+  Tensor q = Tensor::Host(DType::kF8E4M3, w.shape());
+  Tensor scales = Tensor::Host(DType::kF32, {n});
+  Pool().ParallelFor(n, [&](int64_t b, int64_t e) {
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = b; r < e; ++r) {
+      ConvertToF32(w.dtype(), w.data<char>() + r * k * DTypeSize(w.dtype()), row.data(), static_cast<size_t>(k));
+      scales.data<float>()[r] = QuantizeRowF8E4M3(row.data(), k, q.data<uint8_t>() + r * k);
+    }
+  });
+  return q.WithRowScales(scales);
 }
 
 void CpuBackend::RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) {

@@ -14,10 +14,12 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/kernels.h"
@@ -160,9 +162,10 @@ struct CudaBackend::Impl {
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
     int64_t m;
+    bool fp8;
     std::string label;  // "linear NxK": the profile's entry for this GEMM shape
   };
-  std::map<std::tuple<int64_t, int64_t, int64_t, int>, Plan> plans;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, Plan> plans;
 
   // HSX_GEMM_TUNE=0 runs the heuristic's first algorithm instead of the fastest of its top
   // candidates, so a benchmark can compare both.
@@ -173,7 +176,7 @@ struct CudaBackend::Impl {
   static constexpr int kTuneCandidates = 8;
   // The timed winner per (n, k, out dtype, m bucket). m changes nearly every step, so timing
   // each exact m would tune on most steps; m's of one power-of-two bucket share one timing.
-  std::map<std::tuple<int64_t, int64_t, int, int64_t>, cublasLtMatmulAlgo_t> tuned;
+  std::map<std::tuple<int64_t, int64_t, int, int64_t, bool>, cublasLtMatmulAlgo_t> tuned;
 
   // HSX_PROFILE=1: each op is timed with events and synchronized (so the total slows
   // down, the split stays right); the totals print when the backend is destroyed.
@@ -198,23 +201,43 @@ struct CudaBackend::Impl {
     }
   };
 
-  static std::string LinearLabel(int64_t n, int64_t k) {
-    return "linear " + std::to_string(n) + "x" + std::to_string(k);
+  static std::string LinearLabel(int64_t n, int64_t k, bool fp8 = false) {
+    return (fp8 ? "linear fp8 " : "linear ") + std::to_string(n) + "x" + std::to_string(k);
   }
 
   // Row-major y[m, n] = x[m, k] w[n, k]^T is column-major y^T = w x^T: A = w (transposed), B = x.
-  Plan MakePlan(int64_t m, int64_t n, int64_t k, DType out) {
+  // FP8 ("TN", the layout Hopper's FP8 GEMMs require): A and B hold E4M3 codes, and
+  // cuBLASLt's outer-vector scaling multiplies element (j, i) of y^T by w's row scale j and
+  // x's row scale i; SetFp8Scales points at them before each call.
+  Plan MakePlan(int64_t m, int64_t n, int64_t k, DType out, bool fp8) {
     Plan p;
     p.m = m;
-    p.label = LinearLabel(n, k);
+    p.fp8 = fp8;
+    p.label = LinearLabel(n, k, fp8);
     Check(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
     Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa), "TRANSA");
     Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb), "TRANSB");
-    Check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k), "layout A");
-    Check(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k), "layout B");
+    if (fp8) {
+      const int32_t outer_vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer_vec, sizeof outer_vec),
+            "A_SCALE_MODE");
+      Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer_vec, sizeof outer_vec),
+            "B_SCALE_MODE");
+    }
+    const cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    Check(cublasLtMatrixLayoutCreate(&p.a, in, k, n, k), "layout A");
+    Check(cublasLtMatrixLayoutCreate(&p.b, in, k, m, k), "layout B");
     Check(cublasLtMatrixLayoutCreate(&p.c, CudaType(out), n, m, n), "layout C");
     return p;
+  }
+
+  // An FP8 plan's scale vectors for the next call: w's per-row scales [n] and x's [m].
+  static void SetFp8Scales(const Plan& p, const float* w_scales, const float* x_scales) {
+    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof w_scales),
+          "A_SCALE_POINTER");
+    Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof x_scales),
+          "B_SCALE_POINTER");
   }
 
   // The heuristic's algorithms for p within the workspace, best guess first (at least one).
@@ -304,7 +327,7 @@ struct CudaBackend::Impl {
   cublasLtMatmulAlgo_t TunedAlgo(const Plan& p, int64_t n, int64_t k, DType out, const void* w, const void* x,
                                  void* y) {
     const int64_t bucket = std::max<int64_t>(16, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(p.m))));
-    const auto key = std::make_tuple(n, k, static_cast<int>(out), bucket);
+    const auto key = std::make_tuple(n, k, static_cast<int>(out), bucket, p.fp8);
     auto it = tuned.find(key);
     if (it == tuned.end()) it = tuned.emplace(key, Tune(p, bucket, w, x, y)).first;
     return Accepts(p, it->second) ? it->second : Candidates(p, 1)[0].algo;
@@ -321,7 +344,7 @@ struct CudaBackend::Impl {
     const auto key = std::make_tuple(n, k, static_cast<int>(out));
     auto it = invariant.find(key);
     if (it == invariant.end()) {
-      Plan reference = MakePlan(kInvariantM, n, k, out);
+      Plan reference = MakePlan(kInvariantM, n, k, out, /*fp8=*/false);
       const auto candidates = Candidates(reference, kTuneCandidates);
       DestroyPlan(reference);
       // The first that splits no K; failing that, the first with its split turned off.
@@ -369,12 +392,18 @@ struct CudaBackend::Impl {
   }
 
   // Plans are cached per exact m: layouts are cheap, and m repeats (decode steps, full prefill budgets).
-  const Plan& GetPlan(int64_t m, int64_t n, int64_t k, DType out, const void* w, const void* x, void* y) {
-    auto key = std::make_tuple(m, n, k, static_cast<int>(out));
+  // FP8 plans (fp8_scales = {w's, x's}) tune on those scales and take them for the call.
+  const Plan& GetPlan(int64_t m, int64_t n, int64_t k, DType out, const void* w, const void* x, void* y,
+                      std::optional<std::pair<const float*, const float*>> fp8_scales = std::nullopt) {
+    auto key = std::make_tuple(m, n, k, static_cast<int>(out), fp8_scales.has_value());
     auto it = plans.find(key);
-    if (it != plans.end()) return it->second;
-    Plan p = MakePlan(m, n, k, out);
-    if (batch_invariant) p.algo = InvariantAlgo(p, n, k, out);
+    if (it != plans.end()) {
+      if (fp8_scales) SetFp8Scales(it->second, fp8_scales->first, fp8_scales->second);
+      return it->second;
+    }
+    Plan p = MakePlan(m, n, k, out, fp8_scales.has_value());
+    if (fp8_scales) SetFp8Scales(p, fp8_scales->first, fp8_scales->second);
+    if (batch_invariant && !p.fp8) p.algo = InvariantAlgo(p, n, k, out);  // the CLI refuses fp8 with it
     else p.algo = tune ? TunedAlgo(p, n, k, out, w, x, y) : Candidates(p, 1)[0].algo;
     return plans.emplace(key, std::move(p)).first->second;
   }
@@ -571,6 +600,7 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
     std::fprintf(stderr, "hsx: Linear's output overlaps its input or weight\n");
     std::abort();
   }
+  if (w.dtype() == DType::kF8E4M3) return LinearFp8(x, w, bias, y);
   const bool gemv = impl_->gemv && x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 &&
                     (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32) &&
                     cuda::GemvSupports(x.raw(), w.raw(), m, k);
@@ -588,6 +618,46 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
     cuda::AddBias(B(y), B(*bias), m, n, impl_->stream);
     HSX_LAUNCH_CHECK();
   }
+}
+
+// x's rows are quantized per token (tensor/float8.h's rule) into scratch that lives until
+// the stream has used it: the allocator reuses memory in stream order.
+void CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const int64_t m = RowsOf(x), k = x.size(-1), n = w.size(0);
+  if (x.dtype() != DType::kBF16 || y.dtype() != DType::kBF16 || w.row_scales() == nullptr) {
+    std::fprintf(stderr, "hsx: an FP8 Linear takes bf16 x and y and a weight with row scales\n");
+    std::abort();
+  }
+  Tensor xq = Empty(DType::kF8E4M3, {m, k});
+  Tensor x_scales = Empty(DType::kF32, {m});
+  {
+    Impl::Timer timer(*impl_, "quantize_fp8");
+    cuda::QuantizeRowsFp8(B(x), m, k, xq.data<uint8_t>(), x_scales.data<float>(), impl_->stream);
+    HSX_LAUNCH_CHECK();
+  }
+  const float* w_scales = w.row_scales()->data<float>();
+  const Impl::Plan& p = impl_->GetPlan(m, n, k, y.dtype(), w.raw(), xq.raw(), y.raw(),
+                                       std::make_pair(w_scales, x_scales.data<float>()));
+  Impl::Timer timer(*impl_, p.label);
+  Check(impl_->Matmul(p, p.algo, w.raw(), xq.raw(), y.raw()), "cublasLtMatmul (fp8)");
+  if (bias != nullptr) {
+    cuda::AddBias(B(y), B(*bias), m, n, impl_->stream);
+    HSX_LAUNCH_CHECK();
+  }
+}
+
+Tensor CudaBackend::QuantizeWeightFp8(const Tensor& w) {
+  const int64_t n = w.size(0), k = w.size(1);
+  if (w.dtype() != DType::kBF16 || k % 16 != 0) {
+    std::fprintf(stderr, "hsx: FP8 weights are quantized from bf16 with k a multiple of 16 (got %s, k=%ld)\n",
+                 std::string(DTypeName(w.dtype())).c_str(), static_cast<long>(k));
+    std::abort();
+  }
+  Tensor q = Empty(DType::kF8E4M3, w.shape());
+  Tensor scales = Empty(DType::kF32, {n});
+  cuda::QuantizeRowsFp8(B(w), n, k, q.data<uint8_t>(), scales.data<float>(), impl_->stream);
+  HSX_LAUNCH_CHECK();
+  return q.WithRowScales(scales);
 }
 
 void CudaBackend::RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) {

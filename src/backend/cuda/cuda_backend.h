@@ -40,6 +40,7 @@ class CudaBackend final : public Backend {
 
   void Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) override;
   void Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
+  Tensor QuantizeWeightFp8(const Tensor& w) override;
   void RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) override;
   void Add(Tensor& acc, const Tensor& x) override;
   void AddRmsNorm(Tensor& residual, const Tensor& branch, const Tensor* w, float eps, bool one_plus_weight,
@@ -71,6 +72,7 @@ class CudaBackend final : public Backend {
  private:
   struct Impl;
   explicit CudaBackend(std::unique_ptr<Impl> impl);
+  void LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -58,6 +58,9 @@ void MoePermute(const int32_t* ids, int64_t pairs, int top_k, int32_t* cursor, i
 void MoeCombine(const bf16* y, const int32_t* inverse, const float* weights, int64_t tokens, int top_k, int64_t hidden,
                 bf16* out, cudaStream_t stream);
 void ConvertToBF16(const void* x, int src_dtype, int64_t n, bf16* out, cudaStream_t stream);
+// Each row of x [rows, cols] as E4M3 codes q and the f32 scale that multiplies them back
+// (tensor/float8.h's rule).
+void QuantizeRowsFp8(const bf16* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, cudaStream_t stream);
 // flags[r] = 1 where row r of x [rows, cols] holds an inf or NaN, else 0.
 void FlagNonFiniteRows(const bf16* x, int64_t rows, int64_t cols, int32_t* flags, cudaStream_t stream);
 

@@ -1,0 +1,27 @@
+#include "model/fp8_quantization.h"
+
+#include <string>
+
+namespace hsx {
+
+Status QuantizeLinearWeightsFp8(ModelWeights& weights, Backend& backend) {
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    LayerWeights& layer = weights.layers[l];
+    const std::pair<const char*, Tensor*> projections[] = {
+        {"q_proj", &layer.q_proj},       {"k_proj", &layer.k_proj}, {"v_proj", &layer.v_proj},
+        {"o_proj", &layer.o_proj},       {"gate_proj", &layer.gate_proj},
+        {"up_proj", &layer.up_proj},     {"down_proj", &layer.down_proj}};
+    for (const auto& [name, w] : projections) {
+      if (!w->defined()) continue;
+      // FP8 GEMMs read 16-byte rows (cuBLASLt's requirement on Hopper).
+      if (w->size(1) % 16 != 0) {
+        return Error("--quantization fp8: layer " + std::to_string(l) + " " + name + " has " +
+                     std::to_string(w->size(1)) + " input features, which FP8 GEMMs need as a multiple of 16");
+      }
+      *w = backend.QuantizeWeightFp8(*w);
+    }
+  }
+  return Status();
+}
+
+}  // namespace hsx
