@@ -678,15 +678,18 @@ TEST(CudaFp8Test, WeightQuantizationEqualsTheCpuReference) {
   REQUIRE_GPU(gpu);
   CpuBackend cpu;
   std::mt19937 rng(21);
-  Tensor w = RandomHost({300, 4096}, rng, 0.05f);
-  std::fill(w.data<float>() + 4096, w.data<float>() + 2 * 4096, 0.0f);  // an all-zero row takes scale 1
-  const Tensor want = cpu.QuantizeWeightFp8(w);
-  const Tensor got = gpu->QuantizeWeightFp8(gpu->UploadWeight(w));
-  ASSERT_EQ(got.dtype(), DType::kF8E4M3);
-  const Tensor codes = gpu->Download(got), scales = gpu->Download(*got.row_scales());
-  EXPECT_EQ(std::memcmp(codes.raw(), want.raw(), want.nbytes()), 0);
-  EXPECT_EQ(std::memcmp(scales.raw(), want.row_scales()->raw(), scales.nbytes()), 0);
-  EXPECT_EQ(scales.data<float>()[1], 1.0f);
+  // Rows held in registers (up to 32768 wide, in 2 to 16 chunks per thread), and wider ones.
+  for (int64_t k : {208, 4096, 12288, 28672, 32784}) {
+    Tensor w = RandomHost({300, k}, rng, 0.05f);
+    std::fill(w.data<float>() + k, w.data<float>() + 2 * k, 0.0f);  // an all-zero row takes scale 1
+    const Tensor want = cpu.QuantizeRowsFp8(w);
+    const Tensor got = gpu->QuantizeRowsFp8(gpu->UploadWeight(w));
+    ASSERT_EQ(got.dtype(), DType::kF8E4M3);
+    const Tensor codes = gpu->Download(got), scales = gpu->Download(*got.row_scales());
+    EXPECT_EQ(std::memcmp(codes.raw(), want.raw(), want.nbytes()), 0) << k;
+    EXPECT_EQ(std::memcmp(scales.raw(), want.row_scales()->raw(), scales.nbytes()), 0) << k;
+    EXPECT_EQ(scales.data<float>()[1], 1.0f);
+  }
 }
 
 TEST(CudaFp8Test, LinearMatchesCpuFp8) {
@@ -698,12 +701,19 @@ TEST(CudaFp8Test, LinearMatchesCpuFp8) {
            {1, 64, 64}, {7, 1024, 4096}, {33, 96, 208}, {300, 4096, 4096}, {2048, 12288, 4096}}) {
     const Tensor x = RandomHost({m, k}, rng), w = RandomHost({n, k}, rng, 0.05f), b = RandomHost({n}, rng);
     Tensor y_cpu = cpu.Empty(DType::kF32, {m, n});
-    cpu.Linear(x, cpu.QuantizeWeightFp8(w), &b, y_cpu);
+    cpu.Linear(x, cpu.QuantizeRowsFp8(w), &b, y_cpu);
     Tensor y_gpu = Poisoned(*gpu, DType::kBF16, {m, n});
-    const Tensor wq = gpu->QuantizeWeightFp8(gpu->UploadWeight(w)), bb = gpu->UploadWeight(b);
-    gpu->Linear(gpu->Upload(ToBf16(x)), wq, &bb, y_gpu);
-    // Identical codes and scales; the sums differ only in f32 order and y's bf16 rounding.
+    const Tensor wq = gpu->QuantizeRowsFp8(gpu->UploadWeight(w)), bb = gpu->UploadWeight(b);
+    const Tensor xg = gpu->Upload(ToBf16(x));
+    gpu->Linear(xg, wq, &bb, y_gpu);
+    // Identical codes and scales; the sums differ only in f32 order (fast accumulation)
+    // and y's bf16 rounding.
     EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << m << "x" << n << "x" << k;
+    // x quantized beforehand gives the same bits.
+    Tensor y_pre = Poisoned(*gpu, DType::kBF16, {m, n});
+    gpu->Linear(gpu->QuantizeRowsFp8(xg), wq, &bb, y_pre);
+    const Tensor a = gpu->Download(y_gpu), b2 = gpu->Download(y_pre);
+    EXPECT_EQ(std::memcmp(a.raw(), b2.raw(), a.nbytes()), 0) << m << "x" << n << "x" << k;
   }
 }
 

@@ -95,7 +95,7 @@ TEST(Float8, CpuLinearMultipliesTheCodesAndScalesBack) {
   std::mt19937 rng(2);
   const int64_t m = 5, n = 48, k = 80;
   const Tensor x = RandomF32({m, k}, rng), w = RandomF32({n, k}, rng), bias = RandomF32({n}, rng);
-  const Tensor wq = cpu.QuantizeWeightFp8(w);
+  const Tensor wq = cpu.QuantizeRowsFp8(w);
   ASSERT_EQ(wq.dtype(), DType::kF8E4M3);
   ASSERT_NE(wq.row_scales(), nullptr);
   Tensor y = Tensor::Host(DType::kF32, {m, n}), exact = Tensor::Host(DType::kF32, {m, n});
@@ -117,6 +117,11 @@ TEST(Float8, CpuLinearMultipliesTheCodesAndScalesBack) {
   }
   // FP8's rounding, not a wrong scale: within a few percent of the f32 product's range.
   EXPECT_LT(worst, 0.1 * range);
+  // x quantized beforehand (one quantization for several projections) gives the same bits.
+  Tensor y2 = Tensor::Host(DType::kF32, {m, n});
+  std::fill(y2.data<float>(), y2.data<float>() + y2.numel(), NAN);
+  cpu.Linear(cpu.QuantizeRowsFp8(x), wq, &bias, y2);
+  EXPECT_EQ(std::memcmp(y.raw(), y2.raw(), y.nbytes()), 0);
 }
 
 class Fp8FixtureTest : public ::testing::TestWithParam<std::string> {};

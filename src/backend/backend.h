@@ -116,10 +116,11 @@ class Backend {
   // Ops. Shapes: x [T, K] rows of activations; ids/positions/slots int32 [T].
   virtual void Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) = 0;
   virtual void Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) = 0;  // y = x w^T + b
-  // --quantization fp8: a weight [n, k] as E4M3 codes with one f32 scale per row
-  // (tensor/float8.h's rule). Linear takes such a weight too: it quantizes each row of x
-  // by the same rule and multiplies the codes, y = (qx qw^T) * sx[row] * sw[col] + b.
-  virtual Tensor QuantizeWeightFp8(const Tensor& w) = 0;
+  // --quantization fp8: the rows of x [n, k] as E4M3 codes with one f32 scale per row
+  // (tensor/float8.h's rule). Linear takes such a weight: it multiplies the codes of each
+  // row of x quantized by the same rule, y = (qx qw^T) * sx[row] * sw[col] + b; x may come
+  // quantized already, so one quantization serves several projections of the same input.
+  virtual Tensor QuantizeRowsFp8(const Tensor& x) = 0;
   // y = x / rms(x) * (w or 1 + w or 1), over the last dimension; y may alias x.
   virtual void RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) = 0;
   virtual void Add(Tensor& acc, const Tensor& x) = 0;           // acc += x

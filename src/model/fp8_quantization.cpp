@@ -18,7 +18,7 @@ Status QuantizeLinearWeightsFp8(ModelWeights& weights, Backend& backend) {
         return Error("--quantization fp8: layer " + std::to_string(l) + " " + name + " has " +
                      std::to_string(w->size(1)) + " input features, which FP8 GEMMs need as a multiple of 16");
       }
-      *w = backend.QuantizeWeightFp8(*w);
+      *w = backend.QuantizeRowsFp8(*w);
     }
   }
   return Status();

@@ -123,13 +123,10 @@ void CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Te
   float* c = y.data<float>();
   std::vector<float> x_scales, x_codes;  // FP8: each row of x quantized as the weight's rows are
   if (w.dtype() == DType::kF8E4M3) {
-    x_scales.resize(static_cast<size_t>(m));
+    const Tensor xq = x.dtype() == DType::kF8E4M3 ? x : QuantizeRowsFp8(x.View({m, k}));
+    x_scales.assign(xq.row_scales()->data<float>(), xq.row_scales()->data<float>() + m);
     x_codes.resize(static_cast<size_t>(m * k));
-    std::vector<uint8_t> row(static_cast<size_t>(k));
-    for (int64_t i = 0; i < m; ++i) {
-      x_scales[i] = QuantizeRowF8E4M3(a + i * k, k, row.data());
-      ConvertToF32(DType::kF8E4M3, row.data(), x_codes.data() + i * k, static_cast<size_t>(k));
-    }
+    ConvertToF32(DType::kF8E4M3, xq.raw(), x_codes.data(), x_codes.size());
     a = x_codes.data();
   }
   if (w.dtype() == DType::kF32) {
@@ -160,14 +157,14 @@ void CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Te
   }
 }
 
-Tensor CpuBackend::QuantizeWeightFp8(const Tensor& w) {
-  const int64_t n = w.size(0), k = w.size(1);
-  Tensor q = Tensor::Host(DType::kF8E4M3, w.shape());
+Tensor CpuBackend::QuantizeRowsFp8(const Tensor& x) {
+  const int64_t n = x.size(0), k = x.size(1);
+  Tensor q = Tensor::Host(DType::kF8E4M3, x.shape());
   Tensor scales = Tensor::Host(DType::kF32, {n});
   Pool().ParallelFor(n, [&](int64_t b, int64_t e) {
     std::vector<float> row(static_cast<size_t>(k));
     for (int64_t r = b; r < e; ++r) {
-      ConvertToF32(w.dtype(), w.data<char>() + r * k * DTypeSize(w.dtype()), row.data(), static_cast<size_t>(k));
+      ConvertToF32(x.dtype(), x.data<char>() + r * k * DTypeSize(x.dtype()), row.data(), static_cast<size_t>(k));
       scales.data<float>()[r] = QuantizeRowF8E4M3(row.data(), k, q.data<uint8_t>() + r * k);
     }
   });

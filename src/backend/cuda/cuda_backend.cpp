@@ -219,6 +219,10 @@ struct CudaBackend::Impl {
     Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa), "TRANSA");
     Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb), "TRANSB");
     if (fp8) {
+      // Hopper's fast FP8 accumulation (no periodic promotion to f32), as vLLM's FP8 GEMMs run.
+      const int8_t fast_accum = 1;
+      Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum),
+            "FAST_ACCUM");
       const int32_t outer_vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
       Check(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer_vec, sizeof outer_vec),
             "A_SCALE_MODE");
@@ -620,24 +624,19 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
   }
 }
 
-// x's rows are quantized per token (tensor/float8.h's rule) into scratch that lives until
-// the stream has used it: the allocator reuses memory in stream order.
+// x comes quantized per row, or is quantized here (tensor/float8.h's rule) into scratch
+// that lives until the stream has used it: the allocator reuses memory in stream order.
 void CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const int64_t m = RowsOf(x), k = x.size(-1), n = w.size(0);
-  if (x.dtype() != DType::kBF16 || y.dtype() != DType::kBF16 || w.row_scales() == nullptr) {
-    std::fprintf(stderr, "hsx: an FP8 Linear takes bf16 x and y and a weight with row scales\n");
+  if ((x.dtype() != DType::kBF16 && x.dtype() != DType::kF8E4M3) || y.dtype() != DType::kBF16 ||
+      w.row_scales() == nullptr) {
+    std::fprintf(stderr, "hsx: an FP8 Linear takes bf16 or FP8 x, bf16 y and a weight with row scales\n");
     std::abort();
   }
-  Tensor xq = Empty(DType::kF8E4M3, {m, k});
-  Tensor x_scales = Empty(DType::kF32, {m});
-  {
-    Impl::Timer timer(*impl_, "quantize_fp8");
-    cuda::QuantizeRowsFp8(B(x), m, k, xq.data<uint8_t>(), x_scales.data<float>(), impl_->stream);
-    HSX_LAUNCH_CHECK();
-  }
+  const Tensor xq = x.dtype() == DType::kF8E4M3 ? x : QuantizeRowsFp8(x.View({m, k}));
   const float* w_scales = w.row_scales()->data<float>();
   const Impl::Plan& p = impl_->GetPlan(m, n, k, y.dtype(), w.raw(), xq.raw(), y.raw(),
-                                       std::make_pair(w_scales, x_scales.data<float>()));
+                                       std::make_pair(w_scales, xq.row_scales()->data<float>()));
   Impl::Timer timer(*impl_, p.label);
   Check(impl_->Matmul(p, p.algo, w.raw(), xq.raw(), y.raw()), "cublasLtMatmul (fp8)");
   if (bias != nullptr) {
@@ -646,16 +645,17 @@ void CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias
   }
 }
 
-Tensor CudaBackend::QuantizeWeightFp8(const Tensor& w) {
-  const int64_t n = w.size(0), k = w.size(1);
-  if (w.dtype() != DType::kBF16 || k % 16 != 0) {
-    std::fprintf(stderr, "hsx: FP8 weights are quantized from bf16 with k a multiple of 16 (got %s, k=%ld)\n",
-                 std::string(DTypeName(w.dtype())).c_str(), static_cast<long>(k));
+Tensor CudaBackend::QuantizeRowsFp8(const Tensor& x) {
+  const int64_t n = x.size(0), k = x.size(1);
+  if (x.dtype() != DType::kBF16 || k % 16 != 0) {  // FP8 GEMMs read 16-byte rows
+    std::fprintf(stderr, "hsx: FP8 rows are quantized from bf16 with a multiple of 16 columns (got %s, %ld)\n",
+                 std::string(DTypeName(x.dtype())).c_str(), static_cast<long>(k));
     std::abort();
   }
-  Tensor q = Empty(DType::kF8E4M3, w.shape());
+  Tensor q = Empty(DType::kF8E4M3, x.shape());
   Tensor scales = Empty(DType::kF32, {n});
-  cuda::QuantizeRowsFp8(B(w), n, k, q.data<uint8_t>(), scales.data<float>(), impl_->stream);
+  Impl::Timer timer(*impl_, "quantize_fp8");
+  cuda::QuantizeRowsFp8(B(x), n, k, q.data<uint8_t>(), scales.data<float>(), impl_->stream);
   HSX_LAUNCH_CHECK();
   return q.WithRowScales(scales);
 }

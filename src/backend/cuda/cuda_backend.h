@@ -40,7 +40,7 @@ class CudaBackend final : public Backend {
 
   void Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) override;
   void Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
-  Tensor QuantizeWeightFp8(const Tensor& w) override;
+  Tensor QuantizeRowsFp8(const Tensor& x) override;
   void RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) override;
   void Add(Tensor& acc, const Tensor& x) override;
   void AddRmsNorm(Tensor& residual, const Tensor& branch, const Tensor* w, float eps, bool one_plus_weight,

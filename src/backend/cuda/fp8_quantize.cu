@@ -2,6 +2,10 @@
 // row's largest magnitude maps to 448; round to nearest even, saturating), which the CPU
 // backend applies too: per-channel for weights at load, per-token for activations before
 // each FP8 GEMM.
+//
+// One block per row. Rows of a multiple of 8 elements (every projection's input) stay in
+// registers between the absmax and the conversion, in 16-byte loads and 8-byte stores, so
+// the row is read from HBM once; other widths take a plain two-pass loop.
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -13,30 +17,91 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void QuantizeRowsKernel(const bf16* __restrict__ x, int64_t cols, uint8_t* __restrict__ q,
-                                   float* __restrict__ scales) {
+// The row's largest magnitude, from each thread's partial maximum.
+__device__ __forceinline__ float BlockMax(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  __shared__ float warp_max[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) v = fmaxf(v, warp_max[w]);
+  return v;
+}
+
+__device__ __forceinline__ float Inverse(float absmax) { return absmax > 0.0f ? 448.0f / absmax : 1.0f; }
+__device__ __forceinline__ float Scale(float absmax) { return absmax > 0.0f ? absmax / 448.0f : 1.0f; }
+
+__device__ __forceinline__ uint8_t ToCode(float v) {
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+}
+
+// kChunks 8-element chunks per thread: rows of up to kThreads * 8 * kChunks elements.
+template <int kChunks>
+__global__ void QuantizeRowsInRegisters(const bf16* __restrict__ x, int64_t cols, uint8_t* __restrict__ q,
+                                        float* __restrict__ scales) {
+  const int64_t row = blockIdx.x;
+  const int chunks = static_cast<int>(cols / 8);
+  const uint4* in = reinterpret_cast<const uint4*>(x + row * cols);
+  uint2* out = reinterpret_cast<uint2*>(q + row * cols);
+  uint4 v[kChunks];
+  float absmax = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = threadIdx.x + c * kThreads;
+    if (i < chunks) {
+      v[c] = in[i];
+      const bf16* e = reinterpret_cast<const bf16*>(&v[c]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) absmax = fmaxf(absmax, fabsf(__bfloat162float(e[j])));
+    }
+  }
+  absmax = BlockMax(absmax);
+  const float inv = Inverse(absmax);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = threadIdx.x + c * kThreads;
+    if (i < chunks) {
+      const bf16* e = reinterpret_cast<const bf16*>(&v[c]);
+      uint8_t codes[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) codes[j] = ToCode(__bfloat162float(e[j]) * inv);
+      out[i] = *reinterpret_cast<const uint2*>(codes);
+    }
+  }
+  if (threadIdx.x == 0) scales[row] = Scale(absmax);
+}
+
+__global__ void QuantizeRowsTwoPass(const bf16* __restrict__ x, int64_t cols, uint8_t* __restrict__ q,
+                                    float* __restrict__ scales) {
   const int64_t row = blockIdx.x;
   const bf16* in = x + row * cols;
   float absmax = 0.0f;
   for (int64_t i = threadIdx.x; i < cols; i += kThreads) absmax = fmaxf(absmax, fabsf(__bfloat162float(in[i])));
-  for (int offset = 16; offset > 0; offset /= 2) absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, offset));
-  __shared__ float warp_max[kThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = absmax;
-  __syncthreads();
-  absmax = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) absmax = fmaxf(absmax, warp_max[w]);
-  const float inv = absmax > 0.0f ? 448.0f / absmax : 1.0f;
+  absmax = BlockMax(absmax);
+  const float inv = Inverse(absmax);
   uint8_t* out = q + row * cols;
-  for (int64_t i = threadIdx.x; i < cols; i += kThreads)
-    out[i] = __nv_cvt_float_to_fp8(__bfloat162float(in[i]) * inv, __NV_SATFINITE, __NV_E4M3);
-  if (threadIdx.x == 0) scales[row] = absmax > 0.0f ? absmax / 448.0f : 1.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += kThreads) out[i] = ToCode(__bfloat162float(in[i]) * inv);
+  if (threadIdx.x == 0) scales[row] = Scale(absmax);
 }
 
 }  // namespace
 
 void QuantizeRowsFp8(const bf16* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, cudaStream_t stream) {
   if (rows == 0) return;
-  QuantizeRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, cols, q, scales);
+  const unsigned grid = static_cast<unsigned>(rows);
+  const bool vectors = cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 8 == 0;
+  const int64_t chunks_per_thread = (cols / 8 + kThreads - 1) / kThreads;
+  if (!vectors || chunks_per_thread > 16) {
+    QuantizeRowsTwoPass<<<grid, kThreads, 0, stream>>>(x, cols, q, scales);
+  } else if (chunks_per_thread <= 2) {
+    QuantizeRowsInRegisters<2><<<grid, kThreads, 0, stream>>>(x, cols, q, scales);
+  } else if (chunks_per_thread <= 4) {
+    QuantizeRowsInRegisters<4><<<grid, kThreads, 0, stream>>>(x, cols, q, scales);
+  } else if (chunks_per_thread <= 8) {
+    QuantizeRowsInRegisters<8><<<grid, kThreads, 0, stream>>>(x, cols, q, scales);
+  } else {
+    QuantizeRowsInRegisters<16><<<grid, kThreads, 0, stream>>>(x, cols, q, scales);
+  }
 }
 
 }  // namespace hsx::cuda
