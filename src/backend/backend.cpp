@@ -1,6 +1,7 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace hsx {
 
@@ -13,6 +14,26 @@ struct DoneDownload final : PendingDownload {
 std::unique_ptr<PendingDownload> Backend::DownloadAsync(const Tensor& t, Tensor& host) {
   DownloadTo(t, host);
   return std::make_unique<DoneDownload>();
+}
+
+void Backend::GatedLinear(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
+  Tensor u = Empty(compute_dtype(), out.shape());
+  Linear(x, gate, nullptr, out);
+  Linear(x, up, nullptr, u);
+  GatedActivation(out, u, act, out);
+}
+
+void Backend::NormRopeStoreKV(Tensor& q, Tensor& k, Tensor& v, const HeadNorms& norms, const Tensor& positions,
+                              const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+  for (auto [x, w] : {std::pair<Tensor*, const Tensor*>{&q, norms.q}, {&k, norms.k}}) {
+    if (w != nullptr) {
+      RmsNormRope(*x, *w, norms.eps, norms.one_plus_weight, positions, rope);
+    } else {
+      Rope(*x, positions, rope);
+    }
+  }
+  if (norms.v) RmsNorm(v, nullptr, norms.eps, false, v);
+  StoreKV(k, v, slots, k_cache, v_cache);
 }
 
 AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> seqs) {
