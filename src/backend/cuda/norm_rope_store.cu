@@ -1,11 +1,12 @@
 // A layer's attention inputs made ready in one launch (Backend::NormRopeStoreKV, and
 // RoPE with or without the q/k norm alone): one warp per (token, head) of q, k and v, so
 // a decode step of one token still spreads its 40-odd heads over several SMs, where a
-// block per token ran them on one. A warp holds its head in registers (lane l has
-// elements l, l + 32, ...), takes the norm's sum in that order with a butterfly over the
-// warp, rounds the normed value to bf16 (as the separate norm op does), rotates through a
-// per-warp f32 row in shared memory (each lane reads its rotate-half partner there), and
-// writes the head back and, for k and v, into the cache at the token's slot.
+// block per token ran them on one. A block's warps share a token, whose cos/sin the block
+// computes once. A warp holds its head in registers (lane l has elements l, l + 32, ...),
+// takes the norm's sum in that order with a butterfly over the warp, rounds the normed
+// value to bf16 (as the separate norm op does), rotates through a per-warp f32 row in
+// shared memory (each lane reads its rotate-half partner there), and writes the head back
+// and, for k and v, into the cache at the token's slot.
 #include <cstdio>
 #include <cstdlib>
 
@@ -18,15 +19,19 @@ constexpr int kMaxDim = 512;
 constexpr int kPerLane = kMaxDim / 32;
 constexpr int kWarps = 8;
 
+// Grid: (token, group of kWarps heads).
 __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStoreArgs a) {
   __shared__ float rows[kWarps][kMaxDim];
+  __shared__ float cos_s[kMaxDim / 2], sin_s[kMaxDim / 2];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kv_items = a.k != nullptr ? 2 * a.kv_heads : 0;
-  const int per_token = a.q_heads + kv_items;
-  const int64_t item = int64_t(blockIdx.x) * kWarps + warp;
-  if (item >= a.tokens * per_token) return;  // whole warps leave; only __syncwarp follows
-  const int64_t token = item / per_token;
-  int head = static_cast<int>(item % per_token);
+  const int64_t token = blockIdx.x;
+  const int half = a.rotary_dims / 2;
+  const float pos = static_cast<float>(a.positions[token]);
+  for (int f = threadIdx.x; f < half; f += blockDim.x) sincosf(pos * a.inv_freq[f], &sin_s[f], &cos_s[f]);
+  __syncthreads();
+  const int per_token = a.q_heads + (a.k != nullptr ? 2 * a.kv_heads : 0);
+  int head = static_cast<int>(blockIdx.y) * kWarps + warp;
+  if (head >= per_token) return;  // whole warps leave; only __syncwarp follows
 
   // Which head this warp owns: a q head, a k head or a v head.
   bf16* x;
@@ -72,25 +77,20 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
       if (i < a.dim) r[j] = __bfloat162float(__float2bfloat16(r[j] * inv * (w != nullptr ? __bfloat162float(w[i]) + plus : 1.0f)));
     }
   }
-  const int half = a.rotary_dims / 2;
   if (rope && half > 0) {
     float* row = rows[warp];
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j)
       if (lane + 32 * j < a.dim) row[lane + 32 * j] = r[j];
     __syncwarp();
-    const float pos = static_cast<float>(a.positions[token]);
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int i = lane + 32 * j;
       if (i >= 2 * half) continue;
-      float s, c;
       if (i < half) {
-        sincosf(pos * a.inv_freq[i], &s, &c);
-        r[j] = r[j] * c - row[i + half] * s;
+        r[j] = r[j] * cos_s[i] - row[i + half] * sin_s[i];
       } else {
-        sincosf(pos * a.inv_freq[i - half], &s, &c);
-        r[j] = r[j] * c + row[i - half] * s;
+        r[j] = r[j] * cos_s[i - half] + row[i - half] * sin_s[i - half];
       }
     }
   }
@@ -115,8 +115,9 @@ void NormRopeStore(const NormRopeStoreArgs& a, cudaStream_t stream) {
                  a.rotary_dims);
     std::abort();
   }
-  const int64_t items = a.tokens * (a.q_heads + (a.k != nullptr ? 2 * a.kv_heads : 0));
-  if (items > 0) NormRopeStoreKernel<<<static_cast<unsigned>((items + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(a);
+  const int per_token = a.q_heads + (a.k != nullptr ? 2 * a.kv_heads : 0);
+  const dim3 grid(static_cast<unsigned>(a.tokens), static_cast<unsigned>((per_token + kWarps - 1) / kWarps));
+  if (a.tokens > 0 && per_token > 0) NormRopeStoreKernel<<<grid, kWarps * 32, 0, stream>>>(a);
 }
 
 }  // namespace hsx::cuda
