@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|devices|spec|specbench|fp8]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|decodeab|devices|spec|specbench|fp8]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
 #   AB_B=HSX_ATTENTION=mma), two runs each, plus one HSX_PROFILE run of each;
 #   decode = hsx bench --decode (batch 1, 32, 128; greedy, and temperature 1 / top-p 0.9
 #   at 32; batch 1 and 32 with --enforce-eager) against HF transformers' generate;
+#   decodeab = bench --decode at batch 1, 32, 128 with the decode fusions off, on, and on
+#   with HSX_PDL=1 (programmatic GEMV launches), the last two twice;
 #   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs);
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
 #   on the Gemma 4 fixture plain and with the MTP assistant; specbench = bench --decode on the
@@ -127,11 +129,16 @@ fi
 if [ "$what" = devices ]; then  # nvidia-h200-x2: hsx serve --device cuda:1 beside cuda:0
   python3 tests/device/serve_on_devices.py .devbin/hsx cuda:0 cuda:1 2>&1 | tee "$OUT/devices.jsonl"
 fi
+decode_bench() {
+  .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --new-tokens 256 \
+    --kv-cache-gib 40 "$@"
+}
+if [ "$what" = decodeab ]; then  # the decode fusions off, on (default), and with programmatic GEMV launches
+  for env in "HSX_QKV_GEMV=0 HSX_NORM_ROPE_STORE=0 HSX_GATED_GEMV=0" "" "HSX_PDL=1" "" "HSX_PDL=1"; do
+    ([ -z "$env" ] || export $env; decode_bench --batch-sizes 1,32,128 2>>"$OUT/decodeab.err" | grep batch | sed "s/}\$/, \"env\": \"$env\"}/")
+  done | tee "$OUT/decodeab.jsonl"
+fi
 if [ "$what" = decode ]; then
-  decode_bench() {
-    .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --new-tokens 256 \
-      --kv-cache-gib 40 "$@"
-  }
   { decode_bench --batch-sizes 1,32,128; decode_bench --batch-sizes 32 --temperature 1 --top-p 0.9 | grep batch;
     decode_bench --batch-sizes 1,32 --enforce-eager | grep batch | sed 's/}$/, "eager": true}/'; } \
     2>"$OUT/decode.err" | tee "$OUT/decode.jsonl"

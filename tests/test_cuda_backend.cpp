@@ -4,12 +4,15 @@
 #ifdef HSX_HAS_CUDA
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
@@ -248,6 +251,153 @@ TEST(CudaKernelTest, GemvReplaysInCudaGraph) {
   EXPECT_LE(GpuVsCpu(*gpu, y, expected), 1e-3);
 }
 
+// A layer's q, k and v projections in one launch (decode sizes): each output the bits of
+// its own Linear call (biases included), for bf16 and f32 outputs, every m <= kGemvMaxRows,
+// and weights whose blocks do not fill evenly.
+TEST(CudaKernelTest, ProjectionsAreTheirLinearCallsBitForBit) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  std::mt19937 rng(17);
+  const int64_t rows = cuda::kGemvMaxRows;
+  for (const std::vector<int64_t>& ns : std::vector<std::vector<int64_t>>{{4096, 1024, 1024}, {1001, 37, 3}, {64, 5}}) {
+    for (int64_t k : {int64_t{4096}, int64_t{200}}) {
+      std::vector<Tensor> ws, biases;
+      for (size_t i = 0; i < ns.size(); ++i) {
+        ws.push_back(DeviceWeight(*gpu, ns[i], k, 600 + 7 * i + ns[i] + k));
+        biases.push_back(gpu->UploadWeight(RandomHost({ns[i]}, rng)));
+      }
+      const Tensor xg = gpu->Upload(ToBf16(RandomHost({rows, k}, rng)));
+      for (int64_t m = 1; m <= rows; ++m) {
+        for (DType out : {DType::kBF16, DType::kF32}) {
+          for (bool with_bias : {false, true}) {
+            if (with_bias && out == DType::kF32) continue;  // biases are added to bf16 outputs only
+            std::vector<Tensor> fused, separate;
+            std::vector<Projection> projections;
+            for (size_t i = 0; i < ns.size(); ++i) {
+              fused.push_back(Poisoned(*gpu, out, {m, ns[i]}));
+              separate.push_back(Poisoned(*gpu, out, {m, ns[i]}));
+            }
+            for (size_t i = 0; i < ns.size(); ++i) {
+              // The middle weight alone biased, as a model with a k bias only would be.
+              const Tensor* bias = with_bias && i == 1 ? &biases[i] : nullptr;
+              projections.push_back({&ws[i], bias, &fused[i]});
+              gpu->Linear(xg.Rows(0, m), ws[i], bias, separate[i]);
+            }
+            gpu->Projections(xg.Rows(0, m), projections);
+            for (size_t i = 0; i < ns.size(); ++i) {
+              const Tensor a = gpu->Download(fused[i]), b = gpu->Download(separate[i]);
+              EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0)
+                  << "projection " << i << " (n=" << ns[i] << ", k=" << k << ") m=" << m << " " << DTypeName(out)
+                  << (with_bias ? " with bias" : "");
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// HSX_PDL=1: the GEMVs start while the kernel before them still runs, loading weights, and
+// wait for it before reading x. A layer's decode-sized MLP and projections, whose x each
+// kernel before rewrites at every step, must give the ordinary launches' bits, step after
+// step, eagerly and replayed from a graph.
+TEST(CudaKernelTest, ProgrammaticGemvLaunchesWaitForTheirInput) {
+  auto plain = Gpu();
+  REQUIRE_GPU(plain);
+  ASSERT_EQ(setenv("HSX_PDL", "1", 1), 0);
+  auto pdl = Gpu();
+  unsetenv("HSX_PDL");
+  ASSERT_NE(pdl, nullptr);
+  ASSERT_TRUE(pdl->can_record());
+  const int64_t m = 3, h = 4096, inter = 12288, kv = 1024;
+  std::mt19937 rng(18);
+  const Tensor norm_host = RandomHost({h}, rng, 0.2f);
+  std::vector<Tensor> branch_steps;
+  for (int step = 0; step < 6; ++step) branch_steps.push_back(ToBf16(RandomHost({m, h}, rng)));
+  const Tensor residual0 = ToBf16(RandomHost({m, h}, rng));
+  struct Layer {
+    Tensor norm, wq, wk, wv, gate, up, down;
+    Tensor residual, branch, normed, q, k, v, hidden, out;
+  };
+  const auto make = [&](CudaBackend& b) {
+    Layer l;
+    l.norm = b.UploadWeight(norm_host);
+    l.wq = DeviceWeight(b, h, h, 701);
+    l.wk = DeviceWeight(b, kv, h, 702);
+    l.wv = DeviceWeight(b, kv, h, 703);
+    l.gate = DeviceWeight(b, inter, h, 704);
+    l.up = DeviceWeight(b, inter, h, 705);
+    l.down = DeviceWeight(b, h, inter, 706);
+    l.residual = b.Upload(residual0);
+    l.branch = b.Upload(branch_steps[0]);
+    l.normed = Poisoned(b, DType::kBF16, {m, h});
+    l.q = Poisoned(b, DType::kBF16, {m, h});
+    l.k = Poisoned(b, DType::kBF16, {m, kv});
+    l.v = Poisoned(b, DType::kBF16, {m, kv});
+    l.hidden = Poisoned(b, DType::kBF16, {m, inter});
+    l.out = Poisoned(b, DType::kBF16, {m, h});
+    return l;
+  };
+  const auto run = [](CudaBackend& b, Layer& l) {
+    b.AddRmsNorm(l.residual, l.branch, &l.norm, 1e-6f, false, l.normed);
+    b.Projections(l.normed, {{&l.wq, nullptr, &l.q}, {&l.wk, nullptr, &l.k}, {&l.wv, nullptr, &l.v}});
+    b.GatedLinear(l.normed, l.gate, l.up, Activation::kSilu, l.hidden);
+    b.Linear(l.hidden, l.down, nullptr, l.out);
+  };
+  Layer a = make(*plain), b = make(*pdl);
+  auto graph = pdl->Record([&] { run(*pdl, b); });
+  ASSERT_NE(graph, nullptr);
+  for (int step = 0; step < 6; ++step) {
+    plain->UploadTo(branch_steps[step], a.branch);
+    pdl->UploadTo(branch_steps[step], b.branch);
+    run(*plain, a);
+    if (step % 2 == 0) {
+      run(*pdl, b);
+    } else {
+      graph->Replay();
+    }
+    for (auto [x, y, name] : {std::tuple<Tensor*, Tensor*, const char*>{&a.q, &b.q, "q"}, {&a.k, &b.k, "k"},
+                              {&a.v, &b.v, "v"}, {&a.hidden, &b.hidden, "gated"}, {&a.out, &b.out, "down"}}) {
+      const Tensor want = plain->Download(*x), got = pdl->Download(*y);
+      EXPECT_EQ(std::memcmp(want.raw(), got.raw(), want.nbytes()), 0)
+          << name << " differs from the ordinary launch at step " << step << (step % 2 ? " (graph)" : " (eager)");
+    }
+  }
+}
+
+// The gated MLP's first half: decode-sized calls (m <= kGemvMaxRows) run the fused
+// gate/up GEMV, whose output must be the unfused path's bits (two GEMVs, then the
+// activation kernel) and the CPU's values; m = kGemvMaxRows + 1 takes the unfused path.
+TEST(CudaKernelTest, GatedLinearMatchesCpuAndTheUnfusedPath) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(15);
+  const int64_t rows = cuda::kGemvMaxRows + 1;
+  // Qwen3-8B's gate/up, then odd column counts (a block's second column past n) and short rows.
+  for (const GemvShape& s : std::vector<GemvShape>{{12288, 4096}, {1001, 4096}, {3, 8}, {37, 200}, {777, 2056}}) {
+    const Tensor gate = DeviceWeight(*gpu, s.n, s.k, 400 + s.n + s.k);
+    const Tensor up = DeviceWeight(*gpu, s.n, s.k, 500 + s.n + s.k);
+    const Tensor gate_host = gpu->Download(gate), up_host = gpu->Download(up);
+    const Tensor x = RandomHost({rows, s.k}, rng);
+    const Tensor xg = gpu->Upload(ToBf16(x));
+    for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
+      Tensor expected = cpu.Empty(DType::kF32, {rows, s.n});
+      cpu.GatedLinear(x, gate_host, up_host, act, expected);
+      for (int64_t m = 1; m <= rows; ++m) {
+        Tensor fused = Poisoned(*gpu, DType::kBF16, {m, s.n});
+        gpu->GatedLinear(xg.Rows(0, m), gate, up, act, fused);
+        EXPECT_LE(GpuVsCpu(*gpu, fused, expected.Rows(0, m)), 1e-2) << "m=" << m << " n=" << s.n << " k=" << s.k;
+        Tensor unfused = Poisoned(*gpu, DType::kBF16, {m, s.n});
+        gpu->Backend::GatedLinear(xg.Rows(0, m), gate, up, act, unfused);
+        const Tensor a = gpu->Download(fused), b = gpu->Download(unfused);
+        EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0)
+            << "fused and unfused differ: m=" << m << " n=" << s.n << " k=" << s.k;
+      }
+    }
+  }
+}
+
 TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
@@ -303,6 +453,106 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
     cpu.GatedActivation(g, u, act, o_cpu);
     gpu->GatedActivation(gpu->Upload(ToBf16(g)), gpu->Upload(ToBf16(u)), act, o_gpu);
     EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 1e-2);
+  }
+}
+
+// A layer's q/k/v made ready and stored in one launch, against the CPU's op by op path:
+// q, k and v in place, every stored cache row, and no store for a padding row (slot -1)
+// or any slot no token names. q and k must also be the bits of the CUDA backend's own
+// op-by-op path (the same per-head arithmetic), and v too where it is not normed.
+TEST(CudaKernelTest, NormRopeStoreKVMatchesCpu) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(16);
+  struct Shape3 {
+    int64_t heads, kv_heads, d;
+  };
+  enum class Norms { kNone, kQk, kQkOnePlus, kQkv };
+  const int64_t t = 7, num_slots = 24;
+  const std::vector<int32_t> slot_list = {5, 0, -1, 23, 11, 12, 2};  // row 2 pads
+  Tensor slots = Tensor::Host(DType::kI32, {t});
+  std::copy(slot_list.begin(), slot_list.end(), slots.data<int32_t>());
+  Tensor pos = Tensor::Host(DType::kI32, {t});
+  for (int64_t i = 0; i < t; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i * 1231 % 40000);
+  for (const Shape3& sh : std::vector<Shape3>{{32, 8, 128}, {4, 2, 16}, {8, 1, 512}, {6, 3, 256}, {2, 2, 64}}) {
+    for (Norms n : {Norms::kNone, Norms::kQk, Norms::kQkOnePlus, Norms::kQkv}) {
+      for (bool partial : {false, true}) {  // full RoPE; Gemma 4's proportional (zero frequencies)
+        RopeSpec spec;
+        if (partial) {
+          spec.type = RopeSpec::Type::kProportional;
+          spec.partial_rotary_factor = 0.25;
+        }
+        spec.theta = 1e6;
+        RopeTable table;
+        const std::vector<float> f = RopeInverseFrequencies(spec, static_cast<int>(sh.d), &table.rotary_dims);
+        table.inv_freq = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
+        std::copy(f.begin(), f.end(), table.inv_freq.data<float>());
+        const RopeTable gpu_table{gpu->Upload(table.inv_freq), table.rotary_dims};
+
+        Tensor q = RandomHost({t, sh.heads, sh.d}, rng), k = RandomHost({t, sh.kv_heads, sh.d}, rng);
+        Tensor v = RandomHost({t, sh.kv_heads, sh.d}, rng);
+        const Tensor qw = RandomHost({sh.d}, rng, 0.2f), kw = RandomHost({sh.d}, rng, 0.2f);
+        const Tensor qwg = gpu->UploadWeight(qw), kwg = gpu->UploadWeight(kw);
+        HeadNorms cpu_norms, gpu_norms;
+        if (n != Norms::kNone) {
+          cpu_norms.q = &qw;
+          cpu_norms.k = &kw;
+          gpu_norms.q = &qwg;
+          gpu_norms.k = &kwg;
+        }
+        cpu_norms.v = gpu_norms.v = n == Norms::kQkv;
+        cpu_norms.eps = gpu_norms.eps = 1e-6f;
+        cpu_norms.one_plus_weight = gpu_norms.one_plus_weight = n == Norms::kQkOnePlus;
+
+        const Shape cache_shape{num_slots, sh.kv_heads, sh.d};
+        Tensor kc = cpu.Empty(DType::kF32, cache_shape), vc = cpu.Empty(DType::kF32, cache_shape);
+        Tensor qg = gpu->Upload(ToBf16(q)), kg = gpu->Upload(ToBf16(k)), vg = gpu->Upload(ToBf16(v));
+        Tensor qu = gpu->Upload(ToBf16(q)), ku = gpu->Upload(ToBf16(k)), vu = gpu->Upload(ToBf16(v));
+        Tensor kcg = Poisoned(*gpu, DType::kBF16, cache_shape), vcg = Poisoned(*gpu, DType::kBF16, cache_shape);
+        Tensor kcu = Poisoned(*gpu, DType::kBF16, cache_shape), vcu = Poisoned(*gpu, DType::kBF16, cache_shape);
+        const Tensor pos_g = gpu->Upload(pos), slots_g = gpu->Upload(slots);
+        cpu.NormRopeStoreKV(q, k, v, cpu_norms, pos, table, slots, kc, vc);
+        gpu->NormRopeStoreKV(qg, kg, vg, gpu_norms, pos_g, gpu_table, slots_g, kcg, vcg);
+        gpu->Backend::NormRopeStoreKV(qu, ku, vu, gpu_norms, pos_g, gpu_table, slots_g, kcu, vcu);
+
+        std::ostringstream what;
+        what << "heads " << sh.heads << "/" << sh.kv_heads << " d=" << sh.d << " norms " << static_cast<int>(n)
+             << (partial ? " partial rope" : "");
+        EXPECT_LE(GpuVsCpu(*gpu, qg, q), 1e-2) << "q " << what.str();
+        EXPECT_LE(GpuVsCpu(*gpu, kg, k), 1e-2) << "k " << what.str();
+        EXPECT_LE(GpuVsCpu(*gpu, vg, v), 1e-2) << "v " << what.str();
+        const auto same_bits = [&](const Tensor& a, const Tensor& b) {
+          const Tensor ha = gpu->Download(a), hb = gpu->Download(b);
+          return std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+        };
+        EXPECT_TRUE(same_bits(qg, qu)) << "q differs from the unfused path: " << what.str();
+        EXPECT_TRUE(same_bits(kg, ku)) << "k differs from the unfused path: " << what.str();
+        EXPECT_TRUE(same_bits(kcg, kcu)) << "k cache differs from the unfused path: " << what.str();
+        if (!cpu_norms.v) {
+          EXPECT_TRUE(same_bits(vg, vu)) << "v differs from the unfused path: " << what.str();
+          EXPECT_TRUE(same_bits(vcg, vcu)) << "v cache differs from the unfused path: " << what.str();
+        }
+        const int64_t row = sh.kv_heads * sh.d;
+        const auto check_cache = [&](const Tensor& cache_gpu, const Tensor& cache_cpu, const char* name) {
+          const Tensor got = gpu->Download(cache_gpu);
+          for (int64_t slot = 0; slot < num_slots; ++slot) {
+            const uint16_t* g = got.data<uint16_t>() + slot * row;
+            if (std::count(slot_list.begin(), slot_list.end(), slot) == 0) {
+              for (int64_t i = 0; i < row; ++i)
+                ASSERT_EQ(g[i], 0xffff) << name << " cache slot " << slot << " was not to be written: " << what.str();
+              continue;
+            }
+            std::vector<float> g_f(row);
+            for (int64_t i = 0; i < row; ++i) g_f[i] = BF16ToF32(g[i]);
+            const std::vector<float> c_f(cache_cpu.data<float>() + slot * row, cache_cpu.data<float>() + (slot + 1) * row);
+            EXPECT_LE(test::RelativeMaxError(g_f, c_f), 1e-2) << name << " cache slot " << slot << " " << what.str();
+          }
+        };
+        check_cache(kcg, kc, "k");
+        check_cache(vcg, vc, "v");
+      }
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace hsx {
 
@@ -13,6 +14,42 @@ struct DoneDownload final : PendingDownload {
 std::unique_ptr<PendingDownload> Backend::DownloadAsync(const Tensor& t, Tensor& host) {
   DownloadTo(t, host);
   return std::make_unique<DoneDownload>();
+}
+
+namespace {
+// x as the weight's input: FP8 codes and row scales when the weight is FP8, so that several
+// projections of one input quantize it once.
+Tensor InputFor(Backend& backend, const Tensor& x, const Tensor& w) {
+  if (w.dtype() != DType::kF8E4M3 || x.dtype() == DType::kF8E4M3) return x;
+  return backend.QuantizeRowsFp8(x.View({x.numel() / x.size(-1), x.size(-1)}));
+}
+}  // namespace
+
+void Backend::Projections(const Tensor& x, const std::vector<Projection>& projections) {
+  if (projections.empty()) return;
+  const Tensor in = InputFor(*this, x, *projections[0].w);
+  for (const Projection& p : projections) Linear(p.w->dtype() == DType::kF8E4M3 ? in : x, *p.w, p.bias, *p.y);
+}
+
+void Backend::GatedLinear(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
+  const Tensor in = InputFor(*this, x, gate);
+  Tensor u = Empty(compute_dtype(), out.shape());
+  Linear(in, gate, nullptr, out);
+  Linear(up.dtype() == DType::kF8E4M3 ? in : x, up, nullptr, u);
+  GatedActivation(out, u, act, out);
+}
+
+void Backend::NormRopeStoreKV(Tensor& q, Tensor& k, Tensor& v, const HeadNorms& norms, const Tensor& positions,
+                              const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+  for (auto [x, w] : {std::pair<Tensor*, const Tensor*>{&q, norms.q}, {&k, norms.k}}) {
+    if (w != nullptr) {
+      RmsNormRope(*x, *w, norms.eps, norms.one_plus_weight, positions, rope);
+    } else {
+      Rope(*x, positions, rope);
+    }
+  }
+  if (norms.v) RmsNorm(v, nullptr, norms.eps, false, v);
+  StoreKV(k, v, slots, k_cache, v_cache);
 }
 
 AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> seqs) {

@@ -39,20 +39,26 @@ void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, cons
   const int64_t t = x.size(0), hd = spec.head_dim, nh = config.num_heads, kvh = spec.num_kv_heads;
   const DType dt = backend.compute_dtype();
   Tensor q = backend.Empty(dt, {t, nh, hd});
-  backend.Linear(x, w.q_proj, w.q_bias.defined() ? &w.q_bias : nullptr, q);
-  NormRope(backend, config, w.q_norm, positions, rope, q);
-  if (spec.kv_source == layer) {
+  auto bias = [](const Tensor& b) { return b.defined() ? &b : nullptr; };
+  if (spec.kv_source != layer) {
+    backend.Linear(x, w.q_proj, bias(w.q_bias), q);
+    NormRope(backend, config, w.q_norm, positions, rope, q);
+  } else {
     Tensor k = backend.Empty(dt, {t, kvh, hd});
-    backend.Linear(x, w.k_proj, w.k_bias.defined() ? &w.k_bias : nullptr, k);
     Tensor v = backend.Empty(dt, {t, kvh, hd});
-    if (spec.k_eq_v) {
-      backend.Copy(k, v);  // values are the raw keys, before the key norm and RoPE
-    } else {
-      backend.Linear(x, w.v_proj, w.v_bias.defined() ? &w.v_bias : nullptr, v);
+    std::vector<Projection> projections = {{&w.q_proj, bias(w.q_bias), &q}, {&w.k_proj, bias(w.k_bias), &k}};
+    if (!spec.k_eq_v) projections.push_back({&w.v_proj, bias(w.v_bias), &v});
+    backend.Projections(x, projections);
+    if (spec.k_eq_v) backend.Copy(k, v);  // values are the raw keys, before the key norm and RoPE
+    HeadNorms norms;
+    if (config.qk_norm) {
+      norms.q = &w.q_norm;
+      norms.k = &w.k_norm;
     }
-    NormRope(backend, config, w.k_norm, positions, rope, k);
-    if (config.v_norm) backend.RmsNorm(v, nullptr, config.rms_norm_eps, false, v);
-    backend.StoreKV(k, v, slots, cache.k(layer), cache.v(layer));
+    norms.v = config.v_norm;
+    norms.eps = config.rms_norm_eps;
+    norms.one_plus_weight = config.norm_one_plus_weight;
+    backend.NormRopeStoreKV(q, k, v, norms, positions, rope, slots, cache.k(layer), cache.v(layer));
   }
   AttentionParams params;
   params.scale = config.attention_scale(layer);
@@ -77,12 +83,9 @@ void MlpBlock(Backend& backend, const ModelConfig& config, int layer, const Laye
                    out);
     return;
   }
-  Tensor gate = backend.Empty(dt, {t, config.intermediate_size});
-  Tensor up = backend.Empty(dt, {t, config.intermediate_size});
-  backend.Linear(x, w.gate_proj, nullptr, gate);
-  backend.Linear(x, w.up_proj, nullptr, up);
-  backend.GatedActivation(gate, up, config.activation, gate);
-  backend.Linear(gate, w.down_proj, nullptr, out);
+  Tensor hidden = backend.Empty(dt, {t, config.intermediate_size});
+  backend.GatedLinear(x, w.gate_proj, w.up_proj, config.activation, hidden);
+  backend.Linear(hidden, w.down_proj, nullptr, out);
 }
 
 }  // namespace hsx

@@ -21,6 +21,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_sync.cuh"
 #include "backend/cuda/online_softmax.cuh"
+#include "backend/cuda/programmatic_launch.cuh"
 
 namespace hsx::cuda {
 namespace {
@@ -96,6 +97,7 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
   constexpr bool kQInRegisters = D <= 256;
   static_assert(kWarpKeys % 8 == 0 && kWarpDims % 16 == 0 && kThreads % kChunks == 0 &&
                 kTile % (kThreads / kChunks) == 0);
+  AllowDependentLaunch();  // o_proj follows: its weight loads may start (programmatic_launch.cuh)
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* kv_s = reinterpret_cast<bf16*>(smem);  // per stage: K tile, then V tile
   bf16* q_s = kv_s + kStages * 2 * kTile * kLd;
@@ -316,6 +318,7 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
 // w_s = 2^(m_s - max m). Rows of one chunk or none were written by DecodeKernel.
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads) CombineKernel(AttentionArgs a) {
+  AllowDependentLaunch();
   const int head = blockIdx.x, seq = blockIdx.y;
   const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
   const int ctx_len = a.seq_info[seq * 4 + 2];

@@ -115,6 +115,12 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   size_t in_use_ = 0, peak_ = 0;
 };
 
+// A switch that is on unless its variable is "0".
+bool EnvOn(const char* name) {
+  const char* e = std::getenv(name);
+  return e == nullptr || std::string_view(e) != "0";
+}
+
 cudaDataType_t CudaType(DType t) {
   switch (t) {
     case DType::kBF16: return CUDA_R_16BF;
@@ -153,6 +159,19 @@ struct CudaBackend::Impl {
   // (gemv.cu); HSX_GEMV=0 keeps cuBLASLt, for comparison. Off in batch-invariant mode,
   // which keeps one cuBLASLt algorithm per weight shape for every m.
   bool gemv = false;
+  // The fusions, each with a switch for comparison: q/k norm, RoPE and the KV store in
+  // one launch (HSX_NORM_ROPE_STORE=0: three), and the gated MLP's gate and up GEMVs with
+  // the activation (HSX_GATED_GEMV=0: two GEMVs and the activation kernel).
+  bool fuse_norm_rope_store = EnvOn("HSX_NORM_ROPE_STORE");
+  bool gated_gemv = EnvOn("HSX_GATED_GEMV");
+  // A layer's q, k and v projections in one GEMV launch (HSX_QKV_GEMV=0: three).
+  bool qkv_gemv = EnvOn("HSX_QKV_GEMV");
+  // HSX_PDL=1: GEMVs launch programmatically (programmatic_launch.cuh), their first weight
+  // loads overlapping the norm or attention kernel before them. Opt-in until measured.
+  bool programmatic = [] {
+    const char* e = std::getenv("HSX_PDL");
+    return e != nullptr && std::string_view(e) == "1";
+  }();
   int sm_count = 0;
   static constexpr size_t kWorkspaceBytes = 64ull << 20;
 
@@ -169,10 +188,7 @@ struct CudaBackend::Impl {
 
   // HSX_GEMM_TUNE=0 runs the heuristic's first algorithm instead of the fastest of its top
   // candidates, so a benchmark can compare both.
-  bool tune = [] {
-    const char* e = std::getenv("HSX_GEMM_TUNE");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
+  bool tune = EnvOn("HSX_GEMM_TUNE");
   static constexpr int kTuneCandidates = 8;
   // The timed winner per (n, k, out dtype, m bucket). m changes nearly every step, so timing
   // each exact m would tune on most steps; m's of one power-of-two bucket share one timing.
@@ -429,10 +445,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index, bool 
   impl->name = std::string("cuda:") + prop.name;
   const char* attention = std::getenv("HSX_ATTENTION");
   impl->hopper_attention = prop.major == 9 && !(attention && std::string(attention) == "mma");
-  const char* decode = std::getenv("HSX_DECODE_ATTENTION");
-  impl->decode_attention = !batch_invariant && !(decode && std::string(decode) == "0");
-  const char* gemv = std::getenv("HSX_GEMV");
-  impl->gemv = !batch_invariant && !(gemv && std::string(gemv) == "0");
+  impl->decode_attention = !batch_invariant && EnvOn("HSX_DECODE_ATTENTION");
+  impl->gemv = !batch_invariant && EnvOn("HSX_GEMV");
   impl->sm_count = prop.multiProcessorCount;
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking));
@@ -613,7 +627,7 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
   const std::string gemv_label = gemv && impl_->profile ? Impl::LinearLabel(n, k) : std::string();
   Impl::Timer timer(*impl_, gemv ? std::string_view(gemv_label) : std::string_view(p->label));
   if (gemv) {
-    cuda::Gemv(B(x), B(w), m, n, k, y.raw(), y.dtype() == DType::kF32, impl_->stream);
+    cuda::Gemv(B(x), B(w), m, n, k, y.raw(), y.dtype() == DType::kF32, impl_->stream, impl_->programmatic);
     HSX_LAUNCH_CHECK();
   } else {
     Check(impl_->Matmul(*p, p->algo, w.raw(), x.raw(), y.raw()), "cublasLtMatmul");
@@ -641,6 +655,36 @@ void CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias
   Check(impl_->Matmul(p, p.algo, w.raw(), xq.raw(), y.raw()), "cublasLtMatmul (fp8)");
   if (bias != nullptr) {
     cuda::AddBias(B(y), B(*bias), m, n, impl_->stream);
+    HSX_LAUNCH_CHECK();
+  }
+}
+
+void CudaBackend::Projections(const Tensor& x, const std::vector<Projection>& projections) {
+  const int64_t m = RowsOf(x), k = x.size(-1);
+  const DType out = projections.empty() ? DType::kBF16 : projections[0].y->dtype();
+  bool fused = impl_->gemv && impl_->qkv_gemv && projections.size() >= 2 &&
+               projections.size() <= static_cast<size_t>(cuda::kGemvMaxWeights) && x.dtype() == DType::kBF16 &&
+               (out == DType::kBF16 || out == DType::kF32);
+  for (const Projection& p : projections) {
+    fused = fused && p.w->dtype() == DType::kBF16 && p.y->dtype() == out && !Overlap(*p.y, x) &&
+            !Overlap(*p.y, *p.w) && cuda::GemvSupports(x.raw(), p.w->raw(), m, k);
+  }
+  if (!fused) return Backend::Projections(x, projections);
+  cuda::GemvWeights ws;
+  std::string label = impl_->profile ? "linear" : "";
+  for (const Projection& p : projections) {
+    ws.w[ws.count] = B(*p.w);
+    ws.n[ws.count] = p.w->size(0);
+    ws.y[ws.count] = p.y->raw();
+    ++ws.count;
+    if (impl_->profile) label += (ws.count == 1 ? " " : "+") + std::to_string(p.w->size(0)) + "x" + std::to_string(k);
+  }
+  Impl::Timer timer(*impl_, label);
+  cuda::GemvMany(B(x), m, k, ws, out == DType::kF32, impl_->stream, impl_->programmatic);
+  HSX_LAUNCH_CHECK();
+  for (const Projection& p : projections) {
+    if (p.bias == nullptr) continue;
+    cuda::AddBias(B(*p.y), B(*p.bias), m, p.w->size(0), impl_->stream);
     HSX_LAUNCH_CHECK();
   }
 }
@@ -710,24 +754,76 @@ void CudaBackend::Activate(Tensor& x, Activation act) {
   HSX_LAUNCH_CHECK();
 }
 
+void CudaBackend::GatedLinear(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
+  const int64_t m = RowsOf(x), k = x.size(-1), n = gate.size(0);
+  const bool fused = impl_->gemv && impl_->gated_gemv && out.dtype() == DType::kBF16 && gate.dtype() == DType::kBF16 &&
+                     up.dtype() == DType::kBF16 && up.shape() == gate.shape() &&
+                     cuda::GemvSupports(x.raw(), gate.raw(), m, k) && cuda::GemvSupports(x.raw(), up.raw(), m, k);
+  if (!fused) return Backend::GatedLinear(x, gate, up, act, out);
+  if (Overlap(out, x)) {
+    std::fprintf(stderr, "hsx: GatedLinear's output overlaps its input\n");
+    std::abort();
+  }
+  const std::string label = impl_->profile ? "gated " + Impl::LinearLabel(n, k) : std::string();
+  Impl::Timer timer(*impl_, label);
+  cuda::GatedGemv(B(x), B(gate), B(up), m, n, k, act == Activation::kSilu ? 0 : 1, B(out), impl_->stream,
+                  impl_->programmatic);
+  HSX_LAUNCH_CHECK();
+}
+
 void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
   Impl::Timer timer(*impl_, "gated_act");
   cuda::GatedActivation(B(gate), B(up), out.numel(), act == Activation::kSilu ? 0 : 1, B(out), impl_->stream);
   HSX_LAUNCH_CHECK();
 }
 
+namespace {
+// The args of NormRopeStore for x [T, heads, D] alone (q's part).
+cuda::NormRopeStoreArgs HeadArgs(Tensor& x, const Tensor* w, float eps, bool one_plus_weight, const Tensor& positions,
+                                 const RopeTable& rope) {
+  cuda::NormRopeStoreArgs a;
+  a.q = B(x);
+  a.q_norm = w != nullptr ? B(*w) : nullptr;
+  a.q_heads = static_cast<int>(x.size(1));
+  a.positions = positions.data<int32_t>();
+  a.inv_freq = rope.inv_freq.data<float>();
+  a.rotary_dims = rope.rotary_dims;
+  a.tokens = x.size(0);
+  a.dim = static_cast<int>(x.size(2));
+  a.eps = eps;
+  a.one_plus_weight = one_plus_weight;
+  return a;
+}
+}  // namespace
+
 void CudaBackend::Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) {
   Impl::Timer timer(*impl_, "rope");
-  cuda::Rope(B(x), positions.data<int32_t>(), rope.inv_freq.data<float>(), x.size(0), x.size(1), x.size(2),
-             rope.rotary_dims, impl_->stream);
+  cuda::NormRopeStore(HeadArgs(x, nullptr, 0.0f, false, positions, rope), impl_->stream);
   HSX_LAUNCH_CHECK();
 }
 
 void CudaBackend::RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_plus_weight, const Tensor& positions,
                               const RopeTable& rope) {
   Impl::Timer timer(*impl_, "norm_rope");
-  cuda::RmsNormRope(B(x), B(w), eps, one_plus_weight, positions.data<int32_t>(), rope.inv_freq.data<float>(), x.size(0),
-                    x.size(1), x.size(2), rope.rotary_dims, impl_->stream);
+  cuda::NormRopeStore(HeadArgs(x, &w, eps, one_plus_weight, positions, rope), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::NormRopeStoreKV(Tensor& q, Tensor& k, Tensor& v, const HeadNorms& norms, const Tensor& positions,
+                                  const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+  if (!impl_->fuse_norm_rope_store || k.shape() != v.shape() || k.size(2) != q.size(2))
+    return Backend::NormRopeStoreKV(q, k, v, norms, positions, rope, slots, k_cache, v_cache);
+  Impl::Timer timer(*impl_, "norm_rope_store");
+  cuda::NormRopeStoreArgs a = HeadArgs(q, norms.q, norms.eps, norms.one_plus_weight, positions, rope);
+  a.k = B(k);
+  a.k_norm = norms.k != nullptr ? B(*norms.k) : nullptr;
+  a.v = B(v);
+  a.v_norm = norms.v;
+  a.kv_heads = static_cast<int>(k.size(1));
+  a.slots = slots.data<int32_t>();
+  a.k_cache = B(k_cache);
+  a.v_cache = B(v_cache);
+  cuda::NormRopeStore(a, impl_->stream);
   HSX_LAUNCH_CHECK();
 }
 

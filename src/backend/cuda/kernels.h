@@ -27,12 +27,33 @@ void Scale(bf16* x, int64_t n, float s, const bf16* device_scalar, cudaStream_t 
 void Softcap(void* x, bool is_f32, int64_t n, float cap, cudaStream_t stream);
 void Activate(bf16* x, int64_t n, int act, cudaStream_t stream);
 void GatedActivation(const bf16* gate, const bf16* up, int64_t n, int act, bf16* out, cudaStream_t stream);
-void Rope(bf16* x, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim,
-          int64_t rotary_dims, cudaStream_t stream);
-// Per-head RMSNorm with weight w, rounded to bf16, then RoPE; in place on x [T, heads, dim].
-void RmsNormRope(bf16* x, const bf16* w, float eps, bool one_plus_weight, const int32_t* positions,
-                 const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim, int64_t rotary_dims,
-                 cudaStream_t stream);
+// Per-head attention inputs in place (norm_rope_store.cu): q [tokens, q_heads, dim] and,
+// with k given, k and v [tokens, kv_heads, dim]. q and k are normed with q_norm / k_norm
+// (null: not normed; the normed value rounded to bf16) and rotated (rotary_dims of each
+// head, inv_freq [rotary_dims / 2]); v is normed without a weight if v_norm; k and v are
+// stored at their token's slot (negative: none) in k_cache / v_cache [slots, kv_heads, dim].
+// dim <= 512.
+struct NormRopeStoreArgs {
+  bf16* q = nullptr;
+  const bf16* q_norm = nullptr;
+  int q_heads = 0;
+  bf16* k = nullptr;  // null: q alone (k, v, slots and the caches unused)
+  const bf16* k_norm = nullptr;
+  bf16* v = nullptr;
+  bool v_norm = false;
+  int kv_heads = 0;
+  const int32_t* slots = nullptr;
+  bf16* k_cache = nullptr;
+  bf16* v_cache = nullptr;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int rotary_dims = 0;
+  int64_t tokens = 0;
+  int dim = 0;
+  float eps = 0.0f;
+  bool one_plus_weight = false;
+};
+void NormRopeStore(const NormRopeStoreArgs& args, cudaStream_t stream);
 void StoreKV(const bf16* k, const bf16* v, const int32_t* slots, int64_t tokens, int64_t k_row, int64_t v_row,
              bf16* k_cache, bf16* v_cache, cudaStream_t stream);
 void GatherRows(const void* x, const int32_t* rows, int64_t n_rows, int64_t row_bytes, void* out, cudaStream_t stream);
@@ -77,7 +98,27 @@ constexpr int kGemvMaxRows = 8;
 // Whether Gemv takes this call: 1 <= m <= kGemvMaxRows, k a multiple of 8, x and w 16-byte aligned.
 bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k);
 // Only for calls GemvSupports takes.
-void Gemv(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream);
+// programmatic: launched to overlap the kernel before (programmatic_launch.cuh).
+void Gemv(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream,
+          bool programmatic = false);
+// Several Gemv calls on one x in one launch (a layer's q, k and v projections): y[i] =
+// x w[i]^T for i < count, each [m, n[i]], all bf16 or all f32; each row computed as Gemv
+// computes it. Only for calls GemvSupports takes for every w[i]; first_block is set here.
+constexpr int kGemvMaxWeights = 3;
+struct GemvWeights {
+  const bf16* w[kGemvMaxWeights] = {};
+  int64_t n[kGemvMaxWeights] = {};
+  void* y[kGemvMaxWeights] = {};
+  int count = 0;
+  unsigned first_block[kGemvMaxWeights + 1] = {};
+};
+void GemvMany(const bf16* x, int64_t m, int64_t k, GemvWeights ws, bool y_f32, cudaStream_t stream,
+              bool programmatic = false);
+// The gated MLP's first half (gated_gemv.cu): out[m, n] = act(x gate^T) * (x up^T) with
+// gate, up [n, k], each product rounded to bf16 first: the bits of two Gemv calls and
+// GatedActivation. act 0: SiLU, 1: GELU (tanh). Only for calls GemvSupports takes.
+void GatedGemv(const bf16* x, const bf16* gate, const bf16* up, int64_t m, int64_t n, int64_t k, int act, bf16* out,
+               cudaStream_t stream, bool programmatic = false);
 
 struct AttentionArgs {
   const bf16* q;        // [T, num_heads, head_dim]
