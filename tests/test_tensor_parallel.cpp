@@ -73,8 +73,8 @@ TEST(TensorParallelCheck, BadSizesNameTheFlagAndTheField) {
     EXPECT_NE(s.message().find(field), std::string::npos) << s.message();
   };
   expect_error(Config(4, 2, 160), 3, "num_attention_heads");
-  expect_error(Config(4, 2, 160), 8, "num_attention_heads");   // more ranks than heads
-  expect_error(Config(6, 3, 120), 2, "num_key_value_heads");   // 3 KV heads over 2 ranks
+  expect_error(Config(4, 2, 160), 8, "num_attention_heads");  // more ranks than heads
+  expect_error(Config(6, 3, 120), 2, "num_key_value_heads");  // 3 KV heads over 2 ranks
   expect_error(Config(4, 2, 162), 4, "intermediate_size");
   ModelConfig moe = Config(4, 2, 160);
   moe.num_experts = 4;

@@ -16,7 +16,8 @@ Status CheckTensorParallel(const ModelConfig& c, int size) {
   if (size < 1) return Error("--tensor-parallel-size " + std::to_string(size) + ": must be at least 1");
   if (size == 1) return Status();
   if (c.num_heads % size != 0) {
-    return NotDivisible(size, "num_attention_heads", c.num_heads, "is not a multiple of it: each rank needs whole heads");
+    return NotDivisible(size, "num_attention_heads", c.num_heads,
+                        "is not a multiple of it: each rank needs whole heads");
   }
   for (size_t i = 0; i < c.layers.size(); ++i) {
     const int kvh = c.layers[i].num_kv_heads;

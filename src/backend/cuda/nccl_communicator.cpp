@@ -23,11 +23,16 @@ void Check(ncclResult_t r, const char* what) {
 
 ncclDataType_t NcclType(DType dtype) {
   switch (dtype) {
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kF16: return ncclFloat16;
-    case DType::kF32: return ncclFloat32;
-    case DType::kI32: return ncclInt32;
-    default: break;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kF16:
+      return ncclFloat16;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kI32:
+      return ncclInt32;
+    default:
+      break;
   }
   std::fprintf(stderr, "hsx: NCCL: no collective for dtype %s\n", std::string(DTypeName(dtype)).c_str());
   std::abort();
@@ -42,8 +47,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
 
   void AllReduceSum(Tensor& x) override {
-    Check(ncclAllReduce(x.raw(), x.raw(), static_cast<size_t>(x.numel()), NcclType(x.dtype()), ncclSum, comm_,
-                        stream_),
+    Check(ncclAllReduce(x.raw(), x.raw(), static_cast<size_t>(x.numel()), NcclType(x.dtype()), ncclSum, comm_, stream_),
           "all-reduce");
   }
 
@@ -79,8 +83,8 @@ Result<std::vector<std::unique_ptr<Communicator>>> MakeNcclCommunicators(const s
   }
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < n; ++r) {
-    out.push_back(std::make_unique<NcclCommunicator>(comms[r], r, n,
-                                                     static_cast<cudaStream_t>(backends[r]->compute_stream())));
+    out.push_back(
+        std::make_unique<NcclCommunicator>(comms[r], r, n, static_cast<cudaStream_t>(backends[r]->compute_stream())));
   }
   return out;
 }
