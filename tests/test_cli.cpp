@@ -413,6 +413,61 @@ TEST_F(CliTest, GenerateSpeculativeConfigWorksOrFailsNamingTheProblem) {
   }
 }
 
+// --tensor-parallel-size on the cpu (ranks as threads): generate's greedy tokens are the
+// goldens', extract's files match them within the fixtures' tolerance, bench --decode
+// runs; a size the model cannot split, and drafts under it, fail naming the flag and the
+// field, with no output.
+TEST_F(CliTest, TensorParallelCommandsMatchGoldensOrFailNamingTheField) {
+  SafetensorsFile gemma3 = test::Golden(test::ModelDir("gemma3") + "/golden.safetensors");
+  CommandResult r = Hsx("generate --model " + test::ModelDir("gemma3") + " --input " + GoldenPrompts(gemma3) +
+                        " --max-tokens 8 --ignore-eos --tensor-parallel-size 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::stringstream lines(r.out);
+  int seen = 0;
+  for (std::string line; std::getline(lines, line); ++seen) {
+    const auto j = nlohmann::json::parse(line);
+    const std::string id = j["id"].get<std::string>();
+    EXPECT_EQ(j["token_ids"].get<std::vector<int32_t>>(), test::AsIds(gemma3.Get("greedy_" + id.substr(1)).value())) << id;
+  }
+  EXPECT_EQ(seen, 3);
+
+  SafetensorsFile moe = test::Golden(test::ModelDir("qwen3_moe") + "/golden.safetensors");
+  const int64_t layers_total = moe.Get("hidden_0")->size(1), h = moe.Get("hidden_0")->size(2);
+  r = Hsx("extract --model " + test::ModelDir("qwen3_moe") + " --layers 0," + std::to_string(layers_total - 1) +
+          " --input " + GoldenPrompts(moe) + " --output " + dir_ + "/tp --dtype float32 --tensor-parallel-size 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (int k = 0; k < 3; ++k) {
+    auto file = SafetensorsFile::Open(dir_ + "/tp/p" + std::to_string(k) + ".safetensors");
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    const std::vector<float> all = test::AsFloats(moe.Get("hidden_" + std::to_string(k)).value());
+    std::vector<float> ref;
+    for (int64_t i = 0; i < static_cast<int64_t>(all.size()) / (layers_total * h); ++i)
+      for (int64_t l : {int64_t{0}, layers_total - 1})
+        ref.insert(ref.end(), all.begin() + (i * layers_total + l) * h, all.begin() + (i * layers_total + l + 1) * h);
+    EXPECT_LE(test::RelativeMaxError(test::AsFloats(file->Get("hidden_states").value()), ref), 1e-4) << k;
+  }
+
+  r = Hsx("bench --decode --model " + test::ModelDir("qwen3") +
+          " --prompt-len 8 --new-tokens 3 --kv-cache-gib 0.05 --batch-sizes 2 --tensor-parallel-size 2");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"batch\":2"), std::string::npos) << r.out;
+
+  const std::string prompts = GoldenPrompts(gemma3);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {" --tensor-parallel-size 3", "--tensor-parallel-size 3: config.json's num_attention_heads (4)"},
+      {" --tensor-parallel-size 8", "--tensor-parallel-size 8: config.json's num_attention_heads (4)"},
+      {" --tensor-parallel-size 2 --speculative-config '{\"method\": \"eagle3\", \"model\": \"" +
+           test::DataPath("eagle3/llama_copy") + "\", \"num_speculative_tokens\": 3}'",
+       "EAGLE-3 drafts do not run with --tensor-parallel-size > 1"},
+  };
+  for (const auto& [flags, expected] : bad) {
+    r = Hsx("generate --model " + test::ModelDir("llama") + " --input " + prompts + " --max-tokens 4" + flags);
+    EXPECT_EQ(r.exit_code, 1) << flags;
+    EXPECT_EQ(r.out, "") << flags;
+    EXPECT_NE(r.err.find(expected), std::string::npos) << flags << ": " << r.err;
+  }
+}
+
 TEST_F(CliTest, TokenizeMatchesGoldenIdsAndReportsBadLines) {
   std::ifstream in(test::DataPath("tokenizers/bpe_llama3/golden_public.json"));
   const auto golden = nlohmann::json::parse(in);

@@ -179,7 +179,8 @@ class Backend {
   // out [T, w] = x[:, begin : begin + w] for x [T, C].
   virtual void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) = 0;
   // out[:, begin : begin + w] = x for x [T, w], out [T, C]: SliceColumns' inverse, which
-  // concatenates along the last dimension (EAGLE-3's [embedding | hidden] and aux inputs).
+  // concatenates along the last dimension (EAGLE-3's [embedding | hidden] and aux inputs;
+  // the f32 logits of a vocabulary-parallel LM head): compute dtype or f32.
   virtual void WriteColumns(const Tensor& x, int64_t begin, Tensor& out) = 0;
   // Softmax router over experts (router_logits [T, E] f32), top_k, optional renormalization;
   // out = sum of weighted expert MLPs.

@@ -4,6 +4,9 @@
 #ifdef HSX_HAS_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
+#ifdef HSX_HAS_NCCL
+#include "backend/cuda/nccl_communicator.h"
+#endif
 
 namespace hsx {
 
@@ -24,6 +27,17 @@ Result<std::unique_ptr<Backend>> MakeBackend(const std::string& device, bool bat
 #endif
   }
   return Error("--device: '" + device + "' is not one of cpu, cuda, cuda:N");
+}
+
+Result<std::vector<std::unique_ptr<Communicator>>> MakeCommunicators(const std::vector<Backend*>& backends) {
+  if (backends.front()->device() == Device::kCPU) return MakeCpuCommunicators(static_cast<int>(backends.size()));
+#ifdef HSX_HAS_NCCL
+  std::vector<CudaBackend*> cuda;
+  for (Backend* b : backends) cuda.push_back(static_cast<CudaBackend*>(b));
+  return MakeNcclCommunicators(cuda);
+#else
+  return Error("--tensor-parallel-size " + std::to_string(backends.size()) + ": this hsx was built without NCCL, which tensor parallelism on GPUs needs");
+#endif
 }
 
 }  // namespace hsx

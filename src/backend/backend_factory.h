@@ -7,10 +7,15 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "util/status.h"
 
 namespace hsx {
 
 Result<std::unique_ptr<Backend>> MakeBackend(const std::string& device, bool batch_invariant = false);
+
+// The communicators joining tensor-parallel ranks, rank r on backends[r]: in-process ones
+// on the cpu, NCCL on CUDA devices (one GPU each).
+Result<std::vector<std::unique_ptr<Communicator>>> MakeCommunicators(const std::vector<Backend*>& backends);
 
 }  // namespace hsx

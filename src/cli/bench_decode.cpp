@@ -57,12 +57,14 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
   const ModelConfig& c = model.config();
   const DType dtype = backend.compute_dtype();
   // Weights a decode step reads: all but the embedding table (only B rows are gathered),
-  // which the LM head reads in full when tied.
+  // which the LM head reads in full when tied. Under tensor parallelism each rank reads
+  // 1/N of them (the replicated norms aside) and its share of the KV.
   const int64_t embedding = static_cast<int64_t>(c.vocab_size) * c.hidden_size;
+  const int ranks = o.model.tensor_parallel_size;
   const double weight_bytes =
-      static_cast<double>(CountParameters(c) - (c.tie_word_embeddings ? 0 : embedding)) * DTypeSize(dtype);
+      static_cast<double>(CountParameters(c) - (c.tie_word_embeddings ? 0 : embedding)) * DTypeSize(dtype) / ranks;
   const double bandwidth = backend.device() == Device::kCPU ? 0.0 : CopyBandwidth(backend);
-  const int64_t kv_per_token = KvBytesPerToken(c, dtype);
+  const int64_t kv_per_token = KvBytesPerToken(model.rank_config(), dtype);
   auto line = [](const nlohmann::json& j) { std::printf("%s\n", j.dump().c_str()); };
   if (bandwidth > 0) line({{"metric", "device_copy_bandwidth_gbps"}, {"value", bandwidth / 1e9}, {"device", o.model.device}});
 
@@ -80,6 +82,7 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
     ec.scheduler.max_num_batched_tokens = std::max(o.max_num_batched_tokens, batch);
     ec.enable_prefix_caching = false;  // random prompts share nothing; keep the bookkeeping out
     ec.graphs = !o.model.enforce_eager;
+    ec.tensor_parallel_peers = loaded->peers();
     Engine engine(model, ec);
     EngineStats decode_start, decode_end;  // the engine's counters around the decode phase
     auto run = [&](int new_tokens, double* decode_seconds, int64_t* decode_tokens, uint64_t* decode_steps) -> Status {
@@ -136,7 +139,8 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
         {"prompt_len", o.prompt_len}, {"new_tokens", o.new_tokens}, {"step_ms", step_ms}, {"steps", steps},
         {"temperature", o.sampling.temperature}, {"top_p", o.sampling.top_p}, {"top_k", o.sampling.top_k},
         {"bound_tokens_per_s", bound_tok_s}, {"fraction_of_bound", bound_tok_s > 0 ? tok_s / bound_tok_s : 0.0},
-        {"device", o.model.device}, {"quantization", o.model.quantization.empty() ? "none" : o.model.quantization}};
+        {"device", o.model.device}, {"tensor_parallel_size", ranks},
+        {"quantization", o.model.quantization.empty() ? "none" : o.model.quantization}};
     if (const uint64_t drafts = decode_end.num_drafts - decode_start.num_drafts; drafts > 0) {
       // vLLM's figures: tokens per verification (accepted drafts + the one always emitted)
       // and the acceptance rate of each draft position.

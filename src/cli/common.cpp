@@ -28,6 +28,10 @@ void ModelOptions::RegisterExecutionFlags(CLI::App& app) {
                  "fp8: the decoder layers' projections as FP8 E4M3 with per-channel scales, quantized at load, and "
                  "activations quantized per token (embeddings, norms, LM head and attention stay unquantized)")
       ->check(CLI::IsMember({"fp8"}));
+  app.add_option("--tensor-parallel-size", tensor_parallel_size,
+                 "Split the model over N ranks (Megatron-style): N GPUs from --device's index on (NCCL), or N "
+                 "threads on the cpu")
+      ->check(CLI::Range(1, 64));
 }
 
 Result<ModelConfig> LoadConfig(const ModelOptions& options) {
@@ -35,20 +39,30 @@ Result<ModelConfig> LoadConfig(const ModelOptions& options) {
   return NamedModelConfig(options.model);
 }
 
-Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend) {
+Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend, Communicator* comm) {
   if (!options.quantization.empty() && options.batch_invariant) {
     return Error("--quantization fp8 and --batch-invariant: batch-invariant runs use bf16 GEMMs only");
   }
   std::unique_ptr<Model> model;
   if (options.load_format != "dummy") {
-    HSX_ASSIGN_OR_RETURN(model, Model::Load(options.model, backend));
+    HSX_ASSIGN_OR_RETURN(model, Model::Load(options.model, backend, comm));
   } else {
     HSX_ASSIGN_OR_RETURN(ModelConfig config, LoadConfig(options));
-    ModelWeights weights = DummyWeights(config, backend);
-    model = std::make_unique<Model>(std::move(config), std::move(weights), backend);
+    const Shard shard = comm ? Shard{comm->rank(), comm->size()} : Shard{};
+    HSX_RETURN_IF_ERROR(CheckTensorParallel(config, shard.size).with_context(options.model));
+    ModelWeights weights = DummyWeights(config, backend, 0, shard);
+    model = std::make_unique<Model>(std::move(config), std::move(weights), backend, comm);
   }
   if (options.quantization == "fp8") HSX_RETURN_IF_ERROR(model->QuantizeWeightsFp8());
   return model;
+}
+
+// The device of rank r: the cpu for every rank, or the r-th GPU from --device's index.
+static Result<std::string> RankDevice(const std::string& device, int rank) {
+  if (device == "cpu" || rank == 0) return device;
+  int first = 0;
+  if (device.rfind("cuda:", 0) == 0) first = std::atoi(device.c_str() + 5);
+  return "cuda:" + std::to_string(first + rank);
 }
 
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model) {
@@ -61,7 +75,25 @@ Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model
 Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options) {
   LoadedModel loaded;
   HSX_ASSIGN_OR_RETURN(loaded.backend, MakeBackend(options.device, options.batch_invariant));
-  HSX_ASSIGN_OR_RETURN(loaded.model, LoadModel(options, *loaded.backend));
+  const int n = options.tensor_parallel_size;
+  if (n == 1) {
+    HSX_ASSIGN_OR_RETURN(loaded.model, LoadModel(options, *loaded.backend));
+  } else {
+    std::vector<Backend*> ranks = {loaded.backend.get()};
+    for (int r = 1; r < n; ++r) {
+      HSX_ASSIGN_OR_RETURN(const std::string device, RankDevice(options.device, r));
+      HSX_ASSIGN_OR_RETURN(auto backend, MakeBackend(device, options.batch_invariant));
+      ranks.push_back(backend.get());
+      loaded.peer_backends.push_back(std::move(backend));
+    }
+    HSX_ASSIGN_OR_RETURN(loaded.comms, MakeCommunicators(ranks));
+    for (int r = 0; r < n; ++r) {  // each rank reads only its slices of the mapped checkpoint
+      ranks[r]->PinThread();
+      HSX_ASSIGN_OR_RETURN(auto model, LoadModel(options, *ranks[r], loaded.comms[r].get()));
+      (r == 0 ? loaded.model : loaded.peer_models.emplace_back()) = std::move(model);
+    }
+    ranks[0]->PinThread();
+  }
   HSX_ASSIGN_OR_RETURN(loaded.tokenizer, LoadTokenizerIfPresent(options.model));
   return loaded;
 }
@@ -78,6 +110,9 @@ Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text
       ec.ngram = spec.ngram;
       break;
     case SpeculativeConfig::Method::kEagle3: {
+      if (!loaded.peer_models.empty()) {
+        return Error("--speculative-config: EAGLE-3 drafts do not run with --tensor-parallel-size > 1 yet");
+      }
       HSX_ASSIGN_OR_RETURN(loaded.eagle3, Eagle3Draft::Load(spec.model, *loaded.model, *loaded.backend));
       const int k = spec.num_speculative_tokens > 0 ? spec.num_speculative_tokens
                                                     : loaded.eagle3->config().num_speculative_tokens;
@@ -89,6 +124,9 @@ Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text
       break;
     }
     case SpeculativeConfig::Method::kMtp: {
+      if (!loaded.peer_models.empty()) {
+        return Error("--speculative-config: MTP drafts do not run with --tensor-parallel-size > 1 yet");
+      }
       HSX_ASSIGN_OR_RETURN(loaded.mtp, MtpDrafter::Load(spec.model, *loaded.model, *loaded.backend));
       ec.mtp = {loaded.mtp.get(), spec.num_speculative_tokens};
       break;

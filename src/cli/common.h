@@ -29,23 +29,35 @@ struct ModelOptions {
   bool batch_invariant = false;      // a prompt's results do not depend on its batch
   bool enforce_eager = false;        // no CUDA graphs (vLLM's flag)
   std::string quantization;          // "" or fp8 (vLLM's flag)
+  int tensor_parallel_size = 1;      // ranks: cpu threads, or GPUs from --device's index on
   void Register(CLI::App& app);
-  // The execution flags (--batch-invariant, --enforce-eager, --quantization), which serve
-  // shares (it names the model positionally).
+  // The execution flags (--batch-invariant, --enforce-eager, --quantization,
+  // --tensor-parallel-size), which serve shares (it names the model positionally).
   void RegisterExecutionFlags(CLI::App& app);
 };
 
 // The config of a model directory, or of a named config when --model names one.
 Result<ModelConfig> LoadConfig(const ModelOptions& options);
-Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend);
+// One rank's model: all of it without a communicator, its slices with one.
+Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend, Communicator* comm = nullptr);
 // DIR/tokenizer.json when it exists; nullopt otherwise (and for named configs).
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model);
 
 // What a command that runs the model needs: the backend --device names, the model on it,
 // and the tokenizer when the model directory has one. Members die model before backend.
+// With --tensor-parallel-size N, backend and model are rank 0's, and ranks 1..N-1 follow
+// in peer_backends and peer_models (EngineConfig::tensor_parallel_peers).
 struct LoadedModel {
   std::unique_ptr<Backend> backend;
+  std::vector<std::unique_ptr<Backend>> peer_backends;
+  std::vector<std::unique_ptr<Communicator>> comms;
   std::unique_ptr<Model> model;
+  std::vector<std::unique_ptr<Model>> peer_models;
+  std::vector<Model*> peers() const {
+    std::vector<Model*> p;
+    for (const auto& m : peer_models) p.push_back(m.get());
+    return p;
+  }
   std::optional<Tokenizer> tokenizer;
   std::unique_ptr<Eagle3Draft> eagle3;  // drafts set by ApplySpeculativeConfig; they die before the model
   std::unique_ptr<MtpDrafter> mtp;

@@ -90,6 +90,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   ec.capture_dtype = dtype;
   ec.enable_prefix_caching = o.prefix_caching;
   ec.graphs = !o.model.enforce_eager;
+  ec.tensor_parallel_peers = loaded->peers();
   Engine engine(*loaded->model, ec);
   if (o.warmup) {
     const int n = std::max(1, std::min(o.max_num_batched_tokens, config.max_position_embeddings) - 1);

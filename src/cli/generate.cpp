@@ -31,6 +31,7 @@ int RunGenerate(const GenerateOptions& o) {
     auto method = ApplySpeculativeConfig(o.speculative_config, /*extracts=*/false, *loaded, ec);
     if (!method.ok()) return Fail(cmd, method.status());
   }
+  ec.tensor_parallel_peers = loaded->peers();
   Engine engine(*loaded->model, ec);
   int failed = 0;
   const size_t max_in_flight = 2 * static_cast<size_t>(ec.scheduler.max_num_seqs);

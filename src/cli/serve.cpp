@@ -112,6 +112,7 @@ int RunServe(ServeOptions o) {
   if (o.server.model_name.empty()) o.server.model_name = o.model.model;
   o.server.max_model_len = ec.max_model_len;
 
+  ec.tensor_parallel_peers = loaded->peers();
   EngineService service(*loaded->model, ec, static_cast<size_t>(o.max_queued));
   OpenAiServer server(o.server, service, loaded->tokenizer_or_null(), mc.eos_token_ids);
   std::atomic<bool> run_ended{false}, cut_short{false};

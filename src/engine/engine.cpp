@@ -28,7 +28,7 @@ EngineConfig Resolve(const Model& model, EngineConfig c) {
   if (c.max_model_len <= 0) c.max_model_len = model.config().max_position_embeddings;
   if (c.eagle3.draft != nullptr) c.enable_prefix_caching = false;  // a cached block has no draft KV
   if (c.num_blocks <= 0) {
-    const size_t per_block = KVCache::BytesPerToken(model.config(), model.backend().compute_dtype()) * c.block_size;
+    const size_t per_block = KVCache::BytesPerToken(model.rank_config(), model.backend().compute_dtype()) * c.block_size;
     c.num_blocks = static_cast<int>(std::max<size_t>(1, c.kv_cache_bytes / per_block));
   }
   return c;
@@ -44,6 +44,7 @@ RunnerConfig RunnerConfigFor(const EngineConfig& c) {
   r.max_graph_batch = c.scheduler.max_num_seqs;
   r.eagle3 = c.eagle3.draft;
   r.mtp = c.mtp.drafter;
+  r.peer_ranks = c.tensor_parallel_peers;
   return r;
 }
 

@@ -21,7 +21,7 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   int block_size = 16;
   int num_blocks = 0;                  // 0: from kv_cache_bytes
-  size_t kv_cache_bytes = 1ull << 30;
+  size_t kv_cache_bytes = 1ull << 30;  // per device (per rank under tensor parallelism)
   std::vector<int> capture_layers;     // ascending unique layer ids; empty: no capture
   DType capture_dtype = DType::kBF16;
   int max_model_len = 0;               // 0: the model's max_position_embeddings
@@ -43,6 +43,8 @@ struct EngineConfig {
     MtpDrafter* drafter = nullptr;
     int num_speculative_tokens = 0;
   } mtp;
+  // Tensor parallelism: ranks 1..N-1 of the engine's model (RunnerConfig::peer_ranks).
+  std::vector<Model*> tensor_parallel_peers;
 };
 
 struct EngineStats {

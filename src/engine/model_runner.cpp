@@ -26,7 +26,16 @@ void CapturedRows::Wait() {
 ModelRunner::ModelRunner(Model& model, RunnerConfig config)
     : model_(model),
       config_(std::move(config)),
-      cache_(model.config(), model.backend(), config_.num_blocks, config_.block_size) {
+      cache_(model.rank_config(), model.backend(), config_.num_blocks, config_.block_size) {
+  for (Model* peer : config_.peer_ranks) {
+    peer->backend().PinThread();
+    peer_caches_.push_back(
+        std::make_unique<KVCache>(peer->rank_config(), peer->backend(), config_.num_blocks, config_.block_size));
+  }
+  if (!config_.peer_ranks.empty()) {
+    model.backend().PinThread();
+    rank_threads_ = std::make_unique<ThreadPool>(static_cast<int>(config_.peer_ranks.size()) + 1);
+  }
   for (const LayerSpec& layer : model.config().layers) has_moe_ = has_moe_ || layer.moe;
   if (config_.max_model_len <= 0) config_.max_model_len = model.config().max_position_embeddings;
   max_blocks_per_seq_ = (config_.max_model_len + config_.block_size - 1) / config_.block_size;
@@ -53,7 +62,10 @@ ModelRunner::~ModelRunner() {
 
 int ModelRunner::GraphBucket(const ForwardBatch& batch) const {
   const int rows = static_cast<int>(batch.token_ids.size());
+  // Under tensor parallelism steps run eagerly: the ranks' graphs would have to be recorded
+  // and replayed together, NCCL calls inside them.
   if (!config_.graphs || graphs_failed_ || !backend().can_record() || has_moe_ || !config_.capture_layers.empty() ||
+      !config_.peer_ranks.empty() ||
       config_.eagle3 != nullptr || config_.mtp != nullptr ||
       rows == 0 || rows > config_.max_graph_batch || batch.seqs.size() != static_cast<size_t>(rows) ||
       batch.logit_rows.size() != static_cast<size_t>(rows)) {
@@ -166,13 +178,30 @@ std::unique_ptr<CapturedRows> ModelRunner::StartCaptureCopy(Tensor captured) {
   return rows;
 }
 
+ForwardOutput ModelRunner::Forward(const ForwardBatch& batch, const std::vector<int>& capture_layers) {
+  if (config_.peer_ranks.empty()) return model_.Forward(batch, cache_, capture_layers);
+  ForwardOutput out;
+  // ParallelFor gives each rank one index (the caller's thread takes 0); the residual is
+  // the same on every rank, so only rank 0 captures.
+  rank_threads_->ParallelFor(rank_threads_->size(), [&](int64_t rank, int64_t) {
+    if (rank == 0) {
+      out = model_.Forward(batch, cache_, capture_layers);
+      return;
+    }
+    Model& peer = *config_.peer_ranks[rank - 1];
+    peer.backend().PinThread();
+    peer.Forward(batch, *peer_caches_[rank - 1], {});
+  });
+  return out;
+}
+
 Tensor ModelRunner::EagerLogits(const ForwardBatch& batch, StepResult& result) {
   if (config_.eagle3 != nullptr) {
     ForwardOutput out = model_.Forward(batch, cache_, config_.eagle3->config().aux_layer_ids);
     aux_ = std::move(out.captured);
     return std::move(out.logits);
   }
-  ForwardOutput out = model_.Forward(batch, cache_, config_.capture_layers);
+  ForwardOutput out = Forward(batch, config_.capture_layers);
   if (config_.mtp != nullptr) final_hidden_ = out.final_hidden;
   // The copy starts now, beside the sampling and the next step.
   if (!config_.capture_layers.empty()) result.captured = StartCaptureCopy(std::move(out.captured));

@@ -16,6 +16,7 @@
 #include "model/kv_cache.h"
 #include "model/mtp_drafter.h"
 #include "model/model.h"
+#include "util/thread_pool.h"
 
 namespace hsx {
 
@@ -34,6 +35,11 @@ struct RunnerConfig {
   // A Gemma 4 MTP drafter: the step's final-normed logit rows are kept for ProposeMtp
   // (without decode graphs).
   MtpDrafter* mtp = nullptr;
+  // Tensor parallelism: ranks 1..N-1 of the model (the runner's model is rank 0), each on
+  // its own backend. Every rank runs each forward on its own host thread, pinned to its
+  // device; rank 0's thread is the caller's, and rank 0 alone samples and copies captured
+  // rows home. Not with drafts or decode graphs.
+  std::vector<Model*> peer_ranks;
 };
 
 // A sequence that drafts after the step: where its chained draft steps run (the position
@@ -106,10 +112,14 @@ class ModelRunner {
   };
   void Profile(StepTimes& times, const ForwardBatch& batch, std::chrono::steady_clock::time_point start);
   std::unique_ptr<CapturedRows> StartCaptureCopy(Tensor captured);
+  // The forward on every rank at once; rank 0's output.
+  ForwardOutput Forward(const ForwardBatch& batch, const std::vector<int>& capture_layers);
 
   Model& model_;
   RunnerConfig config_;
   KVCache cache_;
+  std::vector<std::unique_ptr<KVCache>> peer_caches_;  // each peer rank's share of the KV heads
+  std::unique_ptr<ThreadPool> rank_threads_;           // one per rank, the caller's for rank 0
   std::unique_ptr<KVCache> draft_cache_;  // EAGLE-3: the draft's KV at the target's slots
   Tensor aux_;                            // EAGLE-3: the last step's aux states [A, T, H]
   Tensor final_hidden_;                   // MTP: the last step's final-normed logit rows

@@ -7,16 +7,43 @@
 
 namespace hsx {
 
-Model::Model(ModelConfig config, ModelWeights weights, Backend& backend)
+Model::Model(ModelConfig config, ModelWeights weights, Backend& backend, Communicator* comm)
     : config_(std::move(config)),
+      rank_config_(comm ? RankConfig(config_, {comm->rank(), comm->size()}) : config_),
+      comm_(comm),
       weights_(std::move(weights)),
       backend_(backend),
       rope_(MakeRopeTables(config_, backend)) {}
 
-Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, Backend& backend) {
+Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, Backend& backend, Communicator* comm) {
   HSX_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
-  HSX_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(model_dir, config, backend));
-  return std::make_unique<Model>(std::move(config), std::move(weights), backend);
+  const Shard shard = comm ? Shard{comm->rank(), comm->size()} : Shard{};
+  HSX_RETURN_IF_ERROR(CheckTensorParallel(config, shard.size).with_context(model_dir));
+  HSX_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(model_dir, config, backend, shard));
+  return std::make_unique<Model>(std::move(config), std::move(weights), backend, comm);
+}
+
+// A row-parallel projection's partial sums, completed across the ranks.
+void Model::AllReduce(Tensor& partial_sums) {
+  if (comm_ != nullptr) comm_->AllReduceSum(partial_sums);
+}
+
+// Logits f32 [R, V] of final-normed rows [R, H]. A vocabulary-parallel rank computes its
+// V / N columns; the all-gather stacks the ranks' [R, V / N] blocks, placed side by side.
+Tensor Model::Logits(const Tensor& rows) {
+  const int64_t r = rows.size(0), v = config_.vocab_size;
+  Tensor logits = backend_.Empty(DType::kF32, {r, v});
+  if (comm_ == nullptr || !VocabParallel(config_, comm_->size())) {
+    backend_.Linear(rows, weights_.lm_head, nullptr, logits);
+    return logits;
+  }
+  const int64_t n = comm_->size(), part = v / n;
+  Tensor mine = backend_.Empty(DType::kF32, {r, part});
+  backend_.Linear(rows, weights_.lm_head, nullptr, mine);
+  Tensor all = backend_.Empty(DType::kF32, {n * r, part});
+  comm_->AllGather(mine, all);
+  for (int64_t k = 0; k < n; ++k) backend_.WriteColumns(all.Rows(k * r, (k + 1) * r), k * part, logits);
+  return logits;
 }
 
 Status Model::QuantizeWeightsFp8() { return QuantizeLinearWeightsFp8(weights_, backend_); }
@@ -94,11 +121,13 @@ ForwardOutput Model::Forward(const DeviceBatch& batch, KVCache& cache, const std
       backend_.RmsNorm(x, &w.input_norm, eps, one_plus, normed);
     }
     capture(i, x);
-    AttentionBlock(backend_, config_, i, w, rope_[i], normed, positions, slots, attention_batch, cache, branch);
+    AttentionBlock(backend_, rank_config_, i, w, rope_[i], normed, positions, slots, attention_batch, cache, branch);
+    AllReduce(branch);
     if (config_.sandwich_norms) backend_.RmsNorm(branch, &w.post_attention_norm, eps, one_plus, branch);
     const Tensor& mlp_norm = config_.sandwich_norms ? w.pre_feedforward_norm : w.post_attention_norm;
     backend_.AddRmsNorm(x, branch, &mlp_norm, eps, one_plus, normed);
-    MlpBlock(backend_, config_, i, w, normed, branch);
+    MlpBlock(backend_, rank_config_, i, w, normed, branch);
+    AllReduce(branch);
     if (config_.sandwich_norms) backend_.RmsNorm(branch, &w.post_feedforward_norm, eps, one_plus, branch);
     carry = !per_layer_inputs.defined() && !config_.layer_scalar;
     if (carry) continue;
@@ -132,8 +161,7 @@ ForwardOutput Model::Forward(const DeviceBatch& batch, KVCache& cache, const std
       backend_.RmsNorm(rows, &weights_.final_norm, eps, one_plus, rows);
     }
     result.final_hidden = rows;
-    result.logits = backend_.Empty(DType::kF32, {r, config_.vocab_size});
-    backend_.Linear(rows, weights_.lm_head, nullptr, result.logits);
+    result.logits = Logits(rows);
     if (config_.final_softcap > 0.0f) backend_.Softcap(result.logits, config_.final_softcap);
   }
   return result;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/weights.h"
@@ -37,12 +38,20 @@ struct ForwardOutput {
   Tensor final_hidden;  // [logit_rows, H] in compute dtype: the final-normed rows the logits come from
 };
 
+// With a communicator, one rank of a tensor-parallel model (model/tensor_parallel.h):
+// weights holds its slices; each attention and MLP output is all-reduced, so the residual
+// stream, the captured rows and the logits are whole and the same on every rank.
 class Model {
  public:
-  Model(ModelConfig config, ModelWeights weights, Backend& backend);
-  static Result<std::unique_ptr<Model>> Load(const std::string& model_dir, Backend& backend);
+  Model(ModelConfig config, ModelWeights weights, Backend& backend, Communicator* comm = nullptr);
+  static Result<std::unique_ptr<Model>> Load(const std::string& model_dir, Backend& backend,
+                                             Communicator* comm = nullptr);
 
   const ModelConfig& config() const { return config_; }
+  // What this rank computes (its heads, KV heads, intermediate sizes); config() without
+  // tensor parallelism. Its KV cache is built from this.
+  const ModelConfig& rank_config() const { return rank_config_; }
+  Shard shard() const { return comm_ ? Shard{comm_->rank(), comm_->size()} : Shard{}; }
   Backend& backend() const { return backend_; }
   // Read access for drafts that share the target's embedding or LM head (EAGLE-3).
   const ModelWeights& weights() const { return weights_; }
@@ -59,8 +68,12 @@ class Model {
 
  private:
   Tensor PerLayerInputs(const Tensor& ids, const Tensor& embeds);
+  void AllReduce(Tensor& partial_sums);
+  Tensor Logits(const Tensor& rows);
 
   ModelConfig config_;
+  ModelConfig rank_config_;
+  Communicator* comm_;
   ModelWeights weights_;
   Backend& backend_;
   std::vector<RopeTable> rope_;  // per layer

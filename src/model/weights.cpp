@@ -19,11 +19,20 @@ enum class Init { kMatrix, kNorm, kScalar };
 
 // One expected checkpoint tensor: its name, its shape as the config implies, and where
 // it goes. Loading and dummy initialization both walk this one list.
+// A tensor-parallel rank takes `count` rows (split_dim 0) or columns (1) from `begin`.
 struct Slot {
   std::string name;
-  Shape shape;
+  Shape shape;  // the checkpoint's
   Tensor* dst;
   Init init;
+  int split_dim = -1;  // -1: replicated
+  int64_t begin = 0, count = 0;
+
+  Shape rank_shape() const {
+    Shape s = shape;
+    if (split_dim >= 0) s[split_dim] = count;
+    return s;
+  }
 };
 
 // Where a checkpoint keeps the decoder's tensors and the output projection.
@@ -32,16 +41,28 @@ struct Naming {
   std::string lm_head = "lm_head.weight";
 };
 
-std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, const Naming& naming = {}) {
+// Tensor-parallel ranks (model/tensor_parallel.h) take their slices of the same list.
+std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, Shard shard = {}, const Naming& naming = {}) {
   const std::string& prefix = naming.prefix;
+  const ModelConfig rank = RankConfig(c, shard);
   std::vector<Slot> s;
   const int64_t h = c.hidden_size;
   auto add = [&](const std::string& name, Shape shape, Tensor* dst, Init init = Init::kMatrix) {
     s.push_back({prefix + name, std::move(shape), dst, init});
   };
+  // Rows (dim 0) or columns (dim 1) [part * count, (part + 1) * count) of the last added.
+  auto split = [&](int dim, int64_t part, int64_t count) {
+    if (shard.size == 1) return;
+    s.back().split_dim = dim;
+    s.back().begin = part * count;
+    s.back().count = count;
+  };
   add("embed_tokens.weight", {c.vocab_size, h}, &w.embed_tokens);
   add("norm.weight", {h}, &w.final_norm, Init::kNorm);
-  if (!c.tie_word_embeddings) s.push_back({naming.lm_head, {c.vocab_size, h}, &w.lm_head, Init::kMatrix});
+  if (!c.tie_word_embeddings) {
+    s.push_back({naming.lm_head, {c.vocab_size, h}, &w.lm_head, Init::kMatrix});
+    if (VocabParallel(c, shard.size)) split(0, shard.rank, c.vocab_size / shard.size);
+  }
   if (c.per_layer_input_size > 0) {
     const int64_t total = static_cast<int64_t>(c.num_layers) * c.per_layer_input_size;
     add("embed_tokens_per_layer.weight", {c.per_layer_vocab_size, total}, &w.embed_tokens_per_layer);
@@ -56,6 +77,10 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, const Naming& na
     const int64_t q_out = static_cast<int64_t>(c.num_heads) * spec.head_dim;
     const int64_t kv_out = static_cast<int64_t>(spec.num_kv_heads) * spec.head_dim;
     const bool owns_kv = spec.kv_source == i;
+    // This rank's query heads, KV heads and intermediate columns.
+    const int64_t q_rows = static_cast<int64_t>(rank.num_heads) * spec.head_dim;
+    const int64_t kv_rows = static_cast<int64_t>(rank.layers[i].num_kv_heads) * spec.head_dim;
+    const int64_t kv_part = FirstKvHead(c, i, shard) / rank.layers[i].num_kv_heads;
     add(p + "input_layernorm.weight", {h}, &l.input_norm, Init::kNorm);
     add(p + "post_attention_layernorm.weight", {h}, &l.post_attention_norm, Init::kNorm);
     if (c.sandwich_norms) {
@@ -63,16 +88,27 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, const Naming& na
       add(p + "post_feedforward_layernorm.weight", {h}, &l.post_feedforward_norm, Init::kNorm);
     }
     add(p + "self_attn.q_proj.weight", {q_out, h}, &l.q_proj);
+    split(0, shard.rank, q_rows);
     add(p + "self_attn.o_proj.weight", {h, q_out}, &l.o_proj);
+    split(1, shard.rank, q_rows);
     if (owns_kv) {
       add(p + "self_attn.k_proj.weight", {kv_out, h}, &l.k_proj);
-      if (!spec.k_eq_v) add(p + "self_attn.v_proj.weight", {kv_out, h}, &l.v_proj);
+      split(0, kv_part, kv_rows);
+      if (!spec.k_eq_v) {
+        add(p + "self_attn.v_proj.weight", {kv_out, h}, &l.v_proj);
+        split(0, kv_part, kv_rows);
+      }
     }
     if (c.qkv_bias) {
       add(p + "self_attn.q_proj.bias", {q_out}, &l.q_bias, Init::kScalar);
+      split(0, shard.rank, q_rows);
       if (owns_kv) {
         add(p + "self_attn.k_proj.bias", {kv_out}, &l.k_bias, Init::kScalar);
-        if (!spec.k_eq_v) add(p + "self_attn.v_proj.bias", {kv_out}, &l.v_bias, Init::kScalar);
+        split(0, kv_part, kv_rows);
+        if (!spec.k_eq_v) {
+          add(p + "self_attn.v_proj.bias", {kv_out}, &l.v_bias, Init::kScalar);
+          split(0, kv_part, kv_rows);
+        }
       }
     }
     if (c.qk_norm) {
@@ -88,13 +124,19 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, const Naming& na
       for (int e = 0; e < c.num_experts; ++e) {
         const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
         add(ep + "gate_proj.weight", {inter, h}, &l.experts.gate[e]);
+        split(0, shard.rank, rank.moe_intermediate_size);
         add(ep + "up_proj.weight", {inter, h}, &l.experts.up[e]);
+        split(0, shard.rank, rank.moe_intermediate_size);
         add(ep + "down_proj.weight", {h, inter}, &l.experts.down[e]);
+        split(1, shard.rank, rank.moe_intermediate_size);
       }
     } else {
       add(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, &l.gate_proj);
+      split(0, shard.rank, rank.intermediate_size);
       add(p + "mlp.up_proj.weight", {c.intermediate_size, h}, &l.up_proj);
+      split(0, shard.rank, rank.intermediate_size);
       add(p + "mlp.down_proj.weight", {h, c.intermediate_size}, &l.down_proj);
+      split(1, shard.rank, rank.intermediate_size);
     }
     if (c.layer_scalar) add(p + "layer_scalar", {1}, &l.layer_scalar, Init::kScalar);
     if (c.per_layer_input_size > 0) {
@@ -147,9 +189,31 @@ Tensor Aligned(const Tensor& t) {
   return copy;
 }
 
-// Tied checkpoints may still carry an lm_head copy; untied ones must have it.
-void FinishTied(const ModelConfig& c, ModelWeights& w) {
-  if (c.tie_word_embeddings) w.lm_head = w.embed_tokens;
+// Tied checkpoints may still carry an lm_head copy; untied ones must have it. A
+// vocabulary-parallel rank's tied head is its rows of the (replicated) embedding.
+void FinishTied(const ModelConfig& c, Shard shard, ModelWeights& w) {
+  if (!c.tie_word_embeddings) return;
+  w.lm_head = w.embed_tokens;
+  if (VocabParallel(c, shard.size)) {
+    const int64_t rows = c.vocab_size / shard.size;
+    w.lm_head = w.embed_tokens.Rows(shard.rank * rows, (shard.rank + 1) * rows);
+  }
+}
+
+// This rank's rows or columns of a host tensor: rows are a view of the mapped file, columns
+// a copy of just them, so a rank converts and uploads only its slice.
+Tensor RankSlice(const Tensor& t, const Slot& slot) {
+  if (slot.split_dim < 0) return t;
+  if (slot.split_dim == 0) return t.Rows(slot.begin, slot.begin + slot.count);
+  const int64_t rows = t.size(0), cols = t.size(1);
+  const size_t elem = DTypeSize(t.dtype());
+  Tensor out = Tensor::Host(t.dtype(), {rows, slot.count});
+  const char* src = static_cast<const char*>(t.raw());
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(static_cast<char*>(out.raw()) + r * slot.count * elem, src + (r * cols + slot.begin) * elem,
+                slot.count * elem);
+  }
+  return out;
 }
 
 }  // namespace
@@ -206,28 +270,31 @@ Result<Tensor> UploadCheckpointWeight(const CheckpointTensors& tensors, const st
   return backend.UploadWeight(t);
 }
 
-Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend) {
+Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend,
+                                 Shard shard) {
   HSX_ASSIGN_OR_RETURN(auto tensors, OpenCheckpoint(model_dir));
   ModelWeights w;
-  for (const Slot& slot : Schema(config, w, FindNaming(tensors))) {
-    HSX_ASSIGN_OR_RETURN(*slot.dst, UploadCheckpointWeight(tensors, model_dir, slot.name, slot.shape, backend));
+  for (const Slot& slot : Schema(config, w, shard, FindNaming(tensors))) {
+    HSX_ASSIGN_OR_RETURN(const Tensor t, CheckpointFloatTensor(tensors, model_dir, slot.name, slot.shape));
+    *slot.dst = backend.UploadWeight(RankSlice(t, slot));
   }
-  FinishTied(config, w);
+  FinishTied(config, shard, w);
   return w;
 }
 
-ModelWeights DummyWeights(const ModelConfig& config, Backend& backend, uint64_t seed) {
+ModelWeights DummyWeights(const ModelConfig& config, Backend& backend, uint64_t seed, Shard shard) {
   ModelWeights w;
   uint64_t index = 0;
-  for (const Slot& slot : Schema(config, w)) {
+  for (const Slot& slot : Schema(config, w, shard)) {
     // Uniform with std 1/sqrt(fan_in) for matrices; norms near 1 (or near 0 for 1+w norms).
     const float half_width = 1.7320508f * (slot.init == Init::kMatrix ? 1.0f / std::sqrt(static_cast<float>(slot.shape.back())) : 0.05f);
     const float base = slot.init == Init::kNorm && !config.norm_one_plus_weight ? 1.0f : 0.0f;
-    Tensor t = backend.Empty(backend.device() == Device::kCPU ? config.dtype : backend.compute_dtype(), slot.shape);
+    Tensor t = backend.Empty(backend.device() == Device::kCPU ? config.dtype : backend.compute_dtype(),
+                             slot.rank_shape());
     backend.FillUniform(t, seed * 1000003u + index++, base - half_width, base + half_width);
     *slot.dst = t;
   }
-  FinishTied(config, w);
+  FinishTied(config, shard, w);
   return w;
 }
 

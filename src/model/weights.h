@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/tensor_parallel.h"
 #include "tensor/safetensors.h"
 
 namespace hsx {
@@ -49,10 +50,13 @@ Result<Tensor> CheckpointFloatTensor(const CheckpointTensors& tensors, const std
 Result<Tensor> UploadCheckpointWeight(const CheckpointTensors& tensors, const std::string& model_dir,
                                       const std::string& name, const Shape& shape, Backend& backend);
 
-// Loads DIR/model.safetensors or the shards listed in DIR/model.safetensors.index.json.
-Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend);
-// Random weights (fixed seed, std 1/sqrt(fan_in), norms near 1) in config.dtype.
-ModelWeights DummyWeights(const ModelConfig& config, Backend& backend, uint64_t seed = 0);
+// Loads DIR/model.safetensors or the shards listed in DIR/model.safetensors.index.json;
+// a tensor-parallel rank reads only its slices (model/tensor_parallel.h).
+Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend,
+                                 Shard shard = {});
+// Random weights (fixed seed, std 1/sqrt(fan_in), norms near 1) in config.dtype; a rank's
+// slices are drawn at their own shape (they are not slices of the unsharded draw).
+ModelWeights DummyWeights(const ModelConfig& config, Backend& backend, uint64_t seed = 0, Shard shard = {});
 // Parameters the config implies, counting tied tensors once.
 int64_t CountParameters(const ModelConfig& config);
 

@@ -332,3 +332,25 @@ def test_api_key_and_custom_paths(tmp_path, golden):
         assert s.proc.wait(timeout=30) == 0
     finally:
         s.stop()
+
+
+def test_tensor_parallel_server_gives_the_golden_states_and_tokens(tmp_path, golden):
+    """--tensor-parallel-size 2 (cpu ranks): rank 0 writes each file, under the same lock
+    protocol, with the golden states; greedy tokens are the goldens'."""
+    tp = Server(tmp_path, "--tensor-parallel-size", "2")
+    try:
+        vllm_client = load_vllm_client()
+        client = openai.Client(base_url=tp.url + "/v1", api_key="unused")
+        for k in range(3):
+            prompt = [int(t) for t in golden[f"prompt_{k}"]]
+            path, _ = vllm_client.generate_hidden_states(client, "qwen3-fixture", {"input_ids": prompt})
+            vllm_client.wait_for_lock(path + ".lock")
+            data = read_safetensors(path)
+            want = expected_states(golden, k)
+            err = np.abs(data["hidden_states"] - want).max() / np.abs(want).max()
+            assert err < 8e-3, f"prompt {k}: bf16 file vs f32 golden: {err}"
+        res = client.completions.create(model="qwen3-fixture", prompt=[golden[f"prompt_{k}"].tolist() for k in range(3)],
+                                        max_tokens=8, temperature=0, extra_body={"return_token_ids": True})
+        assert [c.token_ids for c in res.choices] == [golden[f"greedy_{k}"].tolist() for k in range(3)]
+    finally:
+        tp.stop()

@@ -558,6 +558,8 @@ void CudaBackend::UploadTo(const Tensor& host, Tensor& dst) {
 }
 
 void CudaBackend::PinThread() { HSX_CUDA_CHECK(cudaSetDevice(impl_->device)); }
+int CudaBackend::device_index() const { return impl_->device; }
+void* CudaBackend::compute_stream() const { return impl_->stream; }
 
 // HSX_PROFILE times each op with events and synchronizes, which a recording cannot hold.
 bool CudaBackend::can_record() const { return !impl_->profile; }
@@ -969,7 +971,9 @@ void CudaBackend::SliceColumns(const Tensor& x, int64_t begin, Tensor& out) {
 }
 
 void CudaBackend::WriteColumns(const Tensor& x, int64_t begin, Tensor& out) {
-  cuda::WriteColumns(B(x), x.size(0), x.size(-1), begin, out.size(-1), B(out), impl_->stream);
+  // A plain copy: an f32 column moves as two bf16 ones.
+  const int64_t per = static_cast<int64_t>(DTypeSize(x.dtype()) / 2);
+  cuda::WriteColumns(B(x), x.size(0), per * x.size(-1), per * begin, per * out.size(-1), B(out), impl_->stream);
   HSX_LAUNCH_CHECK();
 }
 

@@ -34,6 +34,9 @@ class CudaBackend final : public Backend {
   void UploadTo(const Tensor& host, Tensor& dst) override;
   void Synchronize() override;
   void PinThread() override;
+  // For NCCL (nccl_communicator): the device and the compute stream (a cudaStream_t).
+  int device_index() const;
+  void* compute_stream() const;
   bool can_record() const override;
   std::unique_ptr<DeviceGraph> Record(const std::function<void()>& work) override;
   void FillUniform(Tensor& t, uint64_t seed, float lo, float hi) override;
