@@ -23,7 +23,7 @@
 namespace hsx::cli {
 
 struct ModelOptions {
-  std::string model;                 // a model directory, or a named config with dummy weights
+  std::string model;                 // a model directory, a .gguf file, or a named config with dummy weights
   std::string load_format = "auto";  // auto | safetensors | dummy
   std::string device = "cpu";        // cpu | cuda | cuda:N
   bool batch_invariant = false;      // a prompt's results do not depend on its batch
@@ -37,7 +37,8 @@ struct ModelOptions {
 // The config of a model directory, or of a named config when --model names one.
 Result<ModelConfig> LoadConfig(const ModelOptions& options);
 Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend);
-// DIR/tokenizer.json when it exists; nullopt otherwise (and for named configs).
+// DIR/tokenizer.json when it exists, a .gguf file's tokenizer.ggml.* when it has them;
+// nullopt otherwise (and for named configs).
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model);
 
 // What a command that runs the model needs: the backend --device names, the model on it,

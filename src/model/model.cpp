@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "model/decoder_layer.h"
+#include "model/gguf_config.h"
+#include "model/gguf_weights.h"
 
 namespace hsx {
 
@@ -13,6 +15,12 @@ Model::Model(ModelConfig config, ModelWeights weights, Backend& backend)
       rope_(MakeRopeTables(config_, backend)) {}
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, Backend& backend) {
+  if (IsGgufPath(model_dir)) {
+    HSX_ASSIGN_OR_RETURN(const GgufFile file, GgufFile::Open(model_dir));
+    HSX_ASSIGN_OR_RETURN(ModelConfig config, GgufModelConfig(file));
+    HSX_ASSIGN_OR_RETURN(ModelWeights weights, LoadGgufWeights(file, config, backend));
+    return std::make_unique<Model>(std::move(config), std::move(weights), backend);
+  }
   HSX_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   HSX_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(model_dir, config, backend));
   return std::make_unique<Model>(std::move(config), std::move(weights), backend);

@@ -206,6 +206,16 @@ Result<Tensor> UploadCheckpointWeight(const CheckpointTensors& tensors, const st
   return backend.UploadWeight(t);
 }
 
+Result<ModelWeights> LoadWeightsFrom(const WeightSource& fetch, const ModelConfig& config, Backend& backend) {
+  ModelWeights w;
+  for (const Slot& slot : Schema(config, w)) {
+    HSX_ASSIGN_OR_RETURN(const Tensor host, fetch(slot.name, slot.shape));
+    *slot.dst = backend.UploadWeight(host);
+  }
+  FinishTied(config, w);
+  return w;
+}
+
 Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend) {
   HSX_ASSIGN_OR_RETURN(auto tensors, OpenCheckpoint(model_dir));
   ModelWeights w;
