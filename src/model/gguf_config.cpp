@@ -26,7 +26,7 @@ constexpr GgufArch kArchs[] = {
 }  // namespace
 
 bool IsGgufPath(const std::string& path) {
-  return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0 && std::filesystem::is_regular_file(path);
+  return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0 && !std::filesystem::is_directory(path);
 }
 
 Result<json> GgufHfConfig(const GgufFile& g) {

@@ -10,7 +10,7 @@
 
 namespace hsx {
 
-// Whether `path` names a GGUF file (a regular file ending in .gguf) rather than a model directory.
+// Whether `path` names a GGUF file (ending in .gguf, not a directory) rather than a model directory.
 bool IsGgufPath(const std::string& path);
 
 // llama.cpp's architecture names hsx runs, and the transformers class each stands for.

@@ -131,38 +131,36 @@ void Q6_K(const uint8_t* b, float* y) {
   }
 }
 
+using BlockFunction = void (*)(const uint8_t*, float*);
+
+BlockFunction BlockFunctionOf(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0: return Q4_0;
+    case GgmlType::kQ4_1: return Q4_1;
+    case GgmlType::kQ5_0: return Q5_0;
+    case GgmlType::kQ5_1: return Q5_1;
+    case GgmlType::kQ8_0: return Q8_0;
+    case GgmlType::kQ2_K: return Q2_K;
+    case GgmlType::kQ3_K: return Q3_K;
+    case GgmlType::kQ4_K: return Q4_K;
+    case GgmlType::kQ5_K: return Q5_K;
+    case GgmlType::kQ6_K: return Q6_K;
+    default: return nullptr;  // the plain float types
+  }
+}
+
 }  // namespace
 
 void DequantizeToF32(GgmlType type, const char* src, int64_t n, float* dst) {
-  const auto* b = reinterpret_cast<const uint8_t*>(src);
   switch (type) {
-    case GgmlType::kF32:
-      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
-      return;
-    case GgmlType::kF16:
-      ConvertToF32(DType::kF16, src, dst, static_cast<size_t>(n));
-      return;
-    case GgmlType::kBF16:
-      ConvertToF32(DType::kBF16, src, dst, static_cast<size_t>(n));
-      return;
-    default:
-      break;
+    case GgmlType::kF32: return ConvertToF32(DType::kF32, src, dst, static_cast<size_t>(n));
+    case GgmlType::kF16: return ConvertToF32(DType::kF16, src, dst, static_cast<size_t>(n));
+    case GgmlType::kBF16: return ConvertToF32(DType::kBF16, src, dst, static_cast<size_t>(n));
+    default: break;
   }
-  void (*block_fn)(const uint8_t*, float*) = nullptr;
-  switch (type) {
-    case GgmlType::kQ4_0: block_fn = Q4_0; break;
-    case GgmlType::kQ4_1: block_fn = Q4_1; break;
-    case GgmlType::kQ5_0: block_fn = Q5_0; break;
-    case GgmlType::kQ5_1: block_fn = Q5_1; break;
-    case GgmlType::kQ8_0: block_fn = Q8_0; break;
-    case GgmlType::kQ2_K: block_fn = Q2_K; break;
-    case GgmlType::kQ3_K: block_fn = Q3_K; break;
-    case GgmlType::kQ4_K: block_fn = Q4_K; break;
-    case GgmlType::kQ5_K: block_fn = Q5_K; break;
-    case GgmlType::kQ6_K: block_fn = Q6_K; break;
-    default: return;  // the floats above
-  }
+  const BlockFunction block_fn = BlockFunctionOf(type);
   const GgmlBlock block = *GgmlBlockOf(static_cast<uint32_t>(type));
+  const auto* b = reinterpret_cast<const uint8_t*>(src);
   for (int64_t k = 0; k < n / block.elements; ++k) block_fn(b + k * block.bytes, dst + k * block.elements);
 }
 

@@ -155,3 +155,31 @@ def test_smollm2_gguf_equals_its_transformers_conversion(tmp_path):
     layers = "0,15,30"
     assert_states_equal(extract(model, ours, tmp_path / "gguf", layers),
                         extract(directory, ours, tmp_path / "hf", layers))
+
+
+def test_smollm2_gguf_serves_what_generate_generates(tmp_path):
+    """hsx serve on the .gguf (its tokenizer from the metadata): the openai client's greedy
+    text is hsx generate's, and the extracted states file has the prompt's tokens."""
+    openai = pytest.importorskip("openai")
+    from conftest import Server
+    model = smollm2_gguf()
+    prompt = PROMPTS[0]
+    lines = tmp_path / "prompt.jsonl"
+    lines.write_text(json.dumps({"id": "a", "prompt": prompt}) + "\n")
+    generated = json.loads(run(["generate", "--model", str(model), "--input", str(lines), "--max-tokens", "12"]).stdout)
+    server = Server(tmp_path, model=model)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+        res = client.completions.create(model="qwen3-fixture", prompt=prompt, max_tokens=12, temperature=0)
+        text = res.choices[0].text
+        assert text.startswith("The capital of France is Paris.") and generated["text"].startswith(text), (text, generated)
+        path = res.choices[0].kv_transfer_params["hidden_states_path"]
+        assert read_safetensors(path)["token_ids"].tolist() == generated_prompt_ids(model, prompt, tmp_path)
+    finally:
+        server.stop()
+
+
+def generated_prompt_ids(model, prompt, tmp_path):
+    lines = tmp_path / "text.jsonl"
+    lines.write_text(json.dumps({"text": prompt}) + "\n")
+    return json.loads(run(["tokenize", "--tokenizer", str(model), "--input", str(lines)]).stdout)["ids"]
