@@ -249,6 +249,27 @@ TEST_F(GgufTest, TokenizerFromMetadata) {
   EXPECT_EQ(*t->Encode("ab", false), (std::vector<int32_t>{3}));
   EXPECT_EQ(*t->Decode({0, 3, 4, 2}), "<s>ab b");
   EXPECT_NE(tokenizer_file("llama", "default", false).status().message().find("'tokenizer.ggml.model' is 'llama'"), std::string::npos);
+  // Hostile metadata: each an error naming the key.
+  auto error_of = [&](GgufBuilder b) {
+    Write(b.Build());
+    auto t = LoadGgufTokenizer(path_);
+    EXPECT_FALSE(t.ok());
+    return t.ok() ? std::string() : t.status().message();
+  };
+  auto base = [] {
+    GgufBuilder b;
+    b.String("tokenizer.ggml.model", "gpt2");
+    return b;
+  };
+  EXPECT_NE(error_of(base().Strings("tokenizer.ggml.merges", {"a b"}).Strings("tokenizer.ggml.tokens", {"a", "b", "a"})).find("token 2 (\"a\") repeats token 0"), std::string::npos);
+  EXPECT_NE(error_of(base().Strings("tokenizer.ggml.merges", {"a b"}).Strings("tokenizer.ggml.tokens", {"a", "b"}).Ints("tokenizer.ggml.token_type", {1}))
+                .find("'tokenizer.ggml.token_type' has 1 entries for 2 tokens"), std::string::npos);
+  EXPECT_NE(error_of(base().Strings("tokenizer.ggml.merges", {"a b"}).Strings("tokenizer.ggml.tokens", {"a", "b"}).U32("tokenizer.ggml.bos_token_id", 7))
+                .find("'tokenizer.ggml.bos_token_id' is 7, past the 2-token vocabulary"), std::string::npos);
+  EXPECT_NE(error_of(base().Strings("tokenizer.ggml.merges", {"a b"}).Strings("tokenizer.ggml.tokens", {"a", "b"}).Bool("tokenizer.ggml.add_bos_token", true))
+                .find("names no bos token"), std::string::npos);
+  EXPECT_NE(error_of(base().Strings("tokenizer.ggml.tokens", {"a", "b"}).Strings("tokenizer.ggml.merges", {"a c"}))
+                .find("merges[0]"), std::string::npos);
   EXPECT_NE(tokenizer_file("gpt2", "mystery", false).status().message().find("'tokenizer.ggml.pre' is 'mystery'"), std::string::npos);
 }
 
