@@ -25,6 +25,7 @@ gguf = pytest.importorskip("gguf")
 
 from hf_to_gguf import convert  # noqa: E402
 from safetensors_numpy import read_safetensors  # noqa: E402
+from tokenizer_corpus import compare, describe, generate_corpus  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HSX = os.environ.get("HSX_BINARY", str(ROOT / "build" / "src" / "hsx"))
@@ -150,6 +151,21 @@ def test_smollm2_gguf_equals_its_transformers_conversion(tmp_path):
     theirs = [tokenizer(p).input_ids for p in PROMPTS]
     for prompt, a, b in zip(PROMPTS, ours, theirs):
         assert a == b, prompt
+
+    # The tokenizer corpus (2,000 adversarial strings, encoded with and without special
+    # tokens; random ids decoded), hsx from the .gguf against HF tokenizers. Reference:
+    # transformers' conversion with SmolLM2's own pre-tokenizer (Digits, individual, then
+    # ByteLevel: what tokenizer.ggml.pre 'smollm' means to llama.cpp), which the conversion
+    # drops; without it "\n\n\n1" splits as "\n\n", "\n", "1" instead of "\n\n\n", "1".
+    document = json.loads((directory / "tokenizer.json").read_text())
+    document["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
+    reference = tmp_path / "smollm2_pretokenizer.json"
+    reference.write_text(json.dumps(document))
+    corpus = generate_corpus(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<file_sep>"], count=2000)
+    cases, mismatches = compare(reference, corpus, tmp_path, seed=3, hsx_tokenizer=model)
+    assert not mismatches, f"{len(mismatches)} of {cases} differ\n{describe(mismatches)}"
 
     # Hidden states: the .gguf and the directory, the same tokens, bit for bit.
     layers = "0,15,30"
