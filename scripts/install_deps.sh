@@ -11,6 +11,7 @@ pkgs=(
   libcli11-dev         # command-line parsing
   libcpp-httplib-dev   # HTTP server for hsx serve
   libgtest-dev         # unit tests
+  python3-pip          # the demo model and the python tests' packages come from PyPI
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -12,8 +12,10 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 # (installed without its heavy dependencies; only its openai-based client module is used).
 python3 -m pip install --quiet --disable-pip-version-check openai pytest numpy
 # The tokenizer against Hugging Face: tokenizers (the reference), transformers and gguf (the
-# reference encode, and the conversion of real models' GGUF tokenizers); no torch needed.
-python3 -m pip install --quiet --disable-pip-version-check tokenizers transformers gguf
+# reference encode, and the conversion of real models' GGUF tokenizers); gguf is also the
+# reference for GGUF reading and dequantization, safetensors writes the converted GGUF
+# model's directory; no torch needed.
+python3 -m pip install --quiet --disable-pip-version-check tokenizers transformers gguf safetensors
 python3 -m pip install --quiet --disable-pip-version-check --no-deps speculators
 HSX_BINARY="$PWD/build/src/hsx" python3 -m pytest tests/python -q
 # Sanitizers cover the host code; the CUDA backend is compiled (and its tests skip

@@ -5,12 +5,14 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "model/gguf_config.h"
+#include "model/gguf_tokenizer.h"
 #include "util/json.h"
 
 namespace hsx::cli {
 
 void ModelOptions::Register(CLI::App& app) {
-  app.add_option("--model", model, "Hugging Face model directory, or a named config (qwen3-8b, ...) with --load-format dummy")
+  app.add_option("--model", model, "Hugging Face model directory, a .gguf file, or a named config (qwen3-8b, ...) with --load-format dummy")
       ->required();
   app.add_option("--load-format", load_format, "auto | safetensors | dummy (random weights from the config)")
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
@@ -66,6 +68,12 @@ static Result<std::string> RankDevice(const std::string& device, int rank) {
 }
 
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model) {
+  if (IsGgufPath(model)) {
+    HSX_ASSIGN_OR_RETURN(const GgufFile file, GgufFile::Open(model));
+    if (!file.Find("tokenizer.ggml.model")) return std::optional<Tokenizer>();
+    HSX_ASSIGN_OR_RETURN(Tokenizer tokenizer, GgufTokenizer(file));
+    return std::optional<Tokenizer>(std::move(tokenizer));
+  }
   const std::string path = model + "/tokenizer.json";
   if (!std::filesystem::exists(path)) return std::optional<Tokenizer>();
   HSX_ASSIGN_OR_RETURN(Tokenizer tokenizer, Tokenizer::Load(path));

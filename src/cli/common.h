@@ -23,7 +23,7 @@
 namespace hsx::cli {
 
 struct ModelOptions {
-  std::string model;                 // a model directory, or a named config with dummy weights
+  std::string model;                 // a model directory, a .gguf file, or a named config with dummy weights
   std::string load_format = "auto";  // auto | safetensors | dummy
   std::string device = "cpu";        // cpu | cuda | cuda:N
   bool batch_invariant = false;      // a prompt's results do not depend on its batch
@@ -40,7 +40,8 @@ struct ModelOptions {
 Result<ModelConfig> LoadConfig(const ModelOptions& options);
 // One rank's model: all of it without a communicator, its slices with one.
 Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend, Communicator* comm = nullptr);
-// DIR/tokenizer.json when it exists; nullopt otherwise (and for named configs).
+// DIR/tokenizer.json when it exists, a .gguf file's tokenizer.ggml.* when it has them;
+// nullopt otherwise (and for named configs).
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model);
 
 // What a command that runs the model needs: the backend --device names, the model on it,

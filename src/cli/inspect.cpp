@@ -5,6 +5,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "model/gguf_config.h"
 #include "tensor/safetensors.h"
 
 namespace hsx::cli {
@@ -42,6 +43,14 @@ int RunInspect(const ModelOptions& o) {
       auto file = SafetensorsFile::Open(entry.path());
       if (!file.ok()) continue;
       for (const auto& [name, t] : file->tensors()) dtypes[std::string(DTypeName(t.dtype()))] += t.numel();
+    }
+  } else if (IsGgufPath(o.model)) {
+    auto file = GgufFile::Open(o.model);
+    if (!file.ok()) return Fail("inspect", file.status());
+    for (const GgufTensorInfo& t : file->tensors()) {
+      int64_t n = 1;
+      for (int64_t d : t.dims) n *= d;
+      dtypes[GgmlTypeName(static_cast<uint32_t>(t.type)) + " (GGUF)"] += n;
     }
   } else {
     dtypes[std::string(DTypeName(c.dtype)) + " (dummy)"] = CountParameters(c);

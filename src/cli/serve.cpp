@@ -149,7 +149,7 @@ int RunServe(ServeOptions o) {
 void RegisterServe(CLI::App& root) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* app = root.add_subcommand("serve", "OpenAI-compatible server (vLLM's hidden-state extraction protocol)");
-  app->add_option("model", o->model.model, "Hugging Face model directory (or a named config with dummy weights)")
+  app->add_option("model", o->model.model, "Hugging Face model directory, a .gguf file, or a named config with dummy weights")
       ->required();
   app->add_option("--load-format", o->model.load_format)->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
   app->add_option("--device", o->model.device, "cpu or cuda[:N]");

@@ -5,6 +5,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "model/gguf_config.h"
+#include "model/gguf_tokenizer.h"
 #include "util/json.h"
 
 namespace hsx::cli {
@@ -42,7 +44,7 @@ Result<nlohmann::json> TokenizeLine(const Tokenizer& tokenizer, const nlohmann::
 int RunTokenize(const std::string& tokenizer_path, const std::string& input,
                 bool add_special_tokens) {
   const char* cmd = "tokenize";
-  auto tokenizer = Tokenizer::Load(tokenizer_path);
+  auto tokenizer = IsGgufPath(tokenizer_path) ? LoadGgufTokenizer(tokenizer_path) : Tokenizer::Load(tokenizer_path);
   if (!tokenizer.ok()) return Fail(cmd, tokenizer.status());
   std::ifstream in(input);
   if (!in) return Fail(cmd, Error(input + ": cannot open input"));
@@ -74,7 +76,7 @@ void RegisterTokenize(CLI::App& root) {
   auto add_special_tokens = std::make_shared<bool>(true);
   CLI::App* app = root.add_subcommand(
       "tokenize", "Encode {\"text\"} or decode {\"ids\"} JSONL lines with a tokenizer.json");
-  app->add_option("--tokenizer", *tokenizer, "Path of a Hugging Face tokenizer.json")->required();
+  app->add_option("--tokenizer", *tokenizer, "Path of a Hugging Face tokenizer.json, or a .gguf file (its tokenizer.ggml.* metadata)")->required();
   app->add_option("--input", *input, "JSONL with a 'text' or an 'ids' field per line")->required();
   app->add_option("--add-special-tokens", *add_special_tokens,
                   "Add the tokenizer's special tokens (BOS, ...) around each text, as HF and vLLM "

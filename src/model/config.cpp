@@ -10,6 +10,7 @@
 #include <set>
 
 #include "model/config_fields.h"
+#include "model/gguf_config.h"
 #include "util/json.h"
 #include "util/text_file.h"
 
@@ -89,6 +90,7 @@ const std::set<std::string>& config::IgnoredFields() {
       // Bookkeeping and training-only settings (PreTrainedConfig and the hub's files).
       "_name_or_path", "transformers_version", "_commit_hash", "model_type", "use_cache", "initializer_range",
       "attention_dropout", "bos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+      "unk_token_id",  // transformers' GGUF conversion copies it from the tokenizer
       "output_hidden_states", "output_attentions", "return_dict", "use_return_dict", "torchscript", "id2label",
       "label2id", "num_labels", "problem_type", "finetuning_task", "chunk_size_feed_forward", "is_encoder_decoder",
       "is_decoder", "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder", "pruned_heads",
@@ -711,6 +713,10 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
 }
 
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  if (IsGgufPath(model_dir)) {
+    HSX_ASSIGN_OR_RETURN(const GgufFile file, GgufFile::Open(model_dir));
+    return GgufModelConfig(file);
+  }
   const std::string path = model_dir + "/config.json";
   if (!std::filesystem::exists(path)) return Error(path + ": cannot open (is --model a Hugging Face model directory?)");
   HSX_ASSIGN_OR_RETURN(const std::string text, ReadTextFile(path));

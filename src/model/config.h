@@ -78,7 +78,7 @@ std::vector<float> RopeInverseFrequencies(const RopeSpec& rope, int head_dim, in
 // Reads DIR/config.json (or its text_config) as transformers 5.x resolves it: 4.x and 5.x
 // keys, the architecture's defaults for omitted fields; refuses fields hsx does not
 // implement. Adds DIR/generation_config.json's eos_token_id to the stop tokens.
-// Errors name the file and field.
+// Errors name the file and field. A .gguf file's metadata is read instead (gguf_config.h).
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
 Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source_name);
 

@@ -4,6 +4,8 @@
 
 #include "model/decoder_layer.h"
 #include "model/fp8_quantization.h"
+#include "model/gguf_config.h"
+#include "model/gguf_weights.h"
 
 namespace hsx {
 
@@ -16,6 +18,14 @@ Model::Model(ModelConfig config, ModelWeights weights, Backend& backend, Communi
       rope_(MakeRopeTables(config_, backend)) {}
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, Backend& backend, Communicator* comm) {
+  const Shard shard = comm ? Shard{comm->rank(), comm->size()} : Shard{};
+  if (IsGgufPath(model_dir)) {
+    HSX_ASSIGN_OR_RETURN(const GgufFile file, GgufFile::Open(model_dir));
+    HSX_ASSIGN_OR_RETURN(ModelConfig config, GgufModelConfig(file));
+    HSX_RETURN_IF_ERROR(CheckTensorParallel(config, shard.size).with_context(model_dir));
+    HSX_ASSIGN_OR_RETURN(ModelWeights weights, LoadGgufWeights(file, config, backend, shard));
+    return std::make_unique<Model>(std::move(config), std::move(weights), backend, comm);
+  }
   HSX_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   const Shard shard = comm ? Shard{comm->rank(), comm->size()} : Shard{};
   HSX_RETURN_IF_ERROR(CheckTensorParallel(config, shard.size).with_context(model_dir));

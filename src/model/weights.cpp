@@ -270,6 +270,17 @@ Result<Tensor> UploadCheckpointWeight(const CheckpointTensors& tensors, const st
   return backend.UploadWeight(t);
 }
 
+Result<ModelWeights> LoadWeightsFrom(const WeightSource& fetch, const ModelConfig& config, Backend& backend,
+                                     Shard shard) {
+  ModelWeights w;
+  for (const Slot& slot : Schema(config, w, shard)) {
+    HSX_ASSIGN_OR_RETURN(const Tensor host, fetch(slot.name, slot.shape));
+    *slot.dst = backend.UploadWeight(RankSlice(host, slot));
+  }
+  FinishTied(config, shard, w);
+  return w;
+}
+
 Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend,
                                  Shard shard) {
   HSX_ASSIGN_OR_RETURN(auto tensors, OpenCheckpoint(model_dir));

@@ -2,6 +2,7 @@
 // against the config's shapes, and placed on the backend's device.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -50,6 +51,12 @@ Result<Tensor> CheckpointFloatTensor(const CheckpointTensors& tensors, const std
 Result<Tensor> UploadCheckpointWeight(const CheckpointTensors& tensors, const std::string& model_dir,
                                       const std::string& name, const Shape& shape, Backend& backend);
 
+// Loads every tensor the config implies from `fetch` (a host float tensor of the given
+// Hugging Face name and full shape), one at a time, each placed on the device (a rank's
+// slice of it) before the next.
+using WeightSource = std::function<Result<Tensor>(const std::string& name, const Shape& shape)>;
+Result<ModelWeights> LoadWeightsFrom(const WeightSource& fetch, const ModelConfig& config, Backend& backend,
+                                     Shard shard = {});
 // Loads DIR/model.safetensors or the shards listed in DIR/model.safetensors.index.json;
 // a tensor-parallel rank reads only its slices (model/tensor_parallel.h).
 Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig& config, Backend& backend,

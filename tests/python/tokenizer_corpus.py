@@ -400,10 +400,11 @@ def run_hsx_tokenize(tokenizer_path, lines, tmp_path):
     return answers
 
 
-def compare(tokenizer_path, texts, tmp_path, seed, encode=None, decode_cases=DECODE_CASES):
+def compare(tokenizer_path, texts, tmp_path, seed, encode=None, decode_cases=DECODE_CASES, hsx_tokenizer=None):
     """(cases, mismatches) of hsx against HF `tokenizers` on `texts`, encoded with and without
     special tokens, and on random id sequences and cut encodings, decoded. `encode(texts,
-    add_special_tokens)`, when given, is the reference encoder instead (transformers')."""
+    add_special_tokens)`, when given, is the reference encoder instead (transformers').
+    `hsx_tokenizer` is what hsx reads instead of the same tokenizer.json (a .gguf file)."""
     import tokenizers
     hf = tokenizers.Tokenizer.from_file(str(tokenizer_path))
     if encode is None:
@@ -424,7 +425,7 @@ def compare(tokenizer_path, texts, tmp_path, seed, encode=None, decode_cases=DEC
     expected = ([{"ids": ids} for ids in encode(texts, True)] +
                 [{"ids": ids} for ids in encode(texts, False)] +
                 [{"text": hf.decode(ids, skip_special_tokens=False)} for ids in id_lists])
-    answers = run_hsx_tokenize(tokenizer_path, lines, tmp_path)
+    answers = run_hsx_tokenize(hsx_tokenizer or tokenizer_path, lines, tmp_path)
     mismatches = [(line, want, got) for line, want, got in zip(lines, expected, answers)
                   if want != got]
     return len(lines), mismatches
