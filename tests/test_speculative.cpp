@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "engine/speculative_config.h"
 #include "model/eagle3_draft.h"
+#include "model/kv_cache.h"
 #include "model/mtp_drafter.h"
 #include "test_util.h"
 
@@ -143,6 +144,99 @@ TEST_P(Eagle3EngineTest, DraftsLeaveGreedyOutputUnchanged) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, Eagle3EngineTest, ::testing::Values("llama_legacy", "qwen3_default", "llama_copy"),
                          [](const auto& info) { return info.param; });
+
+// hsx bench --spec-bench-accept-rate through the engine: with llama_copy (whose drafts the
+// target partly accepts) a = 0 accepts none and a = 1 every one, whatever the target says.
+TEST(Eagle3EngineTest, ForcedAcceptanceRateOverridesVerification) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/llama_copy"), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  SafetensorsFile golden = test::Golden(test::ModelDir("llama") + "/golden.safetensors");
+  EngineConfig config;
+  config.eagle3 = {draft->get(), 3};
+  ASSERT_GT(Generate(**model, golden, config, 24).stats.num_accepted_tokens, 0u);
+  config.spec_bench_accept_rate = 0.0f;
+  const Generation none = Generate(**model, golden, config, 24);
+  EXPECT_GT(none.stats.num_draft_tokens, 0u);
+  EXPECT_EQ(none.stats.num_accepted_tokens, 0u);
+  config.spec_bench_accept_rate = 1.0f;
+  const Generation all = Generate(**model, golden, config, 24);
+  EXPECT_GT(all.stats.num_draft_tokens, 0u);
+  EXPECT_EQ(all.stats.num_accepted_tokens, all.stats.num_draft_tokens);
+}
+
+// The KV budget pays for the draft's cache too: an EAGLE-3 engine given the bytes of N
+// blocks of target KV gets fewer blocks, exactly budget / (target + draft bytes per block).
+TEST(Eagle3EngineTest, DraftKvCountsInTheKvBudget) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/llama_legacy"), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  EngineConfig config;
+  config.block_size = 16;
+  const size_t target = KVCache::BytesPerToken((*model)->config(), backend.compute_dtype()) * 16;
+  const size_t drafted = KVCache::BytesPerToken((*draft)->decoder(), backend.compute_dtype()) * 16;
+  ASSERT_GT(drafted, 0u);
+  config.kv_cache_bytes = 100 * target;
+  EXPECT_EQ(Engine(**model, config).num_blocks(), 100);
+  config.eagle3 = {draft->get(), 3};
+  EXPECT_EQ(Engine(**model, config).num_blocks(), static_cast<int>(100 * target / (target + drafted)));
+  EXPECT_LT(Engine(**model, config).num_blocks(), 100);
+}
+
+// EAGLE-3 with prefix caching: a request served from cached blocks (filled by a request that
+// finished in the step it filled them) decodes greedily like the plain engine; and with every
+// draft accepted (the benchmark's forced rate 1, so the output is the random draft's own
+// chain) it gives the tokens it gives in a fresh engine, so the draft's KV of the cached
+// blocks is what it would have computed. A block is reused only where the token after it
+// matches too (the draft's KV at its last position was computed from it): a prompt that
+// leaves the first one right after a block boundary gets one block fewer.
+TEST(Eagle3EngineTest, PrefixCacheHitRestoresTheDraftsKv) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  SafetensorsFile golden = test::Golden(test::ModelDir("llama") + "/golden.safetensors");
+  const std::vector<int32_t> base = test::AsIds(golden.Get("prompt_0").value());
+  std::vector<int32_t> first;  // 23 tokens: 5 full blocks of 4 before the last
+  for (int i = 0; i < 23; ++i) first.push_back(base[i % base.size()]);
+  auto diverging_at = [&](int at) {
+    std::vector<int32_t> p(first.begin(), first.begin() + at);
+    for (int i = at; i < 23; ++i) p.push_back((first[i] + 1 + i) % (*model)->config().vocab_size);
+    return p;
+  };
+  EngineConfig plain;
+  plain.block_size = 4;
+  for (const std::string variant : {"llama_copy", "llama_legacy"}) {
+    auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
+    ASSERT_TRUE(draft.ok()) << draft.status().message();
+    EngineConfig speculative = plain;
+    speculative.eagle3 = {draft->get(), 3};
+    const bool forced = variant == "llama_legacy";
+    if (forced) speculative.spec_bench_accept_rate = 1.0f;
+    // (the second prompt, its tokens served from the cache of 23 + 23 looked up)
+    for (const auto& [second, hit] : std::vector<std::pair<std::vector<int32_t>, int>>{
+             {first, 20}, {diverging_at(13), 12}, {diverging_at(12), 8}}) {
+      Engine engine(**model, speculative);
+      std::map<std::string, std::vector<int32_t>> tokens;
+      for (const auto& [id, prompt] : {std::pair{"first", first}, std::pair{"second", second}}) {
+        Request r;
+        r.id = id;
+        r.prompt = prompt;
+        r.max_new_tokens = id == std::string("first") ? 1 : 12;
+        ASSERT_TRUE(engine.Add(std::move(r)).ok());
+        // One after the other: the second finds the first's blocks.
+        while (engine.has_work())
+          for (auto& seq : engine.Step()) tokens[seq->id()] = seq->generated();
+      }
+      EXPECT_EQ(engine.prefix_cache_hit_rate(), hit / 46.0) << variant << " hit " << hit;
+      const EngineConfig& reference = forced ? speculative : plain;
+      EXPECT_EQ(tokens.at("second"), RunAlone(**model, reference, second, 12).tokens.at("alone")) << variant << " hit " << hit;
+    }
+  }
+}
 
 // The drafts are speculators': run alone with K = 3 for 8 tokens, each llama_copy prompt
 // accepts exactly as many drafts as the golden's end-to-end rounds (spec_rounds_k, made
