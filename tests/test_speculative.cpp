@@ -13,6 +13,7 @@
 #include "model/eagle3_draft.h"
 #include "model/kv_cache.h"
 #include "model/mtp_drafter.h"
+#include "sampling_reference.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -295,6 +296,109 @@ TEST(MtpEngineTest, AcceptsWhatVllmDrivenRoundsAccept) {
       EXPECT_GT(run.stats.num_draft_tokens, 0u);
     }
   }
+}
+
+// The target's processed distribution (temperature 1, top-k 8) of the token after `tokens`,
+// from a forward of its own.
+std::vector<double> NextTokenDistribution(Model& model, const std::vector<int32_t>& tokens, const SamplingRow& row) {
+  const int n = static_cast<int>(tokens.size()), bs = 16;
+  KVCache cache(model.config(), model.backend(), (n + bs - 1) / bs, bs);
+  ForwardBatch batch;
+  SequenceSlice slice;
+  slice.q_len = slice.ctx_len = n;
+  for (int b = 0; b < (n + bs - 1) / bs; ++b) slice.block_table.push_back(b);
+  for (int p = 0; p < n; ++p) {
+    batch.token_ids.push_back(tokens[p]);
+    batch.positions.push_back(p);
+    batch.slot_mapping.push_back(p);
+  }
+  batch.seqs.push_back(slice);
+  batch.logit_rows = {n - 1};
+  const Tensor logits = model.Forward(batch, cache, {}).logits;
+  return test::Expected(std::vector<float>(logits.data<float>(), logits.data<float>() + logits.size(1)), row);
+}
+
+// The whole speculative engine is lossless at temperature 1 (top-k 8): over 800 seeded
+// requests of one prompt holding every token once (so prompt lookup always drafts after the
+// first token), the first two generated tokens, the second verified against a draft,
+// follow the target's joint distribution (64 cells, from the target's own forwards) by a
+// chi-square test, as the plain engine's do; wrong acceptance rules (the bench's forced
+// rates: every draft in, every draft out) fail the same test.
+TEST(SpeculativeEngineTest, SampledTokensFollowTheTargetsDistribution) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(model.ok());
+  const int vocab = (*model)->config().vocab_size, n = 800;
+  std::vector<int32_t> permutation(vocab);
+  for (int i = 0; i < vocab; ++i) permutation[i] = (i * 193 + 7) % vocab;
+  SamplingRow row;
+  row.temperature = 1.0f;
+  row.top_k = 8;
+  // The expected joint over (x1, x2), x1 in the first token's support. The prompt starts
+  // with pairs (x1, the likeliest x2 after it), so that the draft, the token after x1's first
+  // occurrence, is often a likely one; rebuilt a few times, as the pairs move the distributions.
+  std::vector<int32_t> prompt = permutation;
+  std::vector<double> joint;
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<double> p1 = NextTokenDistribution(**model, prompt, row);
+    joint.assign(static_cast<size_t>(vocab) * vocab, 0.0);
+    std::vector<int32_t> pairs;
+    for (int x1 = 0; x1 < vocab; ++x1) {
+      if (p1[x1] == 0) continue;
+      std::vector<int32_t> longer = prompt;
+      longer.push_back(x1);
+      const std::vector<double> p2 = NextTokenDistribution(**model, longer, row);
+      for (int x2 = 0; x2 < vocab; ++x2) joint[x1 * vocab + x2] = p1[x1] * p2[x2];
+      pairs.push_back(x1);
+      pairs.push_back(static_cast<int32_t>(std::max_element(p2.begin(), p2.end()) - p2.begin()));
+    }
+    if (round == 2) break;
+    prompt = pairs;
+    prompt.insert(prompt.end(), permutation.begin(), permutation.end());
+  }
+  auto statistic = [&](const EngineConfig& config, uint64_t* drafts, uint64_t* accepted) {
+    std::vector<Request> requests;
+    for (int i = 0; i < n; ++i) {
+      Request r;
+      r.id = std::to_string(i);
+      r.prompt = prompt;
+      r.max_new_tokens = 3;  // room for one draft after the first token
+      r.sampling.temperature = 1.0f;
+      r.sampling.top_k = 8;
+      r.sampling.seed = 77000 + i;
+      requests.push_back(std::move(r));
+    }
+    const Generation run = RunAll(**model, config, std::move(requests));
+    *drafts = run.stats.num_draft_tokens;
+    *accepted = run.stats.num_accepted_tokens;
+    std::vector<int> counts(joint.size(), 0);
+    for (const auto& [id, tokens] : run.tokens) ++counts[tokens.at(0) * vocab + tokens.at(1)];
+    int dof = 0;
+    return std::pair{test::ChiSquare(counts, joint, n, &dof), test::ChiSquareBound(dof)};
+  };
+  EngineConfig plain;
+  plain.scheduler.max_num_seqs = 512;
+  plain.scheduler.max_num_batched_tokens = 8192;
+  EngineConfig speculative = plain;
+  speculative.ngram = {1, 1, 1};
+  uint64_t drafts = 0, accepted = 0;
+  const auto [plain_chi, plain_bound] = statistic(plain, &drafts, &accepted);
+  EXPECT_LT(plain_chi, plain_bound) << "the control: plain sampling";
+  const auto [chi, bound] = statistic(speculative, &drafts, &accepted);
+  EXPECT_EQ(drafts, static_cast<uint64_t>(n)) << "every request verifies one draft";
+  EXPECT_GT(accepted, static_cast<uint64_t>(n / 20)) << "drafts are accepted, and rejected";
+  EXPECT_LT(accepted, static_cast<uint64_t>(n / 2));
+  EXPECT_LT(chi, bound) << "speculative sampling";
+  const uint64_t accepted_right = accepted;
+  speculative.spec_bench_accept_rate = 1.0f;
+  const auto [all_chi, all_bound] = statistic(speculative, &drafts, &accepted);
+  EXPECT_GT(all_chi, all_bound) << "every draft accepted must be told apart";
+  speculative.spec_bench_accept_rate = 0.0f;
+  const auto [none_chi, none_bound] = statistic(speculative, &drafts, &accepted);
+  EXPECT_GT(none_chi, none_bound) << "every draft rejected must be told apart";
+  std::printf("[lossless] chi-square plain %.1f, speculative %.1f (%lu of %d drafts accepted), all accepted %.1f, "
+              "none accepted %.1f (bound %.1f)\n", plain_chi, chi, static_cast<unsigned long>(accepted_right), n,
+              all_chi, none_chi, bound);
 }
 
 TEST(SpeculativeConfigTest, ParsesVllmShapesAndNamesBadFields) {
