@@ -123,7 +123,13 @@ if [ "$what" = specbench ]; then  # the speculation machinery at the Qwen3-8B sh
   sb() { .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 \
            --new-tokens 256 --kv-cache-gib 40 --batch-sizes 1,32 "$@" 2>>"$OUT/specbench.err" | grep batch; }
   { sb; sb --speculative-config '{"method": "eagle3", "model": "/dev/shm/eagle3-qwen3-8b", "num_speculative_tokens": 3}'
-    sb --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'; } \
+    sb --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+    # Forced acceptance (output not the target's): 0 (the overhead), and a = 0.745 at K = 4,
+    # i.e. a mean acceptance length of 1 + a + a^2 + a^3 + a^4 = 3.0 (the goal).
+    sb --speculative-config '{"method": "eagle3", "model": "/dev/shm/eagle3-qwen3-8b", "num_speculative_tokens": 3}' \
+      --spec-bench-accept-rate 0
+    sb --speculative-config '{"method": "eagle3", "model": "/dev/shm/eagle3-qwen3-8b", "num_speculative_tokens": 4}' \
+      --spec-bench-accept-rate 0.745; } \
     | tee "$OUT/specbench.jsonl"
 fi
 if [ "$what" = devices ]; then  # nvidia-h200-x2: hsx serve --device cuda:1 beside cuda:0

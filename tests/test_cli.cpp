@@ -262,6 +262,38 @@ TEST_F(CliTest, DecodeBenchReportsEachBatchAndRefusesEmptyOnes) {
   }
 }
 
+// --spec-bench-accept-rate 1 on the decode bench: every draft accepted, even the random
+// EAGLE-3 draft's (never accepted by verification), so with 9 tokens at K = 3 each sequence
+// verifies twice and the mean acceptance length is K + 1; the JSON says the rate was forced.
+// Refused without --decode, without a speculative config, outside [0, 1] and elsewhere.
+TEST_F(CliTest, DecodeBenchForcesTheAcceptanceRateAndRefusesItElsewhere) {
+  const std::string model = " --model " + test::ModelDir("llama");
+  const std::string bench = "bench --decode" + model + " --prompt-len 8 --new-tokens 9 --kv-cache-gib 0.05 --batch-sizes 2";
+  const std::string spec = " --speculative-config '{\"method\": \"eagle3\", \"model\": \"" +
+                            test::DataPath("eagle3/llama_legacy") + "\", \"num_speculative_tokens\": 3}'";
+  CommandResult r = Hsx(bench + spec + " --spec-bench-accept-rate 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+  ASSERT_TRUE(j.contains("mean_acceptance_length")) << r.out;
+  EXPECT_EQ(j.at("mean_acceptance_length").get<double>(), 4.0) << r.out;
+  EXPECT_EQ(j.at("accepted_tokens").get<int>(), j.at("draft_tokens").get<int>());
+  EXPECT_EQ(j.at("forced_accept_rate").get<double>(), 1.0);
+  for (const std::string& bad : {bench + " --spec-bench-accept-rate 0.5",
+                                 "bench" + model + spec + " --spec-bench-accept-rate 0.5"}) {
+    r = Hsx(bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+    EXPECT_NE(r.err.find("--spec-bench-accept-rate needs --decode and --speculative-config"), std::string::npos) << r.err;
+  }
+  r = Hsx(bench + spec + " --spec-bench-accept-rate 1.5");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--spec-bench-accept-rate"), std::string::npos) << r.err;
+  const std::string prompts = WriteLines("p.jsonl", {R"({"id": "a", "token_ids": [1, 2, 3]})"});
+  r = Hsx("generate" + model + " --input " + prompts + " --max-tokens 2" + spec + " --spec-bench-accept-rate 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--spec-bench-accept-rate"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
 TEST_F(CliTest, BadLinesFailAloneWithLineNumbers) {
   const std::string prompts = WriteLines(
       "bad.jsonl", {R"({"id": "good", "token_ids": [1, 2, 3, 4]})", R"({bad json)", R"([1, 2])", R"({"token_ids": [1]})",

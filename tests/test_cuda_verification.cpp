@@ -137,6 +137,19 @@ TEST(CudaVerification, MatchesTheCpuReferenceAtARealVocabulary) {
   }
 }
 
+// Forced acceptance (hsx bench --spec-bench-accept-rate) draws the same Bernoulli outcomes
+// on the device as on the CPU, for a = 0, 0.5, 1.
+TEST(CudaVerification, ForcedAcceptanceMatchesTheCpu) {
+  auto gpu = CudaBackend::Create(0);
+  if (!gpu.ok()) GTEST_SKIP() << "no CUDA device";
+  for (float a : {0.0f, 0.5f, 1.0f}) {
+    Case c = MakeCase(400, 1000, /*with_probs=*/false, 31);
+    c.batch.forced_accept_rate = a;
+    const Compared got = CompareWithCpu(**gpu, c);
+    EXPECT_GE(got.same_requests, got.requests - 1) << "a=" << a;
+  }
+}
+
 TEST(CudaVerification, ManyRequestsOfASmallVocabularyMatchTheCpu) {
   auto gpu = CudaBackend::Create(0);
   if (!gpu.ok()) GTEST_SKIP() << "no CUDA device";

@@ -11,7 +11,9 @@
 #include "engine/engine.h"
 #include "engine/speculative_config.h"
 #include "model/eagle3_draft.h"
+#include "model/kv_cache.h"
 #include "model/mtp_drafter.h"
+#include "sampling_reference.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -144,6 +146,99 @@ TEST_P(Eagle3EngineTest, DraftsLeaveGreedyOutputUnchanged) {
 INSTANTIATE_TEST_SUITE_P(Variants, Eagle3EngineTest, ::testing::Values("llama_legacy", "qwen3_default", "llama_copy"),
                          [](const auto& info) { return info.param; });
 
+// hsx bench --spec-bench-accept-rate through the engine: with llama_copy (whose drafts the
+// target partly accepts) a = 0 accepts none and a = 1 every one, whatever the target says.
+TEST(Eagle3EngineTest, ForcedAcceptanceRateOverridesVerification) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/llama_copy"), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  SafetensorsFile golden = test::Golden(test::ModelDir("llama") + "/golden.safetensors");
+  EngineConfig config;
+  config.eagle3 = {draft->get(), 3};
+  ASSERT_GT(Generate(**model, golden, config, 24).stats.num_accepted_tokens, 0u);
+  config.spec_bench_accept_rate = 0.0f;
+  const Generation none = Generate(**model, golden, config, 24);
+  EXPECT_GT(none.stats.num_draft_tokens, 0u);
+  EXPECT_EQ(none.stats.num_accepted_tokens, 0u);
+  config.spec_bench_accept_rate = 1.0f;
+  const Generation all = Generate(**model, golden, config, 24);
+  EXPECT_GT(all.stats.num_draft_tokens, 0u);
+  EXPECT_EQ(all.stats.num_accepted_tokens, all.stats.num_draft_tokens);
+}
+
+// The KV budget pays for the draft's cache too: an EAGLE-3 engine given the bytes of N
+// blocks of target KV gets fewer blocks, exactly budget / (target + draft bytes per block).
+TEST(Eagle3EngineTest, DraftKvCountsInTheKvBudget) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/llama_legacy"), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  EngineConfig config;
+  config.block_size = 16;
+  const size_t target = KVCache::BytesPerToken((*model)->config(), backend.compute_dtype()) * 16;
+  const size_t drafted = KVCache::BytesPerToken((*draft)->decoder(), backend.compute_dtype()) * 16;
+  ASSERT_GT(drafted, 0u);
+  config.kv_cache_bytes = 100 * target;
+  EXPECT_EQ(Engine(**model, config).num_blocks(), 100);
+  config.eagle3 = {draft->get(), 3};
+  EXPECT_EQ(Engine(**model, config).num_blocks(), static_cast<int>(100 * target / (target + drafted)));
+  EXPECT_LT(Engine(**model, config).num_blocks(), 100);
+}
+
+// EAGLE-3 with prefix caching: a request served from cached blocks (filled by a request that
+// finished in the step it filled them) decodes greedily like the plain engine; and with every
+// draft accepted (the benchmark's forced rate 1, so the output is the random draft's own
+// chain) it gives the tokens it gives in a fresh engine, so the draft's KV of the cached
+// blocks is what it would have computed. A block is reused only where the token after it
+// matches too (the draft's KV at its last position was computed from it): a prompt that
+// leaves the first one right after a block boundary gets one block fewer.
+TEST(Eagle3EngineTest, PrefixCacheHitRestoresTheDraftsKv) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  SafetensorsFile golden = test::Golden(test::ModelDir("llama") + "/golden.safetensors");
+  const std::vector<int32_t> base = test::AsIds(golden.Get("prompt_0").value());
+  std::vector<int32_t> first;  // 23 tokens: 5 full blocks of 4 before the last
+  for (int i = 0; i < 23; ++i) first.push_back(base[i % base.size()]);
+  auto diverging_at = [&](int at) {
+    std::vector<int32_t> p(first.begin(), first.begin() + at);
+    for (int i = at; i < 23; ++i) p.push_back((first[i] + 1 + i) % (*model)->config().vocab_size);
+    return p;
+  };
+  EngineConfig plain;
+  plain.block_size = 4;
+  for (const std::string variant : {"llama_copy", "llama_legacy"}) {
+    auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
+    ASSERT_TRUE(draft.ok()) << draft.status().message();
+    EngineConfig speculative = plain;
+    speculative.eagle3 = {draft->get(), 3};
+    const bool forced = variant == "llama_legacy";
+    if (forced) speculative.spec_bench_accept_rate = 1.0f;
+    // (the second prompt, its tokens served from the cache of 23 + 23 looked up)
+    for (const auto& [second, hit] : std::vector<std::pair<std::vector<int32_t>, int>>{
+             {first, 20}, {diverging_at(13), 12}, {diverging_at(12), 8}}) {
+      Engine engine(**model, speculative);
+      std::map<std::string, std::vector<int32_t>> tokens;
+      for (const auto& [id, prompt] : {std::pair{"first", first}, std::pair{"second", second}}) {
+        Request r;
+        r.id = id;
+        r.prompt = prompt;
+        r.max_new_tokens = id == std::string("first") ? 1 : 12;
+        ASSERT_TRUE(engine.Add(std::move(r)).ok());
+        // One after the other: the second finds the first's blocks.
+        while (engine.has_work())
+          for (auto& seq : engine.Step()) tokens[seq->id()] = seq->generated();
+      }
+      EXPECT_EQ(engine.prefix_cache_hit_rate(), hit / 46.0) << variant << " hit " << hit;
+      const EngineConfig& reference = forced ? speculative : plain;
+      EXPECT_EQ(tokens.at("second"), RunAlone(**model, reference, second, 12).tokens.at("alone")) << variant << " hit " << hit;
+    }
+  }
+}
+
 // The drafts are speculators': run alone with K = 3 for 8 tokens, each llama_copy prompt
 // accepts exactly as many drafts as the golden's end-to-end rounds (spec_rounds_k, made
 // with speculators' own forward): 3 (a full round) for prompt 0, 1 for prompt 3, else 0.
@@ -201,6 +296,109 @@ TEST(MtpEngineTest, AcceptsWhatVllmDrivenRoundsAccept) {
       EXPECT_GT(run.stats.num_draft_tokens, 0u);
     }
   }
+}
+
+// The target's processed distribution (temperature 1, top-k 8) of the token after `tokens`,
+// from a forward of its own.
+std::vector<double> NextTokenDistribution(Model& model, const std::vector<int32_t>& tokens, const SamplingRow& row) {
+  const int n = static_cast<int>(tokens.size()), bs = 16;
+  KVCache cache(model.config(), model.backend(), (n + bs - 1) / bs, bs);
+  ForwardBatch batch;
+  SequenceSlice slice;
+  slice.q_len = slice.ctx_len = n;
+  for (int b = 0; b < (n + bs - 1) / bs; ++b) slice.block_table.push_back(b);
+  for (int p = 0; p < n; ++p) {
+    batch.token_ids.push_back(tokens[p]);
+    batch.positions.push_back(p);
+    batch.slot_mapping.push_back(p);
+  }
+  batch.seqs.push_back(slice);
+  batch.logit_rows = {n - 1};
+  const Tensor logits = model.Forward(batch, cache, {}).logits;
+  return test::Expected(std::vector<float>(logits.data<float>(), logits.data<float>() + logits.size(1)), row);
+}
+
+// The whole speculative engine is lossless at temperature 1 (top-k 8): over 800 seeded
+// requests of one prompt holding every token once (so prompt lookup always drafts after the
+// first token), the first two generated tokens, the second verified against a draft,
+// follow the target's joint distribution (64 cells, from the target's own forwards) by a
+// chi-square test, as the plain engine's do; wrong acceptance rules (the bench's forced
+// rates: every draft in, every draft out) fail the same test.
+TEST(SpeculativeEngineTest, SampledTokensFollowTheTargetsDistribution) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(model.ok());
+  const int vocab = (*model)->config().vocab_size, n = 800;
+  std::vector<int32_t> permutation(vocab);
+  for (int i = 0; i < vocab; ++i) permutation[i] = (i * 193 + 7) % vocab;
+  SamplingRow row;
+  row.temperature = 1.0f;
+  row.top_k = 8;
+  // The expected joint over (x1, x2), x1 in the first token's support. The prompt starts
+  // with pairs (x1, the likeliest x2 after it), so that the draft, the token after x1's first
+  // occurrence, is often a likely one; rebuilt a few times, as the pairs move the distributions.
+  std::vector<int32_t> prompt = permutation;
+  std::vector<double> joint;
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<double> p1 = NextTokenDistribution(**model, prompt, row);
+    joint.assign(static_cast<size_t>(vocab) * vocab, 0.0);
+    std::vector<int32_t> pairs;
+    for (int x1 = 0; x1 < vocab; ++x1) {
+      if (p1[x1] == 0) continue;
+      std::vector<int32_t> longer = prompt;
+      longer.push_back(x1);
+      const std::vector<double> p2 = NextTokenDistribution(**model, longer, row);
+      for (int x2 = 0; x2 < vocab; ++x2) joint[x1 * vocab + x2] = p1[x1] * p2[x2];
+      pairs.push_back(x1);
+      pairs.push_back(static_cast<int32_t>(std::max_element(p2.begin(), p2.end()) - p2.begin()));
+    }
+    if (round == 2) break;
+    prompt = pairs;
+    prompt.insert(prompt.end(), permutation.begin(), permutation.end());
+  }
+  auto statistic = [&](const EngineConfig& config, uint64_t* drafts, uint64_t* accepted) {
+    std::vector<Request> requests;
+    for (int i = 0; i < n; ++i) {
+      Request r;
+      r.id = std::to_string(i);
+      r.prompt = prompt;
+      r.max_new_tokens = 3;  // room for one draft after the first token
+      r.sampling.temperature = 1.0f;
+      r.sampling.top_k = 8;
+      r.sampling.seed = 77000 + i;
+      requests.push_back(std::move(r));
+    }
+    const Generation run = RunAll(**model, config, std::move(requests));
+    *drafts = run.stats.num_draft_tokens;
+    *accepted = run.stats.num_accepted_tokens;
+    std::vector<int> counts(joint.size(), 0);
+    for (const auto& [id, tokens] : run.tokens) ++counts[tokens.at(0) * vocab + tokens.at(1)];
+    int dof = 0;
+    return std::pair{test::ChiSquare(counts, joint, n, &dof), test::ChiSquareBound(dof)};
+  };
+  EngineConfig plain;
+  plain.scheduler.max_num_seqs = 512;
+  plain.scheduler.max_num_batched_tokens = 8192;
+  EngineConfig speculative = plain;
+  speculative.ngram = {1, 1, 1};
+  uint64_t drafts = 0, accepted = 0;
+  const auto [plain_chi, plain_bound] = statistic(plain, &drafts, &accepted);
+  EXPECT_LT(plain_chi, plain_bound) << "the control: plain sampling";
+  const auto [chi, bound] = statistic(speculative, &drafts, &accepted);
+  EXPECT_EQ(drafts, static_cast<uint64_t>(n)) << "every request verifies one draft";
+  EXPECT_GT(accepted, static_cast<uint64_t>(n / 20)) << "drafts are accepted, and rejected";
+  EXPECT_LT(accepted, static_cast<uint64_t>(n / 2));
+  EXPECT_LT(chi, bound) << "speculative sampling";
+  const uint64_t accepted_right = accepted;
+  speculative.spec_bench_accept_rate = 1.0f;
+  const auto [all_chi, all_bound] = statistic(speculative, &drafts, &accepted);
+  EXPECT_GT(all_chi, all_bound) << "every draft accepted must be told apart";
+  speculative.spec_bench_accept_rate = 0.0f;
+  const auto [none_chi, none_bound] = statistic(speculative, &drafts, &accepted);
+  EXPECT_GT(none_chi, none_bound) << "every draft rejected must be told apart";
+  std::printf("[lossless] chi-square plain %.1f, speculative %.1f (%lu of %d drafts accepted), all accepted %.1f, "
+              "none accepted %.1f (bound %.1f)\n", plain_chi, chi, static_cast<unsigned long>(accepted_right), n,
+              all_chi, none_chi, bound);
 }
 
 TEST(SpeculativeConfigTest, ParsesVllmShapesAndNamesBadFields) {

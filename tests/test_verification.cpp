@@ -127,6 +127,54 @@ TEST(Verification, DraftsOutsideTheVocabularyAreRejected) {
   }
 }
 
+// hsx bench --spec-bench-accept-rate: each draft is accepted with probability a whatever
+// the target says. a = 1 accepts every draft (the request emits K + 1 tokens), a = 0 none
+// (even a draft that is the greedy argmax), and a = 0.5 gives a mean accepted count of
+// a + a^2 + ... + a^K within 6 standard errors over many seeded requests, greedy or not;
+// the same seeds accept the same drafts again.
+TEST(Verification, ForcedAcceptanceIsABernoulliDrawPerDraft) {
+  CpuBackend cpu;
+  std::mt19937 rng(11);
+  const int vocab = 32, k = 4, requests = 4000;
+  for (float t : {0.0f, 1.0f}) {
+    VerificationBatch batch;
+    Rows logits;
+    for (int r = 0; r < requests; ++r) {
+      const Rows rows = RandomRows(rng, k + 1, vocab, 2.0f);
+      std::vector<int32_t> drafts;
+      for (int j = 0; j < k; ++j) {  // the argmax half the time: a = 0 must reject it too
+        drafts.push_back(r % 2 ? static_cast<int32_t>(std::max_element(rows[j].begin(), rows[j].end()) - rows[j].begin())
+                               : static_cast<int32_t>(rng() % vocab));
+      }
+      AddRequest(batch, logits, rows, drafts, Params(t, 0, 1.0f, 0.0f, 1000 + r), 7);
+    }
+    const Tensor all = test::Logits(logits);
+    for (float a : {1.0f, 0.0f, 0.5f}) {
+      batch.forced_accept_rate = a;
+      const VerifiedTokens v = cpu.VerifyDrafts(all, nullptr, batch, nullptr);
+      double sum = 0;
+      for (int r = 0; r < requests; ++r) {
+        sum += v.num_accepted[r];
+        for (int j = 0; j < v.num_accepted[r]; ++j) ASSERT_EQ(v.emitted.tokens[r * (k + 1) + j], batch.drafts[r * k + j]);
+        ASSERT_GE(v.emitted.tokens[r * (k + 1) + v.num_accepted[r]], 0);
+      }
+      const double mean = sum / requests;
+      if (a == 1.0f) {
+        EXPECT_EQ(mean, k) << "t=" << t;
+      }
+      if (a == 0.0f) {
+        EXPECT_EQ(mean, 0) << "t=" << t;
+      }
+      if (a == 0.5f) {
+        // accepted = sum of the K prefix indicators; its variance is below K^2 / 4.
+        const double expected = 0.5 + 0.25 + 0.125 + 0.0625, sd = k / 2.0 / std::sqrt(requests);
+        EXPECT_NEAR(mean, expected, 6 * sd) << "t=" << t;
+        EXPECT_EQ(cpu.VerifyDrafts(all, nullptr, batch, nullptr).num_accepted, v.num_accepted);
+      }
+    }
+  }
+}
+
 // Random rows use the Sample op's noise at each row's draw: the bonus token is the Sample
 // op's token, an accepted token is the draft, and a rejected one-hot draft gives the
 // Sample op's token whenever that token is not the draft.

@@ -51,6 +51,12 @@ HSX_HOST_DEVICE double AcceptUniform(uint32_t seed_lo, uint32_t seed_hi, uint32_
   return (static_cast<double>(hi) * 134217728.0 + static_cast<double>(lo) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
+// Benchmark-only forced acceptance (VerificationBatch::forced_accept_rate): a Bernoulli(rate)
+// draw from the accept test's uniform, so a given seed accepts the same drafts on any backend.
+HSX_HOST_DEVICE bool ForcedAccept(uint32_t seed_lo, uint32_t seed_hi, uint32_t draw, float rate) {
+  return AcceptUniform(seed_lo, seed_hi, draw) < static_cast<double>(rate);
+}
+
 HSX_HOST_DEVICE uint32_t FloatBits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof(u));

@@ -25,15 +25,20 @@ struct Verdict {
 };
 
 // One draft position: accept the draft or emit the correction (backend/verification.h).
-// q: the draft's probabilities at this position, or null for a one-hot draft.
-Verdict VerifyPosition(const ProcessedRow& p, const SamplingRow& row, int32_t draft, const float* q) {
+// q: the draft's probabilities at this position, or null for a one-hot draft; forced: the
+// batch's forced_accept_rate.
+Verdict VerifyPosition(const ProcessedRow& p, const SamplingRow& row, int32_t draft, const float* q, float forced) {
   const auto vocab = static_cast<int32_t>(p.scaled.size());
   const bool valid = draft >= 0 && draft < vocab;
-  if (p.greedy()) return {p.argmax, valid && draft == p.argmax};
+  if (forced >= 0.0f && valid && sampling::ForcedAccept(row.seed_lo, row.seed_hi, row.draw, forced)) {
+    return {draft, true};
+  }
+  if (p.greedy()) return {p.argmax, forced < 0.0f && valid && draft == p.argmax};
   const double z = std::accumulate(p.weight.begin(), p.weight.end(), 0.0);
   const double q_draft = !valid ? 0.0 : q ? q[draft] : 1.0;
   const double p_draft = valid ? p.weight[draft] / z : 0.0;
-  if (q_draft > 0.0 && p_draft >= sampling::AcceptUniform(row.seed_lo, row.seed_hi, row.draw) * q_draft) {
+  if (forced < 0.0f && q_draft > 0.0 &&
+      p_draft >= sampling::AcceptUniform(row.seed_lo, row.seed_hi, row.draw) * q_draft) {
     return {draft, true};
   }
   // Rejected: a draw from max(p - q, 0). One-hot q is p without the draft, which is the
@@ -109,7 +114,7 @@ VerifiedTokens VerifyDraftsOnHost(const Tensor& logits, const Tensor* draft_prob
       if (target_probs != nullptr) WriteProbabilities(p, target_probs->data<float>() + g * vocab);
       if (done) continue;
       const float* q = draft_probs && j < num_drafts ? draft_probs->data<float>() + (first_draft + j) * vocab : nullptr;
-      const Verdict v = j < num_drafts ? VerifyPosition(p, row, batch.drafts[first_draft + j], q)
+      const Verdict v = j < num_drafts ? VerifyPosition(p, row, batch.drafts[first_draft + j], q, batch.forced_accept_rate)
                                        : Verdict{DrawOnHost(p, row, -1), false};  // the bonus: the Sample op's draw
       const float lse = RawLogprobsOnHost(raw, vocab, row.num_logprobs, e.top_ids.data() + g * width,
                                           e.top_logprobs.data() + g * width);

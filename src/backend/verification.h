@@ -17,6 +17,9 @@
 //  - All K accepted: row K emits a bonus token drawn exactly as the Sample op draws it.
 // Every emitted token is thereby distributed as the target's processed distribution at
 // its position: verification is lossless (tests/test_verification.cpp checks this).
+// Except under forced_accept_rate (hsx bench --spec-bench-accept-rate): a valid draft is
+// accepted iff AcceptUniform(seed, draw) < rate, whatever p says, so the output is NOT the
+// target's; a rejection emits what the rules above emit on a rejection.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +40,9 @@ struct VerificationBatch {
   // generated, so penalties see what the plain decode would have seen (the engine's
   // MakeSamplingRowAfter makes such rows).
   SamplingBatch sampling;
+  // In [0, 1]: a benchmark's forced acceptance, a Bernoulli(rate) draw per draft position
+  // (not lossless); negative: the rules above.
+  float forced_accept_rate = -1.0f;
 };
 
 struct VerifiedTokens {

@@ -167,7 +167,16 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--top-k", decode->sampling.top_k);
   app->add_option("--speculative-config", decode->speculative_config,
                   "Decode: vLLM's JSON (ngram, eagle3, mtp); adds the mean acceptance length and per-position rates");
+  app->add_option("--spec-bench-accept-rate", decode->accept_rate,
+                  "Decode with --speculative-config: accept each draft with this probability (a seeded "
+                  "Bernoulli draw) instead of verifying it; the output is NOT the target's (benchmark only)")
+      ->check(CLI::Range(0.0, 1.0));
   app->callback([o, decode, app] {
+    if (decode->accept_rate && (!o->decode || decode->speculative_config.empty())) {
+      ExitCode() = Fail("bench", Error("--spec-bench-accept-rate needs --decode and --speculative-config (it forces "
+                                       "the acceptance of speculative decoding's drafts)"));
+      return;
+    }
     if (o->decode) {
       decode->model = o->extract.model;
       if (app->count("--kv-cache-gib") > 0) decode->kv_cache_gib = o->extract.kv_cache_gib;

@@ -73,6 +73,7 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
     auto method = ApplySpeculativeConfig(o.speculative_config, /*extracts=*/false, *loaded, spec);
     if (!method.ok()) return Fail("bench", method.status());
   }
+  if (o.accept_rate) spec.spec_bench_accept_rate = static_cast<float>(*o.accept_rate);
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
   for (int batch : o.batch_sizes) {
@@ -156,6 +157,7 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
       result["acceptance_rate_per_position"] = per_position;
       result["draft_tokens"] = decode_end.num_draft_tokens - decode_start.num_draft_tokens;
       result["accepted_tokens"] = accepted;
+      if (o.accept_rate) result["forced_accept_rate"] = *o.accept_rate;  // output not the target's
     }
     line(result);
   }

@@ -1,6 +1,7 @@
 // The decode mode of hsx bench (bench_decode.cpp).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@ struct DecodeBenchOptions {
   SamplingParams sampling;
   uint64_t seed = 0;
   std::string speculative_config;  // vLLM's JSON (ngram, eagle3, mtp): speculative decoding
+  // --spec-bench-accept-rate: each draft accepted with this probability (not lossless).
+  std::optional<double> accept_rate;
 };
 
 int RunDecodeBench(const DecodeBenchOptions& options);

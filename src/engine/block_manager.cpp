@@ -4,15 +4,19 @@
 
 namespace hsx {
 
-BlockManager::BlockManager(int num_blocks, int block_size, bool prefix_caching)
-    : num_blocks_(num_blocks), block_size_(block_size), prefix_caching_(prefix_caching), blocks_(num_blocks) {
+BlockManager::BlockManager(int num_blocks, int block_size, bool prefix_caching, int lookahead)
+    : num_blocks_(num_blocks),
+      block_size_(block_size),
+      lookahead_(lookahead),
+      prefix_caching_(prefix_caching),
+      blocks_(num_blocks) {
   for (int b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
 }
 
 uint64_t BlockManager::ChainHash(uint64_t parent, const int32_t* tokens) const {
-  // FNV-1a over the parent hash and the block's tokens, then a final mix.
+  // FNV-1a over the parent hash and the block's tokens (and lookahead), then a final mix.
   uint64_t h = 1469598103934665603ull ^ parent;
-  for (int i = 0; i < block_size_; ++i) {
+  for (int i = 0; i < block_size_ + lookahead_; ++i) {
     h ^= static_cast<uint32_t>(tokens[i]);
     h *= 1099511628211ull;
   }
@@ -41,7 +45,8 @@ int32_t BlockManager::Take() {
 int BlockManager::MatchPrefix(Sequence& seq) {
   seq.num_cached_tokens = 0;
   if (!prefix_caching_ || !seq.block_table.empty()) return 0;
-  const int full = (seq.prompt_len() - 1) / block_size_;  // keep the last prompt token to compute
+  // Keep the last prompt token to compute (so a block's lookahead is a prompt token too).
+  const int full = (seq.prompt_len() - 1) / block_size_;
   query_tokens_ += seq.prompt_len();
   uint64_t parent = 0;
   const int32_t* tokens = seq.request().prompt.data();
@@ -50,7 +55,8 @@ int BlockManager::MatchPrefix(Sequence& seq) {
     auto it = cached_.find(h);
     if (it == cached_.end()) break;
     Block& block = blocks_[it->second];
-    if (!std::equal(block.tokens.begin(), block.tokens.end(), tokens + b * block_size_)) break;
+    const int32_t* key = tokens + b * block_size_;
+    if (!std::equal(block.tokens.begin(), block.tokens.end(), key, key + block_size_ + lookahead_)) break;
     if (block.ref++ == 0) evictable_.erase(block.lru);
     seq.block_table.push_back(it->second);
     seq.block_hashes.push_back(h);
@@ -71,7 +77,7 @@ bool BlockManager::Reserve(Sequence& seq, int tokens) {
 
 void BlockManager::Commit(Sequence& seq, int tokens) {
   if (!prefix_caching_) return;
-  const int full = std::min({tokens, seq.prompt_len(), seq.num_computed}) / block_size_;
+  const int full = std::min({tokens, seq.prompt_len() - lookahead_, seq.num_computed}) / block_size_;
   const int32_t* prompt = seq.request().prompt.data();
   for (int b = static_cast<int>(seq.block_hashes.size()); b < full && b < static_cast<int>(seq.block_table.size()); ++b) {
     const uint64_t h = ChainHash(seq.block_hashes.empty() ? 0 : seq.block_hashes.back(), prompt + b * block_size_);
@@ -80,7 +86,7 @@ void BlockManager::Commit(Sequence& seq, int tokens) {
     if (block.cached || cached_.count(h)) continue;  // the same content is cached already
     block.cached = true;
     block.hash = h;
-    block.tokens.assign(prompt + b * block_size_, prompt + (b + 1) * block_size_);
+    block.tokens.assign(prompt + b * block_size_, prompt + (b + 1) * block_size_ + lookahead_);
     cached_[h] = seq.block_table[b];
   }
 }

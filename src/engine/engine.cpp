@@ -26,9 +26,11 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 // max_model_len and num_blocks as the engine runs them (0 means: from the model, from the budget).
 EngineConfig Resolve(const Model& model, EngineConfig c) {
   if (c.max_model_len <= 0) c.max_model_len = model.config().max_position_embeddings;
-  if (c.eagle3.draft != nullptr) c.enable_prefix_caching = false;  // a cached block has no draft KV
   if (c.num_blocks <= 0) {
-    const size_t per_block = KVCache::BytesPerToken(model.rank_config(), model.backend().compute_dtype()) * c.block_size;
+    const DType dtype = model.backend().compute_dtype();
+    // An EAGLE-3 draft keeps its own KV at every slot of the target's: a block costs both.
+    const size_t draft = c.eagle3.draft ? KVCache::BytesPerToken(c.eagle3.draft->decoder(), dtype) : 0;
+    const size_t per_block = (KVCache::BytesPerToken(model.rank_config(), dtype) + draft) * c.block_size;
     c.num_blocks = static_cast<int>(std::max<size_t>(1, c.kv_cache_bytes / per_block));
   }
   return c;
@@ -54,7 +56,8 @@ Engine::Engine(Model& model, EngineConfig config)
     : model_(model),
       config_(Resolve(model, std::move(config))),
       runner_(model, RunnerConfigFor(config_)),
-      blocks_(runner_.num_blocks(), config_.block_size, config_.enable_prefix_caching),
+      // A cached block holds the EAGLE-3 draft's KV too, made with the token after it.
+      blocks_(runner_.num_blocks(), config_.block_size, config_.enable_prefix_caching, config_.eagle3.draft ? 1 : 0),
       scheduler_(config_.scheduler, blocks_) {
   if (config_.ngram.num_speculative_tokens > 0) {
     auto proposer = NgramProposer::Create(config_.ngram, config_.max_model_len);
@@ -289,6 +292,7 @@ SamplingBatch Engine::SamplingRows(const std::vector<ScheduledChunk>& chunks, st
 VerificationBatch Engine::VerificationRows(const std::vector<ScheduledChunk>& chunks,
                                            std::vector<Sequence*>& sampling) const {
   VerificationBatch batch;
+  batch.forced_accept_rate = config_.spec_bench_accept_rate;
   for (const auto& [seq, n] : chunks) {
     if (!SamplesAfter(*seq, n)) continue;
     sampling.push_back(seq);
@@ -407,8 +411,9 @@ void Engine::ProposeMtp(const std::vector<std::pair<Sequence*, int32_t>>& sample
 }
 
 // The draft's first pass covers every position of the step whose KV stays (a chunk's, up to
-// the accepted drafts), each fed the token after it, so the draft's KV follows the
-// target's; a sequence that decodes next also gets K - 1 more slots for the chained steps.
+// the accepted drafts) and whose next token is known, each fed that token, so the draft's KV
+// follows the target's (also for a sequence that just finished: its blocks may be cached); a
+// sequence that decodes next also gets K - 1 more slots for the chained steps.
 void Engine::ProposeEagle3(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks) {
   const int k = config_.eagle3.num_speculative_tokens;
   ForwardBatch first;
@@ -419,8 +424,8 @@ void Engine::ProposeEagle3(const ForwardBatch& batch, const std::vector<Schedule
     Sequence* seq = chunks[i].seq;
     const SequenceSlice& ran = batch.seqs[i];
     const int start = batch.positions[ran.q_start];
-    const int end = std::min(seq->num_computed, start + ran.q_len);
-    if (!seq->wants_more_tokens() || end <= start) continue;
+    const int end = std::min({seq->num_computed, seq->num_tokens() - 1, start + ran.q_len});
+    if (end <= start || (!seq->wants_more_tokens() && !config_.enable_prefix_caching)) continue;
     int room = DraftRoom(*seq, k);
     // The chained steps write the draft's KV up to position num_computed + k - 2.
     if (room > 0 && !blocks_.Reserve(*seq, seq->num_computed + k - 1)) room = 0;  // no KV room: plain decode

@@ -33,7 +33,7 @@ struct EngineConfig {
   // sequence each step, verified losslessly by the next (not with capture layers).
   NgramConfig ngram;
   // Speculative decoding by an EAGLE-3 draft proposing num_speculative_tokens a step
-  // (not with capture layers; prefix caching is turned off: cached blocks lack draft KV).
+  // (not with capture layers; a cached block holds the draft's KV too).
   struct Eagle3Drafting {
     Eagle3Draft* draft = nullptr;
     int num_speculative_tokens = 0;
@@ -45,6 +45,10 @@ struct EngineConfig {
   } mtp;
   // Tensor parallelism: ranks 1..N-1 of the engine's model (RunnerConfig::peer_ranks).
   std::vector<Model*> tensor_parallel_peers;
+  // hsx bench --spec-bench-accept-rate: in [0, 1], each draft is accepted with this
+  // probability whatever the target says (VerificationBatch::forced_accept_rate), so the
+  // output is NOT the target's; negative: lossless verification.
+  float spec_bench_accept_rate = -1.0f;
 };
 
 struct EngineStats {

@@ -16,6 +16,16 @@ int BucketFor(int rows) {
   return (rows + 7) / 8 * 8;
 }
 
+// Rows per sequence a graph may have: K + 1 for the speculative config's largest K (64).
+constexpr int kMaxGraphRowsPerSeq = 65;
+
+// A view of a recorded output that does not own it: the block goes back to the graph pool,
+// which only graphs (replayed one at a time, in stream order) reuse, so what a replay left
+// stays until the next replay, and whatever reads it is queued before that.
+Tensor Unowned(const Tensor& t) {
+  return t.defined() ? Tensor(t.raw(), t.dtype(), t.shape(), t.device(), nullptr) : Tensor();
+}
+
 }  // namespace
 
 void CapturedRows::Wait() {
@@ -57,105 +67,132 @@ ModelRunner::~ModelRunner() {
   line("decode steps, eager", decode_times_);
   line("decode steps, graphs", graph_times_);
   line("verification steps", verify_times_);
-  std::fprintf(stderr, "hsx profile: %zu decode graphs recorded (profiling runs them eagerly)\n", graphs_.size());
+  line("verification, graphs", verify_graph_times_);
+  std::fprintf(stderr, "hsx profile: %zu step graphs recorded (profiling runs them eagerly)\n", graphs_.size());
 }
 
 int ModelRunner::GraphBucket(const ForwardBatch& batch) const {
-  const int rows = static_cast<int>(batch.token_ids.size());
+  const int seqs = static_cast<int>(batch.seqs.size());
   // Under tensor parallelism steps run eagerly: the ranks' graphs would have to be recorded
   // and replayed together, NCCL calls inside them.
   if (!config_.graphs || graphs_failed_ || !backend().can_record() || has_moe_ || !config_.capture_layers.empty() ||
-      !config_.peer_ranks.empty() ||
-      config_.eagle3 != nullptr || config_.mtp != nullptr ||
-      rows == 0 || rows > config_.max_graph_batch || batch.seqs.size() != static_cast<size_t>(rows) ||
-      batch.logit_rows.size() != static_cast<size_t>(rows)) {
+      !config_.peer_ranks.empty() || seqs == 0 || seqs > config_.max_graph_batch) {
     return 0;
   }
-  for (int i = 0; i < rows; ++i) {
+  const int q = batch.seqs[0].q_len;
+  const size_t rows = static_cast<size_t>(seqs) * q;
+  if (q < 1 || q > kMaxGraphRowsPerSeq || batch.token_ids.size() != rows || batch.logit_rows.size() != rows) return 0;
+  for (size_t i = 0; i < rows; ++i) {
+    if (batch.logit_rows[i] != static_cast<int32_t>(i)) return 0;
+  }
+  for (int i = 0; i < seqs; ++i) {
     const SequenceSlice& s = batch.seqs[i];
-    if (s.q_len != 1 || batch.logit_rows[i] != i || static_cast<int64_t>(s.block_table.size()) > max_blocks_per_seq_) {
+    if (s.q_len != q || s.q_start != i * q || s.ctx_len < q ||
+        static_cast<int64_t>(s.block_table.size()) > max_blocks_per_seq_) {
       return 0;
     }
   }
-  return BucketFor(rows);
+  return BucketFor(seqs);
 }
 
-// Layout of the fixed inputs, in int32 words, for B = max_graph_batch: ids [B], positions
-// [B], slots [B], sequence info [B, 4], then block tables. Each bucket reads a prefix of
-// every section, so one upload of a prefix serves any bucket and the pointers a graph
-// recorded stay valid.
-DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket) {
+// Layout of one kind's fixed inputs, in int32 words, for B = max_graph_batch sequences of q
+// rows: ids [B q], positions [B q], slots [B q], sequence info [B, 4], then block tables.
+// Each bucket reads a prefix of every section, so one upload of a prefix serves any bucket
+// and the pointers a graph recorded stay valid.
+DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& in) {
   Backend& backend = model_.backend();
-  const int64_t b = config_.max_graph_batch;
-  if (!graph_inputs_.defined()) {
-    const int64_t words = 7 * b + b * max_blocks_per_seq_;
-    graph_inputs_ = backend.Empty(DType::kI32, {words});
-    graph_staging_ = backend.HostBuffer(DType::kI32, {words});
+  const int64_t b = config_.max_graph_batch, n = b * q;
+  if (!in.device.defined()) {
+    const int64_t words = 3 * n + 4 * b + b * max_blocks_per_seq_;
+    in.device = backend.Empty(DType::kI32, {words});
+    in.staging = backend.HostBuffer(DType::kI32, {words});
   }
-  int64_t stride = 1;
+  // Padding sequences need the blocks of q positions; real ones have at least as many.
+  int64_t stride = (q + config_.block_size - 1) / config_.block_size;
   for (const SequenceSlice& s : batch.seqs) stride = std::max<int64_t>(stride, s.block_table.size());
-  int32_t* staged = graph_staging_.data<int32_t>();
-  int32_t *ids = staged, *positions = staged + b, *slots = staged + 2 * b, *info = staged + 3 * b;
-  int32_t* tables = staged + 7 * b;
-  const int rows = static_cast<int>(batch.seqs.size());
+  int32_t* staged = in.staging.data<int32_t>();
+  int32_t *ids = staged, *positions = staged + n, *slots = staged + 2 * n, *info = staged + 3 * n;
+  int32_t* tables = staged + 3 * n + 4 * b;
+  const int seqs = static_cast<int>(batch.seqs.size());
   for (int i = 0; i < bucket; ++i) {
     const int32_t offset = static_cast<int32_t>(i * stride);
-    if (i < rows) {
+    if (i < seqs) {
       const SequenceSlice& s = batch.seqs[i];
-      ids[i] = batch.token_ids[i];
-      positions[i] = batch.positions[i];
-      slots[i] = batch.slot_mapping[i];
+      std::copy_n(batch.token_ids.begin() + i * q, q, ids + i * q);
+      std::copy_n(batch.positions.begin() + i * q, q, positions + i * q);
+      std::copy_n(batch.slot_mapping.begin() + i * q, q, slots + i * q);
       std::copy(s.block_table.begin(), s.block_table.end(), tables + offset);
-      std::copy_n(std::array<int32_t, 4>{i, 1, s.ctx_len, offset}.begin(), 4, info + 4 * i);
+      std::copy_n(std::array<int32_t, 4>{i * q, q, s.ctx_len, offset}.begin(), 4, info + 4 * i);
     } else {
-      // Padding: token 0 at position 0 stores no KV and attends to slot 0 of block 0; its
-      // rows stay its own (every op is row-wise or per sequence) and are never sampled.
-      ids[i] = 0;
-      positions[i] = 0;
-      slots[i] = -1;
-      tables[offset] = 0;
-      std::copy_n(std::array<int32_t, 4>{i, 1, 1, offset}.begin(), 4, info + 4 * i);
+      // Padding: token 0 at positions 0..q-1 stores no KV and attends to the first slots of
+      // block 0; its rows stay its own (every op is row-wise or per sequence) and are never read.
+      for (int j = 0; j < q; ++j) {
+        ids[i * q + j] = 0;
+        positions[i * q + j] = j;
+        slots[i * q + j] = -1;
+      }
+      std::fill_n(tables + offset, stride, 0);
+      std::copy_n(std::array<int32_t, 4>{i * q, q, q, offset}.begin(), 4, info + 4 * i);
     }
   }
-  const int64_t used = 7 * b + bucket * stride;
-  Tensor dst = graph_inputs_.Rows(0, used);
-  backend.UploadTo(graph_staging_.Rows(0, used), dst);
+  const int64_t used = 3 * n + 4 * b + bucket * stride;
+  Tensor dst = in.device.Rows(0, used);
+  backend.UploadTo(in.staging.Rows(0, used), dst);
 
+  const int64_t rows = static_cast<int64_t>(bucket) * q;
   DeviceBatch inputs;
-  inputs.token_ids = graph_inputs_.Rows(0, bucket);
-  inputs.positions = graph_inputs_.Rows(b, b + bucket);
-  inputs.slot_mapping = graph_inputs_.Rows(2 * b, 2 * b + bucket);
-  inputs.attention.seq_info = graph_inputs_.Rows(3 * b, 3 * b + 4 * bucket).View({bucket, 4});
-  inputs.attention.block_tables = graph_inputs_.Rows(7 * b, 7 * b + bucket * stride);
-  inputs.attention.max_q_len = 1;
-  inputs.logit_rows.resize(bucket);
-  for (int i = 0; i < bucket; ++i) inputs.logit_rows[i] = i;
+  inputs.token_ids = in.device.Rows(0, rows);
+  inputs.positions = in.device.Rows(n, n + rows);
+  inputs.slot_mapping = in.device.Rows(2 * n, 2 * n + rows);
+  inputs.attention.seq_info = in.device.Rows(3 * n, 3 * n + 4 * bucket).View({bucket, 4});
+  inputs.attention.block_tables = in.device.Rows(3 * n + 4 * b, 3 * n + 4 * b + bucket * stride);
+  // No host copy of the sequence info: kernels that schedule from it (attention_hopper)
+  // fall back to ones whose launch depends only on the shapes, as a replay needs.
+  inputs.attention.max_q_len = q;
+  inputs.logit_rows.resize(rows);
+  for (int64_t i = 0; i < rows; ++i) inputs.logit_rows[i] = static_cast<int32_t>(i);
   return inputs;
 }
 
-// The logits of a decode step on a graph: replayed if the bucket has one; otherwise run
+const std::vector<int>& ModelRunner::StepCaptureLayers() const {
+  return config_.eagle3 != nullptr ? config_.eagle3->config().aux_layer_ids : config_.capture_layers;
+}
+
+// A step on a graph: replayed if its (bucket, rows per sequence) has one; otherwise run
 // eagerly (its GEMMs tune on first sight, which a recording cannot hold) and recorded for
-// the bucket's next step.
-Tensor ModelRunner::GraphLogits(const ForwardBatch& batch, int bucket) {
-  const DeviceBatch inputs = StageGraphInputs(batch, bucket);
-  if (auto it = graphs_.find(bucket); it != graphs_.end()) {
+// the next such step.
+ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, int bucket) {
+  const int q = batch.seqs[0].q_len;
+  const DeviceBatch inputs = StageGraphInputs(batch, bucket, q, graph_inputs_[q]);
+  const auto key = std::make_pair(bucket, q);
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
     it->second.graph->Replay();
     ++graph_replays_;
-    return it->second.logits;
+    verify_graph_replays_ += q > 1;
+    return it->second.out;
   }
-  Tensor logits = model_.Forward(inputs, cache_, {}).logits;
+  ForwardOutput out = model_.Forward(inputs, cache_, StepCaptureLayers());
   Graph g;
-  Tensor recorded;
-  g.graph = backend().Record([&] { recorded = model_.Forward(inputs, cache_, {}).logits; });
+  ForwardOutput recorded;
+  g.graph = backend().Record([&] { recorded = model_.Forward(inputs, cache_, StepCaptureLayers()); });
   if (!g.graph) {
     graphs_failed_ = true;
-    return logits;
+    return out;
   }
-  // A view that does not own: the block goes back to the graph pool, which only other
-  // graphs (replayed one at a time, each read before the next) reuse.
-  g.logits = Tensor(recorded.raw(), recorded.dtype(), recorded.shape(), recorded.device(), nullptr);
-  graphs_.emplace(bucket, std::move(g));
-  return logits;
+  g.out.logits = Unowned(recorded.logits);
+  g.out.captured = Unowned(recorded.captured);
+  g.out.final_hidden = Unowned(recorded.final_hidden);
+  graphs_.emplace(key, std::move(g));
+  return out;
+}
+
+Tensor ModelRunner::StepLogits(const ForwardBatch& batch, int bucket, StepResult& result) {
+  if (bucket == 0) return EagerLogits(batch, result);
+  ForwardOutput out = GraphForward(batch, bucket);
+  // Padded rows follow the real ones, which keep their indices.
+  if (config_.eagle3 != nullptr) aux_ = std::move(out.captured);
+  if (config_.mtp != nullptr) final_hidden_ = std::move(out.final_hidden);
+  return out.logits.Rows(0, static_cast<int64_t>(batch.token_ids.size()));
 }
 
 std::unique_ptr<CapturedRows> ModelRunner::StartCaptureCopy(Tensor captured) {
@@ -196,12 +233,11 @@ ForwardOutput ModelRunner::Forward(const ForwardBatch& batch, const std::vector<
 }
 
 Tensor ModelRunner::EagerLogits(const ForwardBatch& batch, StepResult& result) {
+  ForwardOutput out = Forward(batch, StepCaptureLayers());
   if (config_.eagle3 != nullptr) {
-    ForwardOutput out = model_.Forward(batch, cache_, config_.eagle3->config().aux_layer_ids);
     aux_ = std::move(out.captured);
     return std::move(out.logits);
   }
-  ForwardOutput out = Forward(batch, config_.capture_layers);
   if (config_.mtp != nullptr) final_hidden_ = out.final_hidden;
   // The copy starts now, beside the sampling and the next step.
   if (!config_.capture_layers.empty()) result.captured = StartCaptureCopy(std::move(out.captured));
@@ -212,8 +248,7 @@ StepResult ModelRunner::Run(const ForwardBatch& batch, const SamplingBatch& samp
   const auto start = Clock::now();
   StepResult result;
   const int bucket = GraphBucket(batch);
-  const Tensor logits = bucket > 0 ? GraphLogits(batch, bucket).Rows(0, static_cast<int64_t>(batch.token_ids.size()))
-                                   : EagerLogits(batch, result);
+  const Tensor logits = StepLogits(batch, bucket, result);
   if (!sampling.rows.empty()) result.sampled = backend().Sample(logits, sampling);
   if (profile_) {
     bool decode = !batch.seqs.empty();
@@ -226,9 +261,10 @@ StepResult ModelRunner::Run(const ForwardBatch& batch, const SamplingBatch& samp
 StepResult ModelRunner::Verify(const ForwardBatch& batch, const VerificationBatch& verification) {
   const auto start = Clock::now();
   StepResult result;
-  const Tensor logits = EagerLogits(batch, result);
+  const int bucket = GraphBucket(batch);
+  const Tensor logits = StepLogits(batch, bucket, result);
   result.verified = backend().VerifyDrafts(logits, nullptr, verification, nullptr);
-  if (profile_) Profile(verify_times_, batch, start);
+  if (profile_) Profile(bucket > 0 ? verify_graph_times_ : verify_times_, batch, start);
   return result;
 }
 
@@ -269,6 +305,7 @@ std::vector<std::vector<int32_t>> ModelRunner::ProposeEagle3(const ForwardBatch&
   if (requests.empty()) return drafts;
   std::vector<int32_t> tokens = draft.GreedyTargetTokens(out.logits);
   const int bs = config_.block_size;
+  const int bucket = num_drafts > 1 ? DraftGraphBucket(requests) : 0;
   for (int s = 2;; ++s) {
     for (size_t i = 0; i < requests.size(); ++i) drafts[i].push_back(tokens[i]);
     if (s > num_drafts) break;
@@ -287,10 +324,63 @@ std::vector<std::vector<int32_t>> ModelRunner::ProposeEagle3(const ForwardBatch&
       step.logit_rows.push_back(static_cast<int32_t>(i));
       step.seqs.push_back(std::move(slice));
     }
-    out = draft.Forward(step, out.next_hidden, *draft_cache_);
-    tokens = draft.GreedyTargetTokens(out.logits);
+    if (bucket > 0) {
+      tokens = draft.GreedyTargetTokens(DraftGraphLogits(step, bucket, s == 2 ? &out.next_hidden : nullptr));
+    } else {
+      out = draft.Forward(step, out.next_hidden, *draft_cache_);
+      tokens = draft.GreedyTargetTokens(out.logits);
+    }
   }
   return drafts;
+}
+
+int ModelRunner::DraftGraphBucket(const std::vector<DraftRequest>& requests) const {
+  const int n = static_cast<int>(requests.size());
+  if (!config_.graphs || graphs_failed_ || !backend().can_record() || n == 0 || n > config_.max_graph_batch) return 0;
+  for (const DraftRequest& r : requests) {
+    if (static_cast<int64_t>(r.block_table.size()) > max_blocks_per_seq_) return 0;
+  }
+  return BucketFor(n);
+}
+
+// As GraphForward: replayed where the bucket has a graph, else run on the fixed inputs and
+// recorded (unless recording failed, when later steps also run on them eagerly).
+Tensor ModelRunner::DraftGraphLogits(const ForwardBatch& step, int bucket, const Tensor* hidden) {
+  Eagle3Draft& draft = *config_.eagle3;
+  Backend& backend = model_.backend();
+  const int64_t rows = static_cast<int64_t>(step.seqs.size());
+  const DeviceBatch inputs = StageGraphInputs(step, bucket, 1, draft_inputs_);
+  if (!draft_hidden_.defined()) {
+    draft_hidden_ = backend.Empty(backend.compute_dtype(), {config_.max_graph_batch, draft.decoder().hidden_size});
+  }
+  Tensor in = draft_hidden_.Rows(0, bucket);
+  if (hidden != nullptr) {
+    Tensor dst = draft_hidden_.Rows(0, rows);
+    backend.Copy(*hidden, dst);
+  }
+  auto run = [&] {
+    Eagle3Output out = draft.Forward(inputs, in, *draft_cache_);
+    backend.Copy(out.next_hidden, in);  // the next step's hidden
+    return out.logits;
+  };
+  if (auto it = draft_graphs_.find(bucket); it != draft_graphs_.end()) {
+    it->second.graph->Replay();
+    ++draft_graph_replays_;
+    return it->second.logits.Rows(0, rows);
+  }
+  const Tensor logits = run();
+  if (!graphs_failed_) {
+    DraftGraph g;
+    Tensor recorded;
+    g.graph = backend.Record([&] { recorded = run(); });
+    if (g.graph) {
+      g.logits = Unowned(recorded);
+      draft_graphs_.emplace(bucket, std::move(g));
+    } else {
+      graphs_failed_ = true;
+    }
+  }
+  return logits.Rows(0, rows);
 }
 
 void ModelRunner::Profile(StepTimes& t, const ForwardBatch& batch, Clock::time_point start) {

@@ -1,5 +1,5 @@
 // The model runner: everything one engine does on the device. It owns the KV cache, the
-// buffers captured rows come home in and the recorded decode graphs; it runs a scheduled
+// buffers captured rows come home in and the recorded step graphs; it runs a scheduled
 // batch (the forward, then sampling of its logit rows on the device) and hands back token
 // ids, requested logprobs and the captured rows on their way to the host. The engine
 // schedules and keeps sequences; it never holds a device tensor.
@@ -25,15 +25,16 @@ struct RunnerConfig {
   int block_size = 16;
   std::vector<int> capture_layers;  // ascending unique layer ids; empty: no capture
   int max_model_len = 0;            // the longest sequence: bounds a block table
-  // Decode steps (every row one token that samples) replay a graph recorded per
-  // batch-size bucket, where the backend can record (CUDA) and nothing is captured.
+  // Decode steps (every row one token that samples) and verification steps (every
+  // sequence K + 1 rows that all verify) replay a graph recorded per (batch-size bucket,
+  // rows per sequence), where the backend can record (CUDA) and nothing is captured; so do
+  // an EAGLE-3 draft's chained single-token steps, per bucket.
   bool graphs = true;
-  int max_graph_batch = 256;  // larger decode batches run without a graph
+  int max_graph_batch = 256;  // larger batches (in sequences) run without a graph
   // An EAGLE-3 draft: every step also captures its aux layers, kept on the device for
-  // ProposeEagle3 (not with capture_layers, and without decode graphs).
+  // ProposeEagle3 (not with capture_layers).
   Eagle3Draft* eagle3 = nullptr;
-  // A Gemma 4 MTP drafter: the step's final-normed logit rows are kept for ProposeMtp
-  // (without decode graphs).
+  // A Gemma 4 MTP drafter: the step's final-normed logit rows are kept for ProposeMtp.
   MtpDrafter* mtp = nullptr;
   // Tensor parallelism: ranks 1..N-1 of the model (the runner's model is rank 0), each on
   // its own backend. Every rank runs each forward on its own host thread, pinned to its
@@ -94,18 +95,38 @@ class ModelRunner {
                                                   const std::vector<DraftRequest>& requests, int num_drafts);
 
   const RunnerConfig& config() const { return config_; }
-  int64_t graph_replays() const { return graph_replays_; }  // decode steps that replayed a graph
+  int64_t graph_replays() const { return graph_replays_; }  // decode and verification steps that replayed a graph
+  int64_t verify_graph_replays() const { return verify_graph_replays_; }  // of which verification steps
+  int64_t draft_graph_replays() const { return draft_graph_replays_; }    // EAGLE-3 chained steps that replayed one
   int num_blocks() const { return cache_.num_blocks(); }
   Backend& backend() const { return model_.backend(); }
 
  private:
-  // A decode batch's bucket (the recorded batch size it pads to), or 0 if it runs eagerly.
+  // The bucket (the recorded sequence count it pads to) of a step whose sequences all run
+  // the same number of rows, each a logit row (decode: 1; verification: K + 1), or 0 if it
+  // runs eagerly.
   int GraphBucket(const ForwardBatch& batch) const;
-  // Fills the graphs' fixed inputs with batch padded to `bucket` rows; returns them.
-  DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket);
-  Tensor GraphLogits(const ForwardBatch& batch, int bucket);  // [bucket, V]
+  // The fixed inputs of one kind of graph (int32 words), staged through pinned memory.
+  struct GraphInputs {
+    Tensor device, staging;
+  };
+  // Fills `inputs` with batch (q rows per sequence) padded to `bucket` sequences; returns them.
+  DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& inputs);
+  // A step on its graph: outputs of [bucket * q] rows (views into the graph pool on a replay).
+  ForwardOutput GraphForward(const ForwardBatch& batch, int bucket);
+  // The step's logits [T, V], on its graph if bucket > 0, else op by op (EagerLogits); keeps
+  // what the drafter reads next.
+  Tensor StepLogits(const ForwardBatch& batch, int bucket, StepResult& result);
   // The batch's logits run op by op; starts the copy of its captured rows into *result.
   Tensor EagerLogits(const ForwardBatch& batch, StepResult& result);
+  // The layers a step captures: the EAGLE-3 draft's aux layers, or the extraction's.
+  const std::vector<int>& StepCaptureLayers() const;
+  // The bucket of an EAGLE-3 round's chained steps (one row per request), 0: eager.
+  int DraftGraphBucket(const std::vector<DraftRequest>& requests) const;
+  // One chained EAGLE-3 step on its bucket's graph: logits [requests, Vd]. `hidden` (the
+  // rows' hidden input) is copied into the fixed input where given (the round's first
+  // chained step); the graph writes each step's next hidden back there.
+  Tensor DraftGraphLogits(const ForwardBatch& step, int bucket, const Tensor* hidden);
   struct StepTimes {
     double seconds = 0;
     int64_t steps = 0, rows = 0;
@@ -127,21 +148,31 @@ class ModelRunner {
   int64_t capture_runs_ = 0;
   Tensor host_buffers_[2];  // captured rows and flags alternate between two pinned buffers
 
-  // Decode graphs share one set of fixed inputs (int32: ids, positions, slots, sequence
-  // info, block tables at a stride of max_blocks_per_seq_), staged through pinned memory.
+  // The target's graphs of one number of rows per sequence share one set of fixed inputs
+  // (ids, positions, slots, sequence info, block tables at a stride of max_blocks_per_seq_).
   struct Graph {
     std::unique_ptr<DeviceGraph> graph;
-    Tensor logits;  // where a replay leaves its [bucket, V] logits (in the graph pool)
+    ForwardOutput out;  // where a replay leaves logits, captured aux states, final hidden (graph pool)
   };
-  std::map<int, Graph> graphs_;
-  int64_t graph_replays_ = 0;
+  std::map<std::pair<int, int>, Graph> graphs_;  // by (bucket, rows per sequence)
+  std::map<int, GraphInputs> graph_inputs_;      // by rows per sequence
+  int64_t graph_replays_ = 0, verify_graph_replays_ = 0;
   bool graphs_failed_ = false;  // a recording failed (said once): every step runs eagerly
-  Tensor graph_inputs_, graph_staging_;
   int64_t max_blocks_per_seq_ = 0;
+  // EAGLE-3 chained steps: graphs by bucket, their fixed inputs, and the hidden rows each
+  // step reads and its graph overwrites with the next step's.
+  struct DraftGraph {
+    std::unique_ptr<DeviceGraph> graph;
+    Tensor logits;  // [bucket, Vd] in the graph pool
+  };
+  std::map<int, DraftGraph> draft_graphs_;
+  GraphInputs draft_inputs_;
+  Tensor draft_hidden_;  // [max_graph_batch, H]
+  int64_t draft_graph_replays_ = 0;
 
   // HSX_PROFILE=1: steps synchronize; seconds and counts per kind of step.
   bool profile_ = std::getenv("HSX_PROFILE") != nullptr;
-  StepTimes prefill_times_, decode_times_, graph_times_, verify_times_;
+  StepTimes prefill_times_, decode_times_, graph_times_, verify_times_, verify_graph_times_;
 };
 
 }  // namespace hsx

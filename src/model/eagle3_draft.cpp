@@ -163,14 +163,18 @@ Tensor Eagle3Draft::CombineHiddenStates(const Tensor& aux) {
 }
 
 Eagle3Output Eagle3Draft::Forward(const ForwardBatch& batch, const Tensor& hidden, KVCache& cache) {
+  return Forward(UploadBatch(backend_, batch), hidden, cache);
+}
+
+Eagle3Output Eagle3Draft::Forward(const DeviceBatch& batch, const Tensor& hidden, KVCache& cache) {
   const ModelConfig& d = config_.decoder;
-  const int64_t t = static_cast<int64_t>(batch.token_ids.size()), h = d.hidden_size;
+  const int64_t t = batch.token_ids.numel(), h = d.hidden_size;
   const DType dt = backend_.compute_dtype();
   const float eps = d.rms_norm_eps;
-  const Tensor ids = backend_.Upload(HostInts(batch.token_ids));
-  const Tensor positions = backend_.Upload(HostInts(batch.positions));
-  const Tensor slots = backend_.Upload(HostInts(batch.slot_mapping));
-  const AttentionBatch attention_batch = MakeAttentionBatch(backend_, batch.seqs);
+  const Tensor& ids = batch.token_ids;
+  const Tensor& positions = batch.positions;
+  const Tensor& slots = batch.slot_mapping;
+  const AttentionBatch& attention_batch = batch.attention;
 
   // Layer 0's input: [rms(embedding, input_layernorm) | rms(hidden, hidden_norm)], the
   // embedding unscaled (speculators' plain nn.Embedding, also for Gemma targets).
@@ -202,8 +206,14 @@ Eagle3Output Eagle3Draft::Forward(const ForwardBatch& batch, const Tensor& hidde
   Eagle3Output out;
   const int64_t r = static_cast<int64_t>(batch.logit_rows.size());
   if (r == 0) return out;  // a pass that only fills the draft's KV
-  out.prenorm = backend_.Empty(dt, {r, h});
-  backend_.GatherRows(x, batch.logit_rows, out.prenorm);
+  bool every_row = r == t;
+  for (int64_t i = 0; every_row && i < r; ++i) every_row = batch.logit_rows[i] == i;
+  if (every_row) {  // chained steps: no gather (nor its upload, which a graph cannot record)
+    out.prenorm = x;
+  } else {
+    out.prenorm = backend_.Empty(dt, {r, h});
+    backend_.GatherRows(x, batch.logit_rows, out.prenorm);
+  }
   Tensor final_normed = backend_.Empty(dt, {r, h});
   backend_.RmsNorm(out.prenorm, &weights_.final_norm, eps, false, final_normed);
   out.logits = backend_.Empty(DType::kF32, {r, config_.draft_vocab_size});

@@ -62,6 +62,10 @@ class Eagle3Draft {
   // `cache` at batch.slot_mapping; returns logits and hidden states for batch.logit_rows
   // (undefined tensors when it is empty).
   Eagle3Output Forward(const ForwardBatch& batch, const Tensor& hidden, KVCache& cache);
+  // The same on a batch already on the device; reads nothing from the host but logit_rows
+  // and the attention batch's host fields, so a CUDA graph can record it (logit rows
+  // 0..T-1 in order gather nothing).
+  Eagle3Output Forward(const DeviceBatch& batch, const Tensor& hidden, KVCache& cache);
 
   // A draft-vocabulary id as a target id (i + d2t[i]).
   int32_t ToTargetId(int32_t draft_id) const;

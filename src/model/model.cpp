@@ -75,18 +75,18 @@ Tensor Model::PerLayerInputs(const Tensor& ids, const Tensor& embeds) {
   return projected;
 }
 
-DeviceBatch Model::Upload(const ForwardBatch& batch) const {
+DeviceBatch UploadBatch(Backend& backend, const ForwardBatch& batch) {
   DeviceBatch d;
-  d.token_ids = backend_.Upload(HostInts(batch.token_ids));
-  d.positions = backend_.Upload(HostInts(batch.positions));
-  d.slot_mapping = backend_.Upload(HostInts(batch.slot_mapping));
-  d.attention = MakeAttentionBatch(backend_, batch.seqs);
+  d.token_ids = backend.Upload(HostInts(batch.token_ids));
+  d.positions = backend.Upload(HostInts(batch.positions));
+  d.slot_mapping = backend.Upload(HostInts(batch.slot_mapping));
+  d.attention = MakeAttentionBatch(backend, batch.seqs);
   d.logit_rows = batch.logit_rows;
   return d;
 }
 
 ForwardOutput Model::Forward(const ForwardBatch& batch, KVCache& cache, const std::vector<int>& capture_layers) {
-  return Forward(Upload(batch), cache, capture_layers);
+  return Forward(UploadBatch(backend_, batch), cache, capture_layers);
 }
 
 ForwardOutput Model::Forward(const DeviceBatch& batch, KVCache& cache, const std::vector<int>& capture_layers) {

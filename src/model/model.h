@@ -32,6 +32,9 @@ struct DeviceBatch {
   std::vector<int32_t> logit_rows;  // host: rows whose logits are wanted
 };
 
+// Uploads a batch for a forward (the target's or a draft's).
+DeviceBatch UploadBatch(Backend& backend, const ForwardBatch& batch);
+
 struct ForwardOutput {
   Tensor logits;    // [logit_rows, V] f32 on the backend's device
   Tensor captured;  // [L, T, H] in compute dtype: the requested layer ids, ascending
@@ -64,7 +67,6 @@ class Model {
   // The forward proper; reads nothing from the host but logit_rows and the attention
   // batch's host fields, so a CUDA graph can record it (logit rows 0..T-1 in order gather nothing).
   ForwardOutput Forward(const DeviceBatch& batch, KVCache& cache, const std::vector<int>& capture_layers);
-  DeviceBatch Upload(const ForwardBatch& batch) const;
 
  private:
   Tensor PerLayerInputs(const Tensor& ids, const Tensor& embeds);

@@ -947,7 +947,8 @@ VerifiedTokens CudaBackend::VerifyDrafts(const Tensor& logits, const Tensor* dra
   cuda::VerifyDrafts(logits.data<float>(), rows, requests, vocab, static_cast<const SamplingRow*>(params.raw()),
                      static_cast<const TokenAdjust*>(adjust.raw()), width, indices.data<int32_t>(),
                      draft_probs ? draft_probs->data<float>() : nullptr,
-                     target_probs ? target_probs->data<float>() : nullptr, work.data<float>(), out.data<int32_t>(),
+                     target_probs ? target_probs->data<float>() : nullptr, batch.forced_accept_rate, work.data<float>(),
+                     out.data<int32_t>(),
                      impl_->stream);
   HSX_LAUNCH_CHECK();
   const Tensor host = Download(out.Rows(0, result_words));

@@ -27,7 +27,7 @@ struct Layout {
 __global__ void __launch_bounds__(kThreads)
     VerifyRowKernel(const float* logits, int32_t vocab, const SamplingRow* params, const TokenAdjust* adjust,
                     Layout layout, const int32_t* row_draft, const int32_t* drafts, const float* draft_probs,
-                    float* target_probs, float* work, int32_t* out) {
+                    float* target_probs, float forced, float* work, int32_t* out) {
   __shared__ sampler::Scratch scratch;
   const int g = blockIdx.x;
   const SamplingRow row = params[g];
@@ -58,13 +58,17 @@ __global__ void __launch_bounds__(kThreads)
     const int32_t draft = drafts[draft_index];
     const bool valid = draft >= 0 && draft < vocab;
     const float* q = draft_probs ? draft_probs + static_cast<int64_t>(draft_index) * vocab : nullptr;
-    if (greedy) {
+    if (forced >= 0.0f && valid && sampling::ForcedAccept(row.seed_lo, row.seed_hi, row.draw, forced)) {
+      token = draft;
+      accepted = true;
+    } else if (greedy) {
       token = argmax;
-      accepted = valid && draft == argmax;
+      accepted = forced < 0.0f && valid && draft == argmax;
     } else {
       const double q_draft = !valid ? 0.0 : q ? q[draft] : 1.0;
       const double p_draft = valid ? p.Weight(draft) / z : 0.0;
-      accepted = q_draft > 0.0 && p_draft >= sampling::AcceptUniform(row.seed_lo, row.seed_hi, row.draw) * q_draft;
+      accepted = forced < 0.0f && q_draft > 0.0 &&
+                 p_draft >= sampling::AcceptUniform(row.seed_lo, row.seed_hi, row.draw) * q_draft;
       if (accepted) {
         token = draft;
       } else if (q == nullptr) {
@@ -116,13 +120,13 @@ __global__ void FinishKernel(Layout layout, const int32_t* begins, int32_t* out)
 
 void VerifyDrafts(const float* logits, int32_t rows, int32_t requests, int32_t vocab, const SamplingRow* params,
                   const TokenAdjust* adjust, int32_t max_logprobs, const int32_t* index, const float* draft_probs,
-                  float* target_probs, float* work, int32_t* out, cudaStream_t stream) {
+                  float* target_probs, float forced_accept_rate, float* work, int32_t* out, cudaStream_t stream) {
   const Layout layout{requests, rows, max_logprobs};
   const int32_t* begins = index;
   const int32_t* row_draft = index + requests + 1;
   const int32_t* drafts = row_draft + rows;
   VerifyRowKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, adjust, layout, row_draft, drafts, draft_probs,
-                                                 target_probs, work, out);
+                                                 target_probs, forced_accept_rate, work, out);
   FinishKernel<<<(requests + 127) / 128, 128, 0, stream>>>(layout, begins, out);
 }
 

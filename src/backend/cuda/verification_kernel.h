@@ -12,12 +12,12 @@ namespace hsx::cuda {
 // The rules of backend/verification.h on logits f32 [rows, vocab] of `requests` requests.
 // `index` (int32): row begins [requests + 1], then each row's draft index [rows] (-1:
 // the request's bonus row), then the draft tokens. draft_probs f32 [drafts, vocab] or
-// null; target_probs f32 [rows, vocab] or null; `work` f32 [rows, vocab] scratch.
+// null; target_probs f32 [rows, vocab] or null; forced_accept_rate: VerificationBatch's; `work` f32 [rows, vocab] scratch.
 // `out` (4-byte words): accepted counts [requests], tokens [rows], their raw logprobs
 // (f32) [rows], top ids [rows, max_logprobs], top logprobs (f32) [rows, max_logprobs],
 // then [rows] words of scratch.
 void VerifyDrafts(const float* logits, int32_t rows, int32_t requests, int32_t vocab, const SamplingRow* params,
                   const TokenAdjust* adjust, int32_t max_logprobs, const int32_t* index, const float* draft_probs,
-                  float* target_probs, float* work, int32_t* out, cudaStream_t stream);
+                  float* target_probs, float forced_accept_rate, float* work, int32_t* out, cudaStream_t stream);
 
 }  // namespace hsx::cuda
