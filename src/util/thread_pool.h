@@ -20,7 +20,8 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Splits [0, n) into contiguous ranges, runs fn(begin, end) on each (the caller's
-  // thread takes one) and returns when all are done. Not reentrant.
+  // thread takes one) and returns when all are done. Not reentrant; callers on several
+  // threads (CPU data-parallel replicas share the global pool) take turns.
   void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
   // The process-wide pool, one thread per hardware thread.
@@ -30,6 +31,7 @@ class ThreadPool {
   void WorkerLoop(int index);
 
   std::vector<std::thread> workers_;
+  std::mutex call_mu_;  // one ParallelFor at a time: job_ is the pool's only job
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
