@@ -2,9 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "capture/shard_spec.h"
 #include "util/json.h"
 
 namespace hsx::cli {
@@ -53,6 +57,64 @@ Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options) {
   return loaded;
 }
 
+Result<std::vector<std::string>> ReplicaDevices(const std::string& device, int data_parallel_size) {
+  const int m = data_parallel_size;
+  if (m < 1 || m > kMaxDataParallelSize) {
+    return Error("--data-parallel-size " + std::to_string(m) + ": expected 1 to " + std::to_string(kMaxDataParallelSize));
+  }
+  if (device == "cpu") return std::vector<std::string>(static_cast<size_t>(m), "cpu");
+  int first = 0;
+  if (device == "cuda") {
+    // A launcher that gives each process its own devices (srun --gpus-per-task) leaves it
+    // exactly M visible: they are cuda:0..M-1 whatever its local rank.
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const bool own_devices =
+        visible != nullptr && *visible != '\0' && std::count(visible, visible + std::strlen(visible), ',') + 1 == m;
+    HSX_ASSIGN_OR_RETURN(const int local_rank, ResolveLocalRank(ProcessEnv()));
+    first = own_devices ? 0 : local_rank * m;
+  } else if (device.rfind("cuda:", 0) == 0) {
+    char* end = nullptr;
+    const long index = std::strtol(device.c_str() + 5, &end, 10);
+    if (device.size() == 5 || *end != '\0' || index < 0 || index > 1 << 20) return Error("--device: '" + device + "' is not cuda:N");
+    first = static_cast<int>(index);
+  } else {
+    return Error("--device: '" + device + "' is not one of cpu, cuda, cuda:N");
+  }
+  std::vector<std::string> devices;
+  for (int r = 0; r < m; ++r) devices.push_back("cuda:" + std::to_string(first + r));
+  return devices;
+}
+
+Result<std::vector<LoadedModel>> LoadReplicas(const ModelOptions& options, int data_parallel_size) {
+  HSX_ASSIGN_OR_RETURN(std::vector<std::string> devices, ReplicaDevices(options.device, data_parallel_size));
+  std::vector<LoadedModel> replicas;
+  for (size_t r = 0; r < devices.size(); ++r) {
+    ModelOptions one = options;
+    one.device = devices[r];
+    Result<LoadedModel> loaded = [&]() -> Result<LoadedModel> {
+      if (r == 0) return LoadModelAndTokenizer(one);
+      LoadedModel l;
+      HSX_ASSIGN_OR_RETURN(l.backend, MakeBackend(one.device, one.batch_invariant));
+      HSX_ASSIGN_OR_RETURN(l.model, LoadModel(one, *l.backend));
+      return l;
+    }();
+    if (!loaded.ok()) {
+      if (devices.size() == 1) return loaded.status();
+      return loaded.status().with_context("--data-parallel-size " + std::to_string(devices.size()) + ": replica " +
+                                          std::to_string(r) + " on " + devices[r]);
+    }
+    replicas.push_back(std::move(loaded).value());
+  }
+  return replicas;
+}
+
+void AddDataParallelOption(CLI::App& app, int& data_parallel_size) {
+  app.add_option("--data-parallel-size", data_parallel_size,
+                 "Engine replicas, each a whole copy of the model on its own device (cuda:N, N+1, ...; on cpu, "
+                 "CPU replicas); requests are split between them")
+      ->check(CLI::Range(1, kMaxDataParallelSize));
+}
+
 Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text, bool extracts, LoadedModel& loaded,
                                                          EngineConfig& ec) {
   HSX_ASSIGN_OR_RETURN(SpeculativeConfig spec, ParseSpeculativeConfig(text, loaded.model->config().num_layers));
@@ -86,8 +148,9 @@ Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text
   return spec.method;
 }
 
-Result<PromptReader> PromptReader::Open(const std::string& path, const Tokenizer* tokenizer) {
+Result<PromptReader> PromptReader::Open(const std::string& path, const Tokenizer* tokenizer, Filter keep) {
   PromptReader r;
+  r.keep_ = std::move(keep);
   r.path_ = path;
   r.in_ = std::make_unique<std::ifstream>(path);
   if (!*r.in_) return Error(path + ": cannot open input");
@@ -124,6 +187,7 @@ std::optional<PromptLine> PromptReader::Next() {
     if (j["id"].is_string()) p.id = j["id"].get<std::string>();
     else if (j["id"].is_number_integer()) p.id = std::to_string(j["id"].get<int64_t>());
     else return fail("field 'id' must be a string or an integer");
+    if (keep_ && !keep_(p.line, p.id)) continue;
     if (j.contains("token_ids")) {
       const auto& ids = j["token_ids"];
       if (!ids.is_array()) return fail("field 'token_ids' must be a list of integers");
