@@ -115,3 +115,18 @@ def test_server_with_two_replicas_serves_one_replicas_greedy_tokens(tmp_path, go
         assert f'hsx_requests_total{{status="finished"}} {len(prompts)}' in text  # summed over replicas
     finally:
         double.stop()
+
+
+def test_generate_with_two_replicas_equals_one(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", 12)
+
+    def generate(*extra):
+        r = subprocess.run([HSX, "generate", "--model", str(MODEL), "--input", str(tmp_path / "p.jsonl"),
+                            "--max-tokens", "5", "--batch-invariant", *extra],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr
+        return sorted(r.stdout.splitlines())
+
+    one = generate()
+    assert len(one) == len(prompts)
+    assert generate("--data-parallel-size", "2") == one
