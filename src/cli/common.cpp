@@ -87,24 +87,24 @@ Result<std::vector<std::string>> ReplicaDevices(const std::string& device, int d
 
 Result<std::vector<LoadedModel>> LoadReplicas(const ModelOptions& options, int data_parallel_size) {
   HSX_ASSIGN_OR_RETURN(std::vector<std::string> devices, ReplicaDevices(options.device, data_parallel_size));
-  std::vector<LoadedModel> replicas;
+  auto fail = [&](size_t r, const Status& s) {
+    if (devices.size() == 1) return s;
+    return s.with_context("--data-parallel-size " + std::to_string(devices.size()) + ": replica " + std::to_string(r) +
+                          " on " + devices[r]);
+  };
+  // Every device first: a missing one fails before any weights are read.
+  std::vector<LoadedModel> replicas(devices.size());
   for (size_t r = 0; r < devices.size(); ++r) {
-    ModelOptions one = options;
-    one.device = devices[r];
-    Result<LoadedModel> loaded = [&]() -> Result<LoadedModel> {
-      if (r == 0) return LoadModelAndTokenizer(one);
-      LoadedModel l;
-      HSX_ASSIGN_OR_RETURN(l.backend, MakeBackend(one.device, one.batch_invariant));
-      HSX_ASSIGN_OR_RETURN(l.model, LoadModel(one, *l.backend));
-      return l;
-    }();
-    if (!loaded.ok()) {
-      if (devices.size() == 1) return loaded.status();
-      return loaded.status().with_context("--data-parallel-size " + std::to_string(devices.size()) + ": replica " +
-                                          std::to_string(r) + " on " + devices[r]);
-    }
-    replicas.push_back(std::move(loaded).value());
+    auto backend = MakeBackend(devices[r], options.batch_invariant);
+    if (!backend.ok()) return fail(r, backend.status());
+    replicas[r].backend = std::move(backend).value();
   }
+  for (size_t r = 0; r < devices.size(); ++r) {
+    auto model = LoadModel(options, *replicas[r].backend);
+    if (!model.ok()) return fail(r, model.status());
+    replicas[r].model = std::move(model).value();
+  }
+  HSX_ASSIGN_OR_RETURN(replicas[0].tokenizer, LoadTokenizerIfPresent(options.model));
   return replicas;
 }
 
