@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -91,8 +92,13 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     if (Status s = WriteOrCheckShardConfig(out_dir, *shard, settings); !s.ok()) return {Fail(cmd, s)};
     if (Status s = SetShardDone(out_dir, *shard, false); !s.ok()) return {Fail(cmd, s)};
   }
-  auto manifest = Manifest::Open(out_dir + "/" + shard->ManifestName());
+  const std::string manifest_path = out_dir + "/" + shard->ManifestName();
+  auto manifest = Manifest::Open(manifest_path);
   if (!manifest.ok()) return {Fail(cmd, manifest.status())};
+  // A shard that owns no line still leaves its (empty) manifest, so merge sees it ran.
+  if (shard->sharded() && !std::ofstream(manifest_path, std::ios::app)) {
+    return {Fail(cmd, Error(manifest_path + ": cannot create"))};
+  }
   for (const std::string& w : manifest->warnings()) std::fprintf(stderr, "hsx extract: warning: %s\n", w.c_str());
   // Files a killed run was writing; a live writer's (another hsx in this directory) stay,
   // and so do other shards' (on a shared file system their pids are another host's).

@@ -152,3 +152,14 @@ def test_a_launcher_of_one_process_and_a_shard_rerun_with_other_settings(tmp_pat
     r = run([HSX, "manifest", "merge", str(other)])
     assert r.returncode == 1
     assert "shard(s) 1 of 2 have no manifest" in r.stderr, r.stderr
+
+
+def test_shards_that_own_no_line_still_merge(tmp_path):
+    write_prompts(tmp_path / "p.jsonl", 1)
+    out = tmp_path / "out"
+    for i in range(4):  # one prompt, four shards: three own nothing
+        r = run(extract_cmd(tmp_path / "p.jsonl", out, "--shard", f"{i}/4"))
+        assert r.returncode == 0, r.stderr
+    r = run([HSX, "manifest", "merge", str(out)])
+    assert r.returncode == 0, r.stderr
+    assert "1 files of 4 shards" in r.stderr
