@@ -211,16 +211,6 @@ std::optional<PromptLine> PromptReader::Next() {
   return std::nullopt;
 }
 
-bool ReadAhead(PromptReader& reader, const Engine& engine, size_t max_in_flight,
-               const std::function<void(PromptLine&)>& admit) {
-  while (engine.num_unfinished() < max_in_flight) {
-    std::optional<PromptLine> p = reader.Next();
-    if (!p) return false;
-    admit(*p);
-  }
-  return true;
-}
-
 Progress::Progress(std::string label, int64_t total)
     : label_(std::move(label)), total_(total), start_(std::chrono::steady_clock::now()), last_(start_),
       tty_(::isatty(STDERR_FILENO) != 0) {}

@@ -97,12 +97,6 @@ class PromptReader {
   int line_ = 0;
 };
 
-// Hands prompt lines to `admit` while the engine holds fewer than `max_in_flight`
-// unfinished requests, so memory stays bounded on any input size; false once the
-// file is exhausted.
-bool ReadAhead(PromptReader& reader, const Engine& engine, size_t max_in_flight,
-               const std::function<void(PromptLine&)>& admit);
-
 // Requests done, tokens/s and ETA on stderr: redrawn in place on a terminal, a line
 // every 10 s otherwise.
 class Progress {
