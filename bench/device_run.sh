@@ -10,7 +10,8 @@
 #   at 32; batch 1 and 32 with --enforce-eager) against HF transformers' generate;
 #   decodeab = bench --decode at batch 1, 32, 128 with the decode fusions off, on, and on
 #   with HSX_PDL=1 (programmatic GEMV launches), the last two twice;
-#   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs);
+#   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs), and
+#   extract with a replica per GPU against one (tests/device/data_parallel_on_devices.py);
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
 #   on the Gemma 4 fixture plain and with the MTP assistant; specbench = bench --decode on the
 #   Qwen3-8B shape plain, with a random EAGLE-3 draft (zero acceptance: the overhead) and n-gram;
@@ -134,6 +135,7 @@ if [ "$what" = specbench ]; then  # the speculation machinery at the Qwen3-8B sh
 fi
 if [ "$what" = devices ]; then  # nvidia-h200-x2: hsx serve --device cuda:1 beside cuda:0
   python3 tests/device/serve_on_devices.py .devbin/hsx cuda:0 cuda:1 2>&1 | tee "$OUT/devices.jsonl"
+  python3 tests/device/data_parallel_on_devices.py .devbin/hsx "$(nvidia-smi -L | wc -l)" 2>&1 | tee -a "$OUT/devices.jsonl"
 fi
 decode_bench() {
   .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --new-tokens 256 \

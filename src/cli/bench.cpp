@@ -88,6 +88,7 @@ int RunBench(BenchOptions o) {
   o.extract.output = dir + "/out";
   o.extract.quiet = true;
   o.extract.warmup = true;  // as the HF baseline warms up with one forward
+  o.extract.shard = "0/1";  // the whole workload, even under a launcher
   int64_t total_tokens = 0;
   {
     std::ofstream prompts(o.extract.input);
@@ -125,7 +126,7 @@ int RunBench(BenchOptions o) {
   line({{"metric", "extract_tokens_per_s"}, {"value", tok_s}, {"model", o.extract.model.model}, {"prompts", o.num_prompts},
         {"tokens", total_tokens}, {"seconds", seconds}, {"layers", o.extract.layers}, {"device", o.extract.model.device},
         {"peak_device_gib", run.peak_device_bytes / double(1ull << 30)}, {"flops_per_token", flops_per_token},
-        {"prefix_caching", o.extract.prefix_caching},
+        {"prefix_caching", o.extract.prefix_caching}, {"data_parallel_size", o.extract.data_parallel_size},
         {"quantization", o.extract.model.quantization.empty() ? "none" : o.extract.model.quantization}});
   if (o.extract.model.device != "cpu") return 0;  // the device run reports its own ceilings (bench/)
   line({{"metric", "sgemm_gflops"}, {"value", gemm}, {"what", "OpenBLAS f32 GEMM, the backend's own kernel, same run"}});
@@ -152,6 +153,7 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--max-num-seqs", o->extract.max_num_seqs);
   app->add_option("--kv-cache-gib", o->extract.kv_cache_gib);
   app->add_option("--writer-threads", o->extract.writer_threads, "File writer threads");
+  AddDataParallelOption(*app, o->extract.data_parallel_size);
   app->add_flag("!--no-enable-prefix-caching", o->extract.prefix_caching, "Measure without prefix caching");
   app->add_option("--dir", o->extract.output,
                   "Scratch directory, new or empty (or an earlier bench's); prompts.jsonl stays there afterwards");
@@ -178,6 +180,10 @@ void RegisterBench(CLI::App& root) {
       return;
     }
     if (o->decode) {
+      if (o->extract.data_parallel_size != 1) {
+        ExitCode() = Fail("bench", Error("--data-parallel-size is for extraction benchmarks, not --decode"));
+        return;
+      }
       decode->model = o->extract.model;
       if (app->count("--kv-cache-gib") > 0) decode->kv_cache_gib = o->extract.kv_cache_gib;
       if (app->count("--max-num-batched-tokens") > 0) decode->max_num_batched_tokens = o->extract.max_num_batched_tokens;

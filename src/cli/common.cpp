@@ -2,9 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "capture/shard_spec.h"
 #include "model/gguf_config.h"
 #include "model/gguf_tokenizer.h"
 #include "util/json.h"
@@ -80,9 +84,9 @@ Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model
   return std::optional<Tokenizer>(std::move(tokenizer));
 }
 
-Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options) {
-  LoadedModel loaded;
-  HSX_ASSIGN_OR_RETURN(loaded.backend, MakeBackend(options.device, options.batch_invariant));
+// One replica's model on loaded.backend (options.device), split over
+// --tensor-parallel-size ranks on the devices from there on.
+static Status LoadRanks(const ModelOptions& options, LoadedModel& loaded) {
   const int n = options.tensor_parallel_size;
   if (n == 1) {
     HSX_ASSIGN_OR_RETURN(loaded.model, LoadModel(options, *loaded.backend));
@@ -102,8 +106,75 @@ Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options) {
     }
     ranks[0]->PinThread();
   }
+  return Status();
+}
+
+Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options) {
+  LoadedModel loaded;
+  HSX_ASSIGN_OR_RETURN(loaded.backend, MakeBackend(options.device, options.batch_invariant));
+  HSX_RETURN_IF_ERROR(LoadRanks(options, loaded));
   HSX_ASSIGN_OR_RETURN(loaded.tokenizer, LoadTokenizerIfPresent(options.model));
   return loaded;
+}
+
+Result<std::vector<std::string>> ReplicaDevices(const std::string& device, int data_parallel_size,
+                                                int devices_per_replica) {
+  const int m = data_parallel_size, gpus = m * devices_per_replica;
+  if (m < 1 || m > kMaxDataParallelSize) {
+    return Error("--data-parallel-size " + std::to_string(m) + ": expected 1 to " + std::to_string(kMaxDataParallelSize));
+  }
+  if (device == "cpu") return std::vector<std::string>(static_cast<size_t>(m), "cpu");
+  int first = 0;
+  if (device == "cuda") {
+    // A launcher that gives each process its own devices (srun --gpus-per-task) leaves it
+    // exactly M visible: they are cuda:0..M-1 whatever its local rank.
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const bool own_devices =
+        visible != nullptr && *visible != '\0' && std::count(visible, visible + std::strlen(visible), ',') + 1 == gpus;
+    HSX_ASSIGN_OR_RETURN(const int local_rank, ResolveLocalRank(ProcessEnv()));
+    first = own_devices ? 0 : local_rank * gpus;
+  } else if (device.rfind("cuda:", 0) == 0) {
+    char* end = nullptr;
+    const long index = std::strtol(device.c_str() + 5, &end, 10);
+    if (device.size() == 5 || *end != '\0' || index < 0 || index > 1 << 20) return Error("--device: '" + device + "' is not cuda:N");
+    first = static_cast<int>(index);
+  } else {
+    return Error("--device: '" + device + "' is not one of cpu, cuda, cuda:N");
+  }
+  std::vector<std::string> devices;
+  for (int r = 0; r < m; ++r) devices.push_back("cuda:" + std::to_string(first + r * devices_per_replica));
+  return devices;
+}
+
+Result<std::vector<LoadedModel>> LoadReplicas(const ModelOptions& options, int data_parallel_size) {
+  HSX_ASSIGN_OR_RETURN(std::vector<std::string> devices,
+                       ReplicaDevices(options.device, data_parallel_size, options.tensor_parallel_size));
+  auto fail = [&](size_t r, const Status& s) {
+    if (devices.size() == 1) return s;
+    return s.with_context("--data-parallel-size " + std::to_string(devices.size()) + ": replica " + std::to_string(r) +
+                          " on " + devices[r]);
+  };
+  // Every device first: a missing one fails before any weights are read.
+  std::vector<LoadedModel> replicas(devices.size());
+  for (size_t r = 0; r < devices.size(); ++r) {
+    auto backend = MakeBackend(devices[r], options.batch_invariant);
+    if (!backend.ok()) return fail(r, backend.status());
+    replicas[r].backend = std::move(backend).value();
+  }
+  for (size_t r = 0; r < devices.size(); ++r) {
+    ModelOptions own = options;
+    own.device = devices[r];
+    if (Status s = LoadRanks(own, replicas[r]); !s.ok()) return fail(r, s);
+  }
+  HSX_ASSIGN_OR_RETURN(replicas[0].tokenizer, LoadTokenizerIfPresent(options.model));
+  return replicas;
+}
+
+void AddDataParallelOption(CLI::App& app, int& data_parallel_size) {
+  app.add_option("--data-parallel-size", data_parallel_size,
+                 "Engine replicas, each a whole copy of the model on its own device (cuda:N, N+1, ...; on cpu, "
+                 "CPU replicas); requests are split between them")
+      ->check(CLI::Range(1, kMaxDataParallelSize));
 }
 
 Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text, bool extracts, LoadedModel& loaded,
@@ -145,8 +216,9 @@ Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text
   return spec.method;
 }
 
-Result<PromptReader> PromptReader::Open(const std::string& path, const Tokenizer* tokenizer) {
+Result<PromptReader> PromptReader::Open(const std::string& path, const Tokenizer* tokenizer, Filter keep) {
   PromptReader r;
+  r.keep_ = std::move(keep);
   r.path_ = path;
   r.in_ = std::make_unique<std::ifstream>(path);
   if (!*r.in_) return Error(path + ": cannot open input");
@@ -183,6 +255,7 @@ std::optional<PromptLine> PromptReader::Next() {
     if (j["id"].is_string()) p.id = j["id"].get<std::string>();
     else if (j["id"].is_number_integer()) p.id = std::to_string(j["id"].get<int64_t>());
     else return fail("field 'id' must be a string or an integer");
+    if (keep_ && !keep_(p.line, p.id)) continue;
     if (j.contains("token_ids")) {
       const auto& ids = j["token_ids"];
       if (!ids.is_array()) return fail("field 'token_ids' must be a list of integers");
@@ -204,16 +277,6 @@ std::optional<PromptLine> PromptReader::Next() {
     return p;
   }
   return std::nullopt;
-}
-
-bool ReadAhead(PromptReader& reader, const Engine& engine, size_t max_in_flight,
-               const std::function<void(PromptLine&)>& admit) {
-  while (engine.num_unfinished() < max_in_flight) {
-    std::optional<PromptLine> p = reader.Next();
-    if (!p) return false;
-    admit(*p);
-  }
-  return true;
 }
 
 Progress::Progress(std::string label, int64_t total)

@@ -66,6 +66,20 @@ struct LoadedModel {
 };
 Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options);
 
+// --data-parallel-size M: the device of each of M replicas. cpu: M CPU replicas; cuda:N:
+// cuda:N..N+M-1; cuda without an index: from the launcher's local rank (LOCAL_RANK,
+// OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID) times M, so processes on one host take
+// disjoint devices, or from 0 when CUDA_VISIBLE_DEVICES shows the process just M devices.
+inline constexpr int kMaxDataParallelSize = 64;
+// With tensor parallelism each replica takes devices_per_replica consecutive GPUs.
+Result<std::vector<std::string>> ReplicaDevices(const std::string& device, int data_parallel_size,
+                                                int devices_per_replica = 1);
+// M copies of the model, replica r on ReplicaDevices(...)[r]; the tokenizer is loaded
+// into replica 0 only. Any replica failing to load fails the whole start, naming it.
+Result<std::vector<LoadedModel>> LoadReplicas(const ModelOptions& options, int data_parallel_size);
+// Registers --data-parallel-size on a command.
+void AddDataParallelOption(CLI::App& app, int& data_parallel_size);
+
 // --speculative-config into the engine's settings: extraction layers (when the command
 // extracts), n-gram, EAGLE-3 or MTP drafting (the draft is loaded into `loaded`). Returns
 // the method.
@@ -82,7 +96,10 @@ struct PromptLine {
 
 class PromptReader {
  public:
-  static Result<PromptReader> Open(const std::string& path, const Tokenizer* tokenizer);
+  // Given `keep`, lines it refuses (by line number and id) are skipped before any
+  // tokenizing: a shard reads only its own lines.
+  using Filter = std::function<bool(int line, const std::string& id)>;
+  static Result<PromptReader> Open(const std::string& path, const Tokenizer* tokenizer, Filter keep = {});
   // The next non-blank line, or nullopt at the end of the file.
   std::optional<PromptLine> Next();
   // Non-blank lines in the file (a quick first pass, for progress and ETA).
@@ -92,14 +109,9 @@ class PromptReader {
   std::string path_;
   std::unique_ptr<std::ifstream> in_;
   const Tokenizer* tokenizer_ = nullptr;
+  Filter keep_;
   int line_ = 0;
 };
-
-// Hands prompt lines to `admit` while the engine holds fewer than `max_in_flight`
-// unfinished requests, so memory stays bounded on any input size; false once the
-// file is exhausted.
-bool ReadAhead(PromptReader& reader, const Engine& engine, size_t max_in_flight,
-               const std::function<void(PromptLine&)>& admit);
 
 // Requests done, tokens/s and ETA on stderr: redrawn in place on a terminal, a line
 // every 10 s otherwise.

@@ -1,22 +1,29 @@
 // hsx extract: hidden states of chosen layers for every prompt of a JSONL file, one
 // <id>.safetensors per request, a manifest line per file, resumable.
 #include <algorithm>
-#include <chrono>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "capture/hidden_states_file.h"
 #include "capture/manifest.h"
+#include "capture/shard_manifests.h"
+#include "capture/shard_spec.h"
 #include "capture/writer_pool.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/extract.h"
 #include "engine/engine.h"
+#include "engine/replica_router.h"
 #include "util/atomic_file.h"
 
 namespace hsx::cli {
@@ -59,9 +66,12 @@ Status PrepareOutputDir(const std::string& dir) {
 
 ExtractResult RunExtract(const ExtractOptions& o) {
   const char* cmd = "extract";
-  auto loaded = LoadModelAndTokenizer(o.model);
-  if (!loaded.ok()) return {Fail(cmd, loaded.status())};
-  const ModelConfig& config = loaded->model->config();
+  auto shard = ResolveShard(o.shard, ProcessEnv());
+  if (!shard.ok()) return {Fail(cmd, shard.status())};
+  auto replicas = LoadReplicas(o.model, o.data_parallel_size);
+  if (!replicas.ok()) return {Fail(cmd, replicas.status())};
+  const LoadedModel& loaded = replicas->front();
+  const ModelConfig& config = loaded.model->config();
   auto layers = ParseLayerIds(o.layers, config.num_layers);
   if (!layers.ok()) return {Fail(cmd, layers.status())};
   DType dtype = config.dtype;
@@ -70,16 +80,35 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     if (!parsed) return {Fail(cmd, Error("--dtype: '" + o.dtype + "' is not one of float32, bfloat16, float16"))};
     dtype = *parsed;
   }
-  auto reader = PromptReader::Open(o.input, loaded->tokenizer_or_null());
+  auto reader = PromptReader::Open(o.input, loaded.tokenizer_or_null(),
+                                   [&](int line, const std::string& id) { return shard->Owns(line, id); });
   if (!reader.ok()) return {Fail(cmd, reader.status())};
   if (Status s = PrepareOutputDir(o.output); !s.ok()) return {Fail(cmd, s)};
   // Absolute paths in the manifest, as vLLM reports them, so readers need not know our cwd.
   const std::string out_dir = std::filesystem::absolute(o.output).lexically_normal().string();
-  auto manifest = Manifest::Open(out_dir + "/manifest.jsonl");
+  if (shard->sharded()) {
+    const nlohmann::json settings{{"model", o.model.model}, {"load_format", o.model.load_format}, {"layers", *layers},
+                                  {"dtype", std::string(DTypeName(dtype))}};
+    if (Status s = WriteOrCheckShardConfig(out_dir, *shard, settings); !s.ok()) return {Fail(cmd, s)};
+    if (Status s = SetShardDone(out_dir, *shard, false); !s.ok()) return {Fail(cmd, s)};
+  }
+  const std::string manifest_path = out_dir + "/" + shard->ManifestName();
+  auto manifest = Manifest::Open(manifest_path);
   if (!manifest.ok()) return {Fail(cmd, manifest.status())};
+  // A shard that owns no line still leaves its (empty) manifest, so merge sees it ran.
+  if (shard->sharded() && !std::ofstream(manifest_path, std::ios::app)) {
+    return {Fail(cmd, Error(manifest_path + ": cannot create"))};
+  }
   for (const std::string& w : manifest->warnings()) std::fprintf(stderr, "hsx extract: warning: %s\n", w.c_str());
-  // Files a killed run was writing; a live writer's (another hsx in this directory) stay.
-  auto stale = RemoveStaleTempFiles(out_dir);
+  // Files a killed run was writing; a live writer's (another hsx in this directory) stay,
+  // and so do other shards' (on a shared file system their pids are another host's).
+  const std::string suffix = ".safetensors";
+  auto owned = [&](const std::string& target) {
+    if (target == shard->ConfigName()) return true;
+    const bool state_file = target.size() > suffix.size() && target.ends_with(suffix);
+    return state_file && shard->Owns(0, target.substr(0, target.size() - suffix.size()));
+  };
+  auto stale = RemoveStaleTempFiles(out_dir, shard->sharded() ? std::function<bool(const std::string&)>(owned) : nullptr);
   if (!stale.ok()) return {Fail(cmd, stale.status())};
   if (*stale > 0) std::fprintf(stderr, "hsx extract: removed %d temp file(s) of an interrupted run\n", *stale);
   EngineConfig ec;
@@ -90,9 +119,15 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   ec.capture_dtype = dtype;
   ec.enable_prefix_caching = o.prefix_caching;
   ec.graphs = !o.model.enforce_eager;
-  ec.tensor_parallel_peers = loaded->peers();
-  Engine engine(*loaded->model, ec);
-  if (o.warmup) {
+  // One engine per replica; each is built, stepped and destroyed with its device pinned.
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (LoadedModel& r : *replicas) {
+    r.backend->PinThread();
+    EngineConfig own = ec;
+    own.tensor_parallel_peers = r.peers();
+    engines.push_back(std::make_unique<Engine>(*r.model, own));
+    if (!o.warmup) continue;
+    Engine& engine = *engines.back();
     const int n = std::max(1, std::min(o.max_num_batched_tokens, config.max_position_embeddings) - 1);
     std::vector<int32_t> ids(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i % config.vocab_size;
@@ -101,19 +136,35 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   }
 
   const auto start = std::chrono::steady_clock::now();
-  std::atomic<int64_t> written{0}, failed{0}, tokens_done{0}, left_unwritten{0};
+  std::atomic<int64_t> written{0}, failed{0}, tokens_done{0}, left_unwritten{0}, write_failures{0};
   std::mutex out_mu;
   auto report = [&](const Status& s) {
     std::lock_guard<std::mutex> lock(out_mu);
     failed += Fail(cmd, s);
   };
+  // The reader hands requests to the replicas; each replica's thread adds them to its
+  // engine and steps it. Everything below dispatch_mu is shared between them.
+  struct Replica {
+    std::deque<std::pair<Request, int>> inbox;  // with its input line
+    size_t outstanding = 0;                     // handed to it and not yet finished
+    int64_t requests = 0;
+  };
+  std::vector<Replica> work(engines.size());
+  std::mutex dispatch_mu;
+  std::condition_variable dispatch_cv;
+  bool input_done = false;
+  std::atomic<bool> stopping{false};
+  auto wake_all = [&] {
+    { std::lock_guard<std::mutex> lock(dispatch_mu); }  // a waiter between its check and its wait still sees it
+    dispatch_cv.notify_all();
+  };
   // A full disk fails every later write too: stop at the first such error, or after
   // max_write_failures in a row, instead of computing the rest of the dataset for nothing.
   int consecutive_write_failures = 0;  // under out_mu
   std::string stop_reason;             // under out_mu
-  std::atomic<bool> stopping{false};
   auto write_failed = [&](const Status& s) {  // under out_mu
     failed += Fail(cmd, s);
+    ++write_failures;
     ++consecutive_write_failures;
     if (stopping) return;
     if (IsOutOfSpace(s)) {
@@ -124,52 +175,125 @@ ExtractResult RunExtract(const ExtractOptions& o) {
       return;
     }
     stopping = true;
+    wake_all();
   };
-  Progress progress("hsx extract", PromptReader::CountLines(o.input) - static_cast<int64_t>(manifest->size()));
+  // A shard's share of the lines is about 1/n of them (ids hash evenly).
+  Progress progress(shard->sharded() ? "hsx extract " + std::to_string(shard->index) + "/" + std::to_string(shard->count)
+                                     : "hsx extract",
+                    PromptReader::CountLines(o.input) / shard->count - static_cast<int64_t>(manifest->size()));
   std::unordered_map<std::string, int> seen;  // id -> line, within this input
   int64_t skipped = 0;
-  bool more_input = true;
-  const size_t max_in_flight = static_cast<size_t>(std::max(1, o.max_num_seqs)) * 2;
-  auto admit = [&](PromptLine& p) {
-    if (!p.error.ok()) return report(p.error);
-    const std::string where = o.input + ":" + std::to_string(p.line) + ": ";
-    if (manifest->Contains(p.id)) {
-      ++skipped;
-      return;
-    }
-    if (auto [it, fresh] = seen.emplace(p.id, p.line); !fresh) {
-      return report(Error(where + "duplicate id '" + p.id + "' (first on line " + std::to_string(it->second) + ")"));
-    }
-    if (Status s = ValidateRequestId(p.id); !s.ok()) return report(Error(where + s.message()));
-    if (Status s = engine.Add(Request{p.id, std::move(p.token_ids), 0}); !s.ok()) report(Error(where + s.message()));
-  };
+  const size_t max_in_flight = static_cast<size_t>(std::max(1, o.max_num_seqs)) * 2;  // per replica
   {
     WriterPool writers(o.writer_threads, static_cast<size_t>(std::max(1, o.writer_queue)));
-    while ((more_input || engine.has_work()) && !stopping) {
-      if (more_input) more_input = ReadAhead(*reader, engine, max_in_flight, admit);
-      for (auto& done : engine.Step()) {
-        if (!done->error.ok()) {
-          report(Error(o.input + ":" + std::to_string(seen[done->id()]) + ": " + done->error.message()));
-          continue;
+    auto run_replica = [&](size_t r) {
+      Engine& engine = *engines[r];
+      (*replicas)[r].backend->PinThread();
+      std::unordered_map<std::string, int> lines;  // id -> input line, of its unfinished requests
+      std::vector<std::pair<Request, int>> arrived;
+      auto finished = [&] {
+        std::lock_guard<std::mutex> lock(dispatch_mu);
+        --work[r].outstanding;
+        dispatch_cv.notify_all();
+      };
+      for (;;) {
+        {
+          std::unique_lock<std::mutex> lock(dispatch_mu);
+          dispatch_cv.wait(lock, [&] { return stopping || input_done || engine.has_work() || !work[r].inbox.empty(); });
+          if (stopping || (input_done && work[r].inbox.empty() && !engine.has_work())) return;
+          for (auto& item : work[r].inbox) arrived.push_back(std::move(item));
+          work[r].inbox.clear();
         }
-        std::shared_ptr<Sequence> seq(std::move(done));
-        writers.Submit([&, seq] {
-          if (stopping) {
-            ++left_unwritten;  // for the resumed run
-            return;
+        for (auto& [request, line] : arrived) {
+          const std::string id = request.id;
+          if (Status s = engine.Add(std::move(request)); !s.ok()) {
+            report(Error(o.input + ":" + std::to_string(line) + ": " + s.message()));
+            finished();
+          } else {
+            lines[id] = line;
           }
-          auto path = WriteHiddenStatesFile(out_dir, *seq);
-          std::lock_guard<std::mutex> lock(out_mu);
-          Result<std::string> line = path.ok() ? manifest->Append(seq->id(), *path, seq->prompt_len()) : path.status();
-          if (!line.ok()) return write_failed(line.status());
-          consecutive_write_failures = 0;
-          if (!o.quiet) std::printf("%s\n", line->c_str());
-          ++written;
-          tokens_done += seq->prompt_len();
-        });
+        }
+        arrived.clear();
+        if (!engine.has_work()) continue;
+        for (auto& done : engine.Step()) {
+          const int line = lines[done->id()];
+          lines.erase(done->id());
+          finished();
+          if (!done->error.ok()) {
+            report(Error(o.input + ":" + std::to_string(line) + ": " + done->error.message()));
+            continue;
+          }
+          std::shared_ptr<Sequence> seq(std::move(done));
+          writers.Submit([&, seq] {
+            if (stopping) {
+              ++left_unwritten;  // for the resumed run
+              return;
+            }
+            auto path = WriteHiddenStatesFile(out_dir, *seq);
+            std::lock_guard<std::mutex> lock(out_mu);
+            Result<std::string> out_line = path.ok() ? manifest->Append(seq->id(), *path, seq->prompt_len()) : path.status();
+            if (!out_line.ok()) return write_failed(out_line.status());
+            consecutive_write_failures = 0;
+            if (!o.quiet) std::printf("%s\n", out_line->c_str());
+            ++written;
+            tokens_done += seq->prompt_len();
+          });
+        }
+        std::lock_guard<std::mutex> lock(out_mu);
+        progress.Update(written + failed, tokens_done);
       }
-      progress.Update(written + failed, tokens_done);
+    };
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < engines.size(); ++r) threads.emplace_back(run_replica, r);
+
+    // Requests sharing a first block go to one replica (its prefix cache), others by load.
+    const ReplicaRouter router(ec.block_size, std::max<size_t>(1, max_in_flight / 2));
+    std::vector<size_t> loads(work.size());
+    while (!stopping) {
+      std::optional<PromptLine> p = reader->Next();
+      if (!p) break;
+      if (!shard->Owns(p->line, p->id)) continue;  // an unreadable line: one shard reports it
+      if (!p->error.ok()) {
+        report(p->error);
+        continue;
+      }
+      const std::string where = o.input + ":" + std::to_string(p->line) + ": ";
+      if (manifest->Contains(p->id)) {
+        ++skipped;
+        continue;
+      }
+      if (auto [it, fresh] = seen.emplace(p->id, p->line); !fresh) {
+        report(Error(where + "duplicate id '" + p->id + "' (first on line " + std::to_string(it->second) + ")"));
+        continue;
+      }
+      if (Status s = ValidateRequestId(p->id); !s.ok()) {
+        report(Error(where + s.message()));
+        continue;
+      }
+      // Bounded memory on any input: wait while every replica holds max_in_flight.
+      std::unique_lock<std::mutex> lock(dispatch_mu);
+      auto has_room = [&] {
+        for (const Replica& w : work) {
+          if (w.outstanding < max_in_flight) return true;
+        }
+        return false;
+      };
+      dispatch_cv.wait(lock, [&] { return stopping || has_room(); });
+      if (stopping) break;
+      for (size_t r = 0; r < work.size(); ++r) loads[r] = work[r].outstanding;
+      size_t r = static_cast<size_t>(router.Pick(p->token_ids, loads));
+      if (loads[r] >= max_in_flight) r = static_cast<size_t>(std::min_element(loads.begin(), loads.end()) - loads.begin());
+      ++work[r].outstanding;
+      ++work[r].requests;
+      work[r].inbox.emplace_back(Request{p->id, std::move(p->token_ids), 0}, p->line);
+      dispatch_cv.notify_all();
     }
+    {
+      std::lock_guard<std::mutex> lock(dispatch_mu);
+      input_done = true;
+    }
+    dispatch_cv.notify_all();
+    for (auto& t : threads) t.join();
   }
   if (stopping) {
     Fail(cmd, Error("stopped early: " + stop_reason + "; " + std::to_string(written.load()) +
@@ -178,16 +302,32 @@ ExtractResult RunExtract(const ExtractOptions& o) {
                     "once the cause is fixed: it resumes where this run stopped"));
   }
   progress.Finish(written + failed, tokens_done);
+  // Failed lines stay failed in any later run; failed writes may not, so they leave the shard unfinished.
+  if (shard->sharded() && !stopping && write_failures == 0) {
+    if (Status s = SetShardDone(out_dir, *shard, true); !s.ok()) failed += Fail(cmd, s);
+  }
   std::fflush(stdout);
   if (!o.quiet) {
+    std::string per_replica;
+    double hit_rate = 0;
+    for (size_t r = 0; r < engines.size(); ++r) {
+      hit_rate += engines[r]->prefix_cache_hit_rate() / static_cast<double>(engines.size());
+      per_replica += (r ? ", " : "; requests per replica: ") + std::to_string(work[r].requests);
+    }
     std::fprintf(stderr,
                  "hsx extract: wrote %ld files to %s, skipped %ld already in the manifest, %ld failed; "
-                 "prefix cache hit rate %.1f%%\n",
+                 "prefix cache hit rate %.1f%%%s\n",
                  static_cast<long>(written.load()), o.output.c_str(), static_cast<long>(skipped),
-                 static_cast<long>(failed.load()), 100.0 * engine.prefix_cache_hit_rate());
+                 static_cast<long>(failed.load()), 100.0 * hit_rate, engines.size() > 1 ? per_replica.c_str() : "");
+  }
+  size_t peak = 0;
+  for (size_t r = 0; r < engines.size(); ++r) {
+    peak = std::max(peak, (*replicas)[r].backend->peak_memory_bytes());
+    (*replicas)[r].backend->PinThread();
+    engines[r].reset();
   }
   return {failed > 0 || stopping ? 1 : 0, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-          written.load(), tokens_done.load(), loaded->backend->peak_memory_bytes()};
+          written.load(), tokens_done.load(), peak};
 }
 
 void RegisterExtract(CLI::App& root) {
@@ -202,12 +342,16 @@ void RegisterExtract(CLI::App& root) {
   app->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Token budget per forward step");
   app->add_option("--max-num-seqs", o->max_num_seqs, "Sequences per step at most");
   app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");
+  AddDataParallelOption(*app, o->data_parallel_size);
   app->add_option("--writer-threads", o->writer_threads, "File writer threads");
   app->add_flag("!--no-enable-prefix-caching", o->prefix_caching,
                 "Compute shared prompt prefixes again instead of reusing cached blocks and their states");
   app->add_option("--max-write-failures", o->max_write_failures,
                   "Stop after this many file writes fail in a row (a full disk stops at once)")
       ->check(CLI::PositiveNumber);
+  app->add_option("--shard", o->shard,
+                  "i/n: do shard i (from 0) of n, the lines whose id hashes to i, into manifest.shard-I-of-N.jsonl "
+                  "(default: from mpirun's, srun's or torchrun's environment; join with hsx manifest merge)");
   app->add_option("--writer-queue", o->writer_queue,
                   "Finished requests waiting for a writer at most; beyond it the engine waits (backpressure)");
   app->callback([o] { ExitCode() = RunExtract(*o).exit_code; });

@@ -10,9 +10,11 @@ namespace hsx::cli {
 struct ExtractOptions {
   ModelOptions model;
   std::string layers, input, output, dtype;
+  std::string shard;  // "i/n"; empty: the launcher's environment, else the whole input
   int max_num_batched_tokens = 8192;
   int max_num_seqs = 256;
   double kv_cache_gib = 2.0;
+  int data_parallel_size = 1;  // engine replicas, one per device
   int writer_threads = 8;  // as serve's num_writer_threads; 2 could not keep up with an H200
   int writer_queue = 16;
   int max_write_failures = 8;  // in a row, then stop (a full disk stops at the first)

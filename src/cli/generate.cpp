@@ -1,9 +1,13 @@
 // hsx generate: greedy continuations of JSONL prompts, one JSON line per request.
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/engine.h"
+#include "server/engine_replicas.h"
 
 namespace hsx::cli {
 namespace {
@@ -15,49 +19,65 @@ struct GenerateOptions {
   bool ignore_eos = false;
   double kv_cache_gib = 1.0;
   std::string speculative_config;  // vLLM's JSON: ngram or eagle3
+  int data_parallel_size = 1;
 };
 
 int RunGenerate(const GenerateOptions& o) {
   const char* cmd = "generate";
-  auto loaded = LoadModelAndTokenizer(o.model);
-  if (!loaded.ok()) return Fail(cmd, loaded.status());
-  const Tokenizer* tok = loaded->tokenizer_or_null();
+  auto replicas = LoadReplicas(o.model, o.data_parallel_size);
+  if (!replicas.ok()) return Fail(cmd, replicas.status());
+  const Tokenizer* tok = replicas->front().tokenizer_or_null();
+  const ModelConfig& mc = replicas->front().model->config();
   auto reader = PromptReader::Open(o.input, tok);
   if (!reader.ok()) return Fail(cmd, reader.status());
   EngineConfig ec;
   ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
   ec.graphs = !o.model.enforce_eager;
-  if (!o.speculative_config.empty()) {
-    auto method = ApplySpeculativeConfig(o.speculative_config, /*extracts=*/false, *loaded, ec);
-    if (!method.ok()) return Fail(cmd, method.status());
-  }
-  ec.tensor_parallel_peers = loaded->peers();
-  Engine engine(*loaded->model, ec);
-  int failed = 0;
-  const size_t max_in_flight = 2 * static_cast<size_t>(ec.scheduler.max_num_seqs);
-  auto admit = [&](PromptLine& p) {
-    Status s = p.error;
-    if (s.ok()) {
-      Request r{p.id, std::move(p.token_ids), o.max_tokens};
-      if (!o.ignore_eos) r.stop_token_ids = loaded->model->config().eos_token_ids;
-      s = engine.Add(std::move(r));
-      if (!s.ok()) s = Error(o.input + ":" + std::to_string(p.line) + ": " + s.message());
+  // Each replica's engine on its own thread (EngineService), requests routed as serve does.
+  const size_t max_in_flight = 2 * static_cast<size_t>(ec.scheduler.max_num_seqs);  // per replica
+  std::vector<std::unique_ptr<EngineService>> services;
+  for (LoadedModel& r : *replicas) {
+    EngineConfig own = ec;  // a replica's drafts are its own
+    if (!o.speculative_config.empty()) {
+      auto method = ApplySpeculativeConfig(o.speculative_config, /*extracts=*/false, r, own);
+      if (!method.ok()) return Fail(cmd, method.status());
     }
-    if (!s.ok()) failed += Fail(cmd, s);
-  };
-  bool more_input = true;
-  while (more_input || engine.has_work()) {
-    if (more_input) more_input = ReadAhead(*reader, engine, max_in_flight, admit);
-    for (const auto& seq : engine.Step()) {
+    own.tensor_parallel_peers = r.peers();
+    r.backend->PinThread();
+    services.push_back(std::make_unique<EngineService>(*r.model, own, max_in_flight));
+  }
+  EngineReplicas engines(std::move(services), ec.block_size, max_in_flight / 2);
+  std::mutex out_mu;
+  std::condition_variable freed;
+  int failed = 0;  // under out_mu
+  while (std::optional<PromptLine> p = reader->Next()) {
+    if (!p->error.ok()) {
+      std::lock_guard<std::mutex> lock(out_mu);
+      failed += Fail(cmd, p->error);
+      continue;
+    }
+    Request r{p->id, std::move(p->token_ids), o.max_tokens};
+    if (!o.ignore_eos) r.stop_token_ids = mc.eos_token_ids;
+    auto done = [&, where = o.input + ":" + std::to_string(p->line) + ": "](const Status& s, std::unique_ptr<Sequence> seq) {
+      std::lock_guard<std::mutex> lock(out_mu);
+      freed.notify_one();
+      if (!s.ok()) {
+        failed += Fail(cmd, Error(where + s.message()));
+        return;
+      }
       nlohmann::json out = {{"id", seq->id()}, {"token_ids", seq->generated()}};
       if (tok != nullptr) {
         auto text = tok->Decode(seq->generated());
         if (text.ok()) out["text"] = *text;
       }
       std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    }
+    };
+    // Every replica full: wait for a request to finish (bounded memory on any input).
+    std::unique_lock<std::mutex> lock(out_mu);
+    while (!engines.Submit(r, done)) freed.wait_for(lock, std::chrono::milliseconds(50));
   }
-  if (const EngineStats& st = engine.stats(); st.num_draft_tokens > 0) {
+  engines.Shutdown();  // finishes every request
+  if (const EngineStats st = engines.stats().engine; st.num_draft_tokens > 0) {
     std::fprintf(stderr, "hsx generate: speculative decoding accepted %lu of %lu drafts (%.1f%%)\n",
                  static_cast<unsigned long>(st.num_accepted_tokens), static_cast<unsigned long>(st.num_draft_tokens),
                  100.0 * st.num_accepted_tokens / st.num_draft_tokens);
@@ -75,6 +95,7 @@ void RegisterGenerate(CLI::App& root) {
   app->add_option("--max-tokens", o->max_tokens, "New tokens per request")->check(CLI::NonNegativeNumber);
   app->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
   app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");
+  AddDataParallelOption(*app, o->data_parallel_size);
   app->add_option("--speculative-config", o->speculative_config,
                   "vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, \"prompt_lookup_max\": n} or "
                   "{\"method\": \"eagle3\" or \"mtp\", \"model\": DIR, \"num_speculative_tokens\": K}: drafts verified losslessly");

@@ -24,6 +24,7 @@ struct ServeOptions {
   ServerConfig server;
   std::string speculative_config, kv_transfer_config;
   int max_num_batched_tokens = 8192, max_num_seqs = 256, max_queued = 1024;
+  int data_parallel_size = 1;
   double kv_cache_gib = 2.0;
   double drain_timeout = 30;  // seconds
   bool prefix_caching = true;
@@ -87,9 +88,10 @@ int RunServe(ServeOptions o) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
 
-  auto loaded = LoadModelAndTokenizer(o.model);
-  if (!loaded.ok()) return Fail(cmd, loaded.status());
-  const ModelConfig& mc = loaded->model->config();
+  auto replicas = LoadReplicas(o.model, o.data_parallel_size);
+  if (!replicas.ok()) return Fail(cmd, replicas.status());
+  const LoadedModel& loaded = replicas->front();
+  const ModelConfig& mc = loaded.model->config();
 
   EngineConfig ec;
   ec.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -98,23 +100,30 @@ int RunServe(ServeOptions o) {
   ec.capture_dtype = mc.dtype;
   ec.enable_prefix_caching = o.prefix_caching;
   ec.graphs = !o.model.enforce_eager;
-  if (!o.speculative_config.empty()) {
-    auto method = ApplySpeculativeConfig(o.speculative_config, /*extracts=*/true, *loaded, ec);
+  std::vector<EngineConfig> configs(replicas->size(), ec);  // a replica's drafts are its own
+  for (size_t r = 0; r < replicas->size() && !o.speculative_config.empty(); ++r) {
+    auto method = ApplySpeculativeConfig(o.speculative_config, /*extracts=*/true, (*replicas)[r], configs[r]);
     if (!method.ok()) return Fail(cmd, method.status());
   }
   if (!o.kv_transfer_config.empty()) {
     if (Status s = ParseKvTransferConfig(o.kv_transfer_config, o.server); !s.ok()) return Fail(cmd, s);
   }
-  if (ec.capture_layers.empty() != o.server.storage_dir.empty()) {
+  if (configs[0].capture_layers.empty() != o.server.storage_dir.empty()) {
     return Fail(cmd, Error("hidden-state extraction needs both --speculative-config and --kv-transfer-config"));
   }
-  ec.max_model_len = mc.max_position_embeddings;
   if (o.server.model_name.empty()) o.server.model_name = o.model.model;
-  o.server.max_model_len = ec.max_model_len;
+  o.server.max_model_len = mc.max_position_embeddings;
 
-  ec.tensor_parallel_peers = loaded->peers();
-  EngineService service(*loaded->model, ec, static_cast<size_t>(o.max_queued));
-  OpenAiServer server(o.server, service, loaded->tokenizer_or_null(), mc.eos_token_ids);
+  std::vector<std::unique_ptr<EngineService>> services;
+  for (size_t r = 0; r < replicas->size(); ++r) {
+    configs[r].max_model_len = mc.max_position_embeddings;
+    configs[r].tensor_parallel_peers = (*replicas)[r].peers();
+    (*replicas)[r].backend->PinThread();  // the engine's device memory on its own device
+    services.push_back(std::make_unique<EngineService>(*(*replicas)[r].model, configs[r], static_cast<size_t>(o.max_queued)));
+  }
+  // A prefix's replica keeps its requests until it has a full batch more than the least loaded.
+  EngineReplicas service(std::move(services), configs[0].block_size, static_cast<size_t>(std::max(1, o.max_num_seqs)));
+  OpenAiServer server(o.server, service, loaded.tokenizer_or_null(), mc.eos_token_ids);
   std::atomic<bool> run_ended{false}, cut_short{false};
   std::thread waiter([&] {
     if (!WaitForSignal(-1) || run_ended) return;
@@ -154,6 +163,7 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--load-format", o->model.load_format)->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
   app->add_option("--device", o->model.device, "cpu or cuda[:N]");
   o->model.RegisterExecutionFlags(*app);
+  AddDataParallelOption(*app, o->data_parallel_size);
   app->add_option("--host", o->server.host, "Address to bind (default 127.0.0.1)");
   app->add_option("--port", o->server.port);
   app->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY'");

@@ -102,7 +102,7 @@ class ClientWatch {
 
 }  // namespace
 
-OpenAiServer::OpenAiServer(ServerConfig config, EngineService& engine, const Tokenizer* tokenizer,
+OpenAiServer::OpenAiServer(ServerConfig config, EngineReplicas& engine, const Tokenizer* tokenizer,
                            std::vector<int32_t> eos_token_ids)
     : config_(std::move(config)),
       engine_(engine),
@@ -581,6 +581,7 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
 }
 
 std::string OpenAiServer::Metrics() const {
+  const std::vector<EngineService::Stats> replicas = engine_.replica_stats();
   const EngineService::Stats s = engine_.stats();
   std::ostringstream out;
   auto metric = [&](const char* name, const char* type, const char* help, double value, const char* labels = "") {
@@ -591,6 +592,12 @@ std::string OpenAiServer::Metrics() const {
   out << "# HELP hsx_requests_total Generation requests that ended, by outcome\n# TYPE hsx_requests_total counter\n"
       << "hsx_requests_total{status=\"finished\"} " << s.requests_finished << "\n"
       << "hsx_requests_total{status=\"failed\"} " << s.requests_failed << "\n";
+  out << "# HELP hsx_replica_requests_total Generation requests that ended, by data-parallel replica\n"
+      << "# TYPE hsx_replica_requests_total counter\n";
+  for (size_t r = 0; r < replicas.size(); ++r) {
+    out << "hsx_replica_requests_total{replica=\"" << r << "\"} "
+        << replicas[r].requests_finished + replicas[r].requests_failed << "\n";
+  }
   metric("hsx_prompt_tokens_total", "counter", "Prompt tokens accepted", static_cast<double>(s.prompt_tokens));
   metric("hsx_generation_tokens_total", "counter", "Tokens generated", static_cast<double>(s.generation_tokens));
   metric("hsx_computed_tokens_total", "counter", "Tokens run through the model", static_cast<double>(s.tokens_computed));

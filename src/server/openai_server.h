@@ -13,7 +13,7 @@
 #include "capture/writer_pool.h"
 #include "server/completion_request.h"
 #include "server/completion_text.h"
-#include "server/engine_service.h"
+#include "server/engine_replicas.h"
 #include "tokenizer/tokenizer.h"
 
 namespace httplib {
@@ -46,7 +46,7 @@ struct ServerConfig {
 
 class OpenAiServer {
  public:
-  OpenAiServer(ServerConfig config, EngineService& engine, const Tokenizer* tokenizer, std::vector<int32_t> eos_token_ids);
+  OpenAiServer(ServerConfig config, EngineReplicas& engine, const Tokenizer* tokenizer, std::vector<int32_t> eos_token_ids);
   ~OpenAiServer();
   // Serves until Stop and every connection has closed; an error if the address cannot
   // be bound.
@@ -78,7 +78,7 @@ class OpenAiServer {
   std::string Metrics() const;
 
   ServerConfig config_;
-  EngineService& engine_;
+  EngineReplicas& engine_;
   const Tokenizer* tokenizer_;
   std::vector<int32_t> eos_token_ids_;
   CompletionLimits limits_;

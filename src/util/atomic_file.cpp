@@ -71,12 +71,14 @@ Status WriteFileAtomic(const std::string& path, const std::vector<std::string_vi
   return status;
 }
 
-Result<int> RemoveStaleTempFiles(const std::string& dir) {
+Result<int> RemoveStaleTempFiles(const std::string& dir, const std::function<bool(const std::string&)>& owned) {
   std::error_code ec;
   int removed = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const long pid = TempFileOwner(entry.path().filename().string());
+    const std::string name = entry.path().filename().string();
+    const long pid = TempFileOwner(name);
     if (pid <= 0 || !entry.is_regular_file(ec)) continue;
+    if (owned && !owned(name.substr(0, name.rfind(kTempInfix)))) continue;
     // kill(pid, 0) fails with ESRCH only when no such process exists; EPERM means one does.
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
     if (std::filesystem::remove(entry.path(), ec)) ++removed;

@@ -2,6 +2,7 @@
 // then rename over it. A crash or error leaves no partial file under the final name.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,8 +18,10 @@ Status WriteFileAtomic(const std::string& path, const std::vector<std::string_vi
 
 // Removes the temp files in `dir` (not below it) that WriteFileAtomic left when its
 // process died between write and rename: only names of that exact pattern whose pid is
-// no live process on this machine. Returns how many it removed.
-Result<int> RemoveStaleTempFiles(const std::string& dir);
+// no live process on this machine, and, given `owned`, whose target file name it accepts
+// (a shard on a shared file system must leave other hosts' writers alone: their pids
+// mean nothing here). Returns how many it removed.
+Result<int> RemoveStaleTempFiles(const std::string& dir, const std::function<bool(const std::string&)>& owned = {});
 
 // Appends one line (a '\n' is added) with a single write(2) on an O_APPEND file and
 // fsyncs it, so concurrent appenders never interleave within a line. A failed append

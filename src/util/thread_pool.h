@@ -21,7 +21,7 @@ class ThreadPool {
 
   // Splits [0, n) into contiguous ranges, runs fn(begin, end) on each (the caller's
   // thread takes one) and returns when all are done. Not reentrant; calls from several
-  // threads (the ranks of a tensor-parallel model on the CPU) take turns.
+  // threads (CPU tensor-parallel ranks, CPU data-parallel replicas) take turns.
   void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
   // The process-wide pool, one thread per hardware thread.

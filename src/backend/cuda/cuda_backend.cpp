@@ -464,6 +464,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index, bool 
 CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 CudaBackend::~CudaBackend() {
+  // Data-parallel replicas on other devices are destroyed from one thread: make ours current.
+  cudaSetDevice(impl_->device);
   cudaStreamSynchronize(impl_->stream);
   if (impl_->profile) {
     double total = 0;
