@@ -27,7 +27,6 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, Backend
     return std::make_unique<Model>(std::move(config), std::move(weights), backend, comm);
   }
   HSX_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
-  const Shard shard = comm ? Shard{comm->rank(), comm->size()} : Shard{};
   HSX_RETURN_IF_ERROR(CheckTensorParallel(config, shard.size).with_context(model_dir));
   HSX_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(model_dir, config, backend, shard));
   return std::make_unique<Model>(std::move(config), std::move(weights), backend, comm);
