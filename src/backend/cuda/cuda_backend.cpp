@@ -802,20 +802,37 @@ cuda::NormRopeStoreArgs HeadArgs(Tensor& x, const Tensor* w, float eps, bool one
 
 void CudaBackend::Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) {
   Impl::Timer timer(*impl_, "rope");
-  cuda::NormRopeStore(HeadArgs(x, nullptr, 0.0f, false, positions, rope), impl_->stream);
+  if (FusedNormRopeTakes(x.size(0))) {
+    cuda::NormRopeStore(HeadArgs(x, nullptr, 0.0f, false, positions, rope), impl_->stream);
+  } else {
+    cuda::Rope(B(x), positions.data<int32_t>(), rope.inv_freq.data<float>(), x.size(0), x.size(1), x.size(2),
+               rope.rotary_dims, impl_->stream);
+  }
   HSX_LAUNCH_CHECK();
 }
 
 void CudaBackend::RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_plus_weight, const Tensor& positions,
                               const RopeTable& rope) {
   Impl::Timer timer(*impl_, "norm_rope");
-  cuda::NormRopeStore(HeadArgs(x, &w, eps, one_plus_weight, positions, rope), impl_->stream);
+  if (FusedNormRopeTakes(x.size(0))) {
+    cuda::NormRopeStore(HeadArgs(x, &w, eps, one_plus_weight, positions, rope), impl_->stream);
+  } else {
+    cuda::RmsNormRope(B(x), B(w), eps, one_plus_weight, positions.data<int32_t>(), rope.inv_freq.data<float>(),
+                      x.size(0), x.size(1), x.size(2), rope.rotary_dims, impl_->stream);
+  }
   HSX_LAUNCH_CHECK();
+}
+
+// The one-warp-per-head kernel (norm_rope_store.cu) for decode-sized steps, the per-token
+// one (norm_rope.cu) for prefill. Batch-invariant runs keep one kernel for every size, so a
+// row's bits do not depend on how its step was chunked.
+bool CudaBackend::FusedNormRopeTakes(int64_t tokens) const {
+  return !impl_->batch_invariant && tokens <= kFusedNormRopeMaxTokens;
 }
 
 void CudaBackend::NormRopeStoreKV(Tensor& q, Tensor& k, Tensor& v, const HeadNorms& norms, const Tensor& positions,
                                   const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
-  if (!impl_->fuse_norm_rope_store || k.shape() != v.shape() || k.size(2) != q.size(2))
+  if (!impl_->fuse_norm_rope_store || !FusedNormRopeTakes(q.size(0)) || k.shape() != v.shape() || k.size(2) != q.size(2))
     return Backend::NormRopeStoreKV(q, k, v, norms, positions, rope, slots, k_cache, v_cache);
   Impl::Timer timer(*impl_, "norm_rope_store");
   cuda::NormRopeStoreArgs a = HeadArgs(q, norms.q, norms.eps, norms.one_plus_weight, positions, rope);

@@ -80,6 +80,8 @@ class CudaBackend final : public Backend {
   struct Impl;
   explicit CudaBackend(std::unique_ptr<Impl> impl);
   void LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
+  static constexpr int64_t kFusedNormRopeMaxTokens = 256;
+  bool FusedNormRopeTakes(int64_t tokens) const;
   std::unique_ptr<Impl> impl_;
 };
 
