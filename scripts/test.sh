@@ -13,7 +13,8 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 python3 -m pip install --quiet --disable-pip-version-check openai pytest numpy
 # The tokenizer against Hugging Face: tokenizers (the reference), transformers and gguf (the
 # reference encode, and the conversion of real models' GGUF tokenizers); no torch needed.
-python3 -m pip install --quiet --disable-pip-version-check tokenizers transformers gguf
+# Chat templates against jinja2 and transformers' apply_chat_template (which needs jinja2).
+python3 -m pip install --quiet --disable-pip-version-check tokenizers transformers gguf "jinja2>=3.1.6"
 python3 -m pip install --quiet --disable-pip-version-check --no-deps speculators
 HSX_BINARY="$PWD/build/src/hsx" python3 -m pytest tests/python -q
 # Sanitizers cover the host code; the CUDA backend is compiled (and its tests skip

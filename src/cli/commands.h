@@ -16,5 +16,6 @@ void RegisterTokenize(CLI::App& root);
 void RegisterInspect(CLI::App& root);
 void RegisterBench(CLI::App& root);
 void RegisterServe(CLI::App& root);
+void RegisterChatTemplate(CLI::App& root);
 
 }  // namespace hsx::cli

@@ -1,4 +1,4 @@
-// hsx: extract hidden states, serve, generate, tokenize, inspect, bench.
+// hsx: extract hidden states, serve, generate, tokenize, chat-template, inspect, bench.
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   hsx::cli::RegisterInspect(app);
   hsx::cli::RegisterBench(app);
   hsx::cli::RegisterServe(app);
+  hsx::cli::RegisterChatTemplate(app);
   CLI11_PARSE(app, argc, argv);
   return hsx::cli::ExitCode();
 }
