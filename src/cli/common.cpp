@@ -50,6 +50,9 @@ Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options) {
   HSX_ASSIGN_OR_RETURN(loaded.backend, MakeBackend(options.device, options.batch_invariant));
   HSX_ASSIGN_OR_RETURN(loaded.model, LoadModel(options, *loaded.backend));
   HSX_ASSIGN_OR_RETURN(loaded.tokenizer, LoadTokenizerIfPresent(options.model));
+  auto chat_template = ChatTemplate::Load(options.model);
+  if (chat_template.ok()) loaded.chat_template = std::move(chat_template).value();
+  else loaded.chat_template_error = chat_template.status();
   return loaded;
 }
 
@@ -86,12 +89,14 @@ Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text
   return spec.method;
 }
 
-Result<PromptReader> PromptReader::Open(const std::string& path, const Tokenizer* tokenizer) {
+Result<PromptReader> PromptReader::Open(const std::string& path, const LoadedModel& loaded, bool add_generation_prompt) {
   PromptReader r;
   r.path_ = path;
   r.in_ = std::make_unique<std::ifstream>(path);
   if (!*r.in_) return Error(path + ": cannot open input");
-  r.tokenizer_ = tokenizer;
+  r.tokenizer_ = loaded.tokenizer_or_null();
+  r.loaded_ = &loaded;
+  r.add_generation_prompt_ = add_generation_prompt;
   return r;
 }
 
@@ -101,6 +106,22 @@ int64_t PromptReader::CountLines(const std::string& path) {
   int64_t n = 0;
   while (std::getline(in, line)) n += line.find_first_not_of(" \t\r") != std::string::npos;
   return n;
+}
+
+// A line's messages (read again with keys in order: templates print them so) as token ids.
+Result<std::vector<int32_t>> PromptReader::RenderMessages(const std::string& text) const {
+  const ChatTemplate* chat = loaded_->chat_template_or_null();
+  if (chat == nullptr) {
+    if (!loaded_->chat_template_error.ok()) return loaded_->chat_template_error;
+    return Error("has 'messages' but the model has no chat template (chat_template.jinja or tokenizer_config.json)");
+  }
+  if (tokenizer_ == nullptr) return Error("has 'messages' but the model has no tokenizer.json");
+  HSX_ASSIGN_OR_RETURN(nlohmann::ordered_json line, ParseOrderedJson(text, "the line"));
+  HSX_ASSIGN_OR_RETURN(ChatOptions options, ReadChatOptions(line, add_generation_prompt_));
+  HSX_ASSIGN_OR_RETURN(std::string prompt, chat->Render(line["messages"], options));
+  auto ids = tokenizer_->Encode(prompt, /*add_special_tokens=*/false);
+  if (!ids.ok()) return ids.status().with_context("the rendered messages");
+  return ids;
 }
 
 std::optional<PromptLine> PromptReader::Next() {
@@ -139,8 +160,12 @@ std::optional<PromptLine> PromptReader::Next() {
       auto ids = tokenizer_->Encode(j["prompt"].get<std::string>());
       if (!ids.ok()) return fail("field 'prompt': " + ids.status().message());
       p.token_ids = std::move(ids).value();
+    } else if (j.contains("messages")) {
+      auto ids = RenderMessages(text);
+      if (!ids.ok()) return fail(ids.status().message());
+      p.token_ids = std::move(ids).value();
     } else {
-      return fail("expected field 'token_ids' (list of integers) or 'prompt' (string)");
+      return fail("expected field 'token_ids' (list of integers), 'prompt' (string) or 'messages' (list)");
     }
     return p;
   }

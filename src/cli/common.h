@@ -18,6 +18,7 @@
 #include "model/eagle3_draft.h"
 #include "model/mtp_drafter.h"
 #include "model/model.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace hsx::cli {
@@ -41,14 +42,19 @@ Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& b
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model);
 
 // What a command that runs the model needs: the backend --device names, the model on it,
-// and the tokenizer when the model directory has one. Members die model before backend.
+// and the tokenizer and chat template when the model directory has them. Members die model
+// before backend.
 struct LoadedModel {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;
+  // A template hsx cannot read fails only the chat requests and lines that need it.
+  std::optional<ChatTemplate> chat_template;
+  Status chat_template_error;
   std::unique_ptr<Eagle3Draft> eagle3;  // drafts set by ApplySpeculativeConfig; they die before the model
   std::unique_ptr<MtpDrafter> mtp;
   const Tokenizer* tokenizer_or_null() const { return tokenizer ? &*tokenizer : nullptr; }
+  const ChatTemplate* chat_template_or_null() const { return chat_template ? &*chat_template : nullptr; }
 };
 Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options);
 
@@ -58,7 +64,10 @@ Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options);
 Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text, bool extracts, LoadedModel& loaded,
                                                          EngineConfig& ec);
 
-// One JSONL line: {"id": .., "token_ids": [..]} or {"id": .., "prompt": ".."}.
+// One JSONL line: {"id": .., "token_ids": [..]}, {"id": .., "prompt": ".."} or {"id": ..,
+// "messages": [..]} (rendered through the model's chat template, tokenized without special
+// tokens as transformers does for chat; a line may set add_generation_prompt, tools and
+// chat_template_kwargs).
 struct PromptLine {
   int line = 0;
   std::string id;
@@ -68,16 +77,22 @@ struct PromptLine {
 
 class PromptReader {
  public:
-  static Result<PromptReader> Open(const std::string& path, const Tokenizer* tokenizer);
+  // `loaded` supplies the tokenizer and chat template (either may be absent).
+  // `add_generation_prompt`: for messages lines that do not say (extract reads whole
+  // conversations: false; generate answers them: true).
+  static Result<PromptReader> Open(const std::string& path, const LoadedModel& loaded, bool add_generation_prompt);
   // The next non-blank line, or nullopt at the end of the file.
   std::optional<PromptLine> Next();
   // Non-blank lines in the file (a quick first pass, for progress and ETA).
   static int64_t CountLines(const std::string& path);
 
  private:
+  Result<std::vector<int32_t>> RenderMessages(const std::string& text) const;
   std::string path_;
   std::unique_ptr<std::ifstream> in_;
   const Tokenizer* tokenizer_ = nullptr;
+  const LoadedModel* loaded_ = nullptr;
+  bool add_generation_prompt_ = false;
   int line_ = 0;
 };
 

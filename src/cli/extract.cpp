@@ -70,7 +70,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     if (!parsed) return {Fail(cmd, Error("--dtype: '" + o.dtype + "' is not one of float32, bfloat16, float16"))};
     dtype = *parsed;
   }
-  auto reader = PromptReader::Open(o.input, loaded->tokenizer_or_null());
+  auto reader = PromptReader::Open(o.input, *loaded, /*add_generation_prompt=*/false);
   if (!reader.ok()) return {Fail(cmd, reader.status())};
   if (Status s = PrepareOutputDir(o.output); !s.ok()) return {Fail(cmd, s)};
   // Absolute paths in the manifest, as vLLM reports them, so readers need not know our cwd.

@@ -22,7 +22,7 @@ int RunGenerate(const GenerateOptions& o) {
   auto loaded = LoadModelAndTokenizer(o.model);
   if (!loaded.ok()) return Fail(cmd, loaded.status());
   const Tokenizer* tok = loaded->tokenizer_or_null();
-  auto reader = PromptReader::Open(o.input, tok);
+  auto reader = PromptReader::Open(o.input, *loaded, /*add_generation_prompt=*/true);
   if (!reader.ok()) return Fail(cmd, reader.status());
   EngineConfig ec;
   ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));

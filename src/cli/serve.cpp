@@ -112,8 +112,12 @@ int RunServe(ServeOptions o) {
   if (o.server.model_name.empty()) o.server.model_name = o.model.model;
   o.server.max_model_len = ec.max_model_len;
 
+  if (!loaded->chat_template_error.ok()) {
+    std::fprintf(stderr, "hsx serve: warning: chat completions are off: %s\n", loaded->chat_template_error.message().c_str());
+  }
   EngineService service(*loaded->model, ec, static_cast<size_t>(o.max_queued));
-  OpenAiServer server(o.server, service, loaded->tokenizer_or_null(), mc.eos_token_ids);
+  OpenAiServer server(o.server, service, loaded->tokenizer_or_null(), mc.eos_token_ids, loaded->chat_template_or_null(),
+                      loaded->chat_template_error);
   std::atomic<bool> run_ended{false}, cut_short{false};
   std::thread waiter([&] {
     if (!WaitForSignal(-1) || run_ended) return;

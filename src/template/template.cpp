@@ -351,6 +351,8 @@ Result<Template> Template::Parse(std::string_view source) {
     return t;
   } catch (const TemplateError& e) {
     return ToStatus(e);
+  } catch (const std::exception& e) {  // a library error on odd input must fail one template, not the process
+    return Error(std::string("template could not be parsed: ") + e.what());
   }
 }
 
@@ -361,6 +363,8 @@ Result<std::string> Template::Render(const ValueDict& variables, const RenderLim
     return ToStatus(e);
   } catch (const std::bad_alloc&) {
     return Error("template rendering ran out of memory");
+  } catch (const std::exception& e) {
+    return Error(std::string("template rendering failed: ") + e.what());
   }
 }
 
