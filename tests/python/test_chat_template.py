@@ -188,6 +188,7 @@ FEATURES = [
     "{% for m in messages %}{{ loop.previtem is defined }}{{ loop.nextitem.role if loop.nextitem }}"
     "{{ loop.cycle('odd', 'even') }};{% endfor %}",
     "{{ 'A' }}{% generation %} gen {{ 1 }}{% endgeneration %}{{ dict(a=1, b='x') | tojson }}",
+    "{{ strftime_now('%Y-%m') }} {{ strftime_now('%d %b') | length }}",
 ]
 VARIABLES = {"data": {"list": [1, 2, 3, 4, 5], "text": " hello world ", "nested": {"b": 2, "a": 1}},
              "messages": [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"},
