@@ -13,10 +13,12 @@
 namespace hsx::tmpl {
 
 struct RenderLimits {
-  size_t max_output_bytes = 4u << 20;     // the rendered text, and any one string built on the way
+  // The rendered text, and any one string built on the way: a conversation as long as the
+  // largest request body (--max-body-bytes, 32 MiB) still renders.
+  size_t max_output_bytes = 32u << 20;
   int64_t max_loop_iterations = 1000000;  // over all loops of a render
   int max_call_depth = 32;                // nested macro calls
-  int64_t max_work = 200000000;           // steps plus bytes built (about a second of work)
+  int64_t max_work = 1000000000;          // steps plus bytes built (seconds of work at worst)
 };
 
 class Budget {
