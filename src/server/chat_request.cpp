@@ -48,12 +48,10 @@ std::variant<CompletionRequest, RequestError> ParseChatRequest(const json& body,
   const json logprobs = body.value("logprobs", json());
   const json top = body.value("top_logprobs", json());
   if (!logprobs.is_null() && !logprobs.is_boolean()) return BadRequest("'logprobs' must be true or false", "logprobs");
-  if (!top.is_null() && !logprobs.is_boolean()) return BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  const bool wants_logprobs = logprobs.is_boolean() && logprobs.get<bool>();
+  if (!top.is_null() && !wants_logprobs) return BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs");
   completion.erase("logprobs");
-  if (logprobs.is_boolean() && logprobs.get<bool>()) completion["logprobs"] = top.is_null() ? json(0) : top;
-  if (!top.is_null() && !(logprobs.is_boolean() && logprobs.get<bool>())) {
-    return BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs");
-  }
+  if (wants_logprobs) completion["logprobs"] = top.is_null() ? json(0) : top;
 
   auto parsed = ParseCompletionRequest(completion, limits);
   if (auto* error = std::get_if<RequestError>(&parsed)) {

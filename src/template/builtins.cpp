@@ -59,7 +59,7 @@ std::string Replace(const std::string& s, const std::string& from, const std::st
     // Python inserts `to` before every character and at the end.
     const auto offsets = CodePointOffsets(s);
     int64_t done = 0;
-    for (size_t i = 0; i + 1 < offsets.size() || i + 1 == offsets.size(); ++i) {
+    for (size_t i = 0; i < offsets.size(); ++i) {
       if (count < 0 || done < count) {
         out += to;
         ++done;

@@ -155,7 +155,7 @@ void AppendStringRepr(std::string& out, const std::string& s) {
   out += quote;
 }
 
-void AppendRepr(std::string& out, const Value& v, bool top);
+void AppendRepr(std::string& out, const Value& v);
 
 void AppendStr(std::string& out, const Value& v) {
   switch (v.kind()) {
@@ -171,7 +171,7 @@ void AppendStr(std::string& out, const Value& v) {
       for (const auto& e : v.as_list()) {
         if (!first) out += ", ";
         first = false;
-        AppendRepr(out, e, false);
+        AppendRepr(out, e);
       }
       out += ']';
       return;
@@ -184,7 +184,7 @@ void AppendStr(std::string& out, const Value& v) {
         first = false;
         AppendStringRepr(out, k);
         out += ": ";
-        AppendRepr(out, e, false);
+        AppendRepr(out, e);
       }
       out += '}';
       return;
@@ -194,7 +194,7 @@ void AppendStr(std::string& out, const Value& v) {
   }
 }
 
-void AppendRepr(std::string& out, const Value& v, bool /*top*/) {
+void AppendRepr(std::string& out, const Value& v) {
   if (v.is_string()) {
     AppendStringRepr(out, v.as_string());
   } else if (v.is_undefined()) {
@@ -301,7 +301,7 @@ std::string Value::Str() const {
 
 std::string Value::Repr() const {
   std::string out;
-  AppendRepr(out, *this, true);
+  AppendRepr(out, *this);
   return out;
 }
 
