@@ -4,7 +4,10 @@
 // errors with line numbers, every resource bound, and a fuzz run that must never crash.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <unistd.h>
 
 #include "template/chat_template.h"
 #include "template/template.h"
@@ -152,6 +155,32 @@ TEST(ChatTemplate, ChecksMessagesNamingTheField) {
             "messages[0].content: expected a string, null or an array of text parts, got number");
   EXPECT_EQ(render(R"([{"role": "user", "content": [{"type": "image_url"}]}])").status().message(),
             "messages[0].content[0].type: only \"text\" parts are supported, got \"image_url\"");
+}
+
+// Where a model directory's template comes from, as transformers 5 resolves it.
+TEST(ChatTemplate, FindsTheTemplateAsTransformersDoes) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("hsx-chat-" + std::to_string(getpid()))).string();
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) { std::ofstream(dir + "/" + name) << text; };
+  EXPECT_FALSE(FindChatTemplate(dir)->has_value());  // none: a clear "no template" later
+  write("tokenizer_config.json", R"({"chat_template": "from config", "bos_token": {"content": "<s>"}})");
+  EXPECT_EQ(**FindChatTemplate(dir), "from config");
+  write("tokenizer_config.json", R"({"chat_template": [{"name": "tool_use", "template": "t"}, {"name": "default", "template": "d"}]})");
+  EXPECT_EQ(**FindChatTemplate(dir), "d");
+  write("tokenizer_config.json", R"({"chat_template": [{"name": "tool_use", "template": "t"}]})");
+  EXPECT_NE(FindChatTemplate(dir).status().message().find("without a \"default\""), std::string::npos);
+  write("tokenizer_config.json", R"({"chat_template": 7})");
+  EXPECT_NE(FindChatTemplate(dir).status().message().find("expected a string or a list"), std::string::npos);
+  write("chat_template.jinja", "from jinja");  // the standalone file wins, as in transformers 5
+  EXPECT_EQ(**FindChatTemplate(dir), "from jinja");
+  write("chat_template.jinja", "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}");
+  write("tokenizer_config.json", R"({"bos_token": {"content": "<s>"}, "eos_token": "</s>", "pad_token": null})");
+  auto chat = ChatTemplate::Load(dir);
+  ASSERT_TRUE(chat.ok() && chat->has_value()) << chat.status().message();
+  EXPECT_EQ(*(*chat)->Render(nlohmann::ordered_json::parse(R"([{"role": "user", "content": "x"}])"), {}), "<s>x");
+  write("chat_template.jinja", "{% if %}");
+  EXPECT_NE(ChatTemplate::Load(dir).status().message().find("chat template: line 1"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
