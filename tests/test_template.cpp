@@ -69,6 +69,11 @@ TEST(Template, ErrorsNameTheLine) {
   EXPECT_NE(RenderError("{{ 'a' | nosuchfilter }}").find("no filter named 'nosuchfilter'"), std::string::npos);
   EXPECT_NE(RenderError("{{ 99999999999999999999 }}").find("out of range"), std::string::npos);
   EXPECT_NE(RenderError("{{ 9223372036854775807 + 1 }}").find("overflow"), std::string::npos);
+  EXPECT_NE(RenderError("{{ -9223372036854775807 - 2 }}").find("overflow"), std::string::npos);
+  EXPECT_NE(RenderError("{{ 3 ** 40 }}").find("overflow"), std::string::npos);
+  EXPECT_NE(RenderError("{{ (-9223372036854775807 - 1) | abs }}").find("overflow"), std::string::npos);
+  EXPECT_EQ(RenderOk("{{ (-1) ** 3 }} {{ 2 ** 62 }} {{ 0 ** 0 }} {{ (-1) ** 1000000000000 }} {{ 7 ** 0 }}"),
+            "-1 4611686018427387904 1 1 1");
   EXPECT_NE(RenderError("{{ 1 // 0 }}").find("by zero"), std::string::npos);
   EXPECT_NE(RenderError("{{ 'a'[::0] }}").find("zero"), std::string::npos);
   EXPECT_NE(RenderError(std::string("\xff")).find("UTF-8"), std::string::npos);

@@ -290,12 +290,15 @@ bool Less(const Value& a, const Value& b) {
   TypeError("'<' not supported between instances of " + Quoted(a.TypeName()) + " and " + Quoted(b.TypeName()));
 }
 
-int64_t CheckedInt(long double exact, int64_t value, const char* op) {
-  if (exact > static_cast<long double>(std::numeric_limits<int64_t>::max()) ||
-      exact < static_cast<long double>(std::numeric_limits<int64_t>::min())) {
-    TypeError(std::string("integer overflow in '") + op + "' (hsx's integers are 64-bit)");
-  }
-  return value;
+// Python's integers do not overflow; hsx's 64-bit ones fail instead of wrapping.
+[[noreturn]] void Overflow(const char* op) {
+  TypeError(std::string("integer overflow in '") + op + "' (hsx's integers are 64-bit)");
+}
+
+int64_t CheckedMul(int64_t x, int64_t y, const char* op) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(x, y, &r)) Overflow(op);
+  return r;
 }
 
 Value Repeat(const Value& seq, int64_t times, Budget& budget) {
@@ -446,7 +449,9 @@ Value BinaryOp(const std::string& op, const Value& a, const Value& b, Budget& bu
   const bool numbers = a.is_number() && b.is_number();
   const bool ints = numbers && !a.is_float() && !b.is_float();
   if (op == "+") {
-    if (ints) return Value(CheckedInt(static_cast<long double>(a.as_int()) + b.as_int(), a.as_int() + b.as_int(), "+"));
+    int64_t r = 0;
+    if (ints && __builtin_add_overflow(a.as_int(), b.as_int(), &r)) Overflow("+");
+    if (ints) return Value(r);
     if (numbers) return Value(a.as_float() + b.as_float());
     if (a.is_string() && b.is_string()) {
       budget.CheckSize(a.as_string().size() + b.as_string().size());
@@ -459,10 +464,12 @@ Value BinaryOp(const std::string& op, const Value& a, const Value& b, Budget& bu
       return Value(std::move(out));
     }
   } else if (op == "-") {
-    if (ints) return Value(CheckedInt(static_cast<long double>(a.as_int()) - b.as_int(), a.as_int() - b.as_int(), "-"));
+    int64_t r = 0;
+    if (ints && __builtin_sub_overflow(a.as_int(), b.as_int(), &r)) Overflow("-");
+    if (ints) return Value(r);
     if (numbers) return Value(a.as_float() - b.as_float());
   } else if (op == "*") {
-    if (ints) return Value(CheckedInt(static_cast<long double>(a.as_int()) * b.as_int(), a.as_int() * b.as_int(), "*"));
+    if (ints) return Value(CheckedMul(a.as_int(), b.as_int(), "*"));
     if (numbers) return Value(a.as_float() * b.as_float());
     if ((a.is_string() || a.is_list()) && (b.is_int() || b.is_bool())) return Repeat(a, b.as_int(), budget);
     if ((b.is_string() || b.is_list()) && (a.is_int() || a.is_bool())) return Repeat(b, a.as_int(), budget);
@@ -496,15 +503,13 @@ Value BinaryOp(const std::string& op, const Value& a, const Value& b, Budget& bu
       return op == "//" ? Value(std::floor(x / y)) : Value(m);
     }
   } else if (op == "**") {
-    if (ints && b.as_int() >= 0) {
-      long double exact = 1;
-      int64_t v = 1;
-      for (int64_t i = 0; i < b.as_int(); ++i) {
-        exact *= a.as_int();
-        v = CheckedInt(exact, static_cast<int64_t>(exact), "**");
-        if (v == 0 || v == 1) break;
+    if (ints && b.as_int() >= 0) {  // by squaring: O(log exponent) steps
+      int64_t base = a.as_int(), result = 1;
+      for (int64_t e = b.as_int(); e > 0; e >>= 1) {
+        if (e & 1) result = CheckedMul(result, base, "**");
+        if (e > 1) base = CheckedMul(base, base, "**");
       }
-      return Value(v);
+      return Value(result);
     }
     if (numbers) return Value(std::pow(a.as_float(), b.as_float()));
   }
@@ -667,7 +672,11 @@ Value ApplyFilter(const std::string& name, const Value& input, const CallArgs& a
     return args.Get(0, "default", Value(0.0));
   }
   if (name == "abs") {
-    if (input.is_int() || input.is_bool()) return Value(CheckedInt(std::abs(static_cast<long double>(input.as_int())), input.as_int() < 0 ? -input.as_int() : input.as_int(), "abs"));
+    if (input.is_int() || input.is_bool()) {
+      const int64_t v = input.as_int();
+      if (v == std::numeric_limits<int64_t>::min()) Overflow("abs");
+      return Value(v < 0 ? -v : v);
+    }
     if (input.is_float()) return Value(std::fabs(input.as_float()));
     TypeError("bad operand type for abs(): " + Quoted(input.TypeName()));
   }
