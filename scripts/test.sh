@@ -14,8 +14,9 @@ python3 -m pip install --quiet --disable-pip-version-check openai pytest numpy
 # The tokenizer against Hugging Face: tokenizers (the reference), transformers and gguf (the
 # reference encode, and the conversion of real models' GGUF tokenizers); gguf is also the
 # reference for GGUF reading and dequantization, safetensors writes the converted GGUF
-# model's directory; no torch needed.
-python3 -m pip install --quiet --disable-pip-version-check tokenizers transformers gguf safetensors
+# model's directory; no torch needed. Chat templates against jinja2 and transformers'
+# apply_chat_template (which needs jinja2).
+python3 -m pip install --quiet --disable-pip-version-check tokenizers transformers gguf safetensors "jinja2>=3.1.6"
 python3 -m pip install --quiet --disable-pip-version-check --no-deps speculators
 HSX_BINARY="$PWD/build/src/hsx" python3 -m pytest tests/python -q
 # Sanitizers cover the host code; the CUDA backend is compiled (and its tests skip

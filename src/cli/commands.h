@@ -17,5 +17,6 @@ void RegisterInspect(CLI::App& root);
 void RegisterBench(CLI::App& root);
 void RegisterServe(CLI::App& root);
 void RegisterManifest(CLI::App& root);
+void RegisterChatTemplate(CLI::App& root);
 
 }  // namespace hsx::cli

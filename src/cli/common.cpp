@@ -109,11 +109,21 @@ static Status LoadRanks(const ModelOptions& options, LoadedModel& loaded) {
   return Status();
 }
 
+// The tokenizer and chat template of the model's directory into `loaded`; a template hsx
+// cannot read is kept as the error chat requests will get.
+static Status LoadTokenizerAndTemplate(const std::string& model, LoadedModel& loaded) {
+  HSX_ASSIGN_OR_RETURN(loaded.tokenizer, LoadTokenizerIfPresent(model));
+  auto chat_template = ChatTemplate::Load(model);
+  if (chat_template.ok()) loaded.chat_template = std::move(chat_template).value();
+  else loaded.chat_template_error = chat_template.status();
+  return Status();
+}
+
 Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options) {
   LoadedModel loaded;
   HSX_ASSIGN_OR_RETURN(loaded.backend, MakeBackend(options.device, options.batch_invariant));
   HSX_RETURN_IF_ERROR(LoadRanks(options, loaded));
-  HSX_ASSIGN_OR_RETURN(loaded.tokenizer, LoadTokenizerIfPresent(options.model));
+  HSX_RETURN_IF_ERROR(LoadTokenizerAndTemplate(options.model, loaded));
   return loaded;
 }
 
@@ -166,7 +176,7 @@ Result<std::vector<LoadedModel>> LoadReplicas(const ModelOptions& options, int d
     own.device = devices[r];
     if (Status s = LoadRanks(own, replicas[r]); !s.ok()) return fail(r, s);
   }
-  HSX_ASSIGN_OR_RETURN(replicas[0].tokenizer, LoadTokenizerIfPresent(options.model));
+  HSX_RETURN_IF_ERROR(LoadTokenizerAndTemplate(options.model, replicas[0]));
   return replicas;
 }
 
@@ -216,13 +226,16 @@ Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text
   return spec.method;
 }
 
-Result<PromptReader> PromptReader::Open(const std::string& path, const Tokenizer* tokenizer, Filter keep) {
+Result<PromptReader> PromptReader::Open(const std::string& path, const LoadedModel& loaded, bool add_generation_prompt,
+                                         Filter keep) {
   PromptReader r;
   r.keep_ = std::move(keep);
   r.path_ = path;
   r.in_ = std::make_unique<std::ifstream>(path);
   if (!*r.in_) return Error(path + ": cannot open input");
-  r.tokenizer_ = tokenizer;
+  r.tokenizer_ = loaded.tokenizer_or_null();
+  r.loaded_ = &loaded;
+  r.add_generation_prompt_ = add_generation_prompt;
   return r;
 }
 
@@ -232,6 +245,22 @@ int64_t PromptReader::CountLines(const std::string& path) {
   int64_t n = 0;
   while (std::getline(in, line)) n += line.find_first_not_of(" \t\r") != std::string::npos;
   return n;
+}
+
+// A line's messages (read again with keys in order: templates print them so) as token ids.
+Result<std::vector<int32_t>> PromptReader::RenderMessages(const std::string& text) const {
+  const ChatTemplate* chat = loaded_->chat_template_or_null();
+  if (chat == nullptr) {
+    if (!loaded_->chat_template_error.ok()) return loaded_->chat_template_error;
+    return Error("has 'messages' but the model has no chat template (chat_template.jinja or tokenizer_config.json)");
+  }
+  if (tokenizer_ == nullptr) return Error("has 'messages' but the model has no tokenizer.json");
+  HSX_ASSIGN_OR_RETURN(nlohmann::ordered_json line, ParseOrderedJson(text, "the line"));
+  HSX_ASSIGN_OR_RETURN(ChatOptions options, ReadChatOptions(line, add_generation_prompt_));
+  HSX_ASSIGN_OR_RETURN(std::string prompt, chat->Render(line["messages"], options));
+  auto ids = tokenizer_->Encode(prompt, /*add_special_tokens=*/false);
+  if (!ids.ok()) return ids.status().with_context("the rendered messages");
+  return ids;
 }
 
 std::optional<PromptLine> PromptReader::Next() {
@@ -271,8 +300,12 @@ std::optional<PromptLine> PromptReader::Next() {
       auto ids = tokenizer_->Encode(j["prompt"].get<std::string>());
       if (!ids.ok()) return fail("field 'prompt': " + ids.status().message());
       p.token_ids = std::move(ids).value();
+    } else if (j.contains("messages")) {
+      auto ids = RenderMessages(text);
+      if (!ids.ok()) return fail(ids.status().message());
+      p.token_ids = std::move(ids).value();
     } else {
-      return fail("expected field 'token_ids' (list of integers) or 'prompt' (string)");
+      return fail("expected field 'token_ids' (list of integers), 'prompt' (string) or 'messages' (list)");
     }
     return p;
   }

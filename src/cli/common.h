@@ -18,6 +18,7 @@
 #include "model/eagle3_draft.h"
 #include "model/mtp_drafter.h"
 #include "model/model.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace hsx::cli {
@@ -45,9 +46,9 @@ Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& b
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model);
 
 // What a command that runs the model needs: the backend --device names, the model on it,
-// and the tokenizer when the model directory has one. Members die model before backend.
-// With --tensor-parallel-size N, backend and model are rank 0's, and ranks 1..N-1 follow
-// in peer_backends and peer_models (EngineConfig::tensor_parallel_peers).
+// and the tokenizer and chat template when the model directory has them. Members die model
+// before backend. With --tensor-parallel-size N, backend and model are rank 0's, and ranks
+// 1..N-1 follow in peer_backends and peer_models (EngineConfig::tensor_parallel_peers).
 struct LoadedModel {
   std::unique_ptr<Backend> backend;
   std::vector<std::unique_ptr<Backend>> peer_backends;
@@ -60,9 +61,13 @@ struct LoadedModel {
     return p;
   }
   std::optional<Tokenizer> tokenizer;
+  // A template hsx cannot read fails only the chat requests and lines that need it.
+  std::optional<ChatTemplate> chat_template;
+  Status chat_template_error;
   std::unique_ptr<Eagle3Draft> eagle3;  // drafts set by ApplySpeculativeConfig; they die before the model
   std::unique_ptr<MtpDrafter> mtp;
   const Tokenizer* tokenizer_or_null() const { return tokenizer ? &*tokenizer : nullptr; }
+  const ChatTemplate* chat_template_or_null() const { return chat_template ? &*chat_template : nullptr; }
 };
 Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options);
 
@@ -74,7 +79,7 @@ inline constexpr int kMaxDataParallelSize = 64;
 // With tensor parallelism each replica takes devices_per_replica consecutive GPUs.
 Result<std::vector<std::string>> ReplicaDevices(const std::string& device, int data_parallel_size,
                                                 int devices_per_replica = 1);
-// M copies of the model, replica r on ReplicaDevices(...)[r]; the tokenizer is loaded
+// M copies of the model, replica r on ReplicaDevices(...)[r]; the tokenizer and chat template are loaded
 // into replica 0 only. Any replica failing to load fails the whole start, naming it.
 Result<std::vector<LoadedModel>> LoadReplicas(const ModelOptions& options, int data_parallel_size);
 // Registers --data-parallel-size on a command.
@@ -86,7 +91,10 @@ void AddDataParallelOption(CLI::App& app, int& data_parallel_size);
 Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text, bool extracts, LoadedModel& loaded,
                                                          EngineConfig& ec);
 
-// One JSONL line: {"id": .., "token_ids": [..]} or {"id": .., "prompt": ".."}.
+// One JSONL line: {"id": .., "token_ids": [..]}, {"id": .., "prompt": ".."} or {"id": ..,
+// "messages": [..]} (rendered through the model's chat template, tokenized without special
+// tokens as transformers does for chat; a line may set add_generation_prompt, tools and
+// chat_template_kwargs).
 struct PromptLine {
   int line = 0;
   std::string id;
@@ -96,20 +104,26 @@ struct PromptLine {
 
 class PromptReader {
  public:
-  // Given `keep`, lines it refuses (by line number and id) are skipped before any
-  // tokenizing: a shard reads only its own lines.
+  // `loaded` supplies the tokenizer and chat template (either may be absent).
+  // `add_generation_prompt`: for messages lines that do not say (extract reads whole
+  // conversations: false; generate answers them: true). Given `keep`, lines it refuses (by
+  // line number and id) are skipped before any tokenizing: a shard reads only its own lines.
   using Filter = std::function<bool(int line, const std::string& id)>;
-  static Result<PromptReader> Open(const std::string& path, const Tokenizer* tokenizer, Filter keep = {});
+  static Result<PromptReader> Open(const std::string& path, const LoadedModel& loaded, bool add_generation_prompt,
+                                   Filter keep = {});
   // The next non-blank line, or nullopt at the end of the file.
   std::optional<PromptLine> Next();
   // Non-blank lines in the file (a quick first pass, for progress and ETA).
   static int64_t CountLines(const std::string& path);
 
  private:
+  Result<std::vector<int32_t>> RenderMessages(const std::string& text) const;
   std::string path_;
   std::unique_ptr<std::ifstream> in_;
   const Tokenizer* tokenizer_ = nullptr;
   Filter keep_;
+  const LoadedModel* loaded_ = nullptr;
+  bool add_generation_prompt_ = false;
   int line_ = 0;
 };
 

@@ -80,7 +80,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     if (!parsed) return {Fail(cmd, Error("--dtype: '" + o.dtype + "' is not one of float32, bfloat16, float16"))};
     dtype = *parsed;
   }
-  auto reader = PromptReader::Open(o.input, loaded.tokenizer_or_null(),
+  auto reader = PromptReader::Open(o.input, loaded, /*add_generation_prompt=*/false,
                                    [&](int line, const std::string& id) { return shard->Owns(line, id); });
   if (!reader.ok()) return {Fail(cmd, reader.status())};
   if (Status s = PrepareOutputDir(o.output); !s.ok()) return {Fail(cmd, s)};

@@ -28,7 +28,7 @@ int RunGenerate(const GenerateOptions& o) {
   if (!replicas.ok()) return Fail(cmd, replicas.status());
   const Tokenizer* tok = replicas->front().tokenizer_or_null();
   const ModelConfig& mc = replicas->front().model->config();
-  auto reader = PromptReader::Open(o.input, tok);
+  auto reader = PromptReader::Open(o.input, replicas->front(), /*add_generation_prompt=*/true);
   if (!reader.ok()) return Fail(cmd, reader.status());
   EngineConfig ec;
   ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));

@@ -1,4 +1,4 @@
-// hsx: extract hidden states, serve, generate, tokenize, inspect, bench, manifest.
+// hsx: extract hidden states, serve, generate, tokenize, chat-template, inspect, bench, manifest.
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
@@ -10,7 +10,7 @@ int main(int argc, char** argv) {
   hsx::cli::RegisterInspect(app);
   hsx::cli::RegisterBench(app);
   hsx::cli::RegisterServe(app);
-  hsx::cli::RegisterManifest(app);
+// hsx: extract hidden states, serve, generate, tokenize, chat-template, inspect, bench, manifest.
   CLI11_PARSE(app, argc, argv);
   return hsx::cli::ExitCode();
 }

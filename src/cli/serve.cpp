@@ -123,7 +123,11 @@ int RunServe(ServeOptions o) {
   }
   // A prefix's replica keeps its requests until it has a full batch more than the least loaded.
   EngineReplicas service(std::move(services), configs[0].block_size, static_cast<size_t>(std::max(1, o.max_num_seqs)));
-  OpenAiServer server(o.server, service, loaded.tokenizer_or_null(), mc.eos_token_ids);
+  if (!loaded.chat_template_error.ok()) {
+    std::fprintf(stderr, "hsx serve: warning: chat completions are off: %s\n", loaded.chat_template_error.message().c_str());
+  }
+  OpenAiServer server(o.server, service, loaded.tokenizer_or_null(), mc.eos_token_ids, loaded.chat_template_or_null(),
+                      loaded.chat_template_error);
   std::atomic<bool> run_ended{false}, cut_short{false};
   std::thread waiter([&] {
     if (!WaitForSignal(-1) || run_ended) return;

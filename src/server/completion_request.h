@@ -57,6 +57,7 @@ struct CompletionRequest {
   bool include_output_tokens = false;
   std::string hidden_states_name;  // a client-chosen file name inside the storage directory
   std::vector<std::string> ignored_fields;  // unknown top-level fields (shortened), for the log
+  bool chat = false;  // from /v1/chat/completions: answered in OpenAI's chat shape
 };
 
 // The request in `body` (a parsed JSON value), or the error that answers it.

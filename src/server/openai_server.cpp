@@ -14,6 +14,7 @@
 
 #include "capture/file_lock.h"
 #include "capture/hidden_states_file.h"
+#include "server/chat_request.h"
 #include "server/http_server.h"
 #include "server/peer_socket.h"
 #include "util/json.h"
@@ -49,10 +50,10 @@ int64_t Now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// A request id as vLLM makes them: "cmpl-" and a random (version 4) UUID's 32 hex digits
+// A request id as vLLM makes them: "cmpl-" ("chatcmpl-" for chat) and a random (version 4) UUID's 32 hex digits
 // from the OS's random source, so servers, or a restarted server, sharing one storage
 // directory never name the same file (ids made of the time and a counter did).
-std::string NewRequestId() {
+std::string NewRequestId(std::string id) {
   thread_local std::random_device source;  // getrandom(2) or /dev/urandom in libstdc++
   std::array<uint8_t, 16> bytes;
   for (size_t i = 0; i < bytes.size(); i += 4) {
@@ -62,7 +63,6 @@ std::string NewRequestId() {
   bytes[6] = static_cast<uint8_t>((bytes[6] & 0x0f) | 0x40);  // version 4
   bytes[8] = static_cast<uint8_t>((bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
   static constexpr char kHex[] = "0123456789abcdef";
-  std::string id = "cmpl-";
   for (uint8_t b : bytes) {
     id += kHex[b >> 4];
     id += kHex[b & 15];
@@ -103,10 +103,13 @@ class ClientWatch {
 }  // namespace
 
 OpenAiServer::OpenAiServer(ServerConfig config, EngineReplicas& engine, const Tokenizer* tokenizer,
-                           std::vector<int32_t> eos_token_ids)
+                           std::vector<int32_t> eos_token_ids, const ChatTemplate* chat_template,
+                           Status chat_template_error)
     : config_(std::move(config)),
       engine_(engine),
       tokenizer_(tokenizer),
+      chat_template_(chat_template),
+      chat_template_error_(std::move(chat_template_error)),
       eos_token_ids_(std::move(eos_token_ids)),
       http_(std::make_unique<HttpServer>(HttpServer::Limits{static_cast<size_t>(std::max(1, config_.http_threads)),
                                                             config_.header_timeout, config_.read_timeout})) {
@@ -176,7 +179,8 @@ void OpenAiServer::Routes() {
   // Every POST body: at most --max-body-bytes (413), then JSON nested at most
   // kMaxJsonDepth levels (400), before a handler sees it.
   http_->set_payload_max_length(config_.max_body_bytes);
-  using JsonHandler = std::function<void(const httplib::Request&, httplib::Response&, const json&)>;
+  // Handlers get the parsed body and its text (chat re-reads it with its keys in order).
+  using JsonHandler = std::function<void(const httplib::Request&, httplib::Response&, const json&, const std::string&)>;
   auto post_json = [this](const std::string& pattern, JsonHandler handler) {
     http_->Post(pattern, [this, handler](const httplib::Request& req, httplib::Response& res,
                                          const httplib::ContentReader& content) {
@@ -191,7 +195,7 @@ void OpenAiServer::Routes() {
       if (!read) return ReplyError(res, 400, "the request body could not be read");
       auto body = ParseJson(text, "the request body");
       if (!body.ok()) return ReplyError(res, 400, Shortened(body.status().message(), 300));
-      handler(req, res, *body);
+      handler(req, res, *body, text);
     });
   };
 
@@ -207,7 +211,7 @@ void OpenAiServer::Routes() {
     res.set_content(Metrics(), "text/plain; version=0.0.4");
   });
 
-  post_json("/tokenize", [this](const httplib::Request&, httplib::Response& res, const json& body) {
+  post_json("/tokenize", [this](const httplib::Request&, httplib::Response& res, const json& body, const std::string&) {
     if (tokenizer_ == nullptr) return ReplyError(res, 400, "this model has no tokenizer.json");
     if (!body.is_object() || !body.contains("prompt") || !body["prompt"].is_string()) {
       return ReplyError(res, 400, "expected a JSON object with a string field 'prompt'", "prompt");
@@ -223,7 +227,7 @@ void OpenAiServer::Routes() {
     ReplyJson(res, {{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", config_.max_model_len}});
   });
 
-  post_json("/detokenize", [this](const httplib::Request&, httplib::Response& res, const json& body) {
+  post_json("/detokenize", [this](const httplib::Request&, httplib::Response& res, const json& body, const std::string&) {
     if (tokenizer_ == nullptr) return ReplyError(res, 400, "this model has no tokenizer.json");
     if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
       return ReplyError(res, 400, "expected a JSON object with a list field 'tokens'", "tokens");
@@ -241,104 +245,121 @@ void OpenAiServer::Routes() {
     ReplyJson(res, {{"prompt", *text}});
   });
 
-  post_json("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const json& body) {
+  post_json("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const json& body, const std::string&) {
     auto parsed = ParseCompletionRequest(body, limits_);
     if (const auto* e = std::get_if<RequestError>(&parsed)) return ReplyError(res, e->status, e->message, e->param);
-    const CompletionRequest& c = std::get<CompletionRequest>(parsed);
-    if (!c.ignored_fields.empty()) {
-      std::string names;
-      for (const std::string& f : c.ignored_fields) names += (names.empty() ? "" : ", ") + f;
-      std::fprintf(stderr, "hsx serve: warning: ignoring unknown request fields: %s\n", Shortened(names, 300).c_str());
-    }
-
-    // One engine request per choice, all checked before any is submitted, so a bad one
-    // fails the request before anything runs or is written.
-    const bool extract = !config_.storage_dir.empty();
-    const std::string id = NewRequestId();
-    std::vector<Request> requests;
-    std::vector<std::string> paths;
-    for (size_t p = 0; p < c.prompts.size(); ++p) {
-      for (int j = 0; j < c.n; ++j) {
-        Request r = EngineRequest(c, p, j, id + "-" + std::to_string(requests.size()));
-        if (Status s = engine_.Validate(r); !s.ok()) return ReplyError(res, 400, s.message(), "prompt");
-        const std::string name = c.hidden_states_name.empty() ? r.id + ".safetensors" : c.hidden_states_name;
-        paths.push_back(extract ? config_.storage_dir + "/" + name : "");
-        requests.push_back(std::move(r));
-      }
-    }
-    if (c.stream) return Stream(std::move(requests[0]), paths[0], c, req, res);
-
-    // Each choice finishes through its own promise. Its text is built from its tokens
-    // once it is done, or, with stop strings, on the engine thread as they arrive (a stop
-    // string ends the sequence there); the engine thread decodes nothing otherwise.
-    const bool stop_strings = tokenizer_ != nullptr && !c.stop.empty();
-    std::vector<std::shared_ptr<CompletionText>> texts;
-    std::vector<std::future<Completion>> futures;
-    std::vector<std::pair<Request, EngineService::Callback>> submits;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      auto text = std::make_shared<CompletionText>(tokenizer_, requests[i].prompt, TextOptions(c, requests[i]));
-      if (stop_strings) requests[i].on_token = [text](int32_t token) { return text->Add(token); };
-      auto promise = std::make_shared<std::promise<Completion>>();
-      futures.push_back(promise->get_future());
-      texts.push_back(std::move(text));
-      submits.emplace_back(std::move(requests[i]), [this, promise, path = paths[i]](const Status& status,
-                                                                                     std::unique_ptr<Sequence> seq) {
-        promise->set_value(Finish(status, std::move(seq), path));
-      });
-    }
-    if (!engine_.SubmitAll(std::move(submits))) {
-      res.set_header("Retry-After", "1");
-      return ReplyError(res, 503, "the server is at capacity; retry shortly");
-    }
-    auto abort_all = [&] {
-      for (size_t i = 0; i < futures.size(); ++i) engine_.Abort(id + "-" + std::to_string(i));
-    };
-
-    // Wait without delaying the answer (a result wakes us at once), looking at the
-    // client every 50 ms: one that went away cancels its prompts and frees their blocks.
-    ClientWatch client(req);
-    for (auto& f : futures) {
-      while (f.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
-        if (client.Gone()) return abort_all();  // nobody is left to read a response
-      }
-    }
-
-    json choices = json::array();
-    int64_t prompt_tokens = 0, completion_tokens = 0;
-    for (const auto& p : c.prompts) prompt_tokens += static_cast<int64_t>(p.ids.size());
-    std::string first_path;
-    for (size_t i = 0; i < futures.size(); ++i) {
-      Completion r = futures[i].get();
-      if (!r.status.ok()) return ReplyError(res, r.server_error ? 500 : 400, r.status.message(), r.server_error ? "" : "prompt");
-      // The answer waits for the file, so a write that fails (a full disk) fails the request.
-      if (r.written.valid() && !r.written.get().ok()) return ReplyError(res, 500, r.written.get().message());
-      const std::vector<int32_t> out = r.seq->generated();
-      if (!stop_strings)
-        for (int32_t token : out) texts[i]->Add(token);
-      texts[i]->Finish();
-      const auto& prompt = c.prompts[i / static_cast<size_t>(c.n)];
-      json choice = {{"index", i}, {"text", (c.echo ? PromptText(prompt) : "") + texts[i]->text()},
-                     {"logprobs", c.sampling.logprobs >= 0
-                                      ? LogprobsJson(out, r.seq->logprobs, 0, out.size(), 0) : json()},
-                     {"finish_reason", r.seq->stopped() ? "stop" : "length"}};
-      if (c.return_token_ids) {
-        choice["prompt_token_ids"] = prompt.ids;
-        choice["token_ids"] = out;
-      }
-      if (extract) {
-        choice["kv_transfer_params"] = {{"hidden_states_path", r.hidden_states_path}};
-        if (first_path.empty()) first_path = r.hidden_states_path;
-      }
-      completion_tokens += static_cast<int64_t>(out.size());
-      choices.push_back(std::move(choice));
-    }
-    json response = {{"id", id}, {"object", "text_completion"}, {"created", Now()}, {"model", config_.model_name},
-                     {"choices", choices},
-                     {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
-                                {"total_tokens", prompt_tokens + completion_tokens}}}};
-    if (extract) response["kv_transfer_params"] = {{"hidden_states_path", first_path}};
-    ReplyJson(res, response);
+    Complete(std::get<CompletionRequest>(parsed), req, res);
   });
+
+  post_json("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const json& body,
+                                           const std::string& text) {
+    auto ordered = ParseOrderedJson(text, "the request body");  // parsed once already: cannot fail
+    if (!ordered.ok()) return ReplyError(res, 400, Shortened(ordered.status().message(), 300));
+    if (chat_template_ == nullptr && !chat_template_error_.ok()) {
+      return ReplyError(res, 400, "this model's chat template cannot be used: " + chat_template_error_.message(), "messages");
+    }
+    auto parsed = ParseChatRequest(body, *ordered, chat_template_, limits_);
+    if (const auto* e = std::get_if<RequestError>(&parsed)) return ReplyError(res, e->status, e->message, e->param);
+    Complete(std::get<CompletionRequest>(parsed), req, res);
+  });
+}
+
+// A checked request (completions or chat) run to its answer, streamed or whole.
+void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& req, httplib::Response& res) {
+  if (!c.ignored_fields.empty()) {
+    std::string names;
+    for (const std::string& f : c.ignored_fields) names += (names.empty() ? "" : ", ") + f;
+    std::fprintf(stderr, "hsx serve: warning: ignoring unknown request fields: %s\n", Shortened(names, 300).c_str());
+  }
+
+  // One engine request per choice, all checked before any is submitted, so a bad one
+  // fails the request before anything runs or is written.
+  const bool extract = !config_.storage_dir.empty();
+  const std::string id = NewRequestId(c.chat ? "chatcmpl-" : "cmpl-");
+  std::vector<Request> requests;
+  std::vector<std::string> paths;
+  for (size_t p = 0; p < c.prompts.size(); ++p) {
+    for (int j = 0; j < c.n; ++j) {
+      Request r = EngineRequest(c, p, j, id + "-" + std::to_string(requests.size()));
+      if (Status s = engine_.Validate(r); !s.ok()) return ReplyError(res, 400, s.message(), "prompt");
+      const std::string name = c.hidden_states_name.empty() ? r.id + ".safetensors" : c.hidden_states_name;
+      paths.push_back(extract ? config_.storage_dir + "/" + name : "");
+      requests.push_back(std::move(r));
+    }
+  }
+  if (c.stream) return Stream(std::move(requests[0]), paths[0], c, req, res);
+
+  // Each choice finishes through its own promise. Its text is built from its tokens
+  // once it is done, or, with stop strings, on the engine thread as they arrive (a stop
+  // string ends the sequence there); the engine thread decodes nothing otherwise.
+  const bool stop_strings = tokenizer_ != nullptr && !c.stop.empty();
+  std::vector<std::shared_ptr<CompletionText>> texts;
+  std::vector<std::future<Completion>> futures;
+  std::vector<std::pair<Request, EngineService::Callback>> submits;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto text = std::make_shared<CompletionText>(tokenizer_, requests[i].prompt, TextOptions(c, requests[i]));
+    if (stop_strings) requests[i].on_token = [text](int32_t token) { return text->Add(token); };
+    auto promise = std::make_shared<std::promise<Completion>>();
+    futures.push_back(promise->get_future());
+    texts.push_back(std::move(text));
+    submits.emplace_back(std::move(requests[i]), [this, promise, path = paths[i]](const Status& status,
+                                                                                   std::unique_ptr<Sequence> seq) {
+      promise->set_value(Finish(status, std::move(seq), path));
+    });
+  }
+  if (!engine_.SubmitAll(std::move(submits))) {
+    res.set_header("Retry-After", "1");
+    return ReplyError(res, 503, "the server is at capacity; retry shortly");
+  }
+  auto abort_all = [&] {
+    for (size_t i = 0; i < futures.size(); ++i) engine_.Abort(id + "-" + std::to_string(i));
+  };
+
+  // Wait without delaying the answer (a result wakes us at once), looking at the
+  // client every 50 ms: one that went away cancels its prompts and frees their blocks.
+  ClientWatch client(req);
+  for (auto& f : futures) {
+    while (f.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+      if (client.Gone()) return abort_all();  // nobody is left to read a response
+    }
+  }
+
+  json choices = json::array();
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (const auto& p : c.prompts) prompt_tokens += static_cast<int64_t>(p.ids.size());
+  std::string first_path;
+  for (size_t i = 0; i < futures.size(); ++i) {
+    Completion r = futures[i].get();
+    if (!r.status.ok()) return ReplyError(res, r.server_error ? 500 : 400, r.status.message(), r.server_error ? "" : "prompt");
+    // The answer waits for the file, so a write that fails (a full disk) fails the request.
+    if (r.written.valid() && !r.written.get().ok()) return ReplyError(res, 500, r.written.get().message());
+    const std::vector<int32_t> out = r.seq->generated();
+    if (!stop_strings)
+      for (int32_t token : out) texts[i]->Add(token);
+    texts[i]->Finish();
+    const auto& prompt = c.prompts[i / static_cast<size_t>(c.n)];
+    json choice = {{"index", i}, {"text", (c.echo ? PromptText(prompt) : "") + texts[i]->text()},
+                   {"logprobs", c.sampling.logprobs >= 0
+                                    ? LogprobsJson(out, r.seq->logprobs, 0, out.size(), 0, c.chat) : json()},
+                   {"finish_reason", r.seq->stopped() ? "stop" : "length"}};
+    if (c.chat) choice["message"] = {{"role", "assistant"}, {"content", choice["text"]}}, choice.erase("text");
+    if (c.return_token_ids) {
+      choice["prompt_token_ids"] = prompt.ids;
+      choice["token_ids"] = out;
+    }
+    if (extract) {
+      choice["kv_transfer_params"] = {{"hidden_states_path", r.hidden_states_path}};
+      if (first_path.empty()) first_path = r.hidden_states_path;
+    }
+    completion_tokens += static_cast<int64_t>(out.size());
+    choices.push_back(std::move(choice));
+  }
+  json response = {{"id", id}, {"object", c.chat ? "chat.completion" : "text_completion"}, {"created", Now()}, {"model", config_.model_name},
+                   {"choices", choices},
+                   {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
+                              {"total_tokens", prompt_tokens + completion_tokens}}}};
+  if (extract) response["kv_transfer_params"] = {{"hidden_states_path", first_path}};
+  ReplyJson(res, response);
 }
 
 // Choice j of prompt p as an engine request. With a seed, choice j samples with seed + j
@@ -375,15 +396,31 @@ std::string OpenAiServer::PromptText(const CompletionRequest::Prompt& prompt) co
 // then each token's text after the one before (a stream starts each chunk at the
 // characters it has sent). Token texts are decoded one token at a time; without a
 // tokenizer they read "token_id:<id>", as vLLM's return_tokens_as_token_ids writes them.
+// Chat's shape instead (`chat`): {"content": [{"token", "logprob", "bytes", "top_logprobs":
+// [{"token", "logprob", "bytes"}]}]}, the token's UTF-8 bytes as numbers.
 nlohmann::json OpenAiServer::LogprobsJson(const std::vector<int32_t>& generated,
                                           const std::vector<Sequence::TokenLogprobs>& logprobs, size_t first,
-                                          size_t end, int64_t text_offset) const {
+                                          size_t end, int64_t text_offset, bool chat) const {
   auto text_of = [&](int32_t id) {
     if (tokenizer_ != nullptr) {
       if (auto text = tokenizer_->Decode({id}); text.ok()) return *text;
     }
     return "token_id:" + std::to_string(id);
   };
+  if (chat) {
+    auto entry = [&](int32_t id, float logprob) {
+      const std::string text = text_of(id);
+      return json{{"token", text}, {"logprob", logprob}, {"bytes", std::vector<uint8_t>(text.begin(), text.end())}};
+    };
+    json content = json::array();
+    for (size_t i = first; i < end && i < generated.size() && i < logprobs.size(); ++i) {
+      json token = entry(generated[i], logprobs[i].logprob);
+      token["top_logprobs"] = json::array();
+      for (const auto& [id, lp] : logprobs[i].top) token["top_logprobs"].push_back(entry(id, lp));
+      content.push_back(std::move(token));
+    }
+    return {{"content", std::move(content)}};
+  }
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(), offsets = json::array();
   for (size_t i = first; i < end && i < generated.size() && i < logprobs.size(); ++i) {
     const std::string text = text_of(generated[i]);
@@ -488,6 +525,7 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
   const std::string echo = c.echo ? PromptText(c.prompts[0]) : "";
   const bool return_token_ids = c.return_token_ids, include_usage = c.include_usage;
   const bool logprobs = c.sampling.logprobs >= 0;
+  const bool chat = c.chat;
   const int64_t prompt_tokens = static_cast<int64_t>(c.prompts[0].ids.size());
   auto client = std::make_shared<ClientWatch>(req);
   res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
@@ -508,7 +546,8 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
         }
       }
       auto chunk = [&](json choices, json usage = nullptr) {
-        json body = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", config_.model_name},
+        json body = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                     {"model", config_.model_name},
                      {"choices", std::move(choices)}};
         if (!usage.is_null()) body["usage"] = std::move(usage);
         return "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
@@ -524,13 +563,18 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
       std::string out;
       const std::string& text = state->text->text();
       const size_t ready = failed || held ? state->sent_text : state->text->ready();
-      if (ready_tokens > state->sent_tokens || ready > state->sent_text || (!echo.empty() && !state->echoed)) {
+      // A chat stream's first chunk names the role, even before any text.
+      if (ready_tokens > state->sent_tokens || ready > state->sent_text || ((chat || !echo.empty()) && !state->echoed)) {
         const std::string delta = (state->echoed ? "" : echo) + text.substr(state->sent_text, ready - state->sent_text);
         json choice = {{"index", 0}, {"text", delta},
                        {"logprobs", logprobs ? LogprobsJson(state->tokens, state->logprobs, state->sent_tokens,
-                                                            ready_tokens, state->sent_chars)
+                                                            ready_tokens, state->sent_chars, chat)
                                              : json()},
                        {"finish_reason", nullptr}};
+        if (chat) {
+          choice["delta"] = state->echoed ? json{{"content", delta}} : json{{"role", "assistant"}, {"content", delta}};
+          choice.erase("text");
+        }
         if (return_token_ids) {
           choice["token_ids"] = std::vector<int32_t>(state->tokens.begin() + static_cast<int64_t>(state->sent_tokens),
                                                      state->tokens.begin() + static_cast<int64_t>(ready_tokens));
@@ -551,6 +595,7 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
       } else if (done) {
         json last = {{"index", 0}, {"text", ""}, {"logprobs", nullptr},
                      {"finish_reason", result.seq->stopped() ? "stop" : "length"}};
+        if (chat) last["delta"] = json::object(), last.erase("text");
         if (return_token_ids) last["prompt_token_ids"] = result.seq->request().prompt;
         json body = json::parse(chunk(json::array({std::move(last)})).substr(6));
         if (!result.hidden_states_path.empty()) body["kv_transfer_params"] = {{"hidden_states_path", result.hidden_states_path}};

@@ -1,6 +1,6 @@
 // The OpenAI-style HTTP front end of hsx serve, shaped like vLLM's server so existing
-// clients work unchanged: /v1/completions (with vLLM's hidden-state extraction through
-// kv_transfer_params), /v1/models, /health, /metrics, /tokenize, /detokenize.
+// clients work unchanged: /v1/completions and /v1/chat/completions (with vLLM's hidden-state
+// extraction through kv_transfer_params), /v1/models, /health, /metrics, /tokenize, /detokenize.
 #pragma once
 
 #include <atomic>
@@ -14,6 +14,7 @@
 #include "server/completion_request.h"
 #include "server/completion_text.h"
 #include "server/engine_replicas.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace httplib {
@@ -46,7 +47,10 @@ struct ServerConfig {
 
 class OpenAiServer {
  public:
-  OpenAiServer(ServerConfig config, EngineReplicas& engine, const Tokenizer* tokenizer, std::vector<int32_t> eos_token_ids);
+  // `chat_template` null: /v1/chat/completions answers that the model has none, or why
+  // its template could not be read (`chat_template_error`).
+  OpenAiServer(ServerConfig config, EngineReplicas& engine, const Tokenizer* tokenizer, std::vector<int32_t> eos_token_ids,
+               const ChatTemplate* chat_template = nullptr, Status chat_template_error = {});
   ~OpenAiServer();
   // Serves until Stop and every connection has closed; an error if the address cannot
   // be bound.
@@ -69,7 +73,8 @@ class OpenAiServer {
   };
   Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& path);
   nlohmann::json LogprobsJson(const std::vector<int32_t>& generated, const std::vector<Sequence::TokenLogprobs>& logprobs,
-                              size_t first, size_t end, int64_t text_offset) const;
+                              size_t first, size_t end, int64_t text_offset, bool chat) const;
+  void Complete(const CompletionRequest& c, const httplib::Request& req, httplib::Response& res);
   void Stream(Request request, const std::string& path, const CompletionRequest& c, const httplib::Request& req,
               httplib::Response& res);
   Request EngineRequest(const CompletionRequest& c, size_t p, int j, std::string id) const;
@@ -80,6 +85,8 @@ class OpenAiServer {
   ServerConfig config_;
   EngineReplicas& engine_;
   const Tokenizer* tokenizer_;
+  const ChatTemplate* chat_template_;
+  Status chat_template_error_;
   std::vector<int32_t> eos_token_ids_;
   CompletionLimits limits_;
   std::unique_ptr<HttpServer> http_;

@@ -29,18 +29,27 @@ int NestingDepth(std::string_view text, int limit) {
   return deepest;
 }
 
-}  // namespace
-
-Result<nlohmann::json> ParseJson(std::string_view text, const std::string& what, int max_depth) {
+template <class Json>
+Result<Json> Parse(std::string_view text, const std::string& what, int max_depth) {
   if (NestingDepth(text, max_depth) > max_depth) {
     return Error(what + ": JSON nested deeper than " + std::to_string(max_depth) + " levels");
   }
   try {
-    return nlohmann::json::parse(text.begin(), text.end());
+    return Json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
     // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 3: ...".
     return Error(what + ": invalid JSON: " + e.what());
   }
+}
+
+}  // namespace
+
+Result<nlohmann::json> ParseJson(std::string_view text, const std::string& what, int max_depth) {
+  return Parse<nlohmann::json>(text, what, max_depth);
+}
+
+Result<nlohmann::ordered_json> ParseOrderedJson(std::string_view text, const std::string& what, int max_depth) {
+  return Parse<nlohmann::ordered_json>(text, what, max_depth);
 }
 
 }  // namespace hsx

@@ -16,5 +16,9 @@ inline constexpr int kMaxJsonDepth = 64;
 
 // Parses `text`; an error names `what` (a file, request or line) and the cause.
 Result<nlohmann::json> ParseJson(std::string_view text, const std::string& what, int max_depth = kMaxJsonDepth);
+// The same, keeping objects' keys in document order (chat messages and tools reach templates,
+// whose tojson and dict printing show that order, as Python's json.loads keeps it).
+Result<nlohmann::ordered_json> ParseOrderedJson(std::string_view text, const std::string& what,
+                                                int max_depth = kMaxJsonDepth);
 
 }  // namespace hsx
