@@ -61,7 +61,9 @@ void ExpectGraphsGiveTheEagerRun(Model& model, const EngineConfig& config, const
     const Run graphs = Generate(model, config, true, temperature);
     EXPECT_EQ(eager.verify_replays + eager.draft_replays, 0);
     EXPECT_GT(graphs.drafted, 0u) << what;
-    if (verify_graphs) EXPECT_GT(graphs.verify_replays, 0) << what << ": verification steps did not replay graphs";
+    if (verify_graphs) {
+      EXPECT_GT(graphs.verify_replays, 0) << what << ": verification steps did not replay graphs";
+    }
     if (eagle3) {
       EXPECT_GT(graphs.draft_replays, 0) << what << ": draft steps did not replay graphs";
     }
