@@ -191,6 +191,9 @@ ExtractResult RunExtract(const ExtractOptions& o) {
       (*replicas)[r].backend->PinThread();
       std::unordered_map<std::string, int> lines;  // id -> input line, of its unfinished requests
       std::vector<std::pair<Request, int>> arrived;
+      // The first step waits for a full inbox (or the end of the input): stepping on the first
+      // few requests the reader hands over makes a short step and one step more in all.
+      bool started = false;
       auto finished = [&] {
         std::lock_guard<std::mutex> lock(dispatch_mu);
         --work[r].outstanding;
@@ -199,8 +202,12 @@ ExtractResult RunExtract(const ExtractOptions& o) {
       for (;;) {
         {
           std::unique_lock<std::mutex> lock(dispatch_mu);
-          dispatch_cv.wait(lock, [&] { return stopping || input_done || engine.has_work() || !work[r].inbox.empty(); });
+          dispatch_cv.wait(lock, [&] {
+            return stopping || input_done || (started && (engine.has_work() || !work[r].inbox.empty())) ||
+                   work[r].outstanding >= max_in_flight;
+          });
           if (stopping || (input_done && work[r].inbox.empty() && !engine.has_work())) return;
+          started = true;
           for (auto& item : work[r].inbox) arrived.push_back(std::move(item));
           work[r].inbox.clear();
         }
