@@ -68,6 +68,9 @@ void EngineService::Loop() {
       wake_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !aborts_.empty() || engine_.has_work(); });
       if (stopping_ && incoming_.empty() && !engine_.has_work()) return;
       incoming.swap(incoming_);
+      // Taken requests still count against max_queued until they are admitted or fail, so
+      // Submit sees no free room in between.
+      in_flight_ += incoming.size();
       aborts.swap(aborts_);
       abort_all = abort_all_;
     }
@@ -87,15 +90,17 @@ void EngineService::Loop() {
         s = Error("request '" + id + "': " + e.what());
       }
       if (!s.ok()) {
+        {  // its room is free before its callback runs: the caller may submit again at once
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.requests_failed;
+          --in_flight_;
+        }
         p.done(s, nullptr);
-        std::lock_guard<std::mutex> lock(mu_);
-        ++stats_.requests_failed;
         continue;
       }
       callbacks_[id] = std::move(p.done);
       std::lock_guard<std::mutex> lock(mu_);
       stats_.prompt_tokens += prompt;
-      in_flight_ = callbacks_.size();
     }
     for (const std::string& id : aborts) engine_.Abort(id);
 
@@ -107,6 +112,10 @@ void EngineService::Loop() {
       if (it == callbacks_.end()) continue;
       Callback done = std::move(it->second);
       callbacks_.erase(it);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        in_flight_ = callbacks_.size();
+      }
       const bool aborted = seq->aborted, failed = aborted || !seq->error.ok();
       const int generated = seq->num_generated();
       if (aborted) {

@@ -70,7 +70,7 @@ class EngineService {
   std::deque<Pending> incoming_;
   std::unordered_set<std::string> aborts_;
   std::unordered_map<std::string, Callback> callbacks_;  // accepted, unfinished; engine thread only
-  size_t in_flight_ = 0;                                  // callbacks_.size(), under mu_
+  size_t in_flight_ = 0;  // callbacks_.size() plus requests taken from incoming_ and not yet admitted, under mu_
   bool stopping_ = false;
   bool abort_all_ = false;
   Stats stats_;
