@@ -10,7 +10,8 @@ int main(int argc, char** argv) {
   hsx::cli::RegisterInspect(app);
   hsx::cli::RegisterBench(app);
   hsx::cli::RegisterServe(app);
-// hsx: extract hidden states, serve, generate, tokenize, chat-template, inspect, bench, manifest.
+  hsx::cli::RegisterManifest(app);
+  hsx::cli::RegisterChatTemplate(app);
   CLI11_PARSE(app, argc, argv);
   return hsx::cli::ExitCode();
 }
