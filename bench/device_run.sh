@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|decodeab|devices|spec|specbench|fp8]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|decodeab|devices|spec|specbench|fp8|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
@@ -15,7 +15,10 @@
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
 #   on the Gemma 4 fixture plain and with the MTP assistant; specbench = bench --decode on the
 #   Qwen3-8B shape plain, with a random EAGLE-3 draft (zero acceptance: the overhead) and n-gram;
-#   fp8 = the Qwen3-8B extraction bench in bf16 and with --quantization fp8
+#   fp8 = the Qwen3-8B extraction bench in bf16 and with --quantization fp8;
+#   tp = (2 GPUs) the TP tests, extraction at TP=1, TP=2 and DP=2, decode at TP=1 and TP=2;
+#   scale = (4 or 8 GPUs) issue 14's runs: DP over every GPU, Llama-3.1-70B at TP=4 and 8
+#   (extraction; decode at batch 1, TP=8), Qwen3-30B-A3B at TP=1 and 4, the bf16 matmul peak
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
@@ -118,6 +121,46 @@ fi
 if [ "$what" = fp8 ]; then  # --quantization fp8 against bf16, the Qwen3-8B extraction bench of `bench`
   { qwen3_8b_bench; qwen3_8b_bench --quantization fp8; } 2>"$OUT/fp8.err" | tee "$OUT/fp8.jsonl"
   tail -3 "$OUT/fp8.err"
+fi
+if [ "$what" = tp ]; then  # nvidia-h200-x2: tensor and data parallelism beside one GPU, one call
+  HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='*TensorParallel*' 2>&1 | tee "$OUT/tp_tests.log" |
+    grep -E "PASSED|FAILED|SKIPPED|Failure" | head -20
+  for args in "" "--tensor-parallel-size 2" "--data-parallel-size 2"; do
+    qwen3_8b_bench $args 2>>"$OUT/tp.err" | grep extract_tokens_per_s
+  done | tee "$OUT/tp.jsonl"
+  for args in "" "--tensor-parallel-size 2"; do
+    .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --new-tokens 128 \
+      --kv-cache-gib 40 --batch-sizes 1,32 $args 2>>"$OUT/tp.err" | grep batch
+  done | tee -a "$OUT/tp.jsonl"
+fi
+if [ "$what" = scale ]; then  # issue 14's runs on nvidia-h200-x4 / x8, one GPU's figures in the same call
+  gpus=$(nvidia-smi -L | wc -l)
+  llama70() {
+    .devbin/hsx bench --device cuda --model llama-3.1-70b --load-format dummy --num-prompts 256 --median-len 700 \
+      --min-len 32 --max-len 4096 --layers 2,40,77,80 --max-num-batched-tokens 16384 --kv-cache-gib 30 \
+      --dir /dev/shm/hsx-scale "$@" 2>>"$OUT/scale.err" | grep extract_tokens_per_s
+  }
+  moe() {
+    .devbin/hsx bench --device cuda --model qwen3-30b-a3b --load-format dummy --num-prompts 64 --median-len 700 \
+      --min-len 32 --max-len 4096 --layers 2,24,45,48 --max-num-batched-tokens 16384 --kv-cache-gib 20 \
+      --dir /dev/shm/hsx-scale "$@" 2>>"$OUT/scale.err" | grep extract_tokens_per_s
+  }
+  {
+    qwen3_8b_bench 2>>"$OUT/scale.err" | grep extract_tokens_per_s
+    qwen3_8b_bench --data-parallel-size "$gpus" 2>>"$OUT/scale.err" | grep extract_tokens_per_s
+    llama70 --tensor-parallel-size 4
+    [ "$gpus" -ge 8 ] && llama70 --tensor-parallel-size 8
+    [ "$gpus" -ge 8 ] && .devbin/hsx bench --decode --device cuda --model llama-3.1-70b --load-format dummy \
+      --prompt-len 512 --new-tokens 128 --kv-cache-gib 30 --batch-sizes 1 --tensor-parallel-size 8 2>>"$OUT/scale.err" | grep batch
+    moe
+    moe --tensor-parallel-size 4
+  } | tee "$OUT/scale.jsonl"
+  python3 -c 'import torch; a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); import time
+for _ in range(3): a @ a
+torch.cuda.synchronize(); t = time.time()
+for _ in range(20): a @ a
+torch.cuda.synchronize(); print({"metric": "bf16_matmul_peak_tflops_per_gpu", "value": 20 * 2 * 8192**3 / (time.time() - t) / 1e12})' \
+    | tee -a "$OUT/scale.jsonl"
 fi
 if [ "$what" = specbench ]; then  # the speculation machinery at the Qwen3-8B shape, plain decode beside
   python3 bench/make_dummy_eagle3.py /dev/shm/eagle3-qwen3-8b
