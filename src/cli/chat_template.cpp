@@ -1,7 +1,6 @@
 // hsx chat-template: {"messages": [...]} lines in, {"text": ...} lines out, rendered through a
 // model's chat template as transformers' apply_chat_template renders them (what serve and
 // extract feed the tokenizer for chat requests).
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -23,27 +22,13 @@ int RunChatTemplate(const std::string& model, const std::string& input) {
   auto loaded = ChatTemplate::Load(model);
   if (!loaded.ok()) return Fail(cmd, loaded.status());
   if (!*loaded) return Fail(cmd, Error(model + ": no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)"));
-  std::ifstream in(input);
-  if (!in) return Fail(cmd, Error(input + ": cannot open input"));
-  std::string text;
-  int line = 0, failed = 0;
-  while (std::getline(in, text)) {
-    ++line;
-    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = input + ":" + std::to_string(line);
-    Result<nlohmann::ordered_json> parsed = ParseOrderedJson(text, where);
-    Result<std::string> rendered = parsed.ok() ? RenderLine(**loaded, *parsed) : parsed.status();
-    if (rendered.ok()) {
-      std::printf("%s\n", nlohmann::ordered_json{{"text", *rendered}}.dump().c_str());
-      continue;
-    }
-    const Status error = parsed.ok() ? rendered.status().with_context(where) : rendered.status();
-    Fail(cmd, error);
-    // One output line per input line, so outputs stay aligned with their inputs.
-    std::printf("%s\n", nlohmann::ordered_json{{"error", error.message()}}.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
-    ++failed;
-  }
-  return failed > 0 ? 1 : 0;
+  return RunJsonLines(cmd, input, /*error_lines=*/true,
+                      [&](const std::string& text, const std::string& where) -> Result<std::string> {
+                        HSX_ASSIGN_OR_RETURN(nlohmann::ordered_json parsed, ParseOrderedJson(text, where));
+                        Result<std::string> rendered = RenderLine(**loaded, parsed);
+                        if (!rendered.ok()) return rendered.status().with_context(where);
+                        return nlohmann::ordered_json{{"text", *rendered}}.dump();
+                      });
 }
 
 }  // namespace

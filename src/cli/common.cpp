@@ -349,4 +349,28 @@ int Fail(const std::string& command, const Status& status) {
   return 1;
 }
 
+int RunJsonLines(const std::string& command, const std::string& input, bool error_lines, const LineAnswer& answer) {
+  std::ifstream in(input);
+  if (!in) return Fail(command, Error(input + ": cannot open input"));
+  std::string text;
+  int line = 0, failed = 0;
+  while (std::getline(in, text)) {
+    ++line;
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = input + ":" + std::to_string(line);
+    Result<std::string> out = answer(text, where);
+    if (out.ok()) {
+      std::printf("%s\n", out->c_str());
+      continue;
+    }
+    Fail(command, out.status());
+    if (error_lines) {
+      const nlohmann::json error{{"error", out.status().message()}};
+      std::printf("%s\n", error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    }
+    ++failed;
+  }
+  return failed > 0 ? 1 : 0;
+}
+
 }  // namespace hsx::cli

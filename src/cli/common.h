@@ -144,4 +144,11 @@ class Progress {
 
 int Fail(const std::string& command, const Status& status);
 
+// The line-by-line JSONL commands (tokenize, chat-template): each non-blank line of `input`
+// goes to `answer` with "FILE:LINE" for its errors; an answer is printed as one output line,
+// an error fails that line alone (named on stderr and, with `error_lines`, as an
+// {"error": ...} line that keeps outputs aligned with inputs). Returns the exit code.
+using LineAnswer = std::function<Result<std::string>(const std::string& text, const std::string& where)>;
+int RunJsonLines(const std::string& command, const std::string& input, bool error_lines, const LineAnswer& answer);
+
 }  // namespace hsx::cli

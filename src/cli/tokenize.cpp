@@ -1,6 +1,5 @@
 // hsx tokenize: {"text": ..} lines in, {"ids": [..]} lines out; {"ids": [..]} lines in,
 // {"text": ..} lines out (HF's decode with skip_special_tokens=False).
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -41,31 +40,18 @@ Result<nlohmann::json> TokenizeLine(const Tokenizer& tokenizer, const nlohmann::
   return nlohmann::json{{"ids", ids}};
 }
 
-int RunTokenize(const std::string& tokenizer_path, const std::string& input,
-                bool add_special_tokens) {
+int RunTokenize(const std::string& tokenizer_path, const std::string& input, bool add_special_tokens) {
   const char* cmd = "tokenize";
   auto tokenizer = IsGgufPath(tokenizer_path) ? LoadGgufTokenizer(tokenizer_path) : Tokenizer::Load(tokenizer_path);
   if (!tokenizer.ok()) return Fail(cmd, tokenizer.status());
-  std::ifstream in(input);
-  if (!in) return Fail(cmd, Error(input + ": cannot open input"));
-  std::string text;
-  int line = 0, failed = 0;
-  while (std::getline(in, text)) {
-    ++line;
-    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = input + ":" + std::to_string(line);
-    Result<nlohmann::json> parsed = ParseJson(text, where);
-    Result<nlohmann::json> answer =
-        parsed.ok() ? TokenizeLine(*tokenizer, *parsed, add_special_tokens) : parsed.status();
-    if (answer.ok()) {
-      // Invalid UTF-8 cannot come out: decoding replaces it with U+FFFD, as HF does.
-      std::printf("%s\n", answer->dump().c_str());
-      continue;
-    }
-    Fail(cmd, parsed.ok() ? answer.status().with_context(where) : answer.status());
-    ++failed;
-  }
-  return failed > 0 ? 1 : 0;
+  return RunJsonLines(cmd, input, /*error_lines=*/false,
+                      [&](const std::string& text, const std::string& where) -> Result<std::string> {
+                        HSX_ASSIGN_OR_RETURN(nlohmann::json parsed, ParseJson(text, where));
+                        Result<nlohmann::json> answer = TokenizeLine(*tokenizer, parsed, add_special_tokens);
+                        if (!answer.ok()) return answer.status().with_context(where);
+                        // Invalid UTF-8 cannot come out: decoding replaces it with U+FFFD, as HF does.
+                        return answer->dump();
+                      });
 }
 
 }  // namespace

@@ -16,6 +16,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 HSX = os.environ.get("HSX_BINARY", str(ROOT / "build" / "src" / "hsx"))
 MODEL = ROOT / "tests" / "data" / "models" / "qwen3"
 LAYERS = [0, 2, 4]
+TOKENIZER = ROOT / "tests" / "data" / "tokenizers" / "bpe_qwen2" / "tokenizer.json"
+TEXT_MODEL_LEN = 256
+# A post-processor that adds a BOS (<|endoftext|>, id 0) to every encoding, as Llama 3's and Gemma's do.
+BOS_POST_PROCESSOR = {
+    "type": "TemplateProcessing",
+    "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+    "pair": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+             {"Sequence": {"id": "B", "type_id": 1}}],
+    "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}
 
 
 def free_port():
@@ -53,6 +62,24 @@ class Server:
             self.proc.terminate()
             self.proc.wait(timeout=30)
         self.log.close()
+
+
+def text_model(tmp, bos=False, files=None):
+    """A model directory for text requests: the qwen3 fixture's shapes (dummy weights), a
+    3000-token vocabulary and the bpe_qwen2 tokenizer, with a BOS post-processor if `bos`,
+    plus `files` ({name: text})."""
+    model = tmp / "model"
+    model.mkdir()
+    config = json.loads((MODEL / "config.json").read_text())
+    config.update(vocab_size=3000, max_position_embeddings=TEXT_MODEL_LEN)
+    (model / "config.json").write_text(json.dumps(config))
+    tokenizer = json.loads(TOKENIZER.read_text())
+    if bos:
+        tokenizer["post_processor"] = BOS_POST_PROCESSOR
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    for name, text in (files or {}).items():
+        (model / name).write_text(text)
+    return model
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pathlib
 import openai
 import pytest
 
-from conftest import MODEL, Server
-from test_server_requests import TEXT_MODEL_LEN, TOKENIZER, post
+from conftest import Server, text_model
+from test_server_requests import post
 
 # A Llama-style template: BOS first, raise_exception on a role it does not know.
 TEMPLATE = ("{{ bos_token }}{% for message in messages %}"
@@ -28,21 +28,9 @@ def chat_server(tmp_path_factory):
     post-processor (<|endoftext|>, id 0: it must not be added to chat prompts a second time),
     and TEMPLATE as chat_template.jinja."""
     tmp = tmp_path_factory.mktemp("chat-serve")
-    model = tmp / "model"
-    model.mkdir()
-    config = json.loads((MODEL / "config.json").read_text())
-    config.update(vocab_size=3000, max_position_embeddings=TEXT_MODEL_LEN)
-    (model / "config.json").write_text(json.dumps(config))
-    tokenizer = json.loads(TOKENIZER.read_text())
-    tokenizer["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}
-    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
-    (model / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}))
-    (model / "chat_template.jinja").write_text(TEMPLATE)
+    model = text_model(tmp, bos=True, files={
+        "tokenizer_config.json": json.dumps({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}),
+        "chat_template.jinja": TEMPLATE})
     s = Server(tmp, "--load-format", "dummy", model=model)
     s.model_dir = model
     yield s

@@ -4,7 +4,6 @@ its SOURCES.md), and jinja2 itself, configured as transformers configures it, on
 exercise one feature each. Text must be equal byte for byte; where the reference raises, hsx must
 fail too (naming a template line)."""
 import json
-import pathlib
 import subprocess
 
 import pytest

@@ -15,7 +15,6 @@ import subprocess
 import time
 
 import numpy as np
-import pytest
 
 from conftest import HSX, MODEL, read_safetensors
 

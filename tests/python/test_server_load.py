@@ -6,7 +6,6 @@ import functools
 import http.client
 import json
 import os
-import pathlib
 import resource
 import signal
 import subprocess

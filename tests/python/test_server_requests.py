@@ -5,7 +5,6 @@ completion parameters (stop, stop_token_ids, min_tokens, n, echo) behaves as vLL
 import fcntl
 import json
 import os
-import pathlib
 import socket
 import time
 import urllib.error
@@ -15,11 +14,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import MODEL, Server, read_safetensors
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-TOKENIZER = ROOT / "tests" / "data" / "tokenizers" / "bpe_qwen2" / "tokenizer.json"
-TEXT_MODEL_LEN = 256
+from conftest import Server, read_safetensors, text_model
 
 
 def post(url, body, headers=None, timeout=60):
@@ -55,39 +50,18 @@ def assert_400(server, body, param, status=400):
 
 @pytest.fixture(scope="module")
 def text_server(tmp_path_factory):
-    """The qwen3 fixture's shapes with dummy weights, a 3000-token vocabulary and the
-    bpe_qwen2 tokenizer: text prompts, stop strings and echo need a tokenizer."""
+    """Text prompts, stop strings and echo need a tokenizer."""
     tmp = tmp_path_factory.mktemp("text-serve")
-    model = tmp / "model"
-    model.mkdir()
-    config = json.loads((MODEL / "config.json").read_text())
-    config.update(vocab_size=3000, max_position_embeddings=TEXT_MODEL_LEN)
-    (model / "config.json").write_text(json.dumps(config))
-    (model / "tokenizer.json").write_bytes(TOKENIZER.read_bytes())
-    s = Server(tmp, "--load-format", "dummy", model=model)
+    s = Server(tmp, "--load-format", "dummy", model=text_model(tmp))
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
 def bos_server(tmp_path_factory):
-    """text_server's model with a tokenizer whose post-processor adds a BOS (<|endoftext|>,
-    id 0) to every encoding, as Llama 3's and Gemma's do."""
+    """text_server's model with a tokenizer that adds a BOS to every encoding."""
     tmp = tmp_path_factory.mktemp("bos-serve")
-    model = tmp / "model"
-    model.mkdir()
-    config = json.loads((MODEL / "config.json").read_text())
-    config.update(vocab_size=3000, max_position_embeddings=TEXT_MODEL_LEN)
-    (model / "config.json").write_text(json.dumps(config))
-    tokenizer = json.loads(TOKENIZER.read_text())
-    tokenizer["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}
-    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
-    s = Server(tmp, "--load-format", "dummy", model=model)
+    s = Server(tmp, "--load-format", "dummy", model=text_model(tmp, bos=True))
     yield s
     s.stop()
 
