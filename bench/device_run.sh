@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|decode|decodeab|devices|spec|specbench|fp8|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|decodeab|devices|spec|specbench|fp8|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
+#   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
 #   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
 #   AB_B=HSX_ATTENTION=mma), two runs each, plus one HSX_PROFILE run of each;
 #   decode = hsx bench --decode (batch 1, 32, 128; greedy, and temperature 1 / top-p 0.9
@@ -32,7 +33,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     tee "$OUT/tests.log" | grep -E "^\[bf16\]|^\[fp8\]|^\[sampling\]|PASSED|FAILED|Failure|Expected|actual|error" | head -60
 fi
 qwen3_8b_bench() {  # exported, so `env VAR=... bash -c qwen3_8b_bench` can run it
-  .devbin/hsx bench --device cuda --model qwen3-8b --load-format dummy --num-prompts 256 --median-len 700 \
+  "${HSX_BIN:-.devbin/hsx}" bench --device cuda --model qwen3-8b --load-format dummy --num-prompts 256 --median-len 700 \
     --min-len 32 --max-len 4096 --layers 2,18,33,36 --max-num-batched-tokens 16384 --kv-cache-gib 40 \
     --dir /dev/shm/hsx-bench "$@"
 }
@@ -86,6 +87,13 @@ if [ "$what" = ab ]; then
       echo "$side $(env ${!var:-} bash -c qwen3_8b_bench 2>/dev/null | grep extract_tokens_per_s)"
     done
   done | tee "$OUT/ab.txt"
+fi
+if [ "$what" = bins ]; then  # the same bench on several builds (AB_BINS="hsx-old hsx" in .devbin/), alternating
+  for round in 1 2; do
+    for b in ${AB_BINS:-hsx}; do
+      echo "$b $(HSX_BIN=.devbin/$b bash -c qwen3_8b_bench 2>/dev/null | grep extract_tokens_per_s)"
+    done
+  done | tee "$OUT/bins.txt"
 fi
 if [ "$what" = spec ]; then  # speculative decoding on the GPU: the same greedy tokens with and without drafts
   python3 - > /tmp/spec_prompts.jsonl <<'PY'

@@ -922,7 +922,7 @@ SampledTokens CudaBackend::Sample(const Tensor& logits, const SamplingBatch& bat
   // Parameters up; one download of every result.
   const Tensor params = UploadWords(*this, batch.rows.data(), batch.rows.size() * sizeof(SamplingRow));
   const Tensor adjust = UploadWords(*this, batch.adjust.data(), batch.adjust.size() * sizeof(TokenAdjust));
-  Tensor work = Empty(DType::kF32, {rows, vocab});
+  Tensor work = Empty(DType::kF32, {rows, 2 * vocab});  // sampling_device.cuh's row scratch
   Tensor out = Empty(DType::kI32, {2 * rows + 2 * rows * width});
   cuda::Sample(logits.data<float>(), rows, vocab, static_cast<const SamplingRow*>(params.raw()),
                static_cast<const TokenAdjust*>(adjust.raw()), width, work.data<float>(), out.data<int32_t>(),
@@ -960,7 +960,7 @@ VerifiedTokens CudaBackend::VerifyDrafts(const Tensor& logits, const Tensor* dra
   const Tensor adjust =
       UploadWords(*this, batch.sampling.adjust.data(), batch.sampling.adjust.size() * sizeof(TokenAdjust));
   const Tensor indices = UploadWords(*this, index.data(), index.size() * sizeof(int32_t));
-  Tensor work = Empty(DType::kF32, {rows, vocab});
+  Tensor work = Empty(DType::kF32, {rows, 2 * vocab});  // sampling_device.cuh's row scratch
   const int64_t result_words = requests + 2 * rows + 2 * static_cast<int64_t>(rows) * width;
   Tensor out = Empty(DType::kI32, {result_words + rows});  // the rows' accept flags after the results
   cuda::VerifyDrafts(logits.data<float>(), rows, requests, vocab, static_cast<const SamplingRow*>(params.raw()),

@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, in
   float* top_lps = reinterpret_cast<float*>(out + 2 * num_rows + num_rows * max_logprobs) + r * max_logprobs;
   const float lse = sampler::RawLogprobs(raw, vocab, row.num_logprobs, max_logprobs, top_ids, top_lps, scratch);
   const sampler::Processed p =
-      sampler::ProcessRow(raw, vocab, row, adjust, work + static_cast<int64_t>(r) * vocab, scratch);
+      sampler::ProcessRow(raw, vocab, row, adjust, work + static_cast<int64_t>(r) * 2 * vocab, scratch);
   const int32_t token = sampler::Draw(p, vocab, row, -1, scratch);
   if (threadIdx.x == 0) {
     out[r] = token;

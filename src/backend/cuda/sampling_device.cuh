@@ -117,9 +117,11 @@ struct Processed {
   }
 };
 
-// `l` is the row's f32 [vocab] scratch in global memory.
+// `work` is the row's f32 [2, vocab] scratch in global memory: the processed logits, then
+// the weights the top-p search sums (computed once instead of in each of its 31 passes).
 __device__ inline Processed ProcessRow(const float* raw, int32_t vocab, const SamplingRow& row,
-                                       const TokenAdjust* adjust, float* l, Scratch& s) {
+                                       const TokenAdjust* adjust, float* work, Scratch& s) {
+  float* l = work;
   // Bans and penalties (distinct tokens, so threads never collide).
   for (int32_t i = threadIdx.x; i < vocab; i += kThreads) l[i] = raw[i];
   __syncthreads();
@@ -161,15 +163,16 @@ __device__ inline Processed ProcessRow(const float* raw, int32_t vocab, const Sa
     }
   }
   if (row.top_p < 1.0f) {
+    float* w = work + vocab;  // each thread reads back only the entries it wrote
     double kept = 0;
-    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) kept += p.Weight(i);
+    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) kept += w[i] = p.Weight(i);
     const double need = row.top_p * BlockSum(kept, s);
     uint32_t cut = 0;
     for (int bit = 30; bit >= 0; --bit) {
       const uint32_t candidate = cut | (1u << bit);
       double mass = 0;
       for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
-        const float e = p.Weight(i);
+        const float e = w[i];
         mass += FloatBits(e) >= candidate ? e : 0.0f;
       }
       if (BlockSum(mass, s) >= need) cut = candidate;

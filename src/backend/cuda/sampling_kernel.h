@@ -10,7 +10,7 @@
 namespace hsx::cuda {
 
 // One token per row of logits f32 [rows, vocab] under params[row]; `work` is f32
-// [rows, vocab] scratch. `out` (4-byte words): tokens [rows], then the drawn tokens' raw
+// [rows, 2, vocab] scratch. `out` (4-byte words): tokens [rows], then the drawn tokens' raw
 // logprobs (f32) [rows], top ids [rows, max_logprobs], top logprobs (f32) [rows, max_logprobs].
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SamplingRow* params, const TokenAdjust* adjust,
             int32_t max_logprobs, float* work, int32_t* out, cudaStream_t stream);

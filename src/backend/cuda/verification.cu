@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads)
   const SamplingRow row = params[g];
   const float* raw = logits + static_cast<int64_t>(g) * vocab;
   const sampler::Processed p =
-      sampler::ProcessRow(raw, vocab, row, adjust, work + static_cast<int64_t>(g) * vocab, scratch);
+      sampler::ProcessRow(raw, vocab, row, adjust, work + static_cast<int64_t>(g) * 2 * vocab, scratch);
   // The kept mass; none kept (parameters that keep nothing) makes the row greedy.
   double z = 0;
   if (!p.greedy) {

@@ -12,7 +12,7 @@ namespace hsx::cuda {
 // The rules of backend/verification.h on logits f32 [rows, vocab] of `requests` requests.
 // `index` (int32): row begins [requests + 1], then each row's draft index [rows] (-1:
 // the request's bonus row), then the draft tokens. draft_probs f32 [drafts, vocab] or
-// null; target_probs f32 [rows, vocab] or null; forced_accept_rate: VerificationBatch's; `work` f32 [rows, vocab] scratch.
+// null; target_probs f32 [rows, vocab] or null; forced_accept_rate: VerificationBatch's; `work` f32 [rows, 2, vocab] scratch.
 // `out` (4-byte words): accepted counts [requests], tokens [rows], their raw logprobs
 // (f32) [rows], top ids [rows, max_logprobs], top logprobs (f32) [rows, max_logprobs],
 // then [rows] words of scratch.
