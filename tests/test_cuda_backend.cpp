@@ -300,7 +300,7 @@ TEST(CudaKernelTest, SkinnyGemmIsDeterministicAndGraphSafe) {
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   std::mt19937 rng(20);
-  // Split into 8, 4 and 2 k slices on an H200, and not split at all.
+  // On an H200: 8, 4 and 2 k slices, and (the LM head below 64 rows) none.
   for (const GemvShape& s : std::vector<GemvShape>{{1024, 4096}, {4096, 12288}, {24576, 4096}, {151936, 4096}}) {
     const Tensor w = DeviceWeight(*gpu, s.n, s.k, 900 + s.n);
     for (int64_t m : {9, 33, 128}) {
@@ -372,22 +372,26 @@ TEST(CudaKernelTest, SkinnyGemmSupportsOnlyBatchSizedAlignedCalls) {
 }
 
 // k is split only as far as it takes to fill the SMs: on an H200 (132 SMs) every Qwen3-8B
-// shape keeps >= 90% of its last wave busy (one block per SM), or has 8 slices; the LM head
-// and short k are not split. Each slice keeps at least 4 pipeline stages of k.
+// shape keeps most of its last wave busy (>= 90% at m = 32, whose blocks take 128 weight rows;
+// >= 70% at m = 128, whose take 256), or has 8 slices; the LM head and short k are not
+// split. Each slice keeps at least 4 pipeline stages of k.
 TEST(CudaKernelTest, SkinnyGemmSplitsFillTheSms) {
   const int sms = 132;
-  for (const GemvShape& s : std::vector<GemvShape>{
-           {1024, 4096}, {4096, 4096}, {6144, 4096}, {12288, 4096}, {24576, 4096}, {4096, 12288}, {151936, 4096}}) {
-    const int splits = cuda::SkinnyGemmSplits(s.n, s.k, sms);
-    const int64_t blocks = (s.n + 127) / 128 * splits;
-    EXPECT_TRUE(splits == 1 || splits == 2 || splits == 4 || splits == 8) << splits;
-    EXPECT_TRUE(splits == 8 || double(blocks) / double((blocks + sms - 1) / sms * sms) >= 0.9)
-        << "n=" << s.n << " k=" << s.k << ": " << splits << " splits, " << blocks << " blocks";
+  for (auto [m, tile_n, least] : {std::tuple{32, 128, 0.9}, std::tuple{128, 256, 0.7}}) {
+    for (const GemvShape& s : std::vector<GemvShape>{
+             {1024, 4096}, {4096, 4096}, {6144, 4096}, {12288, 4096}, {24576, 4096}, {4096, 12288}, {151936, 4096}}) {
+      const int splits = cuda::SkinnyGemmSplits(m, s.n, s.k, sms);
+      const int64_t blocks = (s.n + tile_n - 1) / tile_n * splits;
+      EXPECT_TRUE(splits == 1 || splits == 2 || splits == 4 || splits == 8) << splits;
+      EXPECT_TRUE(splits == 8 || double(blocks) / double((blocks + sms - 1) / sms * sms) >= least)
+          << "m=" << m << " n=" << s.n << " k=" << s.k << ": " << splits << " splits, " << blocks << " blocks";
+    }
   }
-  EXPECT_EQ(cuda::SkinnyGemmSplits(151936, 4096, sms), 1);
-  EXPECT_EQ(cuda::SkinnyGemmSplits(1024, 576, sms), 2);  // 9 stages of 64
-  EXPECT_EQ(cuda::SkinnyGemmSplits(1024, 200, sms), 1);
-  EXPECT_EQ(cuda::SkinnyGemmSplits(4096, 4096, sms), 4);
+  EXPECT_EQ(cuda::SkinnyGemmSplits(32, 151936, 4096, sms), 1);
+  EXPECT_EQ(cuda::SkinnyGemmSplits(32, 4096, 4096, sms), 4);
+  EXPECT_EQ(cuda::SkinnyGemmSplits(128, 4096, 4096, sms), 8);
+  EXPECT_EQ(cuda::SkinnyGemmSplits(9, 1024, 576, sms), 2);  // 9 stages of 64
+  EXPECT_EQ(cuda::SkinnyGemmSplits(9, 1024, 200, sms), 1);
 }
 
 // A layer's q, k and v projections in one launch (decode sizes): each output the bits of

@@ -129,7 +129,7 @@ constexpr int kSkinnyGemmMaxRows = 128;
 // of 8, x and w 16-byte aligned.
 bool SkinnyGemmSupports(const void* x, const void* w, int64_t m, int64_t k);
 // k slices per weight tile (1, 2, 4 or 8): enough blocks to fill sm_count SMs evenly.
-int SkinnyGemmSplits(int64_t n, int64_t k, int sm_count);
+int SkinnyGemmSplits(int64_t m, int64_t n, int64_t k, int sm_count);
 // Only for calls SkinnyGemmSupports takes.
 void SkinnyGemm(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, int sm_count,
                 cudaStream_t stream);

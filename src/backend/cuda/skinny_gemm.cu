@@ -3,11 +3,12 @@
 // large m and, at these m, leave Qwen3-8B's decode at 0.5-0.6 of it (issue 10).
 //
 // The weight is the MMA's A operand (m16n8k16: n maps to the 16 MMA rows, the batch to the
-// 8 columns), so a block owns kTileN weight rows and the whole batch, padded inside the
-// kernel to MP rows (zeros past m: x is never read past its rows, y never written past
-// them). Weight and x tiles of kTileK columns stream through a 3- or 4-stage cp.async
-// pipeline into XOR-swizzled shared memory (conflict-free ldmatrix), so every weight byte
-// is read from HBM once, in 16-byte copies, with two or three stages in flight.
+// 8 columns), so a block owns 128 or 256 weight rows (TileN) and the whole batch, padded
+// inside the kernel to MP rows (zeros past m: x is never read past its rows, y never
+// written past them). Weight and x tiles of kTileK columns stream through a 4-stage
+// cp.async pipeline into XOR-swizzled shared memory (conflict-free ldmatrix), so every
+// weight byte is read from HBM once, in 16-byte copies, with three stages in flight.
+// Each warp computes 32 weight rows by half the batch.
 // Small n leaves too few blocks for 132 SMs, so k is split (SkinnyGemmSplits): the blocks
 // of one weight tile's k slices form a thread-block cluster, each leaves its f32 partial
 // tile in its shared memory, and after a cluster barrier each block sums a share of the
@@ -29,36 +30,37 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kTileN = 128;                // weight rows per block
-constexpr int kTileK = 64;                 // columns per pipeline stage: 128-byte rows
-constexpr int kChunks = kTileK / 8;        // 16-byte chunks per tile row
-constexpr int kWarpsN = 4, kWarpsM = 2;    // warps over the weight rows and over the batch
-constexpr int kThreads = 32 * kWarpsN * kWarpsM;
-constexpr int kWarpRows = kTileN / kWarpsN;  // two 16-row A fragments per warp
-static_assert(kWarpRows == 32);
-constexpr int kPartialStride = kTileN + 4;   // f32; spreads a fragment's stores over all banks
-constexpr int kMaxSplits = 8;                // the portable cluster size
-constexpr int kMinTilesPerSplit = 4;         // k columns per split: at least 4 stages' worth
+constexpr int kTileK = 64;              // columns per pipeline stage: 128-byte rows
+constexpr int kChunks = kTileK / 8;     // 16-byte chunks per tile row
+constexpr int kStages = 4;
+constexpr int kWarpRows = 32;           // weight rows per warp: two 16-row A fragments
+constexpr int kWarpsM = 2;              // warps over the batch
+constexpr int kMaxSplits = 8;           // the portable cluster size
+constexpr int kMinTilesPerSplit = 4;    // k columns per split: at least 4 stages' worth
 
-// Pipeline stages for MP batch rows: 4, or 3 where 4 would leave room for one block per SM
-// (a second block streams while the first fills its pipeline or sums its tile).
-template <int MP>
-constexpr int Stages() {
-  return MP > 96 ? 3 : 4;
+// The batch padded to MP rows: a multiple of 16 (two warps of n8 MMA tiles).
+constexpr int PaddedRows(int64_t m) {
+  return m <= 16 ? 16 : m <= 32 ? 32 : m <= 48 ? 48 : m <= 64 ? 64 : m <= 96 ? 96 : 128;
 }
-template <int MP>
-constexpr size_t SharedBytes() {
-  return std::max(size_t{Stages<MP>()} * (kTileN + MP) * kTileK * sizeof(bf16),
-                  size_t{MP} * kPartialStride * sizeof(float));
+// Weight rows per block. Every block reads the whole x tile of each stage from L2 beside
+// its weight tile, and L2 has little bandwidth to spare beyond HBM's stream: from 64 batch
+// rows on, blocks take 256 weight rows (16 warps, one block per SM), halving that traffic.
+constexpr int TileN(int mp) { return mp >= 64 ? 256 : 128; }
+constexpr int Threads(int mp) { return TileN(mp) / kWarpRows * kWarpsM * 32; }
+// f32 stride of the partial tile's rows; spreads a C fragment's stores over all banks.
+constexpr int PartialStride(int mp) { return TileN(mp) + 4; }
+constexpr size_t SharedBytes(int mp) {
+  return std::max(size_t{kStages} * size_t(TileN(mp) + mp) * kTileK * sizeof(bf16),
+                  size_t(mp) * PartialStride(mp) * sizeof(float));
 }
 
 // Element offset of chunk c of row r in a tile: chunks XOR-swizzled by the row, so the 8
 // rows an ldmatrix (or 8 threads' copies) touch at one chunk lie in different banks.
 __device__ __forceinline__ int Swizzled(int r, int c) { return r * kTileK + ((c ^ (r & 7)) * 8); }
 
-// Copies rows [row0, row0 + rows_tile) of src [rows, k), columns [col0, col0 + kTileK), into a
-// swizzled tile; zeros past the rows and past k.
-template <int kRowsTile>
+// Copies rows [row0, row0 + kRowsTile) of src [rows, k), chunks [chunk0, chunk0 + kChunks),
+// into a swizzled tile with kThreads threads; zeros past the rows and past k.
+template <int kRowsTile, int kThreads>
 __device__ __forceinline__ void LoadTile(bf16* tile, const bf16* src, int64_t row0, int64_t rows, int64_t chunk0,
                                          int64_t k) {
   for (int i = threadIdx.x; i < kRowsTile * kChunks; i += kThreads) {
@@ -70,15 +72,16 @@ __device__ __forceinline__ void LoadTile(bf16* tile, const bf16* src, int64_t ro
 }
 
 // Grid (weight tiles, splits), clusters of (1, splits): block (t, s) multiplies weight rows
-// [t * kTileN, +kTileN) by x over the s-th of `splits` equal runs of k tiles.
+// [t * TileN, +TileN) by x over the s-th of `splits` equal runs of k tiles.
 template <int MP, typename Out>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(Threads(MP), TileN(MP) == 128 ? 2 : 1)
     SkinnyGemmKernel(const bf16* __restrict__ x, const bf16* __restrict__ w, Out* __restrict__ y, int m, int64_t n,
                      int64_t k) {
   static_assert(MP % (kWarpsM * 8) == 0 && MP <= kSkinnyGemmMaxRows);
+  constexpr int kTileN = TileN(MP), kThreads = Threads(MP), kWarpsN = kTileN / kWarpRows;
+  constexpr int kPartialStride = PartialStride(MP);
   constexpr int kWarpCols = MP / kWarpsM;  // batch rows per warp
   constexpr int kTilesM = kWarpCols / 8;   // n8 MMA tiles per warp
-  constexpr int kStages = Stages<MP>();
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* w_tiles = reinterpret_cast<bf16*>(smem);   // [kStages][kTileN * kTileK]
   bf16* x_tiles = w_tiles + kStages * kTileN * kTileK;  // [kStages][MP * kTileK]
@@ -93,8 +96,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const auto load = [&](int i) {
     const int stage = i % kStages;
     const int64_t chunk0 = (first + i) * kChunks;
-    LoadTile<kTileN>(w_tiles + stage * kTileN * kTileK, w, row0, n, chunk0, k);
-    LoadTile<MP>(x_tiles + stage * MP * kTileK, x, 0, m, chunk0, k);
+    LoadTile<kTileN, kThreads>(w_tiles + stage * kTileN * kTileK, w, row0, n, chunk0, k);
+    LoadTile<MP, kThreads>(x_tiles + stage * MP * kTileK, x, 0, m, chunk0, k);
   };
 
   float acc[2][kTilesM][4] = {};
@@ -183,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 template <int MP, typename Out>
 void Launch(const bf16* x, const bf16* w, int m, int64_t n, int64_t k, void* y, int splits, cudaStream_t stream) {
-  constexpr size_t bytes = SharedBytes<MP>();
+  constexpr size_t bytes = SharedBytes(MP);
   AllowDynamicSharedMemory<SkinnyGemmKernel<MP, Out>>(bytes);
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeClusterDimension;
@@ -191,8 +194,8 @@ void Launch(const bf16* x, const bf16* w, int m, int64_t n, int64_t k, void* y, 
   attribute.val.clusterDim.y = static_cast<unsigned>(splits);
   attribute.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>(splits));
-  config.blockDim = dim3(kThreads);
+  config.gridDim = dim3(static_cast<unsigned>((n + TileN(MP) - 1) / TileN(MP)), static_cast<unsigned>(splits));
+  config.blockDim = dim3(Threads(MP));
   config.dynamicSmemBytes = bytes;
   config.stream = stream;
   config.attrs = &attribute;
@@ -216,8 +219,9 @@ bool SkinnyGemmSupports(const void* x, const void* w, int64_t m, int64_t k) {
   return m > kGemvMaxRows && m <= kSkinnyGemmMaxRows && k > 0 && k % 8 == 0 && aligned(x) && aligned(w);
 }
 
-int SkinnyGemmSplits(int64_t n, int64_t k, int sm_count) {
-  const int64_t tiles = (n + kTileN - 1) / kTileN, k_tiles = (k + kTileK - 1) / kTileK;
+int SkinnyGemmSplits(int64_t m, int64_t n, int64_t k, int sm_count) {
+  const int tile_n = TileN(PaddedRows(m));
+  const int64_t tiles = (n + tile_n - 1) / tile_n, k_tiles = (k + kTileK - 1) / kTileK;
   const int64_t sms = std::max(sm_count, 1);
   // The share of the last wave's SMs that work, with one block per SM.
   const auto busy = [&](int64_t blocks) { return double(blocks) / double((blocks + sms - 1) / sms * sms); };
@@ -229,20 +233,16 @@ int SkinnyGemmSplits(int64_t n, int64_t k, int sm_count) {
 
 void SkinnyGemm(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, int sm_count,
                 cudaStream_t stream) {
-  const int splits = SkinnyGemmSplits(n, k, sm_count), rows = static_cast<int>(m);
   if (n <= 0) return;
-  if (m <= 16)
-    LaunchFor<16>(x, w, rows, n, k, y, y_f32, splits, stream);
-  else if (m <= 32)
-    LaunchFor<32>(x, w, rows, n, k, y, y_f32, splits, stream);
-  else if (m <= 48)
-    LaunchFor<48>(x, w, rows, n, k, y, y_f32, splits, stream);
-  else if (m <= 64)
-    LaunchFor<64>(x, w, rows, n, k, y, y_f32, splits, stream);
-  else if (m <= 96)
-    LaunchFor<96>(x, w, rows, n, k, y, y_f32, splits, stream);
-  else
-    LaunchFor<128>(x, w, rows, n, k, y, y_f32, splits, stream);
+  const int splits = SkinnyGemmSplits(m, n, k, sm_count), rows = static_cast<int>(m);
+  switch (PaddedRows(m)) {
+    case 16: return LaunchFor<16>(x, w, rows, n, k, y, y_f32, splits, stream);
+    case 32: return LaunchFor<32>(x, w, rows, n, k, y, y_f32, splits, stream);
+    case 48: return LaunchFor<48>(x, w, rows, n, k, y, y_f32, splits, stream);
+    case 64: return LaunchFor<64>(x, w, rows, n, k, y, y_f32, splits, stream);
+    case 96: return LaunchFor<96>(x, w, rows, n, k, y, y_f32, splits, stream);
+    default: return LaunchFor<128>(x, w, rows, n, k, y, y_f32, splits, stream);
+  }
 }
 
 }  // namespace hsx::cuda
