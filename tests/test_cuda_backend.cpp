@@ -251,6 +251,149 @@ TEST(CudaKernelTest, GemvReplaysInCudaGraph) {
   EXPECT_LE(GpuVsCpu(*gpu, y, expected), 1e-3);
 }
 
+// Batch-sized Linear calls (kGemvMaxRows < m <= kSkinnyGemmMaxRows) run on the tensor-core
+// kernel (skinny_gemm.cu). Against the CPU reference on Qwen3-8B's projection shapes, its
+// LM head (f32 logits), a width that is no multiple of the 128-row tile and a k that is no
+// multiple of the 64-column stage; odd m pads inside the kernel. y is poisoned and has two
+// rows more than the call's, which must keep their poison.
+TEST(CudaKernelTest, SkinnyGemmMatchesCpu) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(19);
+  const int64_t rows = cuda::kSkinnyGemmMaxRows, spare = 2;
+  std::vector<GemvShape> shapes;
+  for (int64_t k : {4096, 12288, 576})
+    for (int64_t n : {1024, 4096, 6144, 12288, 1000}) shapes.push_back({n, k});
+  shapes.push_back({151936, 4096});
+  shapes.push_back({37, 200});
+  for (const GemvShape& s : shapes) {
+    const Tensor w = DeviceWeight(*gpu, s.n, s.k, 800 + s.n + s.k);
+    const Tensor x = RandomHost({rows, s.k}, rng);
+    Tensor expected = cpu.Empty(DType::kF32, {rows, s.n});
+    cpu.Linear(x, gpu->Download(w), nullptr, expected);
+    const Tensor xg = gpu->Upload(ToBf16(x));
+    for (int64_t m : {9, 16, 17, 32, 33, 64, 100, 128}) {
+      ASSERT_TRUE(cuda::SkinnyGemmSupports(xg.raw(), w.raw(), m, s.k));
+      for (DType out : {DType::kF32, DType::kBF16}) {
+        Tensor y = Poisoned(*gpu, out, {m + spare, s.n});
+        Tensor ym = y.Rows(0, m);
+        gpu->Linear(xg.Rows(0, m), w, nullptr, ym);
+        const std::string what = "m=" + std::to_string(m) + " n=" + std::to_string(s.n) + " k=" +
+                                 std::to_string(s.k) + " " + std::string(DTypeName(out));
+        EXPECT_LE(GpuVsCpu(*gpu, ym, expected.Rows(0, m)), out == DType::kF32 ? 1e-3 : 1e-2) << what;
+        const Tensor past = gpu->Download(y.Rows(m, m + spare));
+        const std::vector<unsigned char> poison(past.nbytes(), 0xff);
+        EXPECT_EQ(std::memcmp(past.raw(), poison.data(), poison.size()), 0) << "rows past m written: " << what;
+      }
+    }
+  }
+}
+
+// Linear dispatches batch-sized calls to the kernel (its output is the kernel's, bit for
+// bit); repeated calls, and a CUDA graph's replays on new x, give the same bits: the split
+// k slices are summed in a fixed order, whatever the timing.
+TEST(CudaKernelTest, SkinnyGemmIsDeterministicAndGraphSafe) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  ASSERT_TRUE(gpu->can_record());
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  std::mt19937 rng(20);
+  // On an H200: 8, 4 and 2 k slices, and (the LM head below 64 rows) none.
+  for (const GemvShape& s : std::vector<GemvShape>{{1024, 4096}, {4096, 12288}, {24576, 4096}, {151936, 4096}}) {
+    const Tensor w = DeviceWeight(*gpu, s.n, s.k, 900 + s.n);
+    for (int64_t m : {9, 33, 128}) {
+      Tensor xg = gpu->Upload(ToBf16(RandomHost({m, s.k}, rng)));
+      Tensor y = Poisoned(*gpu, DType::kF32, {m, s.n}), direct = Poisoned(*gpu, DType::kF32, {m, s.n});
+      gpu->Linear(xg, w, nullptr, y);
+      const Tensor first = gpu->Download(y);
+      cuda::SkinnyGemm(static_cast<const cuda::bf16*>(xg.raw()), static_cast<const cuda::bf16*>(w.raw()), m, s.n, s.k,
+                       direct.raw(), true, sms, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const Tensor kernel = gpu->Download(direct);
+      const std::string what = "m=" + std::to_string(m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k);
+      EXPECT_EQ(std::memcmp(first.raw(), kernel.raw(), first.nbytes()), 0) << "Linear is not the kernel: " << what;
+      for (int run = 0; run < 3; ++run) {
+        gpu->Linear(xg, w, nullptr, y);
+        const Tensor again = gpu->Download(y);
+        EXPECT_EQ(std::memcmp(first.raw(), again.raw(), first.nbytes()), 0) << "run " << run << ": " << what;
+      }
+      const Tensor x2 = ToBf16(RandomHost({m, s.k}, rng));
+      Tensor y_graph = Poisoned(*gpu, DType::kF32, {m, s.n});
+      auto graph = gpu->Record([&] { gpu->Linear(xg, w, nullptr, y_graph); });
+      ASSERT_NE(graph, nullptr);
+      gpu->UploadTo(x2, xg);
+      graph->Replay();
+      gpu->Linear(xg, w, nullptr, y);
+      const Tensor replayed = gpu->Download(y_graph), eager = gpu->Download(y);
+      EXPECT_EQ(std::memcmp(replayed.raw(), eager.raw(), eager.nbytes()), 0) << "graph replay: " << what;
+    }
+  }
+}
+
+// The kernel and cuBLASLt (HSX_SKINNY_GEMM=0) agree, with a bias added after either.
+TEST(CudaKernelTest, SkinnyGemmAgreesWithCublasLt) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  setenv("HSX_SKINNY_GEMM", "0", 1);
+  auto gpu_old = Gpu();
+  unsetenv("HSX_SKINNY_GEMM");
+  std::mt19937 rng(21);
+  for (const GemvShape& s : std::vector<GemvShape>{{4096, 4096}, {1000, 576}, {12288, 4096}}) {
+    const Tensor w_host = gpu->Download(DeviceWeight(*gpu, s.n, s.k, 1000 + s.n));
+    const Tensor b_host = RandomHost({s.n}, rng);
+    const Tensor w = gpu->Upload(w_host), w_old = gpu_old->Upload(w_host);
+    const Tensor b = gpu->UploadWeight(b_host), b_old = gpu_old->UploadWeight(b_host);
+    const Tensor x = ToBf16(RandomHost({cuda::kSkinnyGemmMaxRows, s.k}, rng));
+    const Tensor xg = gpu->Upload(x), xg_old = gpu_old->Upload(x);
+    for (int64_t m : {9, 40, 128}) {
+      Tensor y = Poisoned(*gpu, DType::kBF16, {m, s.n}), y_old = Poisoned(*gpu_old, DType::kBF16, {m, s.n});
+      gpu->Linear(xg.Rows(0, m), w, &b, y);
+      gpu_old->Linear(xg_old.Rows(0, m), w_old, &b_old, y_old);
+      EXPECT_LE(test::RelativeMaxError(test::AsFloats(gpu->Download(y)), test::AsFloats(gpu_old->Download(y_old))),
+                1e-2)
+          << "m=" << m << " n=" << s.n << " k=" << s.k;
+    }
+  }
+}
+
+// The kernel takes batch-sized calls with 16-byte vector loads: kGemvMaxRows < m <=
+// kSkinnyGemmMaxRows, k a multiple of 8, x and w 16-byte aligned.
+TEST(CudaKernelTest, SkinnyGemmSupportsOnlyBatchSizedAlignedCalls) {
+  alignas(16) static const cuda::bf16 buffer[16] = {};
+  EXPECT_TRUE(cuda::SkinnyGemmSupports(buffer, buffer, cuda::kGemvMaxRows + 1, 8));
+  EXPECT_TRUE(cuda::SkinnyGemmSupports(buffer, buffer + 8, cuda::kSkinnyGemmMaxRows, 4096));
+  EXPECT_FALSE(cuda::SkinnyGemmSupports(buffer, buffer, cuda::kGemvMaxRows, 8));
+  EXPECT_FALSE(cuda::SkinnyGemmSupports(buffer, buffer, cuda::kSkinnyGemmMaxRows + 1, 8));
+  EXPECT_FALSE(cuda::SkinnyGemmSupports(buffer, buffer, 16, 4100));
+  EXPECT_FALSE(cuda::SkinnyGemmSupports(buffer + 1, buffer, 16, 8));
+  EXPECT_FALSE(cuda::SkinnyGemmSupports(buffer, buffer + 4, 16, 8));
+}
+
+// k is split only as far as it takes to fill the SMs: on an H200 (132 SMs) every Qwen3-8B
+// shape keeps most of its last wave busy (>= 90% at m = 32, whose blocks take 128 weight rows;
+// >= 70% at m = 128, whose take 256), or has 8 slices; the LM head and short k are not
+// split. Each slice keeps at least 4 pipeline stages of k.
+TEST(CudaKernelTest, SkinnyGemmSplitsFillTheSms) {
+  const int sms = 132;
+  for (auto [m, tile_n, least] : {std::tuple{32, 128, 0.9}, std::tuple{128, 256, 0.7}}) {
+    for (const GemvShape& s : std::vector<GemvShape>{
+             {1024, 4096}, {4096, 4096}, {6144, 4096}, {12288, 4096}, {24576, 4096}, {4096, 12288}, {151936, 4096}}) {
+      const int splits = cuda::SkinnyGemmSplits(m, s.n, s.k, sms);
+      const int64_t blocks = (s.n + tile_n - 1) / tile_n * splits;
+      EXPECT_TRUE(splits == 1 || splits == 2 || splits == 4 || splits == 8) << splits;
+      EXPECT_TRUE(splits == 8 || double(blocks) / double((blocks + sms - 1) / sms * sms) >= least)
+          << "m=" << m << " n=" << s.n << " k=" << s.k << ": " << splits << " splits, " << blocks << " blocks";
+    }
+  }
+  EXPECT_EQ(cuda::SkinnyGemmSplits(32, 151936, 4096, sms), 1);
+  EXPECT_EQ(cuda::SkinnyGemmSplits(32, 4096, 4096, sms), 4);
+  EXPECT_EQ(cuda::SkinnyGemmSplits(128, 4096, 4096, sms), 8);
+  EXPECT_EQ(cuda::SkinnyGemmSplits(9, 1024, 576, sms), 2);  // 9 stages of 64
+  EXPECT_EQ(cuda::SkinnyGemmSplits(9, 1024, 200, sms), 1);
+}
+
 // A layer's q, k and v projections in one launch (decode sizes): each output the bits of
 // its own Linear call (biases included), for bf16 and f32 outputs, every m <= kGemvMaxRows,
 // and weights whose blocks do not fill evenly.
