@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|decodeab|skinnyab|devices|spec|specbench|fp8|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|decodeab|devices|spec|specbench|fp8|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
@@ -11,9 +11,6 @@
 #   at 32; batch 1 and 32 with --enforce-eager) against HF transformers' generate;
 #   decodeab = bench --decode at batch 1, 32, 128 with the decode fusions off, on, and on
 #   with HSX_PDL=1 (programmatic GEMV launches), the last two twice;
-#   skinnyab = the skinny GEMM's tests, then bench --decode at batch 16, 32, 64, 128 with
-#   HSX_SKINNY_GEMM=0 (cuBLASLt) and on, alternating, twice each, and one HSX_PROFILE run of
-#   each at batch 32 and 128 (the per-shape GEMM times side by side);
 #   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs), and
 #   extract with a replica per GPU against one (tests/device/data_parallel_on_devices.py);
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
@@ -199,20 +196,6 @@ if [ "$what" = decodeab ]; then  # the decode fusions off, on (default), and wit
   for env in "HSX_QKV_GEMV=0 HSX_NORM_ROPE_STORE=0 HSX_GATED_GEMV=0" "" "HSX_PDL=1" "" "HSX_PDL=1"; do
     ([ -z "$env" ] || export $env; decode_bench --batch-sizes 1,32,128 2>>"$OUT/decodeab.err" | grep batch | sed "s/}\$/, \"env\": \"$env\"}/")
   done | tee "$OUT/decodeab.jsonl"
-fi
-if [ "$what" = skinnyab ]; then  # batch-sized Linear on cuBLASLt (HSX_SKINNY_GEMM=0) and on skinny_gemm.cu
-  HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='*SkinnyGemm*:*Gemv*:*Linear*:*BatchInvariantOps*' 2>&1 |
-    tee "$OUT/skinny_tests.log" | grep -E "PASSED|FAILED|Failure|Expected|actual|error" | head -40
-  for env in HSX_SKINNY_GEMM=0 HSX_SKINNY_GEMM=1 HSX_SKINNY_GEMM=0 HSX_SKINNY_GEMM=1; do
-    (export $env; decode_bench --batch-sizes 16,32,64,128 2>>"$OUT/skinnyab.err" | grep batch | sed "s/}\$/, \"env\": \"$env\"}/")
-  done | tee "$OUT/skinnyab.jsonl"
-  for env in HSX_SKINNY_GEMM=0 HSX_SKINNY_GEMM=1; do
-    for batch in 32 128; do
-      echo "== $env batch $batch"
-      (export $env HSX_PROFILE=1; decode_bench --batch-sizes $batch --new-tokens 64 2>&1 >/dev/null) | grep "hsx profile" |
-        grep -E "linear|total" | sort -t' ' -k4 -gr | head -12
-    done
-  done | tee "$OUT/skinnyab_profile.txt"
 fi
 if [ "$what" = decode ]; then
   { decode_bench --batch-sizes 1,32,128; decode_bench --batch-sizes 32 --temperature 1 --top-p 0.9 | grep batch;

@@ -159,10 +159,6 @@ struct CudaBackend::Impl {
   // (gemv.cu); HSX_GEMV=0 keeps cuBLASLt, for comparison. Off in batch-invariant mode,
   // which keeps one cuBLASLt algorithm per weight shape for every m.
   bool gemv = false;
-  // Batch-sized ones (kGemvMaxRows < m <= kSkinnyGemmMaxRows) on hsx's tensor-core kernel
-  // (skinny_gemm.cu); HSX_SKINNY_GEMM=0 keeps cuBLASLt, for comparison. Off in
-  // batch-invariant mode too.
-  bool skinny_gemm = false;
   // The fusions, each with a switch for comparison: q/k norm, RoPE and the KV store in
   // one launch (HSX_NORM_ROPE_STORE=0: three), and the gated MLP's gate and up GEMVs with
   // the activation (HSX_GATED_GEMV=0: two GEMVs and the activation kernel).
@@ -451,7 +447,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index, bool 
   impl->hopper_attention = prop.major == 9 && !(attention && std::string(attention) == "mma");
   impl->decode_attention = !batch_invariant && EnvOn("HSX_DECODE_ATTENTION");
   impl->gemv = !batch_invariant && EnvOn("HSX_GEMV");
-  impl->skinny_gemm = !batch_invariant && EnvOn("HSX_SKINNY_GEMM");
   impl->sm_count = prop.multiProcessorCount;
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking));
@@ -628,20 +623,15 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
     std::abort();
   }
   if (w.dtype() == DType::kF8E4M3) return LinearFp8(x, w, bias, y);
-  const bool all_bf16 = x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 &&
-                        (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32);
-  const bool gemv = impl_->gemv && all_bf16 && cuda::GemvSupports(x.raw(), w.raw(), m, k);
-  const bool skinny = impl_->skinny_gemm && all_bf16 && cuda::SkinnyGemmSupports(x.raw(), w.raw(), m, k);
-  // Planning (and tuning) comes before the timer so the profile shows only the GEMM; hsx's
-  // kernels take cuBLASLt's label, so an A/B run's profiles line up.
-  const Impl::Plan* p = gemv || skinny ? nullptr : &impl_->GetPlan(m, n, k, y.dtype(), w.raw(), x.raw(), y.raw());
-  const std::string own_label = (gemv || skinny) && impl_->profile ? Impl::LinearLabel(n, k) : std::string();
-  Impl::Timer timer(*impl_, gemv || skinny ? std::string_view(own_label) : std::string_view(p->label));
+  const bool gemv = impl_->gemv && x.dtype() == DType::kBF16 && w.dtype() == DType::kBF16 &&
+                    (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32) &&
+                    cuda::GemvSupports(x.raw(), w.raw(), m, k);
+  // Planning (and tuning) comes before the timer so the profile shows only the GEMM.
+  const Impl::Plan* p = gemv ? nullptr : &impl_->GetPlan(m, n, k, y.dtype(), w.raw(), x.raw(), y.raw());
+  const std::string gemv_label = gemv && impl_->profile ? Impl::LinearLabel(n, k) : std::string();
+  Impl::Timer timer(*impl_, gemv ? std::string_view(gemv_label) : std::string_view(p->label));
   if (gemv) {
     cuda::Gemv(B(x), B(w), m, n, k, y.raw(), y.dtype() == DType::kF32, impl_->stream, impl_->programmatic);
-    HSX_LAUNCH_CHECK();
-  } else if (skinny) {
-    cuda::SkinnyGemm(B(x), B(w), m, n, k, y.raw(), y.dtype() == DType::kF32, impl_->sm_count, impl_->stream);
     HSX_LAUNCH_CHECK();
   } else {
     Check(impl_->Matmul(*p, p->algo, w.raw(), x.raw(), y.raw()), "cublasLtMatmul");

@@ -121,18 +121,6 @@ struct GemvWeights {
 };
 void GemvMany(const bf16* x, int64_t m, int64_t k, GemvWeights ws, bool y_f32, cudaStream_t stream,
               bool programmatic = false);
-// Batch-sized Linear (skinny_gemm.cu), the same contract as Gemv for kGemvMaxRows < m <=
-// kSkinnyGemmMaxRows: bf16 tensor cores, each weight read from memory once, k split over
-// SkinnyGemmSplits(n, k, sm_count) blocks summed in a fixed order (deterministic).
-constexpr int kSkinnyGemmMaxRows = 128;
-// Whether SkinnyGemm takes this call: kGemvMaxRows < m <= kSkinnyGemmMaxRows, k a multiple
-// of 8, x and w 16-byte aligned.
-bool SkinnyGemmSupports(const void* x, const void* w, int64_t m, int64_t k);
-// k slices per weight tile (1, 2, 4 or 8): enough blocks to fill sm_count SMs evenly.
-int SkinnyGemmSplits(int64_t m, int64_t n, int64_t k, int sm_count);
-// Only for calls SkinnyGemmSupports takes.
-void SkinnyGemm(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, int sm_count,
-                cudaStream_t stream);
 // The gated MLP's first half (gated_gemv.cu): out[m, n] = act(x gate^T) * (x up^T) with
 // gate, up [n, k], each product rounded to bf16 first: the bits of two Gemv calls and
 // GatedActivation. act 0: SiLU, 1: GELU (tanh). Only for calls GemvSupports takes.
