@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -316,7 +317,7 @@ TEST(CudaKernelTest, ProgrammaticGemvLaunchesWaitForTheirInput) {
   for (int step = 0; step < 6; ++step) branch_steps.push_back(ToBf16(RandomHost({m, h}, rng)));
   const Tensor residual0 = ToBf16(RandomHost({m, h}, rng));
   struct Layer {
-    Tensor norm, wq, wk, wv, gate, up, down;
+    Tensor norm, wq, wk, wv, gate_up, down;
     Tensor residual, branch, normed, q, k, v, hidden, out;
   };
   const auto make = [&](CudaBackend& b) {
@@ -325,8 +326,7 @@ TEST(CudaKernelTest, ProgrammaticGemvLaunchesWaitForTheirInput) {
     l.wq = DeviceWeight(b, h, h, 701);
     l.wk = DeviceWeight(b, kv, h, 702);
     l.wv = DeviceWeight(b, kv, h, 703);
-    l.gate = DeviceWeight(b, inter, h, 704);
-    l.up = DeviceWeight(b, inter, h, 705);
+    l.gate_up = DeviceWeight(b, 2 * inter, h, 704);
     l.down = DeviceWeight(b, h, inter, 706);
     l.residual = b.Upload(residual0);
     l.branch = b.Upload(branch_steps[0]);
@@ -341,7 +341,7 @@ TEST(CudaKernelTest, ProgrammaticGemvLaunchesWaitForTheirInput) {
   const auto run = [](CudaBackend& b, Layer& l) {
     b.AddRmsNorm(l.residual, l.branch, &l.norm, 1e-6f, false, l.normed);
     b.Projections(l.normed, {{&l.wq, nullptr, &l.q}, {&l.wk, nullptr, &l.k}, {&l.wv, nullptr, &l.v}});
-    b.GatedLinear(l.normed, l.gate, l.up, Activation::kSilu, l.hidden);
+    b.GatedLinear(l.normed, l.gate_up, Activation::kSilu, l.hidden);
     b.Linear(l.hidden, l.down, nullptr, l.out);
   };
   Layer a = make(*plain), b = make(*pdl);
@@ -365,9 +365,11 @@ TEST(CudaKernelTest, ProgrammaticGemvLaunchesWaitForTheirInput) {
   }
 }
 
-// The gated MLP's first half: decode-sized calls (m <= kGemvMaxRows) run the fused
-// gate/up GEMV, whose output must be the unfused path's bits (two GEMVs, then the
-// activation kernel) and the CPU's values; m = kGemvMaxRows + 1 takes the unfused path.
+// The gated MLP's first half on the fused gate/up weight [2n, k]: decode-sized calls
+// (m <= kGemvMaxRows) run the gated GEMV, whose output must be the unfused path's bits (a
+// GEMV into [m, 2n], then the strided activation kernel) and the CPU's values, for CPU
+// values computed from gate and up as separate weights; m = kGemvMaxRows + 1 and a
+// prefill-sized m take the GEMM and the strided activation.
 TEST(CudaKernelTest, GatedLinearMatchesCpuAndTheUnfusedPath) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
@@ -376,23 +378,35 @@ TEST(CudaKernelTest, GatedLinearMatchesCpuAndTheUnfusedPath) {
   const int64_t rows = cuda::kGemvMaxRows + 1;
   // Qwen3-8B's gate/up, then odd column counts (a block's second column past n) and short rows.
   for (const GemvShape& s : std::vector<GemvShape>{{12288, 4096}, {1001, 4096}, {3, 8}, {37, 200}, {777, 2056}}) {
-    const Tensor gate = DeviceWeight(*gpu, s.n, s.k, 400 + s.n + s.k);
-    const Tensor up = DeviceWeight(*gpu, s.n, s.k, 500 + s.n + s.k);
-    const Tensor gate_host = gpu->Download(gate), up_host = gpu->Download(up);
-    const Tensor x = RandomHost({rows, s.k}, rng);
-    const Tensor xg = gpu->Upload(ToBf16(x));
-    for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
-      Tensor expected = cpu.Empty(DType::kF32, {rows, s.n});
-      cpu.GatedLinear(x, gate_host, up_host, act, expected);
-      for (int64_t m = 1; m <= rows; ++m) {
-        Tensor fused = Poisoned(*gpu, DType::kBF16, {m, s.n});
-        gpu->GatedLinear(xg.Rows(0, m), gate, up, act, fused);
-        EXPECT_LE(GpuVsCpu(*gpu, fused, expected.Rows(0, m)), 1e-2) << "m=" << m << " n=" << s.n << " k=" << s.k;
-        Tensor unfused = Poisoned(*gpu, DType::kBF16, {m, s.n});
-        gpu->Backend::GatedLinear(xg.Rows(0, m), gate, up, act, unfused);
-        const Tensor a = gpu->Download(fused), b = gpu->Download(unfused);
-        EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0)
-            << "fused and unfused differ: m=" << m << " n=" << s.n << " k=" << s.k;
+    const Tensor gate_up = DeviceWeight(*gpu, 2 * s.n, s.k, 400 + s.n + s.k);
+    const Tensor gate_up_host = gpu->Download(gate_up);
+    for (const int64_t big : {rows, int64_t{128}, int64_t{300}}) {
+      const Tensor x = RandomHost({big, s.k}, rng);
+      const Tensor xg = gpu->Upload(ToBf16(x));
+      for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
+        // The CPU reference from separate gate and up products.
+        Tensor g = cpu.Empty(DType::kF32, {big, s.n}), u = cpu.Empty(DType::kF32, {big, s.n});
+        cpu.Linear(x, gate_up_host.Rows(0, s.n), nullptr, g);
+        cpu.Linear(x, gate_up_host.Rows(s.n, 2 * s.n), nullptr, u);
+        Tensor expected = cpu.Empty(DType::kF32, {big, s.n});
+        for (int64_t i = 0; i < expected.numel(); ++i) {
+          const float a = g.data<float>()[i];
+          const float gated = act == Activation::kSilu
+                                  ? a / (1.0f + std::exp(-a))
+                                  : 0.5f * a * (1.0f + std::tanh(0.7978845608f * (a + 0.044715f * a * a * a)));
+          expected.data<float>()[i] = gated * u.data<float>()[i];
+        }
+        const std::vector<int64_t> ms = big == rows ? std::vector<int64_t>{1, 2, 3, 5, 8, 9} : std::vector<int64_t>{big};
+        for (int64_t m : ms) {
+          Tensor fused = Poisoned(*gpu, DType::kBF16, {m, s.n});
+          gpu->GatedLinear(xg.Rows(0, m), gate_up, act, fused);
+          EXPECT_LE(GpuVsCpu(*gpu, fused, expected.Rows(0, m)), 1e-2) << "m=" << m << " n=" << s.n << " k=" << s.k;
+          Tensor unfused = Poisoned(*gpu, DType::kBF16, {m, s.n});
+          gpu->Backend::GatedLinear(xg.Rows(0, m), gate_up, act, unfused);
+          const Tensor a = gpu->Download(fused), b = gpu->Download(unfused);
+          EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0)
+              << "fused and unfused differ: m=" << m << " n=" << s.n << " k=" << s.k;
+        }
       }
     }
   }
@@ -447,12 +461,15 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
     gpu->RmsNormRope(xng, gpu->UploadWeight(w), 1e-6f, false, gpu->Upload(pos), gpu_table);
     EXPECT_LE(GpuVsCpu(*gpu, xng, xn), 1e-2) << "norm+rope d=" << d;
   }
-  Tensor g = RandomHost({7, 300}, rng), u = RandomHost({7, 300}, rng);
-  for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
-    Tensor o_cpu = cpu.Empty(DType::kF32, {7, 300}), o_gpu = Poisoned(*gpu, DType::kBF16, {7, 300});
-    cpu.GatedActivation(g, u, act, o_cpu);
-    gpu->GatedActivation(gpu->Upload(ToBf16(g)), gpu->Upload(ToBf16(u)), act, o_gpu);
-    EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 1e-2);
+  // The strided gated activation, vectorized (cols a multiple of 8) and not.
+  for (int64_t cols : {300, 301}) {
+    Tensor gate_up = RandomHost({7, 2 * cols}, rng);
+    for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
+      Tensor o_cpu = cpu.Empty(DType::kF32, {7, cols}), o_gpu = Poisoned(*gpu, DType::kBF16, {7, cols});
+      cpu.GatedActivation(gate_up, act, o_cpu);
+      gpu->GatedActivation(gpu->Upload(ToBf16(gate_up)), act, o_gpu);
+      EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 1e-2) << "cols=" << cols;
+    }
   }
 }
 

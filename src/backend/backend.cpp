@@ -31,12 +31,10 @@ void Backend::Projections(const Tensor& x, const std::vector<Projection>& projec
   for (const Projection& p : projections) Linear(p.w->dtype() == DType::kF8E4M3 ? in : x, *p.w, p.bias, *p.y);
 }
 
-void Backend::GatedLinear(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
-  const Tensor in = InputFor(*this, x, gate);
-  Tensor u = Empty(compute_dtype(), out.shape());
-  Linear(in, gate, nullptr, out);
-  Linear(up.dtype() == DType::kF8E4M3 ? in : x, up, nullptr, u);
-  GatedActivation(out, u, act, out);
+void Backend::GatedLinear(const Tensor& x, const Tensor& gate_up, Activation act, Tensor& out) {
+  Tensor both = Empty(compute_dtype(), {out.numel() / out.size(-1), gate_up.size(0)});
+  Linear(x, gate_up, nullptr, both);
+  GatedActivation(both, act, out);
 }
 
 void Backend::NormRopeStoreKV(Tensor& q, Tensor& k, Tensor& v, const HeadNorms& norms, const Tensor& positions,

@@ -155,10 +155,13 @@ class Backend {
   virtual void ScaleByTensor(Tensor& x, const Tensor& scalar) = 0;  // x *= scalar[0]
   virtual void Softcap(Tensor& x, float cap) = 0;
   virtual void Activate(Tensor& x, Activation act) = 0;
-  virtual void GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) = 0;
-  // out = act(x gate^T) * (x up^T), each product rounded to the compute dtype first (two
-  // Linear calls and GatedActivation): one pass over both weights where the device fuses it.
-  virtual void GatedLinear(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out);
+  // out [T, I] = act(gate) * up, where each row of gate_up [T, 2I] holds gate's I columns
+  // then up's (the output of a fused gate/up Linear).
+  virtual void GatedActivation(const Tensor& gate_up, Activation act, Tensor& out) = 0;
+  // out [T, I] = act(x gate^T) * (x up^T) for gate_up [2I, K] (gate's rows, then up's), each
+  // product rounded to the compute dtype first (one Linear into [T, 2I], then
+  // GatedActivation): one pass with the activation where the device fuses it.
+  virtual void GatedLinear(const Tensor& x, const Tensor& gate_up, Activation act, Tensor& out);
   virtual void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) = 0;  // x [T, heads, D]
   // Per-head RMSNorm (q/k norm) then RoPE, in place: one pass where the device fuses it.
   virtual void RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_plus_weight, const Tensor& positions,

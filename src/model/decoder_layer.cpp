@@ -84,7 +84,7 @@ void MlpBlock(Backend& backend, const ModelConfig& config, int layer, const Laye
     return;
   }
   Tensor hidden = backend.Empty(dt, {t, config.intermediate_size});
-  backend.GatedLinear(x, w.gate_proj, w.up_proj, config.activation, hidden);
+  backend.GatedLinear(x, w.gate_up_proj, config.activation, hidden);
   backend.Linear(hidden, w.down_proj, nullptr, out);
 }
 

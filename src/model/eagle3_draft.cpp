@@ -83,6 +83,12 @@ Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Load(const std::string& dir, c
     HSX_ASSIGN_OR_RETURN(dst, UploadCheckpointWeight(tensors, dir, name, shape, backend));
     return {};
   };
+  // One of the rows [row, row + shape[0]) of a fused weight (model/weights.h's PlaceRows).
+  auto take_rows = [&](const std::string& name, Shape shape, int64_t row, int64_t total_rows, Tensor& fused) -> Status {
+    Tensor part;
+    HSX_RETURN_IF_ERROR(take(name, std::move(shape), part));
+    return PlaceRows(backend, part, row, total_rows, dir + ": " + name, fused);
+  };
 
   // Drafts may leave out the (frozen) copy of the target's embedding; vLLM then uses the target's.
   if (tensors.count("embed_tokens.weight")) {
@@ -115,8 +121,9 @@ Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Load(const std::string& dir, c
       HSX_RETURN_IF_ERROR(take(p + "self_attn.q_norm.weight", {spec.head_dim}, l.q_norm));
       HSX_RETURN_IF_ERROR(take(p + "self_attn.k_norm.weight", {spec.head_dim}, l.k_norm));
     }
-    HSX_RETURN_IF_ERROR(take(p + "mlp.gate_proj.weight", {d.intermediate_size, h}, l.gate_proj));
-    HSX_RETURN_IF_ERROR(take(p + "mlp.up_proj.weight", {d.intermediate_size, h}, l.up_proj));
+    const int64_t inter = d.intermediate_size;
+    HSX_RETURN_IF_ERROR(take_rows(p + "mlp.gate_proj.weight", {inter, h}, 0, 2 * inter, l.gate_up_proj));
+    HSX_RETURN_IF_ERROR(take_rows(p + "mlp.up_proj.weight", {inter, h}, inter, 2 * inter, l.gate_up_proj));
     HSX_RETURN_IF_ERROR(take(p + "mlp.down_proj.weight", {h, d.intermediate_size}, l.down_proj));
   }
   HSX_RETURN_IF_ERROR(take("norm.weight", {h}, w.final_norm));

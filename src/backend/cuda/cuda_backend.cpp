@@ -758,26 +758,27 @@ void CudaBackend::Activate(Tensor& x, Activation act) {
   HSX_LAUNCH_CHECK();
 }
 
-void CudaBackend::GatedLinear(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
-  const int64_t m = RowsOf(x), k = x.size(-1), n = gate.size(0);
-  const bool fused = impl_->gemv && impl_->gated_gemv && out.dtype() == DType::kBF16 && gate.dtype() == DType::kBF16 &&
-                     up.dtype() == DType::kBF16 && up.shape() == gate.shape() &&
-                     cuda::GemvSupports(x.raw(), gate.raw(), m, k) && cuda::GemvSupports(x.raw(), up.raw(), m, k);
-  if (!fused) return Backend::GatedLinear(x, gate, up, act, out);
+void CudaBackend::GatedLinear(const Tensor& x, const Tensor& gate_up, Activation act, Tensor& out) {
+  const int64_t m = RowsOf(x), k = x.size(-1), n = gate_up.size(0) / 2;
+  const bool fused = impl_->gemv && impl_->gated_gemv && out.dtype() == DType::kBF16 &&
+                     gate_up.dtype() == DType::kBF16 && cuda::GemvSupports(x.raw(), gate_up.raw(), m, k);
+  if (!fused) return Backend::GatedLinear(x, gate_up, act, out);
   if (Overlap(out, x)) {
     std::fprintf(stderr, "hsx: GatedLinear's output overlaps its input\n");
     std::abort();
   }
-  const std::string label = impl_->profile ? "gated " + Impl::LinearLabel(n, k) : std::string();
+  const std::string label = impl_->profile ? "gated " + Impl::LinearLabel(2 * n, k) : std::string();
   Impl::Timer timer(*impl_, label);
-  cuda::GatedGemv(B(x), B(gate), B(up), m, n, k, act == Activation::kSilu ? 0 : 1, B(out), impl_->stream,
+  cuda::GatedGemv(B(x), B(gate_up), m, n, k, act == Activation::kSilu ? 0 : 1, B(out), impl_->stream,
                   impl_->programmatic);
   HSX_LAUNCH_CHECK();
 }
 
-void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
+void CudaBackend::GatedActivation(const Tensor& gate_up, Activation act, Tensor& out) {
   Impl::Timer timer(*impl_, "gated_act");
-  cuda::GatedActivation(B(gate), B(up), out.numel(), act == Activation::kSilu ? 0 : 1, B(out), impl_->stream);
+  const int64_t cols = out.size(-1);
+  cuda::GatedActivation(B(gate_up), B(gate_up) + cols, RowsOf(out), cols, 2 * cols, act == Activation::kSilu ? 0 : 1,
+                        B(out), impl_->stream);
   HSX_LAUNCH_CHECK();
 }
 
@@ -1085,7 +1086,11 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   };
   grouped(experts.gate, xs, g);
   grouped(experts.up, xs, u);
-  GatedActivation(g, u, act, g);
+  {
+    Impl::Timer timer(*impl_, "gated_act");
+    cuda::GatedActivation(B(g), B(u), g.size(0), g.size(1), g.size(1), act == Activation::kSilu ? 0 : 1, B(g), stream);
+    HSX_LAUNCH_CHECK();
+  }
   grouped(experts.down, g, ys);
   cuda::MoeCombine(B(ys), inverse.data<int32_t>(), weights.data<float>(), tokens, top_k, hidden, B(out), stream);
   HSX_LAUNCH_CHECK();

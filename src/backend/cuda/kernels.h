@@ -26,7 +26,10 @@ void Multiply(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream);
 void Scale(bf16* x, int64_t n, float s, const bf16* device_scalar, cudaStream_t stream);
 void Softcap(void* x, bool is_f32, int64_t n, float cap, cudaStream_t stream);
 void Activate(bf16* x, int64_t n, int act, cudaStream_t stream);
-void GatedActivation(const bf16* gate, const bf16* up, int64_t n, int act, bf16* out, cudaStream_t stream);
+// out [rows, cols] = act(gate) * up, gate's and up's rows `stride` elements apart (a fused
+// gate/up output: up = gate + cols, stride 2 cols).
+void GatedActivation(const bf16* gate, const bf16* up, int64_t rows, int64_t cols, int64_t stride, int act, bf16* out,
+                     cudaStream_t stream);
 // Per-head attention inputs in place (norm_rope_store.cu): q [tokens, q_heads, dim] and,
 // with k given, k and v [tokens, kv_heads, dim]. q and k are normed with q_norm / k_norm
 // (null: not normed; the normed value rounded to bf16) and rotated (rotary_dims of each
@@ -122,9 +125,10 @@ struct GemvWeights {
 void GemvMany(const bf16* x, int64_t m, int64_t k, GemvWeights ws, bool y_f32, cudaStream_t stream,
               bool programmatic = false);
 // The gated MLP's first half (gated_gemv.cu): out[m, n] = act(x gate^T) * (x up^T) with
-// gate, up [n, k], each product rounded to bf16 first: the bits of two Gemv calls and
-// GatedActivation. act 0: SiLU, 1: GELU (tanh). Only for calls GemvSupports takes.
-void GatedGemv(const bf16* x, const bf16* gate, const bf16* up, int64_t m, int64_t n, int64_t k, int act, bf16* out,
+// gate_up [2n, k] (gate's rows, then up's), each product rounded to bf16 first: the bits
+// of Gemv into [m, 2n] and GatedActivation. act 0: SiLU, 1: GELU (tanh). Only for calls
+// GemvSupports takes.
+void GatedGemv(const bf16* x, const bf16* gate_up, int64_t m, int64_t n, int64_t k, int act, bf16* out,
                cudaStream_t stream, bool programmatic = false);
 
 struct AttentionArgs {
