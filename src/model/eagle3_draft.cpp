@@ -113,9 +113,10 @@ Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Load(const std::string& dir, c
     const int64_t kv_out = static_cast<int64_t>(spec.num_kv_heads) * spec.head_dim;
     HSX_RETURN_IF_ERROR(take(p + "input_layernorm.weight", {h}, l.input_norm));
     HSX_RETURN_IF_ERROR(take(p + "post_attention_layernorm.weight", {h}, l.post_attention_norm));
-    HSX_RETURN_IF_ERROR(take(p + "self_attn.q_proj.weight", {q_out, in}, l.q_proj));
-    HSX_RETURN_IF_ERROR(take(p + "self_attn.k_proj.weight", {kv_out, in}, l.k_proj));
-    HSX_RETURN_IF_ERROR(take(p + "self_attn.v_proj.weight", {kv_out, in}, l.v_proj));
+    const int64_t qkv = q_out + 2 * kv_out;
+    HSX_RETURN_IF_ERROR(take_rows(p + "self_attn.q_proj.weight", {q_out, in}, 0, qkv, l.qkv_proj));
+    HSX_RETURN_IF_ERROR(take_rows(p + "self_attn.k_proj.weight", {kv_out, in}, q_out, qkv, l.qkv_proj));
+    HSX_RETURN_IF_ERROR(take_rows(p + "self_attn.v_proj.weight", {kv_out, in}, q_out + kv_out, qkv, l.qkv_proj));
     HSX_RETURN_IF_ERROR(take(p + "self_attn.o_proj.weight", {h, q_out}, l.o_proj));
     if (d.qk_norm) {
       HSX_RETURN_IF_ERROR(take(p + "self_attn.q_norm.weight", {spec.head_dim}, l.q_norm));

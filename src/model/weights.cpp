@@ -95,30 +95,25 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, Shard shard = {}
       add(p + "pre_feedforward_layernorm.weight", {h}, &l.pre_feedforward_norm, Init::kNorm);
       add(p + "post_feedforward_layernorm.weight", {h}, &l.post_feedforward_norm, Init::kNorm);
     }
-    add(p + "self_attn.q_proj.weight", {q_out, h}, &l.q_proj);
-    split(0, shard.rank, q_rows);
+    // q, k and v (as the layer has them) are the row blocks of one weight, and of one bias.
+    const int64_t qkv_rows = q_rows + (owns_kv ? (spec.k_eq_v ? 1 : 2) * kv_rows : 0);
+    auto add_qkv = [&](const std::string& kind, const Shape& shape_q, const Shape& shape_kv, Tensor* dst, Init init) {
+      add(p + "self_attn.q_proj." + kind, shape_q, dst, init);
+      split(0, shard.rank, q_rows);
+      part(0, qkv_rows);
+      if (!owns_kv) return;
+      add(p + "self_attn.k_proj." + kind, shape_kv, dst, init);
+      split(0, kv_part, kv_rows);
+      part(q_rows, qkv_rows);
+      if (spec.k_eq_v) return;
+      add(p + "self_attn.v_proj." + kind, shape_kv, dst, init);
+      split(0, kv_part, kv_rows);
+      part(q_rows + kv_rows, qkv_rows);
+    };
+    add_qkv("weight", {q_out, h}, {kv_out, h}, &l.qkv_proj, Init::kMatrix);
     add(p + "self_attn.o_proj.weight", {h, q_out}, &l.o_proj);
     split(1, shard.rank, q_rows);
-    if (owns_kv) {
-      add(p + "self_attn.k_proj.weight", {kv_out, h}, &l.k_proj);
-      split(0, kv_part, kv_rows);
-      if (!spec.k_eq_v) {
-        add(p + "self_attn.v_proj.weight", {kv_out, h}, &l.v_proj);
-        split(0, kv_part, kv_rows);
-      }
-    }
-    if (c.qkv_bias) {
-      add(p + "self_attn.q_proj.bias", {q_out}, &l.q_bias, Init::kScalar);
-      split(0, shard.rank, q_rows);
-      if (owns_kv) {
-        add(p + "self_attn.k_proj.bias", {kv_out}, &l.k_bias, Init::kScalar);
-        split(0, kv_part, kv_rows);
-        if (!spec.k_eq_v) {
-          add(p + "self_attn.v_proj.bias", {kv_out}, &l.v_bias, Init::kScalar);
-          split(0, kv_part, kv_rows);
-        }
-      }
-    }
+    if (c.qkv_bias) add_qkv("bias", {q_out}, {kv_out}, &l.qkv_bias, Init::kScalar);
     if (c.qk_norm) {
       add(p + "self_attn.q_norm.weight", {spec.head_dim}, &l.q_norm, Init::kNorm);
       if (owns_kv) add(p + "self_attn.k_norm.weight", {spec.head_dim}, &l.k_norm, Init::kNorm);
