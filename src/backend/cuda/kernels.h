@@ -115,19 +115,6 @@ bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k);
 // programmatic: launched to overlap the kernel before (programmatic_launch.cuh).
 void Gemv(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream,
           bool programmatic = false);
-// Several Gemv calls on one x in one launch: y[i] =
-// x w[i]^T for i < count, each [m, n[i]], all bf16 or all f32; each row computed as Gemv
-// computes it. Only for calls GemvSupports takes for every w[i]; first_block is set here.
-constexpr int kGemvMaxWeights = 3;
-struct GemvWeights {
-  const bf16* w[kGemvMaxWeights] = {};
-  int64_t n[kGemvMaxWeights] = {};
-  void* y[kGemvMaxWeights] = {};
-  int count = 0;
-  unsigned first_block[kGemvMaxWeights + 1] = {};
-};
-void GemvMany(const bf16* x, int64_t m, int64_t k, GemvWeights ws, bool y_f32, cudaStream_t stream,
-              bool programmatic = false);
 // The gated MLP's first half (gated_gemv.cu): out[m, n] = act(x gate^T) * (x up^T) with
 // gate_up [2n, k] (gate's rows, then up's), each product rounded to bf16 first: the bits
 // of Gemv into [m, 2n] and GatedActivation. act 0: SiLU, 1: GELU (tanh). Only for calls
