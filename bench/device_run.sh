@@ -193,7 +193,7 @@ decode_bench() {
     --kv-cache-gib 40 "$@"
 }
 if [ "$what" = decodeab ]; then  # the decode fusions off, on (default), and with programmatic GEMV launches
-  for env in "HSX_QKV_GEMV=0 HSX_NORM_ROPE_STORE=0 HSX_GATED_GEMV=0" "" "HSX_PDL=1" "" "HSX_PDL=1"; do
+  for env in "HSX_NORM_ROPE_STORE=0 HSX_GATED_GEMV=0" "" "HSX_PDL=1" "" "HSX_PDL=1"; do
     ([ -z "$env" ] || export $env; decode_bench --batch-sizes 1,32,128 2>>"$OUT/decodeab.err" | grep batch | sed "s/}\$/, \"env\": \"$env\"}/")
   done | tee "$OUT/decodeab.jsonl"
 fi

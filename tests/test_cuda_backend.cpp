@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -251,52 +252,6 @@ TEST(CudaKernelTest, GemvReplaysInCudaGraph) {
   EXPECT_LE(GpuVsCpu(*gpu, y, expected), 1e-3);
 }
 
-// A layer's q, k and v projections in one launch (decode sizes): each output the bits of
-// its own Linear call (biases included), for bf16 and f32 outputs, every m <= kGemvMaxRows,
-// and weights whose blocks do not fill evenly.
-TEST(CudaKernelTest, ProjectionsAreTheirLinearCallsBitForBit) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  std::mt19937 rng(17);
-  const int64_t rows = cuda::kGemvMaxRows;
-  for (const std::vector<int64_t>& ns : std::vector<std::vector<int64_t>>{{4096, 1024, 1024}, {1001, 37, 3}, {64, 5}}) {
-    for (int64_t k : {int64_t{4096}, int64_t{200}}) {
-      std::vector<Tensor> ws, biases;
-      for (size_t i = 0; i < ns.size(); ++i) {
-        ws.push_back(DeviceWeight(*gpu, ns[i], k, 600 + 7 * i + ns[i] + k));
-        biases.push_back(gpu->UploadWeight(RandomHost({ns[i]}, rng)));
-      }
-      const Tensor xg = gpu->Upload(ToBf16(RandomHost({rows, k}, rng)));
-      for (int64_t m = 1; m <= rows; ++m) {
-        for (DType out : {DType::kBF16, DType::kF32}) {
-          for (bool with_bias : {false, true}) {
-            if (with_bias && out == DType::kF32) continue;  // biases are added to bf16 outputs only
-            std::vector<Tensor> fused, separate;
-            std::vector<Projection> projections;
-            for (size_t i = 0; i < ns.size(); ++i) {
-              fused.push_back(Poisoned(*gpu, out, {m, ns[i]}));
-              separate.push_back(Poisoned(*gpu, out, {m, ns[i]}));
-            }
-            for (size_t i = 0; i < ns.size(); ++i) {
-              // The middle weight alone biased, as a model with a k bias only would be.
-              const Tensor* bias = with_bias && i == 1 ? &biases[i] : nullptr;
-              projections.push_back({&ws[i], bias, &fused[i]});
-              gpu->Linear(xg.Rows(0, m), ws[i], bias, separate[i]);
-            }
-            gpu->Projections(xg.Rows(0, m), projections);
-            for (size_t i = 0; i < ns.size(); ++i) {
-              const Tensor a = gpu->Download(fused[i]), b = gpu->Download(separate[i]);
-              EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0)
-                  << "projection " << i << " (n=" << ns[i] << ", k=" << k << ") m=" << m << " " << DTypeName(out)
-                  << (with_bias ? " with bias" : "");
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
 // HSX_PDL=1: the GEMVs start while the kernel before them still runs, loading weights, and
 // wait for it before reading x. A layer's decode-sized MLP and projections, whose x each
 // kernel before rewrites at every step, must give the ordinary launches' bits, step after
@@ -316,32 +271,27 @@ TEST(CudaKernelTest, ProgrammaticGemvLaunchesWaitForTheirInput) {
   for (int step = 0; step < 6; ++step) branch_steps.push_back(ToBf16(RandomHost({m, h}, rng)));
   const Tensor residual0 = ToBf16(RandomHost({m, h}, rng));
   struct Layer {
-    Tensor norm, wq, wk, wv, gate, up, down;
-    Tensor residual, branch, normed, q, k, v, hidden, out;
+    Tensor norm, wqkv, gate_up, down;
+    Tensor residual, branch, normed, qkv, hidden, out;
   };
   const auto make = [&](CudaBackend& b) {
     Layer l;
     l.norm = b.UploadWeight(norm_host);
-    l.wq = DeviceWeight(b, h, h, 701);
-    l.wk = DeviceWeight(b, kv, h, 702);
-    l.wv = DeviceWeight(b, kv, h, 703);
-    l.gate = DeviceWeight(b, inter, h, 704);
-    l.up = DeviceWeight(b, inter, h, 705);
+    l.wqkv = DeviceWeight(b, h + 2 * kv, h, 701);
+    l.gate_up = DeviceWeight(b, 2 * inter, h, 704);
     l.down = DeviceWeight(b, h, inter, 706);
     l.residual = b.Upload(residual0);
     l.branch = b.Upload(branch_steps[0]);
     l.normed = Poisoned(b, DType::kBF16, {m, h});
-    l.q = Poisoned(b, DType::kBF16, {m, h});
-    l.k = Poisoned(b, DType::kBF16, {m, kv});
-    l.v = Poisoned(b, DType::kBF16, {m, kv});
+    l.qkv = Poisoned(b, DType::kBF16, {m, h + 2 * kv});
     l.hidden = Poisoned(b, DType::kBF16, {m, inter});
     l.out = Poisoned(b, DType::kBF16, {m, h});
     return l;
   };
   const auto run = [](CudaBackend& b, Layer& l) {
     b.AddRmsNorm(l.residual, l.branch, &l.norm, 1e-6f, false, l.normed);
-    b.Projections(l.normed, {{&l.wq, nullptr, &l.q}, {&l.wk, nullptr, &l.k}, {&l.wv, nullptr, &l.v}});
-    b.GatedLinear(l.normed, l.gate, l.up, Activation::kSilu, l.hidden);
+    b.Linear(l.normed, l.wqkv, nullptr, l.qkv);
+    b.GatedLinear(l.normed, l.gate_up, Activation::kSilu, l.hidden);
     b.Linear(l.hidden, l.down, nullptr, l.out);
   };
   Layer a = make(*plain), b = make(*pdl);
@@ -356,8 +306,8 @@ TEST(CudaKernelTest, ProgrammaticGemvLaunchesWaitForTheirInput) {
     } else {
       graph->Replay();
     }
-    for (auto [x, y, name] : {std::tuple<Tensor*, Tensor*, const char*>{&a.q, &b.q, "q"}, {&a.k, &b.k, "k"},
-                              {&a.v, &b.v, "v"}, {&a.hidden, &b.hidden, "gated"}, {&a.out, &b.out, "down"}}) {
+    for (auto [x, y, name] : {std::tuple<Tensor*, Tensor*, const char*>{&a.qkv, &b.qkv, "qkv"},
+                              {&a.hidden, &b.hidden, "gated"}, {&a.out, &b.out, "down"}}) {
       const Tensor want = plain->Download(*x), got = pdl->Download(*y);
       EXPECT_EQ(std::memcmp(want.raw(), got.raw(), want.nbytes()), 0)
           << name << " differs from the ordinary launch at step " << step << (step % 2 ? " (graph)" : " (eager)");
@@ -365,9 +315,11 @@ TEST(CudaKernelTest, ProgrammaticGemvLaunchesWaitForTheirInput) {
   }
 }
 
-// The gated MLP's first half: decode-sized calls (m <= kGemvMaxRows) run the fused
-// gate/up GEMV, whose output must be the unfused path's bits (two GEMVs, then the
-// activation kernel) and the CPU's values; m = kGemvMaxRows + 1 takes the unfused path.
+// The gated MLP's first half on the fused gate/up weight [2n, k]: decode-sized calls
+// (m <= kGemvMaxRows) run the gated GEMV, whose output must be the unfused path's bits (a
+// GEMV into [m, 2n], then the strided activation kernel) and the CPU's values, for CPU
+// values computed from gate and up as separate weights; m = kGemvMaxRows + 1 and a
+// prefill-sized m take the GEMM and the strided activation.
 TEST(CudaKernelTest, GatedLinearMatchesCpuAndTheUnfusedPath) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
@@ -376,23 +328,35 @@ TEST(CudaKernelTest, GatedLinearMatchesCpuAndTheUnfusedPath) {
   const int64_t rows = cuda::kGemvMaxRows + 1;
   // Qwen3-8B's gate/up, then odd column counts (a block's second column past n) and short rows.
   for (const GemvShape& s : std::vector<GemvShape>{{12288, 4096}, {1001, 4096}, {3, 8}, {37, 200}, {777, 2056}}) {
-    const Tensor gate = DeviceWeight(*gpu, s.n, s.k, 400 + s.n + s.k);
-    const Tensor up = DeviceWeight(*gpu, s.n, s.k, 500 + s.n + s.k);
-    const Tensor gate_host = gpu->Download(gate), up_host = gpu->Download(up);
-    const Tensor x = RandomHost({rows, s.k}, rng);
-    const Tensor xg = gpu->Upload(ToBf16(x));
-    for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
-      Tensor expected = cpu.Empty(DType::kF32, {rows, s.n});
-      cpu.GatedLinear(x, gate_host, up_host, act, expected);
-      for (int64_t m = 1; m <= rows; ++m) {
-        Tensor fused = Poisoned(*gpu, DType::kBF16, {m, s.n});
-        gpu->GatedLinear(xg.Rows(0, m), gate, up, act, fused);
-        EXPECT_LE(GpuVsCpu(*gpu, fused, expected.Rows(0, m)), 1e-2) << "m=" << m << " n=" << s.n << " k=" << s.k;
-        Tensor unfused = Poisoned(*gpu, DType::kBF16, {m, s.n});
-        gpu->Backend::GatedLinear(xg.Rows(0, m), gate, up, act, unfused);
-        const Tensor a = gpu->Download(fused), b = gpu->Download(unfused);
-        EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0)
-            << "fused and unfused differ: m=" << m << " n=" << s.n << " k=" << s.k;
+    const Tensor gate_up = DeviceWeight(*gpu, 2 * s.n, s.k, 400 + s.n + s.k);
+    const Tensor gate_up_host = gpu->Download(gate_up);
+    for (const int64_t big : {rows, int64_t{128}, int64_t{300}}) {
+      const Tensor x = RandomHost({big, s.k}, rng);
+      const Tensor xg = gpu->Upload(ToBf16(x));
+      for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
+        // The CPU reference from separate gate and up products.
+        Tensor g = cpu.Empty(DType::kF32, {big, s.n}), u = cpu.Empty(DType::kF32, {big, s.n});
+        cpu.Linear(x, gate_up_host.Rows(0, s.n), nullptr, g);
+        cpu.Linear(x, gate_up_host.Rows(s.n, 2 * s.n), nullptr, u);
+        Tensor expected = cpu.Empty(DType::kF32, {big, s.n});
+        for (int64_t i = 0; i < expected.numel(); ++i) {
+          const float a = g.data<float>()[i];
+          const float gated = act == Activation::kSilu
+                                  ? a / (1.0f + std::exp(-a))
+                                  : 0.5f * a * (1.0f + std::tanh(0.7978845608f * (a + 0.044715f * a * a * a)));
+          expected.data<float>()[i] = gated * u.data<float>()[i];
+        }
+        const std::vector<int64_t> ms = big == rows ? std::vector<int64_t>{1, 2, 3, 5, 8, 9} : std::vector<int64_t>{big};
+        for (int64_t m : ms) {
+          Tensor fused = Poisoned(*gpu, DType::kBF16, {m, s.n});
+          gpu->GatedLinear(xg.Rows(0, m), gate_up, act, fused);
+          EXPECT_LE(GpuVsCpu(*gpu, fused, expected.Rows(0, m)), 1e-2) << "m=" << m << " n=" << s.n << " k=" << s.k;
+          Tensor unfused = Poisoned(*gpu, DType::kBF16, {m, s.n});
+          gpu->Backend::GatedLinear(xg.Rows(0, m), gate_up, act, unfused);
+          const Tensor a = gpu->Download(fused), b = gpu->Download(unfused);
+          EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0)
+              << "fused and unfused differ: m=" << m << " n=" << s.n << " k=" << s.k;
+        }
       }
     }
   }
@@ -447,19 +411,24 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
     gpu->RmsNormRope(xng, gpu->UploadWeight(w), 1e-6f, false, gpu->Upload(pos), gpu_table);
     EXPECT_LE(GpuVsCpu(*gpu, xng, xn), 1e-2) << "norm+rope d=" << d;
   }
-  Tensor g = RandomHost({7, 300}, rng), u = RandomHost({7, 300}, rng);
-  for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
-    Tensor o_cpu = cpu.Empty(DType::kF32, {7, 300}), o_gpu = Poisoned(*gpu, DType::kBF16, {7, 300});
-    cpu.GatedActivation(g, u, act, o_cpu);
-    gpu->GatedActivation(gpu->Upload(ToBf16(g)), gpu->Upload(ToBf16(u)), act, o_gpu);
-    EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 1e-2);
+  // The strided gated activation, vectorized (cols a multiple of 8) and not.
+  for (int64_t cols : {300, 301}) {
+    Tensor gate_up = RandomHost({7, 2 * cols}, rng);
+    for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
+      Tensor o_cpu = cpu.Empty(DType::kF32, {7, cols}), o_gpu = Poisoned(*gpu, DType::kBF16, {7, cols});
+      cpu.GatedActivation(gate_up, act, o_cpu);
+      gpu->GatedActivation(gpu->Upload(ToBf16(gate_up)), act, o_gpu);
+      EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 1e-2) << "cols=" << cols;
+    }
   }
 }
 
-// A layer's q/k/v made ready and stored in one launch, against the CPU's op by op path:
-// q, k and v in place, every stored cache row, and no store for a padding row (slot -1)
-// or any slot no token names. q and k must also be the bits of the CUDA backend's own
-// op-by-op path (the same per-head arithmetic), and v too where it is not normed.
+// A layer's attention inputs read out of the fused q/k/v GEMM's rows (with v's columns, or
+// the values as the raw keys), made ready and stored: a decode-sized step in one launch
+// (norm_rope_store.cu), a prefill-sized one op by op. Against the CPU's reference: q, every
+// stored cache row, and no store for a padding row (slot -1) or any slot no token names;
+// qkv left as it was. At decode sizes q and k must also be the bits of the CUDA backend's
+// own op-by-op path (the same per-head arithmetic), and v too where it is not normed.
 TEST(CudaKernelTest, NormRopeStoreKVMatchesCpu) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
@@ -469,90 +438,162 @@ TEST(CudaKernelTest, NormRopeStoreKVMatchesCpu) {
     int64_t heads, kv_heads, d;
   };
   enum class Norms { kNone, kQk, kQkOnePlus, kQkv };
-  const int64_t t = 7, num_slots = 24;
-  const std::vector<int32_t> slot_list = {5, 0, -1, 23, 11, 12, 2};  // row 2 pads
-  Tensor slots = Tensor::Host(DType::kI32, {t});
-  std::copy(slot_list.begin(), slot_list.end(), slots.data<int32_t>());
-  Tensor pos = Tensor::Host(DType::kI32, {t});
-  for (int64_t i = 0; i < t; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i * 1231 % 40000);
-  for (const Shape3& sh : std::vector<Shape3>{{32, 8, 128}, {4, 2, 16}, {8, 1, 512}, {6, 3, 256}, {2, 2, 64}}) {
-    for (Norms n : {Norms::kNone, Norms::kQk, Norms::kQkOnePlus, Norms::kQkv}) {
-      for (bool partial : {false, true}) {  // full RoPE; Gemma 4's proportional (zero frequencies)
-        RopeSpec spec;
-        if (partial) {
-          spec.type = RopeSpec::Type::kProportional;
-          spec.partial_rotary_factor = 0.25;
-        }
-        spec.theta = 1e6;
-        RopeTable table;
-        const std::vector<float> f = RopeInverseFrequencies(spec, static_cast<int>(sh.d), &table.rotary_dims);
-        table.inv_freq = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
-        std::copy(f.begin(), f.end(), table.inv_freq.data<float>());
-        const RopeTable gpu_table{gpu->Upload(table.inv_freq), table.rotary_dims};
-
-        Tensor q = RandomHost({t, sh.heads, sh.d}, rng), k = RandomHost({t, sh.kv_heads, sh.d}, rng);
-        Tensor v = RandomHost({t, sh.kv_heads, sh.d}, rng);
-        const Tensor qw = RandomHost({sh.d}, rng, 0.2f), kw = RandomHost({sh.d}, rng, 0.2f);
-        const Tensor qwg = gpu->UploadWeight(qw), kwg = gpu->UploadWeight(kw);
-        HeadNorms cpu_norms, gpu_norms;
-        if (n != Norms::kNone) {
-          cpu_norms.q = &qw;
-          cpu_norms.k = &kw;
-          gpu_norms.q = &qwg;
-          gpu_norms.k = &kwg;
-        }
-        cpu_norms.v = gpu_norms.v = n == Norms::kQkv;
-        cpu_norms.eps = gpu_norms.eps = 1e-6f;
-        cpu_norms.one_plus_weight = gpu_norms.one_plus_weight = n == Norms::kQkOnePlus;
-
-        const Shape cache_shape{num_slots, sh.kv_heads, sh.d};
-        Tensor kc = cpu.Empty(DType::kF32, cache_shape), vc = cpu.Empty(DType::kF32, cache_shape);
-        Tensor qg = gpu->Upload(ToBf16(q)), kg = gpu->Upload(ToBf16(k)), vg = gpu->Upload(ToBf16(v));
-        Tensor qu = gpu->Upload(ToBf16(q)), ku = gpu->Upload(ToBf16(k)), vu = gpu->Upload(ToBf16(v));
-        Tensor kcg = Poisoned(*gpu, DType::kBF16, cache_shape), vcg = Poisoned(*gpu, DType::kBF16, cache_shape);
-        Tensor kcu = Poisoned(*gpu, DType::kBF16, cache_shape), vcu = Poisoned(*gpu, DType::kBF16, cache_shape);
-        const Tensor pos_g = gpu->Upload(pos), slots_g = gpu->Upload(slots);
-        cpu.NormRopeStoreKV(q, k, v, cpu_norms, pos, table, slots, kc, vc);
-        gpu->NormRopeStoreKV(qg, kg, vg, gpu_norms, pos_g, gpu_table, slots_g, kcg, vcg);
-        gpu->Backend::NormRopeStoreKV(qu, ku, vu, gpu_norms, pos_g, gpu_table, slots_g, kcu, vcu);
-
-        std::ostringstream what;
-        what << "heads " << sh.heads << "/" << sh.kv_heads << " d=" << sh.d << " norms " << static_cast<int>(n)
-             << (partial ? " partial rope" : "");
-        EXPECT_LE(GpuVsCpu(*gpu, qg, q), 1e-2) << "q " << what.str();
-        EXPECT_LE(GpuVsCpu(*gpu, kg, k), 1e-2) << "k " << what.str();
-        EXPECT_LE(GpuVsCpu(*gpu, vg, v), 1e-2) << "v " << what.str();
-        const auto same_bits = [&](const Tensor& a, const Tensor& b) {
-          const Tensor ha = gpu->Download(a), hb = gpu->Download(b);
-          return std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-        };
-        EXPECT_TRUE(same_bits(qg, qu)) << "q differs from the unfused path: " << what.str();
-        EXPECT_TRUE(same_bits(kg, ku)) << "k differs from the unfused path: " << what.str();
-        EXPECT_TRUE(same_bits(kcg, kcu)) << "k cache differs from the unfused path: " << what.str();
-        if (!cpu_norms.v) {
-          EXPECT_TRUE(same_bits(vg, vu)) << "v differs from the unfused path: " << what.str();
-          EXPECT_TRUE(same_bits(vcg, vcu)) << "v cache differs from the unfused path: " << what.str();
-        }
-        const int64_t row = sh.kv_heads * sh.d;
-        const auto check_cache = [&](const Tensor& cache_gpu, const Tensor& cache_cpu, const char* name) {
-          const Tensor got = gpu->Download(cache_gpu);
-          for (int64_t slot = 0; slot < num_slots; ++slot) {
-            const uint16_t* g = got.data<uint16_t>() + slot * row;
-            if (std::count(slot_list.begin(), slot_list.end(), slot) == 0) {
-              for (int64_t i = 0; i < row; ++i)
-                ASSERT_EQ(g[i], 0xffff) << name << " cache slot " << slot << " was not to be written: " << what.str();
-              continue;
+  for (const int64_t t : {int64_t{7}, int64_t{300}}) {
+    const int64_t num_slots = 2 * t + 10;
+    std::vector<int32_t> slot_list;  // distinct slots, row 2 pads
+    for (int64_t i = 0; i < t; ++i) slot_list.push_back(i == 2 ? -1 : static_cast<int32_t>(num_slots - 1 - 2 * i));
+    Tensor slots = Tensor::Host(DType::kI32, {t});
+    std::copy(slot_list.begin(), slot_list.end(), slots.data<int32_t>());
+    Tensor pos = Tensor::Host(DType::kI32, {t});
+    for (int64_t i = 0; i < t; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i * 1231 % 40000);
+    for (const Shape3& sh : std::vector<Shape3>{{32, 8, 128}, {4, 2, 16}, {8, 1, 512}, {6, 3, 256}, {2, 2, 64}}) {
+      for (Norms n : {Norms::kNone, Norms::kQk, Norms::kQkOnePlus, Norms::kQkv}) {
+        for (bool values_are_keys : {false, true}) {
+          for (bool partial : {false, true}) {  // full RoPE; Gemma 4's proportional (zero frequencies)
+            RopeSpec spec;
+            if (partial) {
+              spec.type = RopeSpec::Type::kProportional;
+              spec.partial_rotary_factor = 0.25;
             }
-            std::vector<float> g_f(row);
-            for (int64_t i = 0; i < row; ++i) g_f[i] = BF16ToF32(g[i]);
-            const std::vector<float> c_f(cache_cpu.data<float>() + slot * row, cache_cpu.data<float>() + (slot + 1) * row);
-            EXPECT_LE(test::RelativeMaxError(g_f, c_f), 1e-2) << name << " cache slot " << slot << " " << what.str();
+            spec.theta = 1e6;
+            RopeTable table;
+            const std::vector<float> f = RopeInverseFrequencies(spec, static_cast<int>(sh.d), &table.rotary_dims);
+            table.inv_freq = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
+            std::copy(f.begin(), f.end(), table.inv_freq.data<float>());
+            const RopeTable gpu_table{gpu->Upload(table.inv_freq), table.rotary_dims};
+
+            const int64_t width = (sh.heads + (values_are_keys ? 1 : 2) * sh.kv_heads) * sh.d;
+            // bf16 values on both sides, so the CPU starts from what the GPU reads.
+            const Tensor qkv_bf16 = ToBf16(RandomHost({t, width}, rng));
+            const Tensor qkv = cpu.Empty(DType::kF32, {t, width});
+            ConvertToF32(DType::kBF16, qkv_bf16.raw(), qkv.data<float>(), static_cast<size_t>(qkv.numel()));
+            const Tensor qw = RandomHost({sh.d}, rng, 0.2f), kw = RandomHost({sh.d}, rng, 0.2f);
+            const Tensor qwg = gpu->UploadWeight(qw), kwg = gpu->UploadWeight(kw);
+            HeadNorms cpu_norms, gpu_norms;
+            if (n != Norms::kNone) {
+              cpu_norms.q = &qw;
+              cpu_norms.k = &kw;
+              gpu_norms.q = &qwg;
+              gpu_norms.k = &kwg;
+            }
+            cpu_norms.v = gpu_norms.v = n == Norms::kQkv;
+            cpu_norms.eps = gpu_norms.eps = 1e-6f;
+            cpu_norms.one_plus_weight = gpu_norms.one_plus_weight = n == Norms::kQkOnePlus;
+
+            const Shape q_shape{t, sh.heads, sh.d}, cache_shape{num_slots, sh.kv_heads, sh.d};
+            Tensor q = cpu.Empty(DType::kF32, q_shape);
+            Tensor kc = cpu.Empty(DType::kF32, cache_shape), vc = cpu.Empty(DType::kF32, cache_shape);
+            const Tensor qkv_g = gpu->Upload(qkv_bf16);
+            Tensor qg = Poisoned(*gpu, DType::kBF16, q_shape), qu = Poisoned(*gpu, DType::kBF16, q_shape);
+            Tensor kcg = Poisoned(*gpu, DType::kBF16, cache_shape), vcg = Poisoned(*gpu, DType::kBF16, cache_shape);
+            Tensor kcu = Poisoned(*gpu, DType::kBF16, cache_shape), vcu = Poisoned(*gpu, DType::kBF16, cache_shape);
+            const Tensor pos_g = gpu->Upload(pos), slots_g = gpu->Upload(slots);
+            cpu.NormRopeStoreKV(qkv, values_are_keys, cpu_norms, pos, table, slots, kc, vc, q);
+            gpu->NormRopeStoreKV(qkv_g, values_are_keys, gpu_norms, pos_g, gpu_table, slots_g, kcg, vcg, qg);
+            gpu->Backend::NormRopeStoreKV(qkv_g, values_are_keys, gpu_norms, pos_g, gpu_table, slots_g, kcu, vcu, qu);
+
+            std::ostringstream what;
+            what << "t=" << t << " heads " << sh.heads << "/" << sh.kv_heads << " d=" << sh.d << " norms "
+                 << static_cast<int>(n) << (values_are_keys ? " k=v" : "") << (partial ? " partial rope" : "");
+            EXPECT_LE(GpuVsCpu(*gpu, qg, q), 1e-2) << "q " << what.str();
+            const auto same_bits = [&](const Tensor& a, const Tensor& b) {
+              const Tensor ha = gpu->Download(a), hb = gpu->Download(b);
+              return std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+            };
+            EXPECT_TRUE(same_bits(qkv_g, gpu->Upload(qkv_bf16))) << "qkv was written: " << what.str();
+            if (t <= 8) {
+              EXPECT_TRUE(same_bits(qg, qu)) << "q differs from the unfused path: " << what.str();
+              EXPECT_TRUE(same_bits(kcg, kcu)) << "k cache differs from the unfused path: " << what.str();
+              if (!cpu_norms.v) {
+                EXPECT_TRUE(same_bits(vcg, vcu)) << "v cache differs from the unfused path: " << what.str();
+              }
+            }
+            const int64_t row = sh.kv_heads * sh.d;
+            const auto check_cache = [&](const Tensor& cache_gpu, const Tensor& cache_cpu, const char* name) {
+              const Tensor got = gpu->Download(cache_gpu);
+              for (int64_t slot = 0; slot < num_slots; ++slot) {
+                const uint16_t* g = got.data<uint16_t>() + slot * row;
+                if (std::count(slot_list.begin(), slot_list.end(), slot) == 0) {
+                  for (int64_t i = 0; i < row; ++i)
+                    ASSERT_EQ(g[i], 0xffff) << name << " cache slot " << slot << " was not to be written: " << what.str();
+                  continue;
+                }
+                std::vector<float> g_f(row);
+                for (int64_t i = 0; i < row; ++i) g_f[i] = BF16ToF32(g[i]);
+                const std::vector<float> c_f(cache_cpu.data<float>() + slot * row,
+                                             cache_cpu.data<float>() + (slot + 1) * row);
+                EXPECT_LE(test::RelativeMaxError(g_f, c_f), 1e-2) << name << " cache slot " << slot << " " << what.str();
+              }
+            };
+            check_cache(kcg, kc, "k");
+            check_cache(vcg, vc, "v");
           }
-        };
-        check_cache(kcg, kc, "k");
-        check_cache(vcg, vc, "v");
+        }
       }
     }
+  }
+}
+
+// The fused q/k/v GEMM (with its bias, as Qwen2 has one) and the step after it, at decode
+// sizes (the GEMV, m <= kGemvMaxRows), just past them and at prefill size, against the CPU
+// computing q, k and v with separate weights and the separate ops.
+TEST(CudaKernelTest, FusedQkvProjectionMatchesSeparateProjectionsOnCpu) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(19);
+  const int64_t h = 4096, heads = 32, kv_heads = 8, d = 128, q_cols = heads * d, kv_cols = kv_heads * d;
+  const int64_t width = q_cols + 2 * kv_cols;
+  const Tensor w = DeviceWeight(*gpu, width, h, 801);
+  const Tensor w_host = gpu->Download(w);  // bf16 [width, h]
+  const Tensor bias_host = RandomHost({width}, rng, 0.5f);
+  const Tensor bias = gpu->UploadWeight(bias_host);
+  const Tensor kw = RandomHost({d}, rng, 0.2f), qw = RandomHost({d}, rng, 0.2f);
+  const Tensor kwg = gpu->UploadWeight(kw), qwg = gpu->UploadWeight(qw);
+  RopeSpec spec;
+  spec.theta = 1e6;
+  RopeTable table;
+  const std::vector<float> f = RopeInverseFrequencies(spec, static_cast<int>(d), &table.rotary_dims);
+  table.inv_freq = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
+  std::copy(f.begin(), f.end(), table.inv_freq.data<float>());
+  const RopeTable gpu_table{gpu->Upload(table.inv_freq), table.rotary_dims};
+  for (int64_t m : {1, 3, 8, 9, 64, 300}) {
+    const Tensor x = ToBf16(RandomHost({m, h}, rng));
+    Tensor pos = Tensor::Host(DType::kI32, {m}), slots = Tensor::Host(DType::kI32, {m});
+    for (int64_t i = 0; i < m; ++i) {
+      pos.data<int32_t>()[i] = static_cast<int32_t>(100 + i);
+      slots.data<int32_t>()[i] = static_cast<int32_t>(i);
+    }
+    // CPU: separate q, k and v products, then the separate ops.
+    Tensor q = cpu.Empty(DType::kF32, {m, heads, d}), k = cpu.Empty(DType::kF32, {m, kv_heads, d});
+    Tensor v = cpu.Empty(DType::kF32, {m, kv_heads, d});
+    const Tensor xf = cpu.Empty(DType::kF32, {m, h});
+    ConvertToF32(DType::kBF16, x.raw(), xf.data<float>(), static_cast<size_t>(xf.numel()));
+    int64_t row = 0;
+    for (Tensor* y : {&q, &k, &v}) {
+      const int64_t n = y->numel() / m;
+      const Tensor b = bias_host.Rows(row, row + n);
+      Tensor y2 = y->View({m, n});
+      cpu.Linear(xf, w_host.Rows(row, row + n), &b, y2);
+      row += n;
+    }
+    cpu.RmsNormRope(q, qw, 1e-6f, false, pos, table);
+    cpu.RmsNormRope(k, kw, 1e-6f, false, pos, table);
+    Tensor kc = cpu.Empty(DType::kF32, {m, kv_heads, d}), vc = cpu.Empty(DType::kF32, {m, kv_heads, d});
+    cpu.StoreKV(k, v, slots, kc, vc);
+    // CUDA: one Linear, then NormRopeStoreKV on its rows.
+    Tensor qkv = Poisoned(*gpu, DType::kBF16, {m, width});
+    gpu->Linear(gpu->Upload(x), w, &bias, qkv);
+    HeadNorms norms;
+    norms.q = &qwg;
+    norms.k = &kwg;
+    norms.eps = 1e-6f;
+    Tensor qg = Poisoned(*gpu, DType::kBF16, {m, heads, d});
+    Tensor kcg = Poisoned(*gpu, DType::kBF16, {m, kv_heads, d}), vcg = Poisoned(*gpu, DType::kBF16, {m, kv_heads, d});
+    gpu->NormRopeStoreKV(qkv, false, norms, gpu->Upload(pos), gpu_table, gpu->Upload(slots), kcg, vcg, qg);
+    EXPECT_LE(GpuVsCpu(*gpu, qg, q), 2e-2) << "q m=" << m;
+    EXPECT_LE(GpuVsCpu(*gpu, kcg, kc), 2e-2) << "k m=" << m;
+    EXPECT_LE(GpuVsCpu(*gpu, vcg, vc), 2e-2) << "v m=" << m;
   }
 }
 

@@ -155,10 +155,12 @@ TEST_P(CpuTensorParallelTest, GreedyTokensAndHiddenStatesMatchTheUnsplitModel) {
     ASSERT_TRUE(m.ok()) << m.status().message();
     models.push_back(std::move(m).value());
   }
-  // Each rank holds only its slices: its query heads and its intermediate columns.
+  // Each rank holds only its slices: its query and KV heads (one weight) and its
+  // intermediate columns.
   const ModelConfig& c = models[0]->config();
+  const ModelConfig rank_config = RankConfig(c, {ranks - 1, ranks});
   const LayerWeights& l0 = models[ranks - 1]->weights().layers[0];
-  EXPECT_EQ(l0.q_proj.size(0), c.num_heads / ranks * c.layers[0].head_dim);
+  EXPECT_EQ(l0.qkv_proj.size(0), (c.num_heads / ranks + 2 * rank_config.layers[0].num_kv_heads) * c.layers[0].head_dim);
   EXPECT_EQ(l0.o_proj.size(1), c.num_heads / ranks * c.layers[0].head_dim);
   if (c.layers[0].moe) {
     EXPECT_EQ(l0.experts.down[0].size(1), c.moe_intermediate_size / ranks);

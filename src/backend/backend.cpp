@@ -1,6 +1,7 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <cassert>
 #include <utility>
 
 namespace hsx {
@@ -16,31 +17,22 @@ std::unique_ptr<PendingDownload> Backend::DownloadAsync(const Tensor& t, Tensor&
   return std::make_unique<DoneDownload>();
 }
 
-namespace {
-// x as the weight's input: FP8 codes and row scales when the weight is FP8, so that several
-// projections of one input quantize it once.
-Tensor InputFor(Backend& backend, const Tensor& x, const Tensor& w) {
-  if (w.dtype() != DType::kF8E4M3 || x.dtype() == DType::kF8E4M3) return x;
-  return backend.QuantizeRowsFp8(x.View({x.numel() / x.size(-1), x.size(-1)}));
-}
-}  // namespace
-
-void Backend::Projections(const Tensor& x, const std::vector<Projection>& projections) {
-  if (projections.empty()) return;
-  const Tensor in = InputFor(*this, x, *projections[0].w);
-  for (const Projection& p : projections) Linear(p.w->dtype() == DType::kF8E4M3 ? in : x, *p.w, p.bias, *p.y);
+void Backend::GatedLinear(const Tensor& x, const Tensor& gate_up, Activation act, Tensor& out) {
+  Tensor both = Empty(compute_dtype(), {out.numel() / out.size(-1), gate_up.size(0)});
+  Linear(x, gate_up, nullptr, both);
+  GatedActivation(both, act, out);
 }
 
-void Backend::GatedLinear(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
-  const Tensor in = InputFor(*this, x, gate);
-  Tensor u = Empty(compute_dtype(), out.shape());
-  Linear(in, gate, nullptr, out);
-  Linear(up.dtype() == DType::kF8E4M3 ? in : x, up, nullptr, u);
-  GatedActivation(out, u, act, out);
-}
-
-void Backend::NormRopeStoreKV(Tensor& q, Tensor& k, Tensor& v, const HeadNorms& norms, const Tensor& positions,
-                              const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
+void Backend::NormRopeStoreKV(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms, const Tensor& positions,
+                              const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache, Tensor& q) {
+  const int64_t t = q.size(0), d = q.size(2), q_cols = q.size(1) * d, kv_heads = k_cache.size(1), kv_cols = kv_heads * d;
+  assert(qkv.size(-1) == q_cols + (values_are_keys ? 1 : 2) * kv_cols);
+  Tensor q_rows = q.View({t, q_cols});
+  SliceColumns(qkv, 0, q_rows);
+  Tensor k = Empty(q.dtype(), {t, kv_heads, d}), v = Empty(q.dtype(), {t, kv_heads, d});
+  Tensor k_rows = k.View({t, kv_cols}), v_rows = v.View({t, kv_cols});
+  SliceColumns(qkv, q_cols, k_rows);
+  SliceColumns(qkv, values_are_keys ? q_cols : q_cols + kv_cols, v_rows);  // values: the raw keys
   for (auto [x, w] : {std::pair<Tensor*, const Tensor*>{&q, norms.q}, {&k, norms.k}}) {
     if (w != nullptr) {
       RmsNormRope(*x, *w, norms.eps, norms.one_plus_weight, positions, rope);

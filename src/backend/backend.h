@@ -66,13 +66,6 @@ struct RopeTable {
   int32_t rotary_dims = 0;
 };
 
-// One of several projections of the same input: y = x w^T (+ bias, if not null).
-struct Projection {
-  const Tensor* w = nullptr;
-  const Tensor* bias = nullptr;
-  Tensor* y = nullptr;
-};
-
 // The per-head norms of a layer's attention inputs: q and k norms with a weight (null:
 // none), v's without one.
 struct HeadNorms {
@@ -138,9 +131,6 @@ class Backend {
   // row of x quantized by the same rule, y = (qx qw^T) * sx[row] * sw[col] + b; x may come
   // quantized already, so one quantization serves several projections of the same input.
   virtual Tensor QuantizeRowsFp8(const Tensor& x) = 0;
-  // Linear for each projection of x (a layer's q, k and v): one pass where the device fuses
-  // them; x quantized once for FP8 weights.
-  virtual void Projections(const Tensor& x, const std::vector<Projection>& projections);
   // y = x / rms(x) * (w or 1 + w or 1), over the last dimension; y may alias x.
   virtual void RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) = 0;
   virtual void Add(Tensor& acc, const Tensor& x) = 0;           // acc += x
@@ -155,10 +145,13 @@ class Backend {
   virtual void ScaleByTensor(Tensor& x, const Tensor& scalar) = 0;  // x *= scalar[0]
   virtual void Softcap(Tensor& x, float cap) = 0;
   virtual void Activate(Tensor& x, Activation act) = 0;
-  virtual void GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) = 0;
-  // out = act(x gate^T) * (x up^T), each product rounded to the compute dtype first (two
-  // Linear calls and GatedActivation): one pass over both weights where the device fuses it.
-  virtual void GatedLinear(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out);
+  // out [T, I] = act(gate) * up, where each row of gate_up [T, 2I] holds gate's I columns
+  // then up's (the output of a fused gate/up Linear).
+  virtual void GatedActivation(const Tensor& gate_up, Activation act, Tensor& out) = 0;
+  // out [T, I] = act(x gate^T) * (x up^T) for gate_up [2I, K] (gate's rows, then up's), each
+  // product rounded to the compute dtype first (one Linear into [T, 2I], then
+  // GatedActivation): one pass with the activation where the device fuses it.
+  virtual void GatedLinear(const Tensor& x, const Tensor& gate_up, Activation act, Tensor& out);
   virtual void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) = 0;  // x [T, heads, D]
   // Per-head RMSNorm (q/k norm) then RoPE, in place: one pass where the device fuses it.
   virtual void RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_plus_weight, const Tensor& positions,
@@ -166,11 +159,15 @@ class Backend {
     RmsNorm(x, &w, eps, one_plus_weight, x);
     Rope(x, positions, rope);
   }
-  // A layer's new q [T, heads, D] and k, v [T, kv_heads, D] made ready for attention, in
-  // place: q and k normed per head (norms.q, norms.k) and rotated, v normed if norms.v;
-  // then k and v stored at slots as StoreKV does. One pass where the device fuses it.
-  virtual void NormRopeStoreKV(Tensor& q, Tensor& k, Tensor& v, const HeadNorms& norms, const Tensor& positions,
-                               const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache);
+  // A layer's new attention inputs, read from the q/k/v GEMM's output qkv [T, W]: each row
+  // holds q's heads, then k's, then v's (W = (heads + 2 kv_heads) D), or with values_are_keys
+  // no v (W = (heads + kv_heads) D: v is k's raw heads). q is normed per head (norms.q) and
+  // rotated into q [T, heads, D]; k normed (norms.k) and rotated and v normed if norms.v are
+  // stored at slots as StoreKV does (caches [slots, kv_heads, D]). qkv is left as it was.
+  // One pass where the device fuses it.
+  virtual void NormRopeStoreKV(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms,
+                               const Tensor& positions, const RopeTable& rope, const Tensor& slots, Tensor& k_cache,
+                               Tensor& v_cache, Tensor& q);
   // A negative slot (a padding row) stores nothing.
   virtual void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) = 0;
   virtual void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -36,20 +36,17 @@ void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, cons
                     const RopeTable& rope, const Tensor& x, const Tensor& positions, const Tensor& slots,
                     const AttentionBatch& batch, KVCache& cache, Tensor& out) {
   const LayerSpec& spec = config.layers[layer];
-  const int64_t t = x.size(0), hd = spec.head_dim, nh = config.num_heads, kvh = spec.num_kv_heads;
+  const int64_t t = x.size(0), hd = spec.head_dim, nh = config.num_heads;
   const DType dt = backend.compute_dtype();
   Tensor q = backend.Empty(dt, {t, nh, hd});
-  auto bias = [](const Tensor& b) { return b.defined() ? &b : nullptr; };
+  const Tensor* bias = w.qkv_bias.defined() ? &w.qkv_bias : nullptr;
   if (spec.kv_source != layer) {
-    backend.Linear(x, w.q_proj, bias(w.q_bias), q);
+    backend.Linear(x, w.qkv_proj, bias, q);  // q's rows alone: the KV is another layer's
     NormRope(backend, config, w.q_norm, positions, rope, q);
   } else {
-    Tensor k = backend.Empty(dt, {t, kvh, hd});
-    Tensor v = backend.Empty(dt, {t, kvh, hd});
-    std::vector<Projection> projections = {{&w.q_proj, bias(w.q_bias), &q}, {&w.k_proj, bias(w.k_bias), &k}};
-    if (!spec.k_eq_v) projections.push_back({&w.v_proj, bias(w.v_bias), &v});
-    backend.Projections(x, projections);
-    if (spec.k_eq_v) backend.Copy(k, v);  // values are the raw keys, before the key norm and RoPE
+    // One GEMM for q, k and v; the values are the raw keys when k_eq_v (no v rows).
+    Tensor qkv = backend.Empty(dt, {t, w.qkv_proj.size(0)});
+    backend.Linear(x, w.qkv_proj, bias, qkv);
     HeadNorms norms;
     if (config.qk_norm) {
       norms.q = &w.q_norm;
@@ -58,7 +55,7 @@ void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, cons
     norms.v = config.v_norm;
     norms.eps = config.rms_norm_eps;
     norms.one_plus_weight = config.norm_one_plus_weight;
-    backend.NormRopeStoreKV(q, k, v, norms, positions, rope, slots, cache.k(layer), cache.v(layer));
+    backend.NormRopeStoreKV(qkv, spec.k_eq_v, norms, positions, rope, slots, cache.k(layer), cache.v(layer), q);
   }
   AttentionParams params;
   params.scale = config.attention_scale(layer);
@@ -84,7 +81,7 @@ void MlpBlock(Backend& backend, const ModelConfig& config, int layer, const Laye
     return;
   }
   Tensor hidden = backend.Empty(dt, {t, config.intermediate_size});
-  backend.GatedLinear(x, w.gate_proj, w.up_proj, config.activation, hidden);
+  backend.GatedLinear(x, w.gate_up_proj, config.activation, hidden);
   backend.Linear(hidden, w.down_proj, nullptr, out);
 }
 

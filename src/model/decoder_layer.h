@@ -21,7 +21,7 @@ Tensor HostInts(const std::vector<int32_t>& v);
 void NormRope(Backend& backend, const ModelConfig& config, const Tensor& norm, const Tensor& positions,
               const RopeTable& rope, Tensor& x);
 
-// Self-attention of `layer` on x [T, K] into out [T, H]: q/k/v projections (k = v, v norm
+// Self-attention of `layer` on x [T, K] into out [T, H]: the q/k/v GEMM (k = v, v norm
 // and KV sharing as the config says), q/k norms and RoPE, the KV store at `slots` for a
 // layer that owns its KV, paged attention over `cache`, o_proj.
 void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, const LayerWeights& w,

@@ -83,6 +83,12 @@ Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Load(const std::string& dir, c
     HSX_ASSIGN_OR_RETURN(dst, UploadCheckpointWeight(tensors, dir, name, shape, backend));
     return {};
   };
+  // One of the rows [row, row + shape[0]) of a fused weight (model/weights.h's PlaceRows).
+  auto take_rows = [&](const std::string& name, Shape shape, int64_t row, int64_t total_rows, Tensor& fused) -> Status {
+    Tensor part;
+    HSX_RETURN_IF_ERROR(take(name, std::move(shape), part));
+    return PlaceRows(backend, part, row, total_rows, dir + ": " + name, fused);
+  };
 
   // Drafts may leave out the (frozen) copy of the target's embedding; vLLM then uses the target's.
   if (tensors.count("embed_tokens.weight")) {
@@ -107,16 +113,18 @@ Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Load(const std::string& dir, c
     const int64_t kv_out = static_cast<int64_t>(spec.num_kv_heads) * spec.head_dim;
     HSX_RETURN_IF_ERROR(take(p + "input_layernorm.weight", {h}, l.input_norm));
     HSX_RETURN_IF_ERROR(take(p + "post_attention_layernorm.weight", {h}, l.post_attention_norm));
-    HSX_RETURN_IF_ERROR(take(p + "self_attn.q_proj.weight", {q_out, in}, l.q_proj));
-    HSX_RETURN_IF_ERROR(take(p + "self_attn.k_proj.weight", {kv_out, in}, l.k_proj));
-    HSX_RETURN_IF_ERROR(take(p + "self_attn.v_proj.weight", {kv_out, in}, l.v_proj));
+    const int64_t qkv = q_out + 2 * kv_out;
+    HSX_RETURN_IF_ERROR(take_rows(p + "self_attn.q_proj.weight", {q_out, in}, 0, qkv, l.qkv_proj));
+    HSX_RETURN_IF_ERROR(take_rows(p + "self_attn.k_proj.weight", {kv_out, in}, q_out, qkv, l.qkv_proj));
+    HSX_RETURN_IF_ERROR(take_rows(p + "self_attn.v_proj.weight", {kv_out, in}, q_out + kv_out, qkv, l.qkv_proj));
     HSX_RETURN_IF_ERROR(take(p + "self_attn.o_proj.weight", {h, q_out}, l.o_proj));
     if (d.qk_norm) {
       HSX_RETURN_IF_ERROR(take(p + "self_attn.q_norm.weight", {spec.head_dim}, l.q_norm));
       HSX_RETURN_IF_ERROR(take(p + "self_attn.k_norm.weight", {spec.head_dim}, l.k_norm));
     }
-    HSX_RETURN_IF_ERROR(take(p + "mlp.gate_proj.weight", {d.intermediate_size, h}, l.gate_proj));
-    HSX_RETURN_IF_ERROR(take(p + "mlp.up_proj.weight", {d.intermediate_size, h}, l.up_proj));
+    const int64_t inter = d.intermediate_size;
+    HSX_RETURN_IF_ERROR(take_rows(p + "mlp.gate_proj.weight", {inter, h}, 0, 2 * inter, l.gate_up_proj));
+    HSX_RETURN_IF_ERROR(take_rows(p + "mlp.up_proj.weight", {inter, h}, inter, 2 * inter, l.gate_up_proj));
     HSX_RETURN_IF_ERROR(take(p + "mlp.down_proj.weight", {h, d.intermediate_size}, l.down_proj));
   }
   HSX_RETURN_IF_ERROR(take("norm.weight", {h}, w.final_norm));

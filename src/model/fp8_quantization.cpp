@@ -8,9 +8,8 @@ Status QuantizeLinearWeightsFp8(ModelWeights& weights, Backend& backend) {
   for (size_t l = 0; l < weights.layers.size(); ++l) {
     LayerWeights& layer = weights.layers[l];
     const std::pair<const char*, Tensor*> projections[] = {
-        {"q_proj", &layer.q_proj},       {"k_proj", &layer.k_proj}, {"v_proj", &layer.v_proj},
-        {"o_proj", &layer.o_proj},       {"gate_proj", &layer.gate_proj},
-        {"up_proj", &layer.up_proj},     {"down_proj", &layer.down_proj}};
+        {"qkv_proj", &layer.qkv_proj}, {"o_proj", &layer.o_proj}, {"gate_up_proj", &layer.gate_up_proj},
+        {"down_proj", &layer.down_proj}};
     for (const auto& [name, w] : projections) {
       if (!w->defined()) continue;
       // FP8 GEMMs read 16-byte rows (cuBLASLt's requirement on Hopper).

@@ -94,7 +94,7 @@ void MtpDrafter::AttentionBlock(int layer, const Tensor& x, const Tensor& positi
   const int64_t t = x.size(0), hd = spec.head_dim, nh = c.num_heads;
   const DType dt = backend_.compute_dtype();
   Tensor q = backend_.Empty(dt, {t, nh, hd});
-  backend_.Linear(x, w.q_proj, nullptr, q);
+  backend_.Linear(x, w.qkv_proj, nullptr, q);  // Q-only layers: qkv_proj holds q's rows
   NormRope(backend_, c, w.q_norm, positions, rope_[layer], q);
   AttentionParams params;
   params.scale = c.attention_scale(layer);

@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +28,8 @@ struct Slot {
   Init init;
   int split_dim = -1;  // -1: replicated
   int64_t begin = 0, count = 0;
+  // A part of a fused tensor (PlaceRows): its rows start at part_row of the fused_rows of *dst.
+  int64_t part_row = -1, fused_rows = 0;
 
   Shape rank_shape() const {
     Shape s = shape;
@@ -56,6 +59,11 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, Shard shard = {}
     s.back().split_dim = dim;
     s.back().begin = part * count;
     s.back().count = count;
+  };
+  // The last added is rows [row, row + its rank rows) of the total_rows of its (fused) dst.
+  auto part = [&](int64_t row, int64_t total_rows) {
+    s.back().part_row = row;
+    s.back().fused_rows = total_rows;
   };
   add("embed_tokens.weight", {c.vocab_size, h}, &w.embed_tokens);
   add("norm.weight", {h}, &w.final_norm, Init::kNorm);
@@ -87,30 +95,25 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, Shard shard = {}
       add(p + "pre_feedforward_layernorm.weight", {h}, &l.pre_feedforward_norm, Init::kNorm);
       add(p + "post_feedforward_layernorm.weight", {h}, &l.post_feedforward_norm, Init::kNorm);
     }
-    add(p + "self_attn.q_proj.weight", {q_out, h}, &l.q_proj);
-    split(0, shard.rank, q_rows);
+    // q, k and v (as the layer has them) are the row blocks of one weight, and of one bias.
+    const int64_t qkv_rows = q_rows + (owns_kv ? (spec.k_eq_v ? 1 : 2) * kv_rows : 0);
+    auto add_qkv = [&](const std::string& kind, const Shape& shape_q, const Shape& shape_kv, Tensor* dst, Init init) {
+      add(p + "self_attn.q_proj." + kind, shape_q, dst, init);
+      split(0, shard.rank, q_rows);
+      part(0, qkv_rows);
+      if (!owns_kv) return;
+      add(p + "self_attn.k_proj." + kind, shape_kv, dst, init);
+      split(0, kv_part, kv_rows);
+      part(q_rows, qkv_rows);
+      if (spec.k_eq_v) return;
+      add(p + "self_attn.v_proj." + kind, shape_kv, dst, init);
+      split(0, kv_part, kv_rows);
+      part(q_rows + kv_rows, qkv_rows);
+    };
+    add_qkv("weight", {q_out, h}, {kv_out, h}, &l.qkv_proj, Init::kMatrix);
     add(p + "self_attn.o_proj.weight", {h, q_out}, &l.o_proj);
     split(1, shard.rank, q_rows);
-    if (owns_kv) {
-      add(p + "self_attn.k_proj.weight", {kv_out, h}, &l.k_proj);
-      split(0, kv_part, kv_rows);
-      if (!spec.k_eq_v) {
-        add(p + "self_attn.v_proj.weight", {kv_out, h}, &l.v_proj);
-        split(0, kv_part, kv_rows);
-      }
-    }
-    if (c.qkv_bias) {
-      add(p + "self_attn.q_proj.bias", {q_out}, &l.q_bias, Init::kScalar);
-      split(0, shard.rank, q_rows);
-      if (owns_kv) {
-        add(p + "self_attn.k_proj.bias", {kv_out}, &l.k_bias, Init::kScalar);
-        split(0, kv_part, kv_rows);
-        if (!spec.k_eq_v) {
-          add(p + "self_attn.v_proj.bias", {kv_out}, &l.v_bias, Init::kScalar);
-          split(0, kv_part, kv_rows);
-        }
-      }
-    }
+    if (c.qkv_bias) add_qkv("bias", {q_out}, {kv_out}, &l.qkv_bias, Init::kScalar);
     if (c.qk_norm) {
       add(p + "self_attn.q_norm.weight", {spec.head_dim}, &l.q_norm, Init::kNorm);
       if (owns_kv) add(p + "self_attn.k_norm.weight", {spec.head_dim}, &l.k_norm, Init::kNorm);
@@ -131,10 +134,13 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, Shard shard = {}
         split(1, shard.rank, rank.moe_intermediate_size);
       }
     } else {
-      add(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, &l.gate_proj);
-      split(0, shard.rank, rank.intermediate_size);
-      add(p + "mlp.up_proj.weight", {c.intermediate_size, h}, &l.up_proj);
-      split(0, shard.rank, rank.intermediate_size);
+      const int64_t inter = rank.intermediate_size;
+      add(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, &l.gate_up_proj);
+      split(0, shard.rank, inter);
+      part(0, 2 * inter);
+      add(p + "mlp.up_proj.weight", {c.intermediate_size, h}, &l.gate_up_proj);
+      split(0, shard.rank, inter);
+      part(inter, 2 * inter);
       add(p + "mlp.down_proj.weight", {h, c.intermediate_size}, &l.down_proj);
       split(1, shard.rank, rank.intermediate_size);
     }
@@ -216,7 +222,33 @@ Tensor RankSlice(const Tensor& t, const Slot& slot) {
   return out;
 }
 
+// Puts a loaded (or drawn) tensor where its slot says: the whole of its destination, or its
+// rows of a fused one.
+Status Place(const Slot& slot, const Tensor& t, Backend& backend) {
+  if (slot.part_row < 0) {
+    *slot.dst = t;
+    return {};
+  }
+  return PlaceRows(backend, t, slot.part_row, slot.fused_rows, slot.name, *slot.dst);
+}
+
 }  // namespace
+
+Status PlaceRows(Backend& backend, const Tensor& part, int64_t row, int64_t total_rows, const std::string& name,
+                 Tensor& fused) {
+  if (!fused.defined()) {
+    Shape shape = part.shape();
+    shape[0] = total_rows;
+    fused = backend.Empty(part.dtype(), shape);
+  }
+  if (fused.dtype() != part.dtype()) {
+    return Error("tensor '" + name + "' has dtype " + std::string(DTypeName(part.dtype())) + ", but the tensors " +
+                 "it is fused with (one GEMM) have " + std::string(DTypeName(fused.dtype())));
+  }
+  Tensor rows = fused.Rows(row, row + part.size(0));
+  backend.Copy(part, rows);
+  return {};
+}
 
 Result<CheckpointTensors> OpenCheckpoint(const std::string& dir) {
   namespace fs = std::filesystem;
@@ -275,7 +307,7 @@ Result<ModelWeights> LoadWeightsFrom(const WeightSource& fetch, const ModelConfi
   ModelWeights w;
   for (const Slot& slot : Schema(config, w, shard)) {
     HSX_ASSIGN_OR_RETURN(const Tensor host, fetch(slot.name, slot.shape));
-    *slot.dst = backend.UploadWeight(RankSlice(host, slot));
+    HSX_RETURN_IF_ERROR(Place(slot, backend.UploadWeight(RankSlice(host, slot)), backend));
   }
   FinishTied(config, shard, w);
   return w;
@@ -287,7 +319,7 @@ Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig
   ModelWeights w;
   for (const Slot& slot : Schema(config, w, shard, FindNaming(tensors))) {
     HSX_ASSIGN_OR_RETURN(const Tensor t, CheckpointFloatTensor(tensors, model_dir, slot.name, slot.shape));
-    *slot.dst = backend.UploadWeight(RankSlice(t, slot));
+    HSX_RETURN_IF_ERROR(Place(slot, backend.UploadWeight(RankSlice(t, slot)), backend));
   }
   FinishTied(config, shard, w);
   return w;
@@ -303,7 +335,9 @@ ModelWeights DummyWeights(const ModelConfig& config, Backend& backend, uint64_t 
     Tensor t = backend.Empty(backend.device() == Device::kCPU ? config.dtype : backend.compute_dtype(),
                              slot.rank_shape());
     backend.FillUniform(t, seed * 1000003u + index++, base - half_width, base + half_width);
-    *slot.dst = t;
+    const Status placed = Place(slot, t, backend);  // parts share one dtype here
+    assert(placed.ok());
+    (void)placed;
   }
   FinishTied(config, shard, w);
   return w;

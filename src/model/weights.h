@@ -18,10 +18,12 @@ namespace hsx {
 
 struct LayerWeights {
   Tensor input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
-  Tensor q_proj, k_proj, v_proj, o_proj;  // v_proj undefined when k_eq_v or KV-shared
-  Tensor q_bias, k_bias, v_bias;
+  // q_proj's rows, then (a layer that owns its KV) k_proj's, then v_proj's unless k_eq_v:
+  // one GEMM. qkv_bias has the same rows (Qwen2).
+  Tensor qkv_proj, o_proj;
+  Tensor qkv_bias;
   Tensor q_norm, k_norm;
-  Tensor gate_proj, up_proj, down_proj;  // dense MLP
+  Tensor gate_up_proj, down_proj;  // dense MLP: gate_proj's rows then up_proj's, [2I, H]
   Tensor router;                         // MoE: [E, H]
   MoeWeights experts;
   Tensor layer_scalar;                   // Gemma 4: [1]
@@ -50,6 +52,13 @@ Result<Tensor> CheckpointFloatTensor(const CheckpointTensors& tensors, const std
 // ... and placed on the backend's device as a weight.
 Result<Tensor> UploadCheckpointWeight(const CheckpointTensors& tensors, const std::string& model_dir,
                                       const std::string& name, const Shape& shape, Backend& backend);
+
+// Writes `part` into rows [row, row + its rows) of `fused`, which the first part to arrive
+// allocates with `total_rows` rows in the part's dtype. The one place where projections that
+// run as one GEMM (q/k/v, gate/up) are concatenated: part by part as they load, so no second copy
+// of the separate weights stays. `name` (the part's) is for the error of a dtype mismatch.
+Status PlaceRows(Backend& backend, const Tensor& part, int64_t row, int64_t total_rows, const std::string& name,
+                 Tensor& fused);
 
 // Loads every tensor the config implies from `fetch` (a host float tensor of the given
 // Hugging Face name and full shape), one at a time, each placed on the device (a rank's

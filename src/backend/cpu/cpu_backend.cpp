@@ -46,6 +46,16 @@ void ForEach(int64_t n, F&& f, int64_t cost = 1) {
   Pool().ParallelFor(n, f);
 }
 
+// out [rows, cols] = act(gate) * up, gate's and up's rows `stride` floats apart (a fused
+// gate/up output, or an expert's separate products).
+void Gate(const float* gate, const float* up, int64_t rows, int64_t cols, int64_t stride, Activation act, float* out) {
+  ForEach(rows, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = Apply(act, gate[r * stride + c]) * up[r * stride + c];
+    }
+  }, cols);
+}
+
 }  // namespace
 
 void CpuBackend::Copy(const Tensor& src, Tensor& dst) {
@@ -231,13 +241,11 @@ void CpuBackend::Activate(Tensor& x, Activation act) {
   });
 }
 
-void CpuBackend::GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
-  const float* g = gate.data<float>();
-  const float* u = up.data<float>();
-  float* o = out.data<float>();
-  ForEach(out.numel(), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) o[i] = Apply(act, g[i]) * u[i];
-  });
+void CpuBackend::GatedActivation(const Tensor& gate_up, Activation act, Tensor& out) {
+  const int64_t cols = out.size(-1);
+  assert(gate_up.size(-1) == 2 * cols && Rows(gate_up) == Rows(out));
+  const float* g = gate_up.data<float>();
+  Gate(g, g + cols, Rows(out), cols, 2 * cols, act, out.data<float>());
 }
 
 void CpuBackend::Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) {
@@ -435,7 +443,7 @@ void CpuBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeW
     GatherRows(x, rows, xe);
     Linear(xe, experts.gate[e], nullptr, g);
     Linear(xe, experts.up[e], nullptr, u);
-    GatedActivation(g, u, act, g);
+    Gate(g.data<float>(), u.data<float>(), n, inter, inter, act, g.data<float>());
     Linear(g, experts.down[e], nullptr, y);
     for (int64_t i = 0; i < n; ++i) {
       float* o = out.data<float>() + rows[i] * hidden;

@@ -33,7 +33,7 @@ class CpuBackend final : public Backend {
   void ScaleByTensor(Tensor& x, const Tensor& scalar) override;
   void Softcap(Tensor& x, float cap) override;
   void Activate(Tensor& x, Activation act) override;
-  void GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;
+  void GatedActivation(const Tensor& gate_up, Activation act, Tensor& out) override;
   void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) override;
   void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
   void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,

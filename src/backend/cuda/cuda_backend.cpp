@@ -164,8 +164,6 @@ struct CudaBackend::Impl {
   // the activation (HSX_GATED_GEMV=0: two GEMVs and the activation kernel).
   bool fuse_norm_rope_store = EnvOn("HSX_NORM_ROPE_STORE");
   bool gated_gemv = EnvOn("HSX_GATED_GEMV");
-  // A layer's q, k and v projections in one GEMV launch (HSX_QKV_GEMV=0: three).
-  bool qkv_gemv = EnvOn("HSX_QKV_GEMV");
   // HSX_PDL=1: GEMVs launch programmatically (programmatic_launch.cuh), their first weight
   // loads overlapping the norm or attention kernel before them. Opt-in until measured.
   bool programmatic = [] {
@@ -663,36 +661,6 @@ void CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias
   }
 }
 
-void CudaBackend::Projections(const Tensor& x, const std::vector<Projection>& projections) {
-  const int64_t m = RowsOf(x), k = x.size(-1);
-  const DType out = projections.empty() ? DType::kBF16 : projections[0].y->dtype();
-  bool fused = impl_->gemv && impl_->qkv_gemv && projections.size() >= 2 &&
-               projections.size() <= static_cast<size_t>(cuda::kGemvMaxWeights) && x.dtype() == DType::kBF16 &&
-               (out == DType::kBF16 || out == DType::kF32);
-  for (const Projection& p : projections) {
-    fused = fused && p.w->dtype() == DType::kBF16 && p.y->dtype() == out && !Overlap(*p.y, x) &&
-            !Overlap(*p.y, *p.w) && cuda::GemvSupports(x.raw(), p.w->raw(), m, k);
-  }
-  if (!fused) return Backend::Projections(x, projections);
-  cuda::GemvWeights ws;
-  std::string label = impl_->profile ? "linear" : "";
-  for (const Projection& p : projections) {
-    ws.w[ws.count] = B(*p.w);
-    ws.n[ws.count] = p.w->size(0);
-    ws.y[ws.count] = p.y->raw();
-    ++ws.count;
-    if (impl_->profile) label += (ws.count == 1 ? " " : "+") + std::to_string(p.w->size(0)) + "x" + std::to_string(k);
-  }
-  Impl::Timer timer(*impl_, label);
-  cuda::GemvMany(B(x), m, k, ws, out == DType::kF32, impl_->stream, impl_->programmatic);
-  HSX_LAUNCH_CHECK();
-  for (const Projection& p : projections) {
-    if (p.bias == nullptr) continue;
-    cuda::AddBias(B(*p.y), B(*p.bias), m, p.w->size(0), impl_->stream);
-    HSX_LAUNCH_CHECK();
-  }
-}
-
 Tensor CudaBackend::QuantizeRowsFp8(const Tensor& x) {
   const int64_t n = x.size(0), k = x.size(1);
   if (x.dtype() != DType::kBF16 || k % 16 != 0) {  // FP8 GEMMs read 16-byte rows
@@ -758,26 +726,27 @@ void CudaBackend::Activate(Tensor& x, Activation act) {
   HSX_LAUNCH_CHECK();
 }
 
-void CudaBackend::GatedLinear(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
-  const int64_t m = RowsOf(x), k = x.size(-1), n = gate.size(0);
-  const bool fused = impl_->gemv && impl_->gated_gemv && out.dtype() == DType::kBF16 && gate.dtype() == DType::kBF16 &&
-                     up.dtype() == DType::kBF16 && up.shape() == gate.shape() &&
-                     cuda::GemvSupports(x.raw(), gate.raw(), m, k) && cuda::GemvSupports(x.raw(), up.raw(), m, k);
-  if (!fused) return Backend::GatedLinear(x, gate, up, act, out);
+void CudaBackend::GatedLinear(const Tensor& x, const Tensor& gate_up, Activation act, Tensor& out) {
+  const int64_t m = RowsOf(x), k = x.size(-1), n = gate_up.size(0) / 2;
+  const bool fused = impl_->gemv && impl_->gated_gemv && out.dtype() == DType::kBF16 &&
+                     gate_up.dtype() == DType::kBF16 && cuda::GemvSupports(x.raw(), gate_up.raw(), m, k);
+  if (!fused) return Backend::GatedLinear(x, gate_up, act, out);
   if (Overlap(out, x)) {
     std::fprintf(stderr, "hsx: GatedLinear's output overlaps its input\n");
     std::abort();
   }
-  const std::string label = impl_->profile ? "gated " + Impl::LinearLabel(n, k) : std::string();
+  const std::string label = impl_->profile ? "gated " + Impl::LinearLabel(2 * n, k) : std::string();
   Impl::Timer timer(*impl_, label);
-  cuda::GatedGemv(B(x), B(gate), B(up), m, n, k, act == Activation::kSilu ? 0 : 1, B(out), impl_->stream,
+  cuda::GatedGemv(B(x), B(gate_up), m, n, k, act == Activation::kSilu ? 0 : 1, B(out), impl_->stream,
                   impl_->programmatic);
   HSX_LAUNCH_CHECK();
 }
 
-void CudaBackend::GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) {
+void CudaBackend::GatedActivation(const Tensor& gate_up, Activation act, Tensor& out) {
   Impl::Timer timer(*impl_, "gated_act");
-  cuda::GatedActivation(B(gate), B(up), out.numel(), act == Activation::kSilu ? 0 : 1, B(out), impl_->stream);
+  const int64_t cols = out.size(-1);
+  cuda::GatedActivation(B(gate_up), B(gate_up) + cols, RowsOf(out), cols, 2 * cols, act == Activation::kSilu ? 0 : 1,
+                        B(out), impl_->stream);
   HSX_LAUNCH_CHECK();
 }
 
@@ -786,6 +755,8 @@ namespace {
 cuda::NormRopeStoreArgs HeadArgs(Tensor& x, const Tensor* w, float eps, bool one_plus_weight, const Tensor& positions,
                                  const RopeTable& rope) {
   cuda::NormRopeStoreArgs a;
+  a.q_in = B(x);
+  a.q_stride = x.size(1) * x.size(2);
   a.q = B(x);
   a.q_norm = w != nullptr ? B(*w) : nullptr;
   a.q_heads = static_cast<int>(x.size(1));
@@ -830,17 +801,22 @@ bool CudaBackend::FusedNormRopeTakes(int64_t tokens) const {
   return !impl_->batch_invariant && tokens <= kFusedNormRopeMaxTokens;
 }
 
-void CudaBackend::NormRopeStoreKV(Tensor& q, Tensor& k, Tensor& v, const HeadNorms& norms, const Tensor& positions,
-                                  const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
-  if (!impl_->fuse_norm_rope_store || !FusedNormRopeTakes(q.size(0)) || k.shape() != v.shape() || k.size(2) != q.size(2))
-    return Backend::NormRopeStoreKV(q, k, v, norms, positions, rope, slots, k_cache, v_cache);
+void CudaBackend::NormRopeStoreKV(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms,
+                                  const Tensor& positions, const RopeTable& rope, const Tensor& slots, Tensor& k_cache,
+                                  Tensor& v_cache, Tensor& q) {
+  if (!impl_->fuse_norm_rope_store || !FusedNormRopeTakes(q.size(0)))
+    return Backend::NormRopeStoreKV(qkv, values_are_keys, norms, positions, rope, slots, k_cache, v_cache, q);
   Impl::Timer timer(*impl_, "norm_rope_store");
+  const int64_t q_cols = q.size(1) * q.size(2), kv_cols = k_cache.size(1) * k_cache.size(2);
   cuda::NormRopeStoreArgs a = HeadArgs(q, norms.q, norms.eps, norms.one_plus_weight, positions, rope);
-  a.k = B(k);
+  a.q_in = B(qkv);
+  a.q_stride = qkv.size(-1);
+  a.k = B(qkv) + q_cols;
   a.k_norm = norms.k != nullptr ? B(*norms.k) : nullptr;
-  a.v = B(v);
+  a.v = values_are_keys ? a.k : a.k + kv_cols;
+  a.kv_stride = qkv.size(-1);
   a.v_norm = norms.v;
-  a.kv_heads = static_cast<int>(k.size(1));
+  a.kv_heads = static_cast<int>(k_cache.size(1));
   a.slots = slots.data<int32_t>();
   a.k_cache = B(k_cache);
   a.v_cache = B(v_cache);
@@ -1085,7 +1061,11 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   };
   grouped(experts.gate, xs, g);
   grouped(experts.up, xs, u);
-  GatedActivation(g, u, act, g);
+  {
+    Impl::Timer timer(*impl_, "gated_act");
+    cuda::GatedActivation(B(g), B(u), g.size(0), g.size(1), g.size(1), act == Activation::kSilu ? 0 : 1, B(g), stream);
+    HSX_LAUNCH_CHECK();
+  }
   grouped(experts.down, g, ys);
   cuda::MoeCombine(B(ys), inverse.data<int32_t>(), weights.data<float>(), tokens, top_k, hidden, B(out), stream);
   HSX_LAUNCH_CHECK();

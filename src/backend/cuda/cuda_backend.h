@@ -44,7 +44,6 @@ class CudaBackend final : public Backend {
   void Embed(const Tensor& table, const Tensor& ids, float scale, Tensor& out) override;
   void Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) override;
   Tensor QuantizeRowsFp8(const Tensor& x) override;
-  void Projections(const Tensor& x, const std::vector<Projection>& projections) override;
   void RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) override;
   void Add(Tensor& acc, const Tensor& x) override;
   void AddRmsNorm(Tensor& residual, const Tensor& branch, const Tensor* w, float eps, bool one_plus_weight,
@@ -54,13 +53,14 @@ class CudaBackend final : public Backend {
   void ScaleByTensor(Tensor& x, const Tensor& scalar) override;
   void Softcap(Tensor& x, float cap) override;
   void Activate(Tensor& x, Activation act) override;
-  void GatedActivation(const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;
-  void GatedLinear(const Tensor& x, const Tensor& gate, const Tensor& up, Activation act, Tensor& out) override;
+  void GatedActivation(const Tensor& gate_up, Activation act, Tensor& out) override;
+  void GatedLinear(const Tensor& x, const Tensor& gate_up, Activation act, Tensor& out) override;
   void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) override;
   void RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_plus_weight, const Tensor& positions,
                    const RopeTable& rope) override;
-  void NormRopeStoreKV(Tensor& q, Tensor& k, Tensor& v, const HeadNorms& norms, const Tensor& positions,
-                       const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
+  void NormRopeStoreKV(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms, const Tensor& positions,
+                       const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
+                       Tensor& q) override;
   void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
   void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                  const AttentionParams& params, Tensor& out) override;

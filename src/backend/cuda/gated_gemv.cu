@@ -46,13 +46,13 @@ void Launch(const bf16* x, const bf16* gate, const bf16* up, int64_t n, int64_t 
 
 }  // namespace
 
-void GatedGemv(const bf16* x, const bf16* gate, const bf16* up, int64_t m, int64_t n, int64_t k, int act, bf16* out,
+void GatedGemv(const bf16* x, const bf16* gate_up, int64_t m, int64_t n, int64_t k, int act, bf16* out,
                cudaStream_t stream, bool programmatic) {
   using Launcher = void (*)(const bf16*, const bf16*, const bf16*, int64_t, int64_t, int, bf16*, cudaStream_t, bool);
   static constexpr Launcher kByRows[] = {Launch<1>, Launch<2>, Launch<3>, Launch<4>,
                                          Launch<5>, Launch<6>, Launch<7>, Launch<8>};
   static_assert(sizeof kByRows / sizeof kByRows[0] == kGemvMaxRows);
-  if (n > 0) kByRows[m - 1](x, gate, up, n, k, act, out, stream, programmatic);
+  if (n > 0) kByRows[m - 1](x, gate_up, gate_up + n * k, n, k, act, out, stream, programmatic);
 }
 
 }  // namespace hsx::cuda

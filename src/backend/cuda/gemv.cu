@@ -12,9 +12,8 @@
 // Partial sums are reduced in a fixed order (warp reduce-scatter, then the warps in
 // order), so results never depend on timing; the chunk order, the launch shape (set by k)
 // and the reduction tree are the same for every m, so neither does a row on m.
-// One launch may cover up to three weights of one x (a layer's q, k and v projections):
-// the blocks take the weights in turn, so the small k and v matrices add blocks to q's
-// wave instead of running as launches of their own with a few blocks per SM.
+// A layer's q, k and v (and its gate and up) are one weight, concatenated at load, so
+// the small k and v matrices add blocks to q's wave instead of launches of their own.
 #include "backend/cuda/gemv.cuh"
 
 namespace hsx::cuda {
@@ -24,16 +23,8 @@ using gemv::kRows;
 
 template <int M, typename Out>
 __global__ void __launch_bounds__(gemv::kMaxWarps * 32)
-    GemvKernel(const bf16* __restrict__ x, int64_t k, GemvWeights ws) {
-  // The weight this block reads: blocks [first_block[s], first_block[s + 1]) take weight s.
-  int s = 0;
-#pragma unroll
-  for (int i = 1; i < kGemvMaxWeights; ++i) s += i < ws.count && blockIdx.x >= ws.first_block[i];
-  const bf16* w = s == 0 ? ws.w[0] : s == 1 ? ws.w[1] : ws.w[2];
-  Out* y = static_cast<Out*>(s == 0 ? ws.y[0] : s == 1 ? ws.y[1] : ws.y[2]);
-  const int64_t n = s == 0 ? ws.n[0] : s == 1 ? ws.n[1] : ws.n[2];
-  const int64_t row0 = int64_t(blockIdx.x - (s == 0 ? 0u : s == 1 ? ws.first_block[1] : ws.first_block[2])) * kRows;
-  static_assert(kGemvMaxWeights == 3);
+    GemvKernel(const bf16* __restrict__ x, const bf16* __restrict__ w, int64_t n, int64_t k, Out* y) {
+  const int64_t row0 = int64_t(blockIdx.x) * kRows;
   const uint4* wrow[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -54,12 +45,13 @@ __global__ void __launch_bounds__(gemv::kMaxWarps * 32)
 }
 
 template <int M>
-void Launch(const bf16* x, int64_t k, const GemvWeights& ws, bool y_f32, cudaStream_t stream, bool programmatic) {
-  const dim3 grid(ws.first_block[ws.count]), block(gemv::Threads(k));
+void Launch(const bf16* x, const bf16* w, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream,
+            bool programmatic) {
+  const dim3 grid(static_cast<unsigned>((n + kRows - 1) / kRows)), block(gemv::Threads(k));
   if (y_f32)
-    LaunchMaybeProgrammatic(GemvKernel<M, float>, grid, block, programmatic, stream, x, k, ws);
+    LaunchMaybeProgrammatic(GemvKernel<M, float>, grid, block, programmatic, stream, x, w, n, k, static_cast<float*>(y));
   else
-    LaunchMaybeProgrammatic(GemvKernel<M, bf16>, grid, block, programmatic, stream, x, k, ws);
+    LaunchMaybeProgrammatic(GemvKernel<M, bf16>, grid, block, programmatic, stream, x, w, n, k, static_cast<bf16*>(y));
 }
 
 }  // namespace
@@ -71,23 +63,11 @@ bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k) {
 
 void Gemv(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream,
           bool programmatic) {
-  GemvWeights ws;
-  ws.w[0] = w;
-  ws.n[0] = n;
-  ws.y[0] = y;
-  ws.count = 1;
-  GemvMany(x, m, k, ws, y_f32, stream, programmatic);
-}
-
-void GemvMany(const bf16* x, int64_t m, int64_t k, GemvWeights ws, bool y_f32, cudaStream_t stream,
-              bool programmatic) {
-  using Launcher = void (*)(const bf16*, int64_t, const GemvWeights&, bool, cudaStream_t, bool);
+  using Launcher = void (*)(const bf16*, const bf16*, int64_t, int64_t, void*, bool, cudaStream_t, bool);
   static constexpr Launcher kByRows[] = {Launch<1>, Launch<2>, Launch<3>, Launch<4>,
                                          Launch<5>, Launch<6>, Launch<7>, Launch<8>};
   static_assert(sizeof kByRows / sizeof kByRows[0] == kGemvMaxRows);
-  ws.first_block[0] = 0;
-  for (int i = 0; i < ws.count; ++i) ws.first_block[i + 1] = ws.first_block[i] + static_cast<unsigned>((ws.n[i] + kRows - 1) / kRows);
-  if (ws.first_block[ws.count] > 0) kByRows[m - 1](x, k, ws, y_f32, stream, programmatic);
+  if (n > 0) kByRows[m - 1](x, w, n, k, y, y_f32, stream, programmatic);
 }
 
 }  // namespace hsx::cuda

@@ -155,20 +155,26 @@ __global__ void ActivateKernel(bf16* x, int64_t n, int act) {
     x[i] = ToB(Activation(act, ToF(x[i])));
 }
 
-__global__ void GatedActivationKernel(const bf16* gate, const bf16* up, int64_t n, int act, bf16* out) {
+// Over the rows * cols outputs; 8 at a time when rows keep 16-byte alignment.
+__global__ void GatedActivationKernel(const bf16* gate, const bf16* up, int64_t rows, int64_t cols, int64_t stride,
+                                      int act, bf16* out) {
   AllowDependentLaunch();  // the down projection follows
-  if (n % 8 == 0) {
+  const int64_t n = rows * cols;
+  if (cols % 8 == 0 && stride % 8 == 0) {
     for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * 8; i < n; i += int64_t(gridDim.x) * blockDim.x * 8) {
+      const int64_t in = i / cols * stride + i % cols;  // the 8 share a row
       Vec8 g, u;
-      g.Load(gate + i);
-      u.Load(up + i);
+      g.Load(gate + in);
+      u.Load(up + in);
       for (int j = 0; j < 8; ++j) g.v[j] = Activation(act, g.v[j]) * u.v[j];
       g.Store(out + i);
     }
     return;
   }
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = ToB(Activation(act, ToF(gate[i])) * ToF(up[i]));
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t in = i / cols * stride + i % cols;
+    out[i] = ToB(Activation(act, ToF(gate[in])) * ToF(up[in]));
+  }
 }
 
 __global__ void StoreKVKernel(const bf16* k, const bf16* v, const int32_t* slots, int64_t k_row, int64_t v_row,
@@ -315,8 +321,11 @@ void Softcap(void* x, bool is_f32, int64_t n, float cap, cudaStream_t stream) {
 void Activate(bf16* x, int64_t n, int act, cudaStream_t stream) {
   ActivateKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, act);
 }
-void GatedActivation(const bf16* gate, const bf16* up, int64_t n, int act, bf16* out, cudaStream_t stream) {
-  GatedActivationKernel<<<Blocks(n % 8 == 0 ? n / 8 : n), kThreads, 0, stream>>>(gate, up, n, act, out);
+void GatedActivation(const bf16* gate, const bf16* up, int64_t rows, int64_t cols, int64_t stride, int act, bf16* out,
+                     cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  const bool vec = cols % 8 == 0 && stride % 8 == 0;
+  if (n > 0) GatedActivationKernel<<<Blocks(vec ? n / 8 : n), kThreads, 0, stream>>>(gate, up, rows, cols, stride, act, out);
 }
 void StoreKV(const bf16* k, const bf16* v, const int32_t* slots, int64_t tokens, int64_t k_row, int64_t v_row,
              bf16* k_cache, bf16* v_cache, cudaStream_t stream) {

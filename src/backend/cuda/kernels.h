@@ -26,20 +26,27 @@ void Multiply(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream);
 void Scale(bf16* x, int64_t n, float s, const bf16* device_scalar, cudaStream_t stream);
 void Softcap(void* x, bool is_f32, int64_t n, float cap, cudaStream_t stream);
 void Activate(bf16* x, int64_t n, int act, cudaStream_t stream);
-void GatedActivation(const bf16* gate, const bf16* up, int64_t n, int act, bf16* out, cudaStream_t stream);
-// Per-head attention inputs in place (norm_rope_store.cu): q [tokens, q_heads, dim] and,
-// with k given, k and v [tokens, kv_heads, dim]. q and k are normed with q_norm / k_norm
+// out [rows, cols] = act(gate) * up, gate's and up's rows `stride` elements apart (a fused
+// gate/up output: up = gate + cols, stride 2 cols).
+void GatedActivation(const bf16* gate, const bf16* up, int64_t rows, int64_t cols, int64_t stride, int act, bf16* out,
+                     cudaStream_t stream);
+// Per-head attention inputs (norm_rope_store.cu): token t's q_heads heads of dim at
+// q_in + t * q_stride and, with k given, its kv_heads k and v heads at k / v + t * kv_stride
+// (a fused q/k/v GEMM's row, or separate tensors). q and k are normed with q_norm / k_norm
 // (null: not normed; the normed value rounded to bf16) and rotated (rotary_dims of each
-// head, inv_freq [rotary_dims / 2]); v is normed without a weight if v_norm; k and v are
-// stored at their token's slot (negative: none) in k_cache / v_cache [slots, kv_heads, dim].
-// dim <= 512.
+// head, inv_freq [rotary_dims / 2]); v is normed without a weight if v_norm. q is written
+// to q [tokens, q_heads, dim] (q_in itself for in place); k and v are only stored, at their
+// token's slot (negative: none) in k_cache / v_cache [slots, kv_heads, dim]. dim <= 512.
 struct NormRopeStoreArgs {
+  const bf16* q_in = nullptr;
+  int64_t q_stride = 0;
   bf16* q = nullptr;
   const bf16* q_norm = nullptr;
   int q_heads = 0;
-  bf16* k = nullptr;  // null: q alone (k, v, slots and the caches unused)
+  const bf16* k = nullptr;  // null: q alone (k, v, slots and the caches unused)
   const bf16* k_norm = nullptr;
-  bf16* v = nullptr;
+  const bf16* v = nullptr;  // may be k (values that are the raw keys)
+  int64_t kv_stride = 0;
   bool v_norm = false;
   int kv_heads = 0;
   const int32_t* slots = nullptr;
@@ -108,23 +115,11 @@ bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k);
 // programmatic: launched to overlap the kernel before (programmatic_launch.cuh).
 void Gemv(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream,
           bool programmatic = false);
-// Several Gemv calls on one x in one launch (a layer's q, k and v projections): y[i] =
-// x w[i]^T for i < count, each [m, n[i]], all bf16 or all f32; each row computed as Gemv
-// computes it. Only for calls GemvSupports takes for every w[i]; first_block is set here.
-constexpr int kGemvMaxWeights = 3;
-struct GemvWeights {
-  const bf16* w[kGemvMaxWeights] = {};
-  int64_t n[kGemvMaxWeights] = {};
-  void* y[kGemvMaxWeights] = {};
-  int count = 0;
-  unsigned first_block[kGemvMaxWeights + 1] = {};
-};
-void GemvMany(const bf16* x, int64_t m, int64_t k, GemvWeights ws, bool y_f32, cudaStream_t stream,
-              bool programmatic = false);
 // The gated MLP's first half (gated_gemv.cu): out[m, n] = act(x gate^T) * (x up^T) with
-// gate, up [n, k], each product rounded to bf16 first: the bits of two Gemv calls and
-// GatedActivation. act 0: SiLU, 1: GELU (tanh). Only for calls GemvSupports takes.
-void GatedGemv(const bf16* x, const bf16* gate, const bf16* up, int64_t m, int64_t n, int64_t k, int act, bf16* out,
+// gate_up [2n, k] (gate's rows, then up's), each product rounded to bf16 first: the bits
+// of Gemv into [m, 2n] and GatedActivation. act 0: SiLU, 1: GELU (tanh). Only for calls
+// GemvSupports takes.
+void GatedGemv(const bf16* x, const bf16* gate_up, int64_t m, int64_t n, int64_t k, int act, bf16* out,
                cudaStream_t stream, bool programmatic = false);
 
 struct AttentionArgs {

@@ -5,8 +5,9 @@
 // computes once. A warp holds its head in registers (lane l has elements l, l + 32, ...),
 // takes the norm's sum in that order with a butterfly over the warp, rounds the normed
 // value to bf16 (as the separate norm op does), rotates through a per-warp f32 row in
-// shared memory (each lane reads its rotate-half partner there), and writes the head back
-// and, for k and v, into the cache at the token's slot.
+// shared memory (each lane reads its rotate-half partner there), and writes a q head to q,
+// a k or v head into the cache at the token's slot. Heads are read with row strides, so q,
+// k and v come straight from the fused q/k/v GEMM's output.
 #include <cstdio>
 #include <cstdlib>
 
@@ -34,24 +35,26 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
   if (head >= per_token) return;  // whole warps leave; only __syncwarp follows
 
   // Which head this warp owns: a q head, a k head or a v head.
-  bf16* x;
+  const bf16* x;
+  bf16* q_out = nullptr;
   const bf16* w = nullptr;
   bool norm, rope;
   bf16* cache = nullptr;
   if (head < a.q_heads) {
-    x = a.q + (token * a.q_heads + head) * a.dim;
+    x = a.q_in + token * a.q_stride + head * a.dim;
+    q_out = a.q + (token * a.q_heads + head) * a.dim;
     w = a.q_norm;
     norm = w != nullptr;
     rope = true;
   } else if ((head -= a.q_heads) < a.kv_heads) {
-    x = a.k + (token * a.kv_heads + head) * a.dim;
+    x = a.k + token * a.kv_stride + head * a.dim;
     w = a.k_norm;
     norm = w != nullptr;
     rope = true;
     cache = a.k_cache;
   } else {
     head -= a.kv_heads;
-    x = a.v + (token * a.kv_heads + head) * a.dim;
+    x = a.v + token * a.kv_stride + head * a.dim;
     norm = a.v_norm;
     rope = false;
     cache = a.v_cache;
@@ -94,7 +97,6 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
       }
     }
   }
-  const bool changed = norm || rope;
   const int64_t slot = cache != nullptr ? a.slots[token] : -1;  // negative: a padding row
   bf16* stored = slot >= 0 ? cache + (slot * a.kv_heads + head) * a.dim : nullptr;
 #pragma unroll
@@ -102,7 +104,7 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
     const int i = lane + 32 * j;
     if (i >= a.dim) continue;
     const bf16 out = __float2bfloat16(r[j]);
-    if (changed) x[i] = out;
+    if (q_out != nullptr) q_out[i] = out;
     if (stored != nullptr) stored[i] = out;
   }
 }
