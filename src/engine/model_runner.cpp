@@ -48,6 +48,9 @@ ModelRunner::ModelRunner(Model& model, RunnerConfig config)
     rank_threads_ = std::make_unique<ThreadPool>(static_cast<int>(config_.peer_ranks.size()) + 1);
   }
   for (const LayerSpec& layer : model.config().layers) has_moe_ = has_moe_ || layer.moe;
+  if (config_.mtp != nullptr) {
+    for (const LayerSpec& layer : config_.mtp->config().text.layers) draft_has_moe_ = draft_has_moe_ || layer.moe;
+  }
   if (config_.max_model_len <= 0) config_.max_model_len = model.config().max_position_embeddings;
   max_blocks_per_seq_ = (config_.max_model_len + config_.block_size - 1) / config_.block_size;
   config_.max_graph_batch = BucketFor(std::max(1, config_.max_graph_batch));
@@ -496,7 +499,7 @@ std::vector<DeviceBatch> ModelRunner::StageChainedSteps(const std::vector<DraftR
 }
 
 int ModelRunner::DraftGraphBucket(int sequences, size_t longest_block_table) const {
-  if (!config_.graphs || graphs_failed_ || !backend().can_record() || sequences == 0 ||
+  if (!config_.graphs || graphs_failed_ || !backend().can_record() || draft_has_moe_ || sequences == 0 ||
       sequences > config_.max_graph_batch || static_cast<int64_t>(longest_block_table) > max_blocks_per_seq_) {
     return 0;
   }

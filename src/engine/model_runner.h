@@ -169,6 +169,7 @@ class ModelRunner {
   Tensor aux_;                            // EAGLE-3: the last step's aux states [A, T, H]
   Tensor final_hidden_;                   // MTP: the last step's final-normed logit rows
   bool has_moe_ = false;  // MoE routing downloads expert counts: it cannot be recorded
+  bool draft_has_moe_ = false;  // the same for an MTP drafter's layers
   int64_t capture_runs_ = 0;
   Tensor host_buffers_[2];  // captured rows and flags alternate between two pinned buffers
 
