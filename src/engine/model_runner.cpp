@@ -519,7 +519,7 @@ Tensor ModelRunner::DraftHidden(int64_t width) {
   return draft_hidden_;
 }
 
-// As GraphForward: replayed where (bucket, drafts) has a graph, else run on the fixed inputs
+// As GraphForward: replayed where its key has a graph, else run on the fixed inputs
 // (its GEMMs tune) and recorded for the next round.
 void ModelRunner::DraftRound(const std::array<int, 3>& key, const std::function<void()>& round) {
   if (auto it = draft_graphs_.find(key); it != draft_graphs_.end()) {
