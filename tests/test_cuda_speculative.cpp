@@ -1,9 +1,11 @@
 // Speculative decoding on CUDA graphs (skipped without a GPU): with verification steps (every
-// sequence K + 1 rows) and EAGLE-3's chained draft steps replaying recorded graphs, the
-// engine's tokens and acceptance counts are its eager ones, greedy and seeded, with n-gram,
-// EAGLE-3 and Gemma 4 MTP drafts, over batches that shrink through the buckets (padding in
-// most steps) and drafts cut short near the end (other rows-per-sequence graphs, and mixed
-// steps that stay eager); and the graphs were replayed.
+// sequence K + 1 rows) and the drafters' rounds (EAGLE-3's first pass and chained steps,
+// MTP's steps) replaying recorded graphs, the engine's tokens and acceptance counts are its
+// eager ones, greedy and seeded, with n-gram, EAGLE-3 and Gemma 4 MTP drafts, over batches
+// that shrink through the buckets (padding in most steps) and drafts cut short near the end
+// (other rows-per-sequence graphs, and mixed steps that stay eager); and the graphs were
+// replayed. Under forced acceptance the output is made of the drafts themselves, so equal
+// output there means equal drafts.
 #ifdef HSX_HAS_CUDA
 #include <gtest/gtest.h>
 
@@ -21,7 +23,7 @@ namespace {
 struct Run {
   std::map<std::string, std::vector<int32_t>> tokens;
   uint64_t accepted = 0, drafted = 0;
-  int64_t verify_replays = 0, draft_replays = 0;
+  int64_t verify_replays = 0, draft_replays = 0, first_pass_replays = 0;
 };
 
 // Five prompts of staggered lengths repeating a short loop (so prompt lookup and copy-style
@@ -48,13 +50,15 @@ Run Generate(Model& model, EngineConfig config, bool graphs, float temperature) 
   out.drafted = engine.stats().num_draft_tokens;
   out.verify_replays = engine.runner().verify_graph_replays();
   out.draft_replays = engine.runner().draft_graph_replays();
+  out.first_pass_replays = engine.runner().first_pass_graph_replays();
   return out;
 }
 
 // verify_graphs: whether verification steps must have replayed graphs. A graph takes a step
 // whose sequences all verify K drafts; prompt lookup often proposes fewer, so n-gram runs
 // may verify eagerly throughout (measured: this workload never had an even n-gram step).
-void ExpectGraphsGiveTheEagerRun(Model& model, const EngineConfig& config, const std::string& what, bool eagle3,
+// draft_graphs: whether draft rounds must have (EAGLE-3, MTP).
+void ExpectGraphsGiveTheEagerRun(Model& model, const EngineConfig& config, const std::string& what, bool draft_graphs,
                                  bool verify_graphs = true) {
   for (float temperature : {0.0f, 1.0f}) {
     const Run eager = Generate(model, config, false, temperature);
@@ -64,8 +68,8 @@ void ExpectGraphsGiveTheEagerRun(Model& model, const EngineConfig& config, const
     if (verify_graphs) {
       EXPECT_GT(graphs.verify_replays, 0) << what << ": verification steps did not replay graphs";
     }
-    if (eagle3) {
-      EXPECT_GT(graphs.draft_replays, 0) << what << ": draft steps did not replay graphs";
+    if (draft_graphs) {
+      EXPECT_GT(graphs.draft_replays, 0) << what << ": draft rounds did not replay graphs";
     }
     ASSERT_EQ(eager.tokens.size(), 5u);
     EXPECT_EQ(graphs.tokens, eager.tokens) << what << " at temperature " << temperature;
@@ -102,8 +106,54 @@ TEST(CudaSpeculativeGraphs, Eagle3StepsOnGraphsGiveTheEagerTokens) {
     for (int k : {1, 3}) {
       EngineConfig config;
       config.eagle3 = {draft->get(), k};
-      ExpectGraphsGiveTheEagerRun(**model, config, "eagle3 " + variant + " K=" + std::to_string(k), k > 1);
+      ExpectGraphsGiveTheEagerRun(**model, config, "eagle3 " + variant + " K=" + std::to_string(k), true);
     }
+  }
+}
+
+// Forced acceptance makes the output the drafts (all of them at rate 1; at 0.5, first passes
+// of every width 1..K + 1, padded on graphs): drafts on graphs (EAGLE-3 with and without a
+// d2t map, MTP) equal eager drafts, and the first passes were in the replayed rounds.
+// Negative control: a random draft's forced output differs from the lossless output, so the
+// comparison sees the drafts.
+TEST(CudaSpeculativeGraphs, DraftsOnGraphsEqualEagerDrafts) {
+  auto gpu = Gpu();
+  if (!gpu) GTEST_SKIP() << "no CUDA device";
+  for (float rate : {1.0f, 0.5f}) {
+    for (const std::string variant : {"qwen3_default", "llama_legacy"}) {
+      auto model = Model::Load(test::ModelDir(variant == "qwen3_default" ? "qwen3" : "llama"), *gpu);
+      ASSERT_TRUE(model.ok()) << model.status().message();
+      auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, *gpu);
+      ASSERT_TRUE(draft.ok()) << draft.status().message();
+      EngineConfig config;
+      config.eagle3 = {draft->get(), 3};
+      config.spec_bench_accept_rate = rate;
+      const auto eager = Generate(**model, config, false, 0.0f);
+      const auto graphs = Generate(**model, config, true, 0.0f);
+      const std::string what = variant + " at forced rate " + std::to_string(rate);
+      ASSERT_EQ(eager.tokens.size(), 5u);
+      EXPECT_EQ(graphs.tokens, eager.tokens) << what;
+      EXPECT_EQ(graphs.accepted, eager.accepted) << what;
+      EXPECT_GT(graphs.first_pass_replays, 0) << what << ": first passes did not replay graphs";
+      EXPECT_EQ(eager.draft_replays + eager.first_pass_replays, 0);
+      if (rate == 1.0f) {
+        EngineConfig lossless = config;
+        lossless.spec_bench_accept_rate = -1.0f;
+        EXPECT_NE(Generate(**model, lossless, true, 0.0f).tokens, graphs.tokens) << what << ": the target's output";
+      }
+    }
+    auto target = Model::Load(test::DataPath("mtp/gemma4_target"), *gpu);
+    ASSERT_TRUE(target.ok()) << target.status().message();
+    auto mtp = MtpDrafter::Load(test::DataPath("mtp/gemma4_assistant_copy"), **target, *gpu);
+    ASSERT_TRUE(mtp.ok()) << mtp.status().message();
+    EngineConfig config;
+    config.mtp = {mtp->get(), 3};
+    config.spec_bench_accept_rate = rate;
+    const auto eager = Generate(**target, config, false, 0.0f);
+    const auto graphs = Generate(**target, config, true, 0.0f);
+    EXPECT_EQ(graphs.tokens, eager.tokens) << "mtp at forced rate " << rate;
+    EXPECT_GT(graphs.draft_replays, 0) << "mtp rounds did not replay graphs";
+    EXPECT_EQ(eager.draft_replays + graphs.first_pass_replays, 0);
   }
 }
 
@@ -116,7 +166,7 @@ TEST(CudaSpeculativeGraphs, MtpVerificationOnGraphsGivesTheEagerTokens) {
   ASSERT_TRUE(drafter.ok()) << drafter.status().message();
   EngineConfig config;
   config.mtp = {drafter->get(), 3};
-  ExpectGraphsGiveTheEagerRun(**model, config, "mtp", false);
+  ExpectGraphsGiveTheEagerRun(**model, config, "mtp", true);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // EAGLE-3 drafts in speculators' format (tests/data/eagle3, goldens from speculators'
 // own forward): fc output, the first pass over every prompt position (whole and in two
-// chunks), and K = 3 chained draft steps, on the CPU (f32) and CUDA (bf16) backends;
-// then broken configs and checkpoints, each failing with an error that names the field.
+// chunks), and K = 3 chained draft steps, on the CPU (f32) and CUDA (bf16) backends; a
+// first pass padded as a graph runs it; then broken configs and checkpoints, each failing
+// with an error that names the field.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,6 +10,8 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <tuple>
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/eagle3_draft.h"
@@ -364,6 +367,78 @@ TEST(Eagle3SlidingTest, WindowedLayersSeeOnlyTheWindow) {
     EXPECT_LE(inside, kF32Tolerance) << "prompt " << k;
     EXPECT_GT(beyond, 1e-2) << "prompt " << k;
   }
+}
+
+// A first pass padded at a sequence's front, as a draft round's graph runs it (every
+// sequence q rows; padding rows at the positions before, with the first real row's token
+// and hidden, storing no KV; each sequence's logit row its block's last, sliced): the real
+// rows' logits and next hidden are the unpadded pass's, and so is the draft's KV, which a
+// later step reads. Negative control: padding rows that store their KV change that step.
+TEST(Eagle3PaddingTest, FrontPaddedFirstPassIsTheUnpaddedOne) {
+  CpuBackend backend;
+  auto target = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(target.ok()) << target.status().message();
+  auto loaded = Eagle3Draft::Load(DraftDir("llama_legacy"), **target, backend);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  Eagle3Draft& draft = **loaded;
+  const int64_t h = draft.decoder().hidden_size;
+  constexpr int kLen = 8;  // positions of each of two sequences; sequence s owns block s
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int32_t> token(0, draft.decoder().vocab_size - 1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int32_t tokens[2][kLen];
+  for (auto& seq : tokens)
+    for (int32_t& t : seq) t = token(rng);
+  std::vector<float> hidden_rows(2 * kLen * h);
+  for (float& x : hidden_rows) x = normal(rng);
+
+  struct Span {
+    int seq, begin, end;  // positions [begin, end) whose KV stays
+  };
+  auto pass = [&](KVCache& cache, const std::vector<Span>& spans, int width, bool padding_stores) {
+    ForwardBatch batch;
+    std::vector<int> rows;  // each row's (sequence, position) as seq * kLen + position
+    for (const Span& s : spans) {
+      const int q = std::max(width, s.end - s.begin);
+      SequenceSlice slice;
+      slice.q_start = static_cast<int32_t>(batch.token_ids.size());
+      slice.q_len = q;
+      slice.ctx_len = s.end;
+      slice.block_table = {s.seq};
+      for (int p = s.end - q; p < s.end; ++p) {
+        const bool padding = p < s.begin;
+        const int from = padding ? s.begin : p;
+        batch.token_ids.push_back(tokens[s.seq][from]);
+        batch.positions.push_back(p);
+        batch.slot_mapping.push_back(padding && !padding_stores ? -1 : s.seq * kBlock + p);
+        rows.push_back(s.seq * kLen + from);
+      }
+      batch.logit_rows.push_back(static_cast<int32_t>(batch.token_ids.size()) - 1);
+      batch.seqs.push_back(std::move(slice));
+    }
+    Tensor hidden = backend.Empty(DType::kF32, {static_cast<int64_t>(rows.size()), h});
+    for (size_t r = 0; r < rows.size(); ++r) {
+      std::copy_n(hidden_rows.begin() + rows[r] * h, h, hidden.data<float>() + r * h);
+    }
+    const Eagle3Output out = draft.Forward(batch, hidden, cache);
+    return std::make_pair(test::AsFloats(backend.Download(out.logits)), test::AsFloats(backend.Download(out.next_hidden)));
+  };
+  // Prefill, then a first pass of 2 rows for sequence 0 and 1 row for sequence 1 (padded
+  // to 2), then one more step of each: its logits read the KV the first pass left.
+  auto run = [&](int width, bool padding_stores) {
+    KVCache cache(draft.decoder(), backend, 2, kBlock);
+    pass(cache, {{0, 0, 5}, {1, 0, 3}}, 0, false);
+    const auto first = pass(cache, {{0, 5, 7}, {1, 3, 4}}, width, padding_stores);
+    const auto next = pass(cache, {{0, 7, 8}, {1, 4, 5}}, 0, false);
+    return std::make_tuple(first.first, first.second, next.first);
+  };
+  const auto [logits, hidden, next] = run(0, false);
+  const auto [padded_logits, padded_hidden, padded_next] = run(2, false);
+  EXPECT_LE(MaxAbsError(padded_logits, logits), kF32Tolerance);
+  EXPECT_LE(MaxAbsError(padded_hidden, hidden), kF32Tolerance);
+  EXPECT_LE(MaxAbsError(padded_next, next), kF32Tolerance);
+  const auto [stored_logits, stored_hidden, stored_next] = run(2, true);
+  EXPECT_GT(MaxAbsError(stored_next, next), 1e-3);  // position 2 holds the padding row's KV
 }
 
 // ---- Broken drafts ------------------------------------------------------------------

@@ -1,11 +1,13 @@
 // The sampling op (backend/sampling.h) on the CPU backend: each option's draws follow the
 // distribution an independent sort-based reading of vLLM's rules gives (chi-square, with
 // a negative control), a row's token does not depend on its batch, logprobs are the
-// log-softmax, and bans and penalties change what is drawn.
+// log-softmax, bans and penalties change what is drawn, and GreedyTokens gives the greedy
+// Sample token (through an offset map where given) without a host copy.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -153,6 +155,26 @@ TEST(SamplingOp, GreedyBansAndPenalties) {
   const SampledTokens s = cpu.Sample(Logits(std::vector<std::vector<float>>(2000, l)), banned);
   EXPECT_EQ(std::count(s.tokens.begin(), s.tokens.end(), 3), 0);
   EXPECT_GT(std::count(s.tokens.begin(), s.tokens.end(), 4), 0);  // hot enough to reach the worst token
+}
+
+// Each row's temperature-0 Sample token (ties to the lowest id, -inf rows too), plus the
+// offset of that token where a map is given (an EAGLE-3 draft's d2t).
+TEST(SamplingOp, GreedyTokensAreTheGreedySampleTokens) {
+  CpuBackend cpu;
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor logits = Logits({{0.5f, 3.0f, 3.0f, 2.9f, -1.0f}, {-inf, -inf, -inf, -inf, -inf},
+                                {0.0f, -1.0f, 0.0f, 7.0f, 6.9f}, {-2.0f, -inf, -1.5f, -3.0f, -1.5f}});
+  const std::vector<int32_t> greedy = cpu.Sample(logits, {std::vector<SamplingRow>(4), {}, 0}).tokens;
+  EXPECT_EQ(greedy, (std::vector<int32_t>{1, 0, 3, 2}));
+  Tensor tokens = cpu.Empty(DType::kI32, {4});
+  std::fill_n(tokens.data<int32_t>(), 4, -7);  // poisoned
+  cpu.GreedyTokens(logits, nullptr, tokens);
+  EXPECT_EQ(std::vector<int32_t>(tokens.data<int32_t>(), tokens.data<int32_t>() + 4), greedy);
+  Tensor offsets = cpu.Empty(DType::kI32, {5});
+  std::copy_n(std::vector<int32_t>{10, 20, 30, 40, 50}.begin(), 5, offsets.data<int32_t>());
+  cpu.GreedyTokens(logits, &offsets, tokens);
+  EXPECT_EQ(std::vector<int32_t>(tokens.data<int32_t>(), tokens.data<int32_t>() + 4),
+            (std::vector<int32_t>{21, 10, 43, 32}));
 }
 
 }  // namespace

@@ -195,6 +195,10 @@ class Backend {
   // One token per row of logits f32 [rows, vocab] (backend/sampling.h); only the tokens
   // and logprobs come back to the host.
   virtual SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch) = 0;
+  // Greedy tokens that stay on the device: tokens int32 [R] gets each row of logits f32
+  // [R, V]'s arg max (the Sample op's temperature-0 token), plus offsets[arg max] where
+  // offsets int32 [V] is given (an EAGLE-3 draft's d2t). No host work: graphs record it.
+  virtual void GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) = 0;
   // Speculative decoding's accept stage (backend/verification.h): K_r drafts and K_r + 1
   // logit rows f32 per request in, the accepted counts and emitted tokens out (only they
   // and requested logprobs reach the host). draft_probs f32 [drafts, vocab] on the device,

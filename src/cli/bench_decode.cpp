@@ -159,6 +159,13 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
       result["accepted_tokens"] = accepted;
       if (o.accept_rate) result["forced_accept_rate"] = *o.accept_rate;  // output not the target's
     }
+    // Graph use over both runs: steps, verification steps, draft rounds (and of those, EAGLE-3
+    // rounds whose first pass was in the graph) that replayed one.
+    const ModelRunner& runner = engine.runner();
+    result["graph_replays"] = {{"steps", runner.graph_replays()},
+                               {"verification", runner.verify_graph_replays()},
+                               {"draft_rounds", runner.draft_graph_replays()},
+                               {"draft_first_passes", runner.first_pass_graph_replays()}};
     line(result);
   }
   return 0;

@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 
 namespace hsx {
 namespace {
@@ -47,6 +48,9 @@ ModelRunner::ModelRunner(Model& model, RunnerConfig config)
     rank_threads_ = std::make_unique<ThreadPool>(static_cast<int>(config_.peer_ranks.size()) + 1);
   }
   for (const LayerSpec& layer : model.config().layers) has_moe_ = has_moe_ || layer.moe;
+  if (config_.mtp != nullptr) {
+    for (const LayerSpec& layer : config_.mtp->config().text.layers) draft_has_moe_ = draft_has_moe_ || layer.moe;
+  }
   if (config_.max_model_len <= 0) config_.max_model_len = model.config().max_position_embeddings;
   max_blocks_per_seq_ = (config_.max_model_len + config_.block_size - 1) / config_.block_size;
   config_.max_graph_batch = BucketFor(std::max(1, config_.max_graph_batch));
@@ -270,19 +274,46 @@ StepResult ModelRunner::Verify(const ForwardBatch& batch, const VerificationBatc
 
 std::vector<std::vector<int32_t>> ModelRunner::ProposeMtp(const MtpDraftBatch& batch,
                                                             const std::vector<int32_t>& hidden_rows, int num_drafts) {
-  std::vector<std::vector<int32_t>> drafts(batch.tokens.size());
-  if (batch.tokens.empty()) return drafts;
-  Tensor hidden = model_.backend().Empty(final_hidden_.dtype(), {static_cast<int64_t>(hidden_rows.size()),
-                                                                  final_hidden_.size(1)});
-  model_.backend().GatherRows(final_hidden_, hidden_rows, hidden);
-  MtpDraftBatch step = batch;
-  for (int s = 0; s < num_drafts; ++s) {
-    MtpDraftOutput out = config_.mtp->Step(step, hidden, cache_);
-    for (size_t i = 0; i < drafts.size(); ++i) drafts[i].push_back(out.tokens[i]);
-    step.tokens = std::move(out.tokens);  // the next step: each argmax at the same position
-    hidden = std::move(out.hidden);
+  Backend& backend = model_.backend();
+  const int n = static_cast<int>(batch.tokens.size());
+  if (n == 0) return std::vector<std::vector<int32_t>>();
+  // Every step of the round has the same inputs but the token: one row per sequence at its
+  // constant position p (ctx_len - 1), storing no KV.
+  ForwardBatch round;
+  size_t longest_table = 0;
+  for (int i = 0; i < n; ++i) {
+    round.token_ids.push_back(batch.tokens[i]);
+    round.positions.push_back(batch.seqs[i].ctx_len - 1);
+    round.slot_mapping.push_back(-1);
+    round.logit_rows.push_back(i);
+    round.seqs.push_back(batch.seqs[i]);
+    longest_table = std::max(longest_table, batch.seqs[i].block_table.size());
   }
-  return drafts;
+  const int bucket = DraftGraphBucket(n, longest_table);
+  const int rows = bucket > 0 ? bucket : n;
+  const DeviceBatch in = bucket > 0 ? StageGraphInputs(round, bucket, 1, draft_inputs_[1]) : UploadBatch(backend, round);
+  const int64_t width = final_hidden_.size(1);
+  Tensor tokens = bucket > 0 ? DraftTokens() : backend.Empty(DType::kI32, {int64_t{num_drafts} * n});
+  const Tensor hidden = bucket > 0 ? DraftHidden(width).Rows(0, bucket) : backend.Empty(final_hidden_.dtype(), {n, width});
+  Tensor first_hidden = hidden.Rows(0, n);
+  backend.GatherRows(final_hidden_, hidden_rows, first_hidden);
+  // Step s reads draft s - 1 (step 0 the emitted token) and the hidden the step before left.
+  auto steps = [&] {
+    Tensor h = hidden;
+    for (int s = 0; s < num_drafts; ++s) {
+      const Tensor ids = s == 0 ? in.token_ids : tokens.Rows(int64_t{s - 1} * rows, int64_t{s} * rows);
+      MtpDraftOutput out = config_.mtp->Step(ids, in.positions, in.attention, h, cache_);
+      Tensor next = tokens.Rows(int64_t{s} * rows, int64_t{s + 1} * rows);
+      backend.GreedyTokens(out.logits, nullptr, next);
+      h = std::move(out.hidden);
+    }
+  };
+  if (bucket > 0) {
+    DraftRound({bucket, 0, num_drafts}, steps);
+  } else {
+    steps();
+  }
+  return DownloadDrafts(tokens, rows, n, num_drafts);
 }
 
 std::vector<std::vector<int32_t>> ModelRunner::ProposeEagle3(const ForwardBatch& first_pass,
@@ -291,96 +322,231 @@ std::vector<std::vector<int32_t>> ModelRunner::ProposeEagle3(const ForwardBatch&
                                                                int num_drafts) {
   Eagle3Draft& draft = *config_.eagle3;
   Backend& backend = model_.backend();
-  std::vector<std::vector<int32_t>> drafts(requests.size());
-  if (first_pass.token_ids.empty()) return drafts;
-  // The first pass's aux states: its rows of every aux layer of the step, [A, R, H].
-  const int64_t layers = aux_.size(0), total = aux_.size(1), h = aux_.size(2);
-  const int64_t rows = static_cast<int64_t>(step_rows.size());
-  std::vector<int32_t> gather;
-  for (int64_t l = 0; l < layers; ++l)
-    for (int32_t r : step_rows) gather.push_back(static_cast<int32_t>(l * total + r));
-  Tensor aux = backend.Empty(aux_.dtype(), {layers * rows, h});
-  backend.GatherRows(aux_.View({layers * total, h}), gather, aux);
-  Eagle3Output out = draft.Forward(first_pass, draft.CombineHiddenStates(aux.View({layers, rows, h})), *draft_cache_);
-  if (requests.empty()) return drafts;
-  std::vector<int32_t> tokens = draft.GreedyTargetTokens(out.logits);
-  const int bs = config_.block_size;
-  const int bucket = num_drafts > 1 ? DraftGraphBucket(requests) : 0;
-  for (int s = 2;; ++s) {
-    for (size_t i = 0; i < requests.size(); ++i) drafts[i].push_back(tokens[i]);
-    if (s > num_drafts) break;
-    // Step s: each request's previous draft at the position after, fed the hidden it left.
-    ForwardBatch step;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      const int32_t pos = requests[i].position + s - 2;
-      SequenceSlice slice;
-      slice.q_start = static_cast<int32_t>(i);
-      slice.q_len = 1;
-      slice.ctx_len = pos + 1;
-      slice.block_table = requests[i].block_table;
-      step.token_ids.push_back(tokens[i]);
-      step.positions.push_back(pos);
-      step.slot_mapping.push_back(slice.block_table[pos / bs] * bs + pos % bs);
-      step.logit_rows.push_back(static_cast<int32_t>(i));
-      step.seqs.push_back(std::move(slice));
-    }
-    if (bucket > 0) {
-      tokens = draft.GreedyTargetTokens(DraftGraphLogits(step, bucket, s == 2 ? &out.next_hidden : nullptr));
-    } else {
-      out = draft.Forward(step, out.next_hidden, *draft_cache_);
-      tokens = draft.GreedyTargetTokens(out.logits);
-    }
-  }
-  return drafts;
-}
-
-int ModelRunner::DraftGraphBucket(const std::vector<DraftRequest>& requests) const {
+  if (first_pass.token_ids.empty()) return std::vector<std::vector<int32_t>>(requests.size());
   const int n = static_cast<int>(requests.size());
-  if (!config_.graphs || graphs_failed_ || !backend().can_record() || n == 0 || n > config_.max_graph_batch) return 0;
-  for (const DraftRequest& r : requests) {
-    if (static_cast<int64_t>(r.block_table.size()) > max_blocks_per_seq_) return 0;
-  }
-  return BucketFor(n);
-}
-
-// As GraphForward: replayed where the bucket has a graph, else run on the fixed inputs and
-// recorded (unless recording failed, when later steps also run on them eagerly).
-Tensor ModelRunner::DraftGraphLogits(const ForwardBatch& step, int bucket, const Tensor* hidden) {
-  Eagle3Draft& draft = *config_.eagle3;
-  Backend& backend = model_.backend();
-  const int64_t rows = static_cast<int64_t>(step.seqs.size());
-  const DeviceBatch inputs = StageGraphInputs(step, bucket, 1, draft_inputs_);
-  if (!draft_hidden_.defined()) {
-    draft_hidden_ = backend.Empty(backend.compute_dtype(), {config_.max_graph_batch, draft.decoder().hidden_size});
-  }
-  Tensor in = draft_hidden_.Rows(0, bucket);
-  if (hidden != nullptr) {
-    Tensor dst = draft_hidden_.Rows(0, rows);
-    backend.Copy(*hidden, dst);
-  }
-  auto run = [&] {
-    Eagle3Output out = draft.Forward(inputs, in, *draft_cache_);
-    backend.Copy(out.next_hidden, in);  // the next step's hidden
-    return out.logits;
+  size_t longest_table = 0;
+  for (const DraftRequest& r : requests) longest_table = std::max(longest_table, r.block_table.size());
+  int bucket = DraftGraphBucket(n, longest_table);
+  const int q = bucket > 0 ? PaddedFirstPassRows(first_pass, num_drafts) : 0;
+  if (q == 0 && num_drafts == 1) bucket = 0;  // the first pass alone, eagerly: nothing to record
+  const int rows = bucket > 0 ? bucket : n;
+  // Drafts stay on the device, step after step ([num_drafts, rows]); one download at the end.
+  Tensor tokens = bucket > 0 ? DraftTokens() : backend.Empty(DType::kI32, {int64_t{num_drafts} * n});
+  const int64_t layers = aux_.size(0), total = aux_.size(1), h = aux_.size(2);
+  // The first pass's aux states, [A, R, H]: its rows of every aux layer of the step.
+  auto gather_aux = [&](const std::vector<int32_t>& rows_of_step, Tensor& out) {
+    std::vector<int32_t> gather;
+    for (int64_t l = 0; l < layers; ++l)
+      for (int32_t r : rows_of_step) gather.push_back(static_cast<int32_t>(l * total + r));
+    backend.GatherRows(aux_.View({layers * total, h}), gather, out);
   };
-  if (auto it = draft_graphs_.find(bucket); it != draft_graphs_.end()) {
-    it->second.graph->Replay();
-    ++draft_graph_replays_;
-    return it->second.logits.Rows(0, rows);
-  }
-  const Tensor logits = run();
-  if (!graphs_failed_) {
-    DraftGraph g;
-    Tensor recorded;
-    g.graph = backend.Record([&] { recorded = run(); });
-    if (g.graph) {
-      g.logits = Unowned(recorded);
-      draft_graphs_.emplace(bucket, std::move(g));
-    } else {
-      graphs_failed_ = true;
+  DeviceBatch padded;  // the first pass on the graph (q > 0), and its aux states
+  Tensor padded_aux;
+  Tensor hidden;  // otherwise: the hidden rows the chained steps start from
+  if (q > 0) {
+    padded = StagePaddedFirstPass(first_pass, step_rows, bucket, q, num_drafts, padded_aux, gather_aux);
+  } else {
+    const int64_t first_rows = static_cast<int64_t>(step_rows.size());
+    Tensor aux = backend.Empty(aux_.dtype(), {layers * first_rows, h});
+    gather_aux(step_rows, aux);
+    const Eagle3Output out =
+        draft.Forward(first_pass, draft.CombineHiddenStates(aux.View({layers, first_rows, h})), *draft_cache_);
+    if (n == 0) return {};
+    Tensor first = tokens.Rows(0, n);
+    draft.GreedyTargetTokens(out.logits, first);
+    hidden = out.next_hidden;
+    if (bucket > 0) {
+      hidden = DraftHidden(draft.decoder().hidden_size).Rows(0, bucket);
+      Tensor dst = hidden.Rows(0, n);
+      backend.Copy(out.next_hidden, dst);
     }
   }
-  return logits.Rows(0, rows);
+  const std::vector<DeviceBatch> steps =
+      num_drafts > 1 ? StageChainedSteps(requests, rows, num_drafts - 1, tokens, bucket > 0) : std::vector<DeviceBatch>();
+  // [the first pass, then] step s: each request's draft s - 1 at the position after, fed the
+  // hidden it left.
+  auto round = [&] {
+    Tensor in = hidden;
+    if (q > 0) {
+      Eagle3Output out = draft.Forward(padded, draft.CombineHiddenStates(padded_aux), *draft_cache_);
+      Tensor first = tokens.Rows(0, rows);
+      draft.GreedyTargetTokens(out.logits, first);
+      in = std::move(out.next_hidden);
+    }
+    for (int s = 1; s < num_drafts; ++s) {
+      Eagle3Output step = draft.Forward(steps[s - 1], in, *draft_cache_);
+      Tensor next = tokens.Rows(int64_t{s} * rows, int64_t{s + 1} * rows);
+      draft.GreedyTargetTokens(step.logits, next);
+      in = std::move(step.next_hidden);
+    }
+  };
+  if (bucket > 0) {
+    DraftRound({bucket, q, num_drafts}, round);
+  } else {
+    round();
+  }
+  return DownloadDrafts(tokens, rows, n, num_drafts);
+}
+
+// A first pass fits a graph when every sequence in it drafts (its logit row its last) and
+// runs at most num_drafts + 1 rows (a verification step's), with at least as many positions
+// before its end as the widest: each is padded at its front to that width (q) with rows at
+// the positions before, which store no KV, so its last row stays the block's last.
+int ModelRunner::PaddedFirstPassRows(const ForwardBatch& first_pass, int num_drafts) const {
+  const size_t seqs = first_pass.seqs.size();
+  if (first_pass.logit_rows.size() != seqs) return 0;
+  int q = 1;
+  for (const SequenceSlice& s : first_pass.seqs) q = std::max(q, s.q_len);
+  if (q > num_drafts + 1 || q > kMaxGraphRowsPerSeq) return 0;
+  for (size_t i = 0; i < seqs; ++i) {
+    const SequenceSlice& s = first_pass.seqs[i];
+    if (s.q_len < 1 || s.ctx_len < q || first_pass.logit_rows[i] != s.q_start + s.q_len - 1) return 0;
+  }
+  return q;
+}
+
+DeviceBatch ModelRunner::StagePaddedFirstPass(
+    const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows, int bucket, int q, int num_drafts, Tensor& aux,
+    const std::function<void(const std::vector<int32_t>&, Tensor&)>& gather_aux) {
+  ForwardBatch padded;
+  std::vector<int32_t> rows_of_step;  // each padded row's row in the step (padding: its sequence's first)
+  for (const SequenceSlice& s : first_pass.seqs) {
+    const int pad = q - s.q_len;
+    for (int j = 0; j < q; ++j) {
+      const int32_t row = s.q_start + std::max(0, j - pad);
+      padded.token_ids.push_back(first_pass.token_ids[row]);
+      padded.positions.push_back(s.ctx_len - q + j);
+      padded.slot_mapping.push_back(j < pad ? -1 : first_pass.slot_mapping[row]);
+      rows_of_step.push_back(step_rows[row]);
+    }
+    SequenceSlice slice = s;
+    slice.q_start = static_cast<int32_t>(padded.seqs.size()) * q;
+    slice.q_len = q;
+    padded.seqs.push_back(std::move(slice));
+  }
+  rows_of_step.resize(static_cast<size_t>(bucket) * q, rows_of_step.front());  // padding sequences
+  DeviceBatch inputs = StageGraphInputs(padded, bucket, q, draft_inputs_[q]);
+  inputs.logit_rows.clear();
+  for (int i = 1; i <= bucket; ++i) inputs.logit_rows.push_back(i * q - 1);
+  const int64_t layers = aux_.size(0), h = aux_.size(2);
+  if (!first_pass_aux_.defined() || first_pass_aux_.numel() < layers * bucket * q * h) {
+    // Sized for the largest bucket and a verification step's rows (num_drafts + 1), once per
+    // runner in practice; graphs recorded on a smaller one go with it.
+    draft_graphs_.clear();
+    first_pass_aux_ = backend().Empty(aux_.dtype(), {layers * config_.max_graph_batch * (num_drafts + 1) * h});
+  }
+  aux = first_pass_aux_.Rows(0, layers * bucket * q * h).View({layers * bucket * q, h});
+  gather_aux(rows_of_step, aux);
+  aux = aux.View({layers, int64_t{bucket} * q, h});
+  return inputs;
+}
+
+// Layout, in int32 words, for S steps of R rows: per step positions [R], slots [R] and
+// sequence info [R, 4], then the block tables (one per row at a stride, shared by the steps).
+std::vector<DeviceBatch> ModelRunner::StageChainedSteps(const std::vector<DraftRequest>& requests, int rows, int steps,
+                                                        const Tensor& tokens, bool fixed) {
+  Backend& backend = model_.backend();
+  const int n = static_cast<int>(requests.size()), bs = config_.block_size;
+  int64_t stride = 1;
+  for (const DraftRequest& r : requests) stride = std::max<int64_t>(stride, r.block_table.size());
+  const int64_t per_step = 6 * int64_t{rows}, words = steps * per_step + rows * stride;
+  if (fixed && !chain_inputs_.device.defined()) {
+    const int64_t most = kMaxGraphRowsPerSeq * 6 * config_.max_graph_batch + config_.max_graph_batch * max_blocks_per_seq_;
+    chain_inputs_.device = backend.Empty(DType::kI32, {most});
+    chain_inputs_.staging = backend.HostBuffer(DType::kI32, {most});
+  }
+  Tensor host = fixed ? chain_inputs_.staging.Rows(0, words) : Tensor::Host(DType::kI32, {words});
+  int32_t* staged = host.data<int32_t>();
+  int32_t* tables = staged + steps * per_step;
+  std::fill_n(tables, rows * stride, 0);  // padding rows attend to the first slot of block 0
+  for (int i = 0; i < n; ++i) std::copy(requests[i].block_table.begin(), requests[i].block_table.end(), tables + i * stride);
+  std::vector<std::vector<SequenceSlice>> seqs(steps);  // the host copies eager attention reads
+  for (int s = 0; s < steps; ++s) {
+    int32_t *positions = staged + s * per_step, *slots = positions + rows, *info = slots + rows;
+    for (int i = 0; i < rows; ++i) {
+      // Padding: token at position 0, storing no KV.
+      const int32_t pos = i < n ? requests[i].position + s : 0;
+      positions[i] = pos;
+      slots[i] = i < n ? requests[i].block_table[pos / bs] * bs + pos % bs : -1;
+      std::copy_n(std::array<int32_t, 4>{i, 1, pos + 1, static_cast<int32_t>(i * stride)}.begin(), 4, info + 4 * i);
+      if (!fixed) seqs[s].push_back({i, 1, pos + 1, requests[i].block_table});
+    }
+  }
+  Tensor device;
+  if (fixed) {
+    device = chain_inputs_.device.Rows(0, words);
+    backend.UploadTo(host, device);
+  } else {
+    device = backend.Upload(host);
+  }
+  std::vector<DeviceBatch> batches(steps);
+  for (int s = 0; s < steps; ++s) {
+    DeviceBatch& b = batches[s];
+    const int64_t at = s * per_step;
+    b.token_ids = tokens.Rows(int64_t{s} * rows, int64_t{s + 1} * rows);
+    b.positions = device.Rows(at, at + rows);
+    b.slot_mapping = device.Rows(at + rows, at + 2 * rows);
+    b.attention.seq_info = device.Rows(at + 2 * rows, at + 6 * rows).View({rows, 4});
+    b.attention.block_tables = device.Rows(steps * per_step, words);
+    b.attention.max_q_len = 1;
+    if (!fixed) {  // a graph gets no host copy: kernels that schedule from one would bake it in
+      b.attention.seq_info_host.assign(staged + at + 2 * rows, staged + at + 6 * rows);
+      b.attention.seqs = std::move(seqs[s]);
+    }
+    for (int i = 0; i < rows; ++i) b.logit_rows.push_back(i);  // every row, in order: no gather
+  }
+  return batches;
+}
+
+int ModelRunner::DraftGraphBucket(int sequences, size_t longest_block_table) const {
+  if (!config_.graphs || graphs_failed_ || !backend().can_record() || draft_has_moe_ || sequences == 0 ||
+      sequences > config_.max_graph_batch || static_cast<int64_t>(longest_block_table) > max_blocks_per_seq_) {
+    return 0;
+  }
+  return BucketFor(sequences);
+}
+
+Tensor ModelRunner::DraftTokens() {
+  if (!draft_tokens_.defined()) {
+    // Zeros: padding rows' token ids are read before any step writes them.
+    draft_tokens_ = backend().Upload(Tensor::Host(DType::kI32, {kMaxGraphRowsPerSeq * config_.max_graph_batch}));
+  }
+  return draft_tokens_;
+}
+
+Tensor ModelRunner::DraftHidden(int64_t width) {
+  if (!draft_hidden_.defined()) draft_hidden_ = backend().Empty(backend().compute_dtype(), {config_.max_graph_batch, width});
+  return draft_hidden_;
+}
+
+// As GraphForward: replayed where its key has a graph, else run on the fixed inputs
+// (its GEMMs tune) and recorded for the next round.
+void ModelRunner::DraftRound(const std::array<int, 3>& key, const std::function<void()>& round) {
+  if (auto it = draft_graphs_.find(key); it != draft_graphs_.end()) {
+    it->second->Replay();
+    ++draft_graph_replays_;
+    first_pass_graph_replays_ += key[1] > 0;
+    return;
+  }
+  round();
+  if (graphs_failed_) return;
+  std::unique_ptr<DeviceGraph> graph = backend().Record(round);
+  if (!graph) {
+    graphs_failed_ = true;
+    return;
+  }
+  draft_graphs_.emplace(key, std::move(graph));
+}
+
+std::vector<std::vector<int32_t>> ModelRunner::DownloadDrafts(const Tensor& tokens, int rows, int requests,
+                                                              int drafts) {
+  const Tensor host = backend().Download(tokens.Rows(0, int64_t{drafts} * rows));
+  const int32_t* words = host.data<int32_t>();
+  std::vector<std::vector<int32_t>> out(requests);
+  for (int i = 0; i < requests; ++i) {
+    for (int s = 0; s < drafts; ++s) out[i].push_back(words[int64_t{s} * rows + i]);
+  }
+  return out;
 }
 
 void ModelRunner::Profile(StepTimes& t, const ForwardBatch& batch, Clock::time_point start) {

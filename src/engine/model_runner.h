@@ -5,8 +5,10 @@
 // schedules and keeps sequences; it never holds a device tensor.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -28,7 +30,7 @@ struct RunnerConfig {
   // Decode steps (every row one token that samples) and verification steps (every
   // sequence K + 1 rows that all verify) replay a graph recorded per (batch-size bucket,
   // rows per sequence), where the backend can record (CUDA) and nothing is captured; so do
-  // an EAGLE-3 draft's chained single-token steps, per bucket.
+  // the drafters' rounds (EAGLE-3's chained single-token steps, MTP's steps), per bucket.
   bool graphs = true;
   int max_graph_batch = 256;  // larger batches (in sequences) run without a graph
   // An EAGLE-3 draft: every step also captures its aux layers, kept on the device for
@@ -97,7 +99,8 @@ class ModelRunner {
   const RunnerConfig& config() const { return config_; }
   int64_t graph_replays() const { return graph_replays_; }  // decode and verification steps that replayed a graph
   int64_t verify_graph_replays() const { return verify_graph_replays_; }  // of which verification steps
-  int64_t draft_graph_replays() const { return draft_graph_replays_; }    // EAGLE-3 chained steps that replayed one
+  int64_t draft_graph_replays() const { return draft_graph_replays_; }    // draft rounds that replayed one
+  int64_t first_pass_graph_replays() const { return first_pass_graph_replays_; }  // of which with EAGLE-3's first pass
   int num_blocks() const { return cache_.num_blocks(); }
   Backend& backend() const { return model_.backend(); }
 
@@ -121,12 +124,33 @@ class ModelRunner {
   Tensor EagerLogits(const ForwardBatch& batch, StepResult& result);
   // The layers a step captures: the EAGLE-3 draft's aux layers, or the extraction's.
   const std::vector<int>& StepCaptureLayers() const;
-  // The bucket of an EAGLE-3 round's chained steps (one row per request), 0: eager.
-  int DraftGraphBucket(const std::vector<DraftRequest>& requests) const;
-  // One chained EAGLE-3 step on its bucket's graph: logits [requests, Vd]. `hidden` (the
-  // rows' hidden input) is copied into the fixed input where given (the round's first
-  // chained step); the graph writes each step's next hidden back there.
-  Tensor DraftGraphLogits(const ForwardBatch& step, int bucket, const Tensor* hidden);
+  // Draft rounds (EAGLE-3's chained steps, MTP's steps) keep their drafts on the device,
+  // int32 [drafts, rows] (row r of step s at s * rows + r), and download them once.
+  // The bucket of a round over `sequences` whose longest block table has that many
+  // blocks, or 0: eager.
+  int DraftGraphBucket(int sequences, size_t longest_block_table) const;
+  // EAGLE-3's chained steps 1..steps of a round for `rows` rows (the requests, then padding
+  // rows that store no KV), staged in one upload, into the fixed inputs where `fixed`; step
+  // s reads its token ids from row s - 1 of tokens.
+  std::vector<DeviceBatch> StageChainedSteps(const std::vector<DraftRequest>& requests, int rows, int steps,
+                                             const Tensor& tokens, bool fixed);
+  // The fixed drafts every round graph writes (zeros at first: padding rows read them) and
+  // the fixed hidden input a round starts from ([max_graph_batch, width]).
+  Tensor DraftTokens();
+  Tensor DraftHidden(int64_t width);
+  // A round (its work reads fixed inputs and leaves its drafts in DraftTokens()) on the
+  // graph of its key: (bucket, the first pass's rows per sequence or 0 without it, drafts).
+  void DraftRound(const std::array<int, 3>& key, const std::function<void()>& round);
+  // EAGLE-3's first pass on the round's graph: the rows per sequence it pads to, or 0 if
+  // it runs eagerly.
+  int PaddedFirstPassRows(const ForwardBatch& first_pass, int num_drafts) const;
+  // Stages the padded first pass (bucket sequences of q rows, each ending with its logit
+  // row) into fixed inputs and gathers its aux states into a fixed [A, bucket q, H].
+  DeviceBatch StagePaddedFirstPass(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows, int bucket,
+                                   int q, int num_drafts, Tensor& aux,
+                                   const std::function<void(const std::vector<int32_t>&, Tensor&)>& gather_aux);
+  // tokens [drafts, rows] as each of the first `requests` rows' drafts, in one download.
+  std::vector<std::vector<int32_t>> DownloadDrafts(const Tensor& tokens, int rows, int requests, int drafts);
   struct StepTimes {
     double seconds = 0;
     int64_t steps = 0, rows = 0;
@@ -145,6 +169,7 @@ class ModelRunner {
   Tensor aux_;                            // EAGLE-3: the last step's aux states [A, T, H]
   Tensor final_hidden_;                   // MTP: the last step's final-normed logit rows
   bool has_moe_ = false;  // MoE routing downloads expert counts: it cannot be recorded
+  bool draft_has_moe_ = false;  // the same for an MTP drafter's layers
   int64_t capture_runs_ = 0;
   Tensor host_buffers_[2];  // captured rows and flags alternate between two pinned buffers
 
@@ -159,16 +184,15 @@ class ModelRunner {
   int64_t graph_replays_ = 0, verify_graph_replays_ = 0;
   bool graphs_failed_ = false;  // a recording failed (said once): every step runs eagerly
   int64_t max_blocks_per_seq_ = 0;
-  // EAGLE-3 chained steps: graphs by bucket, their fixed inputs, and the hidden rows each
-  // step reads and its graph overwrites with the next step's.
-  struct DraftGraph {
-    std::unique_ptr<DeviceGraph> graph;
-    Tensor logits;  // [bucket, Vd] in the graph pool
-  };
-  std::map<int, DraftGraph> draft_graphs_;
-  GraphInputs draft_inputs_;
-  Tensor draft_hidden_;  // [max_graph_batch, H]
-  int64_t draft_graph_replays_ = 0;
+  // Draft rounds on graphs, by DraftRound's key (a runner has one kind of drafter), their
+  // fixed inputs (MTP's steps and EAGLE-3's padded first passes by rows per sequence,
+  // EAGLE-3's chained steps), the aux states of a first pass, the hidden rows a round
+  // without one starts from, and the drafts they leave.
+  std::map<std::array<int, 3>, std::unique_ptr<DeviceGraph>> draft_graphs_;
+  std::map<int, GraphInputs> draft_inputs_;
+  GraphInputs chain_inputs_;
+  Tensor first_pass_aux_, draft_hidden_, draft_tokens_;
+  int64_t draft_graph_replays_ = 0, first_pass_graph_replays_ = 0;
 
   // HSX_PROFILE=1: steps synchronize; seconds and counts per kind of step.
   bool profile_ = std::getenv("HSX_PROFILE") != nullptr;

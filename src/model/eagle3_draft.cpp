@@ -68,7 +68,9 @@ Eagle3Draft::Eagle3Draft(Eagle3Config config, Eagle3Weights weights, Backend& ba
     : config_(std::move(config)),
       weights_(std::move(weights)),
       backend_(backend),
-      rope_(MakeRopeTables(config_.decoder, backend)) {}
+      rope_(MakeRopeTables(config_.decoder, backend)) {
+  if (!weights_.d2t.empty()) d2t_ = backend.Upload(HostInts(weights_.d2t));
+}
 
 Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Load(const std::string& dir, const Model& target, Backend& backend) {
   HSX_ASSIGN_OR_RETURN(Eagle3Config config, LoadEagle3Config(dir, target.config()));
@@ -214,10 +216,16 @@ Eagle3Output Eagle3Draft::Forward(const DeviceBatch& batch, const Tensor& hidden
   Eagle3Output out;
   const int64_t r = static_cast<int64_t>(batch.logit_rows.size());
   if (r == 0) return out;  // a pass that only fills the draft's KV
-  bool every_row = r == t;
-  for (int64_t i = 0; every_row && i < r; ++i) every_row = batch.logit_rows[i] == i;
-  if (every_row) {  // chained steps: no gather (nor its upload, which a graph cannot record)
+  // The last row of each of r blocks of t / r rows (every row when t == r): a column slice,
+  // not a gather (whose index upload a graph cannot record).
+  const int64_t q = t % r == 0 ? t / r : 0;
+  bool block_ends = q > 0;
+  for (int64_t i = 0; block_ends && i < r; ++i) block_ends = batch.logit_rows[i] == (i + 1) * q - 1;
+  if (q == 1 && block_ends) {  // chained steps
     out.prenorm = x;
+  } else if (block_ends) {  // a first pass on a graph: each sequence's q rows end with its last
+    out.prenorm = backend_.Empty(dt, {r, h});
+    backend_.SliceColumns(x.View({r, q * h}), (q - 1) * h, out.prenorm);
   } else {
     out.prenorm = backend_.Empty(dt, {r, h});
     backend_.GatherRows(x, batch.logit_rows, out.prenorm);
@@ -234,12 +242,15 @@ int32_t Eagle3Draft::ToTargetId(int32_t draft_id) const {
   return weights_.d2t.empty() ? draft_id : draft_id + weights_.d2t[draft_id];
 }
 
+void Eagle3Draft::GreedyTargetTokens(const Tensor& logits, Tensor& tokens) {
+  backend_.GreedyTokens(logits, d2t_.defined() ? &d2t_ : nullptr, tokens);
+}
+
 std::vector<int32_t> Eagle3Draft::GreedyTargetTokens(const Tensor& logits) {
-  SamplingBatch greedy;
-  greedy.rows.resize(static_cast<size_t>(logits.size(0)));  // temperature 0: the highest logit
-  std::vector<int32_t> tokens = backend_.Sample(logits, greedy).tokens;
-  for (int32_t& token : tokens) token = ToTargetId(token);
-  return tokens;
+  Tensor tokens = backend_.Empty(DType::kI32, {logits.size(0)});
+  GreedyTargetTokens(logits, tokens);
+  const Tensor host = backend_.Download(tokens);
+  return std::vector<int32_t>(host.data<int32_t>(), host.data<int32_t>() + host.numel());
 }
 
 }  // namespace hsx

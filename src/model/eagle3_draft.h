@@ -63,20 +63,23 @@ class Eagle3Draft {
   // (undefined tensors when it is empty).
   Eagle3Output Forward(const ForwardBatch& batch, const Tensor& hidden, KVCache& cache);
   // The same on a batch already on the device; reads nothing from the host but logit_rows
-  // and the attention batch's host fields, so a CUDA graph can record it (logit rows
-  // 0..T-1 in order gather nothing).
+  // and the attention batch's host fields, so a CUDA graph can record it where the logit
+  // rows are the last of each of R equal blocks (0..T-1 in order, or a padded first pass's
+  // sequence ends): those it slices rather than gathers.
   Eagle3Output Forward(const DeviceBatch& batch, const Tensor& hidden, KVCache& cache);
 
   // A draft-vocabulary id as a target id (i + d2t[i]).
   int32_t ToTargetId(int32_t draft_id) const;
-  // Greedy drafts: each row's highest logit (lowest id on ties, on the device), as target ids.
+  // Greedy drafts: each row's highest logit (lowest id on ties), as target ids, into
+  // tokens int32 [R] on the device (a graph can record it); or to the host.
+  void GreedyTargetTokens(const Tensor& logits, Tensor& tokens);
   std::vector<int32_t> GreedyTargetTokens(const Tensor& logits);
 
  private:
-
   Eagle3Config config_;
   Eagle3Weights weights_;
   Backend& backend_;
+  Tensor d2t_;  // weights_.d2t on the device; undefined when the vocabularies are the same
   std::vector<RopeTable> rope_;  // per draft layer
 };
 

@@ -108,17 +108,24 @@ void MtpDrafter::AttentionBlock(int layer, const Tensor& x, const Tensor& positi
 }
 
 MtpDraftOutput MtpDrafter::Step(const MtpDraftBatch& batch, const Tensor& hidden, KVCache& target_cache) {
+  std::vector<int32_t> positions;
+  for (const SequenceSlice& s : batch.seqs) positions.push_back(s.ctx_len - 1);  // the constant position p
+  MtpDraftOutput out = Step(backend_.Upload(HostInts(batch.tokens)), backend_.Upload(HostInts(positions)),
+                            MakeAttentionBatch(backend_, batch.seqs), hidden, target_cache);
+  SamplingBatch greedy;
+  greedy.rows.resize(batch.tokens.size());  // temperature 0: the arg max
+  out.tokens = backend_.Sample(out.logits, greedy).tokens;
+  return out;
+}
+
+MtpDraftOutput MtpDrafter::Step(const Tensor& ids, const Tensor& pos, const AttentionBatch& attention_batch,
+                                const Tensor& hidden, KVCache& target_cache) {
   const ModelConfig& c = config_.text;
-  const int64_t rows = static_cast<int64_t>(batch.tokens.size()), ha = c.hidden_size;
+  const int64_t rows = ids.numel(), ha = c.hidden_size;
   const int64_t ht = config_.backbone_hidden_size;
   const DType dt = backend_.compute_dtype();
   const float eps = c.rms_norm_eps;
   const bool one_plus = c.norm_one_plus_weight;
-  std::vector<int32_t> positions;
-  for (const SequenceSlice& s : batch.seqs) positions.push_back(s.ctx_len - 1);  // the constant position p
-  const Tensor ids = backend_.Upload(HostInts(batch.tokens));
-  const Tensor pos = backend_.Upload(HostInts(positions));
-  const AttentionBatch attention_batch = MakeAttentionBatch(backend_, batch.seqs);
 
   // x = pre_projection(concat(target_embed(token) * sqrt(H_t), hidden)), as two GEMMs.
   Tensor embedded = backend_.Empty(dt, {rows, ht});
@@ -155,9 +162,6 @@ MtpDraftOutput MtpDrafter::Step(const MtpDraftBatch& batch, const Tensor& hidden
   } else {
     backend_.Linear(normed, weights_.decoder.lm_head, nullptr, out.logits);
   }
-  SamplingBatch greedy;
-  greedy.rows.resize(static_cast<size_t>(rows));  // temperature 0: the arg max
-  out.tokens = backend_.Sample(out.logits, greedy).tokens;
   return out;
 }
 

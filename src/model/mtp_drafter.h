@@ -40,7 +40,7 @@ struct MtpDraftBatch {
 struct MtpDraftOutput {
   Tensor logits;                // f32 [R, V] on the device; a centroid head's unselected tokens hold the lowest float
   Tensor hidden;                // [R, H_t] compute dtype: the post-projection, the next step's hidden input
-  std::vector<int32_t> tokens;  // [R] each row's arg max (lowest id on ties): the next step's token
+  std::vector<int32_t> tokens;  // [R] each row's arg max (lowest id on ties): the next step's token (host Step only)
 };
 
 class MtpDrafter {
@@ -59,6 +59,11 @@ class MtpDrafter {
   // target's final-normed last hidden at p; later steps the previous step's output.hidden.
   // target_cache is the target's KV cache; it is only read.
   MtpDraftOutput Step(const MtpDraftBatch& batch, const Tensor& hidden, KVCache& target_cache);
+  // The same on inputs already on the device (tokens and positions int32 [R], the rows'
+  // attention batch), reading nothing from the host, so a graph can record it; the
+  // output's tokens stay empty (Backend::GreedyTokens gives them on the device).
+  MtpDraftOutput Step(const Tensor& tokens, const Tensor& positions, const AttentionBatch& attention,
+                      const Tensor& hidden, KVCache& target_cache);
 
  private:
   void AttentionBlock(int layer, const Tensor& x, const Tensor& positions, const AttentionBatch& batch,

@@ -47,6 +47,7 @@ class CpuBackend final : public Backend {
                             const Tensor& lm_head, int top_k, Tensor& logits) override;
   void FlagNonFiniteRows(const Tensor& x, Tensor& flags) override;
   SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch) override;
+  void GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) override;
   VerifiedTokens VerifyDrafts(const Tensor& logits, const Tensor* draft_probs, const VerificationBatch& batch,
                               Tensor* target_probs) override {
     return VerifyDraftsOnHost(logits, draft_probs, batch, target_probs);

@@ -1,4 +1,4 @@
-// CpuBackend::Sample: the host reference, row by row.
+// CpuBackend::Sample and GreedyTokens: the host reference, row by row.
 #include "backend/cpu/cpu_backend.h"
 
 #include <limits>
@@ -20,6 +20,17 @@ SampledTokens CpuBackend::Sample(const Tensor& logits, const SamplingBatch& batc
                                     out.top_logprobs.data() + r * width);
   }
   return out;
+}
+
+void CpuBackend::GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) {
+  const auto vocab = static_cast<int32_t>(logits.size(1));
+  const SamplingRow greedy;  // temperature 0
+  for (int64_t r = 0; r < logits.size(0); ++r) {
+    float logprob = 0;
+    const int32_t token = SampleRowOnHost(logits.data<float>() + r * vocab, vocab, greedy, nullptr, &logprob, nullptr,
+                                          nullptr);
+    tokens.data<int32_t>()[r] = token + (offsets != nullptr ? offsets->data<int32_t>()[token] : 0);
+  }
 }
 
 }  // namespace hsx

@@ -916,6 +916,12 @@ SampledTokens CudaBackend::Sample(const Tensor& logits, const SamplingBatch& bat
   return result;
 }
 
+void CudaBackend::GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) {
+  cuda::GreedyTokens(logits.data<float>(), static_cast<int32_t>(logits.size(0)), static_cast<int32_t>(logits.size(1)),
+                     offsets != nullptr ? offsets->data<int32_t>() : nullptr, tokens.data<int32_t>(), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
 VerifiedTokens CudaBackend::VerifyDrafts(const Tensor& logits, const Tensor* draft_probs, const VerificationBatch& batch,
                                          Tensor* target_probs) {
   Impl::Timer timer(*impl_, "verify");

@@ -73,6 +73,7 @@ class CudaBackend final : public Backend {
                             const Tensor& lm_head, int top_k, Tensor& logits) override;
   void FlagNonFiniteRows(const Tensor& x, Tensor& flags) override;
   SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch) override;
+  void GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) override;
   VerifiedTokens VerifyDrafts(const Tensor& logits, const Tensor* draft_probs, const VerificationBatch& batch,
                               Tensor* target_probs) override;
 

@@ -30,7 +30,20 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, in
   }
 }
 
+__global__ void __launch_bounds__(kThreads) GreedyTokensKernel(const float* logits, int32_t vocab,
+                                                               const int32_t* offsets, int32_t* tokens) {
+  __shared__ sampler::Scratch scratch;
+  const float* raw = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const int32_t token = sampler::BestAfter(raw, vocab, sampler::Best{0.0f, -1}, scratch).id;
+  if (threadIdx.x == 0) tokens[blockIdx.x] = token + (offsets != nullptr ? offsets[token] : 0);
+}
+
 }  // namespace
+
+void GreedyTokens(const float* logits, int32_t rows, int32_t vocab, const int32_t* offsets, int32_t* tokens,
+                  cudaStream_t stream) {
+  if (rows > 0) GreedyTokensKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, offsets, tokens);
+}
 
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SamplingRow* params, const TokenAdjust* adjust,
             int32_t max_logprobs, float* work, int32_t* out, cudaStream_t stream) {

@@ -1,4 +1,4 @@
-// Launcher of the sampling kernel (sampling.cu).
+// Launchers of the sampling kernels (sampling.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,5 +14,9 @@ namespace hsx::cuda {
 // logprobs (f32) [rows], top ids [rows, max_logprobs], top logprobs (f32) [rows, max_logprobs].
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SamplingRow* params, const TokenAdjust* adjust,
             int32_t max_logprobs, float* work, int32_t* out, cudaStream_t stream);
+
+// tokens[row] = the row's arg max (lowest id on ties) + offsets[arg max] (offsets may be null).
+void GreedyTokens(const float* logits, int32_t rows, int32_t vocab, const int32_t* offsets, int32_t* tokens,
+                  cudaStream_t stream);
 
 }  // namespace hsx::cuda
