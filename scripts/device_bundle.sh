@@ -11,7 +11,7 @@ rm -rf .devbin && mkdir -p .devbin
 cp build-device/src/hsx build-device/tests/hsx_tests .devbin/
 strip .devbin/hsx .devbin/hsx_tests
 # libssl3 and zlib are on the device image; the rest travels.
-for lib in libpcre2-8.so.0 libutf8proc.so.2 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 \
+for lib in libpcre2-8.so.0 libutf8proc.so.2 libdnnl.so.2 libOpenCL.so.1 libgomp.so.1 \
            libcpp-httplib.so.0.11 libbrotlicommon.so.1 libbrotlidec.so.1 libbrotlienc.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$lib" .devbin/
 done

@@ -5,7 +5,8 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config git
   nlohmann-json3-dev   # JSON config / JSONL / tokenizer.json parsing
-  libopenblas-dev      # CPU f32 GEMM (sgemm) for the reference backend
+  libdnnl-dev          # CPU f32 GEMM (oneDNN's sgemm) for the reference backend
+  libopenblas-dev      # the GEMM without oneDNN (-DHSX_CPU_GEMM=OpenBLAS); hsx bench's comparison
   libpcre2-dev         # Unicode-aware regex for tokenizer pre-tokenization
   libutf8proc-dev      # NFC normalization and UTF-8 handling
   libcli11-dev         # command-line parsing

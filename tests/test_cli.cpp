@@ -239,6 +239,35 @@ TEST_F(CliTest, BenchRefusesADirectoryItDidNotMake) {
   }
 }
 
+// A CPU bench measures the backend's GEMM library and any other found, and names the best
+// of them as its baseline: the fraction is of that best, not of the linked one.
+TEST_F(CliTest, BenchComparesWithTheBestGemmLibraryItFound) {
+  CommandResult r = Hsx("bench --model " + test::ModelDir("qwen3") +
+                        " --num-prompts 2 --median-len 8 --min-len 4 --max-len 16 --max-num-batched-tokens 64");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::map<std::string, double> gemms;
+  std::string linked;
+  nlohmann::json fraction;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["metric"] == "gemm_gflops") {
+      gemms[j["library"]] = j["value"];
+      if (j["linked"]) linked = j["library"];
+    }
+    if (j["metric"] == "fraction_of_best_gemm") fraction = j;
+  }
+  ASSERT_FALSE(linked.empty()) << r.out;
+  ASSERT_TRUE(fraction.is_object()) << r.out;
+  EXPECT_EQ(fraction["linked_gemm"], linked);
+  const std::string best = fraction["best_gemm"];
+  ASSERT_TRUE(gemms.count(best)) << best;
+  for (const auto& [library, gflops] : gemms) {
+    EXPECT_GT(gflops, 0.0) << library;
+    EXPECT_LE(gflops, gemms[best]) << library << " beats the named best " << best;
+  }
+}
+
 // The decode bench on the fixture: one JSON line per batch size with every token generated,
 // and sizes it cannot run refused by name before any work.
 TEST_F(CliTest, DecodeBenchReportsEachBatchAndRefusesEmptyOnes) {

@@ -1,7 +1,5 @@
 #include "backend/cpu/cpu_backend.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -11,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/sgemm.h"
 #include "tensor/float8.h"
 #include "util/thread_pool.h"
 
@@ -93,9 +92,10 @@ void CpuBackend::Embed(const Tensor& table, const Tensor& ids, float scale, Tens
   }
 }
 
-// Rows per sgemm in batch-invariant mode. OpenBLAS picks its kernel by the call's shape:
-// 0.3.21 runs m·n·k <= 100^3 through small-matrix kernels that round differently from
-// its blocked ones, so a row's bits would depend on how many rows came with it. At one
+// Rows per sgemm in batch-invariant mode. GEMM libraries pick their kernel by the call's
+// shape (OpenBLAS 0.3.21 runs m·n·k <= 100^3 through small-matrix kernels that round
+// differently from its blocked ones; oneDNN splits work by shape), so a row's bits would
+// depend on how many rows came with it. At one
 // shape per weight panel every row takes the same path, and the rows of one call are
 // computed alike (tests/test_batch_invariant.cpp checks both).
 constexpr int64_t kInvariantRows = 64;
@@ -103,23 +103,21 @@ constexpr int64_t kInvariantRows = 64;
 void CpuBackend::MultiplyPanel(const float* a, int64_t m, int64_t k, const float* w_panel, int64_t cols, float* c,
                                int64_t ldc) const {
   if (!batch_invariant_) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, cols, k, 1.0f, a, k, w_panel, k, 0.0f, c, ldc);
+    Sgemm(m, cols, k, 1.0f, a, k, w_panel, k, BLayout::kRowsOfN, c, ldc);
     return;
   }
   std::vector<float> a_pad, c_pad;
   for (int64_t r0 = 0; r0 < m; r0 += kInvariantRows) {
     const int64_t rows = std::min(kInvariantRows, m - r0);
     if (rows == kInvariantRows) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, k, 1.0f, a + r0 * k, k, w_panel, k, 0.0f,
-                  c + r0 * ldc, ldc);
+      Sgemm(rows, cols, k, 1.0f, a + r0 * k, k, w_panel, k, BLayout::kRowsOfN, c + r0 * ldc, ldc);
       continue;
     }
     // The last block, zero-padded to the full height.
     a_pad.assign(static_cast<size_t>(kInvariantRows * k), 0.0f);
     std::copy(a + r0 * k, a + (r0 + rows) * k, a_pad.begin());
     c_pad.resize(static_cast<size_t>(kInvariantRows * cols));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kInvariantRows, cols, k, 1.0f, a_pad.data(), k, w_panel, k,
-                0.0f, c_pad.data(), cols);
+    Sgemm(kInvariantRows, cols, k, 1.0f, a_pad.data(), k, w_panel, k, BLayout::kRowsOfN, c_pad.data(), cols);
     for (int64_t r = 0; r < rows; ++r)
       std::copy(c_pad.begin() + r * cols, c_pad.begin() + (r + 1) * cols, c + (r0 + r) * ldc);
   }
@@ -319,8 +317,8 @@ void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor&
           const int64_t n = hi - lo;
           scores.resize(static_cast<size_t>(rows * n));
           const float* qp = q.data<float>() + ((seq.q_start + i0) * num_heads + h) * d;
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, d, params.scale, qp, num_heads * d,
-                      &keys[(lo - key_lo) * d], d, 0.0f, scores.data(), n);
+          Sgemm(rows, n, d, params.scale, qp, num_heads * d, &keys[(lo - key_lo) * d], d, BLayout::kRowsOfN,
+                scores.data(), n);
           Pool().ParallelFor(rows, [&](int64_t b, int64_t e) {
             for (int64_t r = b; r < e; ++r) {
               float* row = &scores[r * n];
@@ -339,8 +337,8 @@ void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor&
             }
           });
           float* op = out.data<float>() + ((seq.q_start + i0) * num_heads + h) * dv;
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, dv, n, 1.0f, scores.data(), n,
-                      &values[(lo - key_lo) * dv], dv, 0.0f, op, num_heads * dv);
+          Sgemm(rows, dv, n, 1.0f, scores.data(), n, &values[(lo - key_lo) * dv], dv, BLayout::kRowsOfK, op,
+                num_heads * dv);
         }
       }
     }
