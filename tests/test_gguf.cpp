@@ -347,6 +347,27 @@ TEST_F(GgufTest, TokenizerFromMetadata) {
   EXPECT_NE(tokenizer_file("gpt2", "mystery", false).status().message().find("'tokenizer.ggml.pre' is 'mystery'"), std::string::npos);
 }
 
+// Gemma's SentencePiece vocabulary as transformers' gemma_tokenizer builds it: merges ranked by
+// vocabulary order, not by the file's scores (which here prefer "ba"); a token of spaces
+// spelled with '▁' and merged like any other; no prefix space.
+TEST_F(GgufTest, GemmaTokenizerFromMetadata) {
+  GgufBuilder b;
+  b.String("general.architecture", "gemma3").String("tokenizer.ggml.model", "llama")
+      .Strings("tokenizer.ggml.tokens", {"<pad>", "<eos>", "<bos>", "<unk>", "a", "b", "\u2581", "ab", "ba", "  "})
+      .Ints("tokenizer.ggml.token_type", {3, 3, 3, 3, 1, 1, 1, 1, 1, 4})
+      .U32("tokenizer.ggml.bos_token_id", 2).U32("tokenizer.ggml.unknown_token_id", 3).Bool("tokenizer.ggml.add_bos_token", true);
+  std::string scores = GgufBuilder::Bytes<uint32_t>(static_cast<uint32_t>(GgufType::kF32)) + GgufBuilder::Bytes<uint64_t>(10);
+  for (float s : {0.f, 0.f, 0.f, 0.f, -1.f, -1.f, -1.f, -10.f, -2.f, -3.f}) scores += GgufBuilder::Bytes(s);
+  b.Raw("tokenizer.ggml.scores", GgufType::kArray, scores);
+  Write(b.Build());
+  auto t = LoadGgufTokenizer(path_);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(*t->Encode("aba"), (std::vector<int32_t>{2, 7, 4}));
+  EXPECT_EQ(*t->Encode("a  b", false), (std::vector<int32_t>{4, 9, 5}));
+  EXPECT_EQ(*t->Encode(" a", false), (std::vector<int32_t>{6, 4}));
+  EXPECT_EQ(*t->Decode({4, 9, 5}), "a  b");
+}
+
 // Mutations of a whole model file: bit flips in the header and tensor infos, truncations,
 // 64-bit fields overwritten by extreme values. Each load succeeds or fails naming the file.
 TEST_F(GgufTest, FuzzedModelFilesLoadOrFail) {
