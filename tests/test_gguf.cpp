@@ -283,7 +283,7 @@ TEST_F(GgufTest, Gemma3AsTransformersConvertsIt) {
       .U32("gemma3.embedding_length", 8).U32("gemma3.feed_forward_length", 8).U32("gemma3.attention.head_count", 1)
       .U32("gemma3.attention.key_length", 128).F32("gemma3.attention.layer_norm_rms_epsilon", 1e-6f)
       .U32("gemma3.attention.sliding_window", 4).U32("gemma3.vocab_size", 16);
-  EXPECT_NE(LoadError(head128.Build()).find("'gemma3.attention.key_length' is 128"), std::string::npos);
+  EXPECT_NE(LoadError(head128.Build()).find("'gemma3.attention.key_length') is 128"), std::string::npos);
 }
 
 // The inverse of convert_hf_to_gguf.py's permute (each head's [first halves; second halves]

@@ -65,8 +65,8 @@ Result<json> GgufHfConfig(const GgufFile& g) {
   const bool gemma3 = arch_name == "gemma3";
   if (has("rope.freq_base")) {
     HSX_ASSIGN_OR_RETURN(c["rope_theta"], g.Float(key("rope.freq_base")));
-  } else if (!gemma3) {
-    c["rope_theta"] = 10000.0;  // Gemma 3's absent base is its config's default (1e6, full attention)
+  } else if (!gemma3) {  // without one Gemma 3 keeps its config's default (1e6, full attention)
+    c["rope_theta"] = 10000.0;
   }
 
   // Head dims: key and value lengths must agree (hsx has one head_dim), and RoPE must turn
@@ -141,7 +141,7 @@ Result<json> GgufHfConfig(const GgufFile& g) {
     // Queries scale by 1/sqrt(256), transformers' default query_pre_attn_scalar; llama.cpp uses
     // 1/sqrt(head_dim) (27B: 1/sqrt(hidden/heads)), equal only at head dim 256.
     if (head_dim != 256) {
-      return Error(g.path() + ": metadata '" + p + "attention.key_length' is " + std::to_string(head_dim) +
+      return Error(g.path() + ": the head dim (metadata '" + p + "attention.key_length') is " + std::to_string(head_dim) +
                    ": hsx reads gemma3 from GGUF only at head dim 256, where llama.cpp's query scale equals "
                    "transformers' (query_pre_attn_scalar 256)");
     }
