@@ -208,8 +208,82 @@ TEST_F(GgufTest, FixtureLoadsAndItsRefusalsNameTheKeyOrTensor) {
   EXPECT_NE(LoadError(LlamaModel().Tensor("blk.0.extra.weight", {8}, GgmlType::kF32, std::string(32, '\0')).Build())
                 .find("tensor 'blk.0.extra.weight' is not used"), std::string::npos);
   GgufBuilder gemma;
-  gemma.String("general.architecture", "gemma3");
-  EXPECT_NE(LoadError(gemma.Build()).find("'general.architecture' is 'gemma3'"), std::string::npos);
+  gemma.String("general.architecture", "gemma4");
+  EXPECT_NE(LoadError(gemma.Build()).find("'general.architecture' is 'gemma4'"), std::string::npos);
+}
+
+// A one-layer Gemma 3 with llama.cpp's metadata and names, F32 tensors; norm i holds 1 + i/8
+// plus a bit below f32's resolution at 1, as llama.cpp writes 1 + w.
+GgufBuilder Gemma3Model() {
+  GgufBuilder b;
+  b.String("general.architecture", "gemma3").U32("gemma3.block_count", 1).U32("gemma3.context_length", 64)
+      .U32("gemma3.embedding_length", 8).U32("gemma3.feed_forward_length", 8).U32("gemma3.attention.head_count", 1)
+      .U32("gemma3.attention.head_count_kv", 1).U32("gemma3.attention.key_length", 256)
+      .U32("gemma3.attention.value_length", 256).F32("gemma3.attention.layer_norm_rms_epsilon", 1e-6f)
+      .F32("gemma3.rope.freq_base", 1e6f).U32("gemma3.attention.sliding_window", 4).U32("gemma3.vocab_size", 16);
+  auto f32 = [](size_t n, float base) {
+    std::string out;
+    for (size_t i = 0; i < n; ++i) out += GgufBuilder::Bytes(base + static_cast<float>(i) / 8 + 1e-7f);
+    return out;
+  };
+  b.Tensor("token_embd.weight", {8, 16}, GgmlType::kF32, f32(128, 0.0f));
+  b.Tensor("output_norm.weight", {8}, GgmlType::kF32, f32(8, 1.0f));
+  for (const char* norm : {"attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"}) {
+    b.Tensor(std::string("blk.0.") + norm + ".weight", {8}, GgmlType::kF32, f32(8, 1.0f));
+  }
+  b.Tensor("blk.0.attn_q_norm.weight", {256}, GgmlType::kF32, f32(256, 1.0f));
+  b.Tensor("blk.0.attn_k_norm.weight", {256}, GgmlType::kF32, f32(256, 1.0f));
+  for (const char* proj : {"attn_q", "attn_k", "attn_v"}) {
+    b.Tensor(std::string("blk.0.") + proj + ".weight", {8, 256}, GgmlType::kF32, f32(2048, 0.0f));
+  }
+  b.Tensor("blk.0.attn_output.weight", {256, 8}, GgmlType::kF32, f32(2048, 0.0f));
+  for (const char* proj : {"ffn_gate", "ffn_up", "ffn_down"}) {
+    b.Tensor(std::string("blk.0.") + proj + ".weight", {8, 8}, GgmlType::kF32, f32(64, 0.0f));
+  }
+  return b;
+}
+
+// transformers' GGUF conversion of Gemma 3: its config keys (rope_theta for full attention,
+// the rest Gemma3TextConfig's defaults), and every *norm.weight minus 1 in f32.
+TEST_F(GgufTest, Gemma3AsTransformersConvertsIt) {
+  Write(Gemma3Model().Build());
+  auto file = GgufFile::Open(path_);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  auto hf = GgufHfConfig(*file);
+  ASSERT_TRUE(hf.ok()) << hf.status().message();
+  EXPECT_EQ((*hf)["model_type"], "gemma3_text");
+  EXPECT_EQ((*hf)["head_dim"], 256);
+  EXPECT_EQ((*hf)["sliding_window"], 4);
+  EXPECT_EQ((*hf)["rope_theta"], 1e6);
+  EXPECT_EQ((*hf)["tie_word_embeddings"], true);
+  EXPECT_FALSE(hf->contains("query_pre_attn_scalar"));  // transformers' default, 256
+  auto config = GgufModelConfig(*file);
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  CpuBackend backend;
+  auto weights = LoadGgufWeights(*file, *config, backend);
+  ASSERT_TRUE(weights.ok()) << weights.status().message();
+  const ModelWeights& w = *weights;
+  const LayerWeights& l = w.layers[0];
+  for (const Tensor* norm : std::initializer_list<const Tensor*>{&w.final_norm, &l.input_norm, &l.post_attention_norm, &l.pre_feedforward_norm,
+                             &l.post_feedforward_norm, &l.q_norm, &l.k_norm}) {
+    ASSERT_EQ(norm->dtype(), DType::kF32);
+    for (int64_t i = 0; i < norm->numel(); ++i) {
+      const float stored = 1.0f + static_cast<float>(i) / 8 + 1e-7f;
+      ASSERT_EQ(norm->data<float>()[i], stored - 1.0f) << i;
+    }
+  }
+
+  // What hsx and transformers would read differently is refused by name.
+  EXPECT_NE(LoadError(Gemma3Model().String("gemma3.rope.scaling.type", "linear").F32("gemma3.rope.scaling.factor", 8).Build())
+                .find("'gemma3.rope.scaling.type' is not supported"), std::string::npos);
+  EXPECT_NE(LoadError(Gemma3Model().F32("gemma3.final_logit_softcapping", 30).Build())
+                .find("'gemma3.final_logit_softcapping' is not supported"), std::string::npos);
+  GgufBuilder head128;
+  head128.String("general.architecture", "gemma3").U32("gemma3.block_count", 1).U32("gemma3.context_length", 64)
+      .U32("gemma3.embedding_length", 8).U32("gemma3.feed_forward_length", 8).U32("gemma3.attention.head_count", 1)
+      .U32("gemma3.attention.key_length", 128).F32("gemma3.attention.layer_norm_rms_epsilon", 1e-6f)
+      .U32("gemma3.attention.sliding_window", 4).U32("gemma3.vocab_size", 16);
+  EXPECT_NE(LoadError(head128.Build()).find("'gemma3.attention.key_length') is 128"), std::string::npos);
 }
 
 // The inverse of convert_hf_to_gguf.py's permute (each head's [first halves; second halves]
@@ -271,6 +345,27 @@ TEST_F(GgufTest, TokenizerFromMetadata) {
   EXPECT_NE(error_of(base().Strings("tokenizer.ggml.tokens", {"a", "b"}).Strings("tokenizer.ggml.merges", {"a c"}))
                 .find("merges[0]"), std::string::npos);
   EXPECT_NE(tokenizer_file("gpt2", "mystery", false).status().message().find("'tokenizer.ggml.pre' is 'mystery'"), std::string::npos);
+}
+
+// Gemma's SentencePiece vocabulary as transformers' gemma_tokenizer builds it: merges ranked by
+// vocabulary order, not by the file's scores (which here prefer "ba"); a token of spaces
+// spelled with '▁' and merged like any other; no prefix space.
+TEST_F(GgufTest, GemmaTokenizerFromMetadata) {
+  GgufBuilder b;
+  b.String("general.architecture", "gemma3").String("tokenizer.ggml.model", "llama")
+      .Strings("tokenizer.ggml.tokens", {"<pad>", "<eos>", "<bos>", "<unk>", "a", "b", "\u2581", "ab", "ba", "  "})
+      .Ints("tokenizer.ggml.token_type", {3, 3, 3, 3, 1, 1, 1, 1, 1, 4})
+      .U32("tokenizer.ggml.bos_token_id", 2).U32("tokenizer.ggml.unknown_token_id", 3).Bool("tokenizer.ggml.add_bos_token", true);
+  std::string scores = GgufBuilder::Bytes<uint32_t>(static_cast<uint32_t>(GgufType::kF32)) + GgufBuilder::Bytes<uint64_t>(10);
+  for (float s : {0.f, 0.f, 0.f, 0.f, -1.f, -1.f, -1.f, -10.f, -2.f, -3.f}) scores += GgufBuilder::Bytes(s);
+  b.Raw("tokenizer.ggml.scores", GgufType::kArray, scores);
+  Write(b.Build());
+  auto t = LoadGgufTokenizer(path_);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(*t->Encode("aba"), (std::vector<int32_t>{2, 7, 4}));
+  EXPECT_EQ(*t->Encode("a  b", false), (std::vector<int32_t>{4, 9, 5}));
+  EXPECT_EQ(*t->Encode(" a", false), (std::vector<int32_t>{6, 4}));
+  EXPECT_EQ(*t->Decode({4, 9, 5}), "a  b");
 }
 
 // Mutations of a whole model file: bit flips in the header and tensor infos, truncations,

@@ -14,13 +14,12 @@ struct GgufArch {
   const char* model_type;
 };
 
-// Gemma 3 is not here: llama.cpp's converter adds 1 to its norm weights, which cannot be
-// undone bit-exactly in f32.
 constexpr GgufArch kArchs[] = {
     {"llama", "LlamaForCausalLM", "llama"},
     {"qwen2", "Qwen2ForCausalLM", "qwen2"},
     {"qwen3", "Qwen3ForCausalLM", "qwen3"},
     {"qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe"},
+    {"gemma3", "Gemma3ForCausalLM", "gemma3_text"},
 };
 
 }  // namespace
@@ -37,7 +36,7 @@ Result<json> GgufHfConfig(const GgufFile& g) {
   }
   if (!arch) {
     return Error(g.path() + ": metadata 'general.architecture' is '" + arch_name +
-                 "', which hsx does not run from GGUF (expected llama, qwen2, qwen3 or qwen3moe)");
+                 "', which hsx does not run from GGUF (expected llama, qwen2, qwen3, qwen3moe or gemma3)");
   }
   const std::string p = arch_name + ".";
   std::set<std::string> read;
@@ -63,11 +62,12 @@ Result<json> GgufHfConfig(const GgufFile& g) {
   c["num_key_value_heads"] = kv_heads;
   HSX_ASSIGN_OR_RETURN(c["rms_norm_eps"], g.Float(key("attention.layer_norm_rms_epsilon")));
   HSX_ASSIGN_OR_RETURN(c["max_position_embeddings"], g.Unsigned(key("context_length")));
-  double theta = 10000.0;
+  const bool gemma3 = arch_name == "gemma3";
   if (has("rope.freq_base")) {
-    HSX_ASSIGN_OR_RETURN(theta, g.Float(key("rope.freq_base")));
+    HSX_ASSIGN_OR_RETURN(c["rope_theta"], g.Float(key("rope.freq_base")));
+  } else if (!gemma3) {  // without one Gemma 3 keeps its config's default (1e6, full attention)
+    c["rope_theta"] = 10000.0;
   }
-  c["rope_theta"] = theta;
 
   // Head dims: key and value lengths must agree (hsx has one head_dim), and RoPE must turn
   // all of it.
@@ -90,6 +90,11 @@ Result<json> GgufHfConfig(const GgufFile& g) {
       return Error(g.path() + ": metadata '" + p + "rope.dimension_count' is " + std::to_string(rot) +
                    ", expected the head dim " + std::to_string(head_dim) + " (partial RoPE is not supported from GGUF)");
     }
+  }
+  if (has("rope.scaling.type") && gemma3) {
+    // llama.cpp scales the full-attention layers; transformers' GGUF conversion drops the key.
+    return Error(g.path() + ": metadata '" + p + "rope.scaling.type' is not supported for gemma3 (llama.cpp applies it, "
+                 "transformers' GGUF conversion ignores it)");
   }
   if (has("rope.scaling.type")) {
     HSX_ASSIGN_OR_RETURN(const std::string type, g.String(key("rope.scaling.type")));
@@ -128,6 +133,18 @@ Result<json> GgufHfConfig(const GgufFile& g) {
     }
   } else {
     HSX_ASSIGN_OR_RETURN(c["intermediate_size"], g.Unsigned(key("feed_forward_length")));
+  }
+  if (gemma3) {
+    // Sliding layers: every layer but each sixth (llama.cpp's and transformers' fixed pattern)
+    // at RoPE base 1e4 (both fixed too), over the window the file gives (llama.cpp requires it).
+    HSX_ASSIGN_OR_RETURN(c["sliding_window"], g.Unsigned(key("attention.sliding_window")));
+    // Queries scale by 1/sqrt(256), transformers' default query_pre_attn_scalar; llama.cpp uses
+    // 1/sqrt(head_dim) (27B: 1/sqrt(hidden/heads)), equal only at head dim 256.
+    if (head_dim != 256) {
+      return Error(g.path() + ": the head dim (metadata '" + p + "attention.key_length') is " + std::to_string(head_dim) +
+                   ": hsx reads gemma3 from GGUF only at head dim 256, where llama.cpp's query scale equals "
+                   "transformers' (query_pre_attn_scalar 256)");
+    }
   }
   if (arch_name == "llama") {
     // llama.cpp's Llama has biases on q/k/v/o only together (attention_bias), on the MLP never here.

@@ -1,6 +1,7 @@
 #include "model/gguf_tokenizer.h"
 
 #include <algorithm>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 
@@ -55,7 +56,7 @@ std::vector<size_t> CharStarts(const std::string& s) {
 // without merges (generate_merges): every split of a token into two vocabulary tokens, ranked
 // by the token's score, then by the halves' lengths in characters (all descending); ties keep
 // vocabulary order, each token's splits ordered by the halves' ids.
-json MergesFromScores(const std::vector<GgufValue>& tokens, const std::vector<GgufValue>& scores,
+json MergesFromScores(const std::vector<std::string>& tokens, const std::vector<double>& scores,
                       const std::unordered_map<std::string, int64_t>& ids) {
   struct Merge {
     double score;
@@ -66,14 +67,14 @@ json MergesFromScores(const std::vector<GgufValue>& tokens, const std::vector<Gg
   };
   std::vector<Merge> merges;
   for (size_t t = 0; t < tokens.size(); ++t) {
-    const std::string& token = tokens[t].s;
+    const std::string& token = tokens[t];
     const std::vector<size_t> starts = CharStarts(token);
     const size_t first = merges.size();
     for (size_t c = 1; c < starts.size(); ++c) {
       auto left = ids.find(token.substr(0, starts[c]));
       auto right = ids.find(token.substr(starts[c]));
       if (left == ids.end() || right == ids.end()) continue;
-      merges.push_back({scores[t].f, c, starts.size() - c, left->second, right->second, &token, starts[c]});
+      merges.push_back({scores[t], c, starts.size() - c, left->second, right->second, &token, starts[c]});
     }
     std::sort(merges.begin() + first, merges.end(), [](const Merge& a, const Merge& b) {
       return std::tie(a.left_id, a.right_id) < std::tie(b.left_id, b.right_id);
@@ -84,6 +85,24 @@ json MergesFromScores(const std::vector<GgufValue>& tokens, const std::vector<Gg
   });
   json out = json::array();
   for (const Merge& m : merges) out.push_back(json::array({m.token->substr(0, m.cut), m.token->substr(m.cut)}));
+  return out;
+}
+
+// Gemma's vocabulary as transformers spells it (gemma_tokenizer): a token of whitespace only
+// (Python's str.isspace) with a space in it is looked up as one '▁' per character.
+std::string GemmaSpelling(const std::string& token) {
+  static const std::set<std::string> kWhitespace = {
+      " ", "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", "\u0085", "\u00a0", "\u1680",
+      "\u2000", "\u2001", "\u2002", "\u2003", "\u2004", "\u2005", "\u2006", "\u2007", "\u2008", "\u2009",
+      "\u200a", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
+  const std::vector<size_t> starts = CharStarts(token);
+  for (size_t c = 0; c < starts.size(); ++c) {
+    const size_t end = c + 1 < starts.size() ? starts[c + 1] : token.size();
+    if (!kWhitespace.count(token.substr(starts[c], end - starts[c]))) return token;
+  }
+  if (token.find(' ') == std::string::npos) return token;
+  std::string out;
+  for (size_t c = 0; c < starts.size(); ++c) out += "\u2581";
   return out;
 }
 
@@ -118,13 +137,15 @@ Result<json> GgufTokenizerJson(const GgufFile& g) {
                  "': hsx reads gpt2 (byte-level BPE) and llama (SentencePiece BPE) tokenizers from GGUF");
   }
   const PreTokenizer* pre = nullptr;
+  bool gemma = false;
   if (!spm) {
     HSX_ASSIGN_OR_RETURN(pre, FindPreTokenizer(g));
   } else if (g.Find("general.architecture")) {
-    // transformers builds these architectures' SentencePiece tokenizers differently (Gemma's
-    // space tokens, Phi-3's normalizer); hsx knows only the plain (Llama) one.
+    // transformers builds Gemma's SentencePiece tokenizers its own way (gemma_tokenizer), and
+    // Gemma 4's and Phi-3's differently again; hsx knows the plain (Llama) one and Gemma's.
     HSX_ASSIGN_OR_RETURN(const std::string arch, g.String("general.architecture"));
-    if (arch.rfind("gemma", 0) == 0 || arch == "phi3") {
+    gemma = arch == "gemma" || arch == "gemma2" || arch == "gemma3";
+    if ((arch.rfind("gemma", 0) == 0 && !gemma) || arch == "phi3") {
       return Error(g.path() + ": a SentencePiece ('llama') tokenizer of architecture '" + arch +
                    "' is not supported from GGUF");
     }
@@ -139,18 +160,27 @@ Result<json> GgufTokenizerJson(const GgufFile& g) {
                    " entries for " + std::to_string(tokens->size()) + " tokens");
     }
   }
+  std::vector<std::string> spelled;
+  spelled.reserve(tokens->size());
+  for (const GgufValue& t : *tokens) spelled.push_back(gemma ? GemmaSpelling(t.s) : t.s);
   json vocab = json::object();
   std::unordered_map<std::string, int64_t> ids;
-  json added = json::array();
-  for (size_t id = 0; id < tokens->size(); ++id) {
-    const std::string& token = (*tokens)[id].s;
+  for (size_t id = 0; id < spelled.size(); ++id) {
+    const std::string& token = spelled[id];
     auto [it, inserted] = ids.emplace(token, static_cast<int64_t>(id));
     if (!inserted) {
       return Error(g.path() + ": metadata 'tokenizer.ggml.tokens': token " + std::to_string(id) + " (" + json(token).dump() +
                    ") repeats token " + std::to_string(it->second));
     }
     vocab[token] = id;
+  }
+  json added = json::array();
+  for (size_t id = 0; id < tokens->size(); ++id) {
+    const std::string& token = (*tokens)[id].s;
     const int64_t type = types ? (*types)[id].i : 1;
+    // transformers adds a user-defined token only under its own spelling (Gemma's space tokens
+    // are not: they stay plain vocabulary).
+    if (type == kUserDefined && token != spelled[id]) continue;
     if (type == kUnknown || type == kControl || type == kUserDefined) {
       added.push_back(AddedToken(static_cast<int64_t>(id), token, type != kUserDefined));
     }
@@ -160,12 +190,19 @@ Result<json> GgufTokenizerJson(const GgufFile& g) {
     HSX_ASSIGN_OR_RETURN(const auto* merges, g.Array("tokenizer.ggml.merges", GgufType::kString));
     for (const GgufValue& m : *merges) merge_list.push_back(m.s);
   } else {
-    HSX_ASSIGN_OR_RETURN(const auto* scores, g.Array("tokenizer.ggml.scores", GgufType::kF32));
-    if (scores->size() != tokens->size()) {
-      return Error(g.path() + ": metadata 'tokenizer.ggml.scores' has " + std::to_string(scores->size()) +
-                   " entries for " + std::to_string(tokens->size()) + " tokens");
+    // Gemma's scores do not follow its merge order; transformers ranks by vocabulary order.
+    std::vector<double> scores(tokens->size());
+    if (gemma) {
+      for (size_t id = 0; id < scores.size(); ++id) scores[id] = -static_cast<double>(id);
+    } else {
+      HSX_ASSIGN_OR_RETURN(const auto* given, g.Array("tokenizer.ggml.scores", GgufType::kF32));
+      if (given->size() != tokens->size()) {
+        return Error(g.path() + ": metadata 'tokenizer.ggml.scores' has " + std::to_string(given->size()) +
+                     " entries for " + std::to_string(tokens->size()) + " tokens");
+      }
+      for (size_t id = 0; id < scores.size(); ++id) scores[id] = (*given)[id].f;
     }
-    merge_list = MergesFromScores(*tokens, *scores, ids);
+    merge_list = MergesFromScores(spelled, scores, ids);
   }
 
   // BOS and EOS: added where tokenizer.ggml.add_{bos,eos}_token say (llama.cpp's defaults
@@ -197,8 +234,19 @@ Result<json> GgufTokenizerJson(const GgufFile& g) {
   single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
   if (add_eos) HSX_RETURN_IF_ERROR(add_special(eos, "eos"));
 
-  json pre_tokenizer, decoder;
-  if (spm) {
+  json normalizer, pre_tokenizer, decoder, unk;
+  if (gemma) {
+    // transformers' GemmaTokenizer: spaces become '▁' (no prefix), a no-op split on the spaces
+    // left, byte fallback, and '▁' back to spaces when decoding.
+    normalizer = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+    pre_tokenizer = {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "MergedWithPrevious"}, {"invert", false}};
+    decoder = {{"type", "Sequence"},
+               {"decoders", json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                                         {{"type", "ByteFallback"}},
+                                         {{"type", "Fuse"}}})}};
+    HSX_ASSIGN_OR_RETURN(const auto unk_id, special_id("tokenizer.ggml.unknown_token_id"));
+    if (unk_id) unk = (*tokens)[*unk_id].s;
+  } else if (spm) {
     // transformers' LlamaTokenizer, which its GGUF conversion builds: '▁' for spaces and one
     // before the text, byte fallback, and the reverse when decoding.
     pre_tokenizer = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", false}};
@@ -219,12 +267,12 @@ Result<json> GgufTokenizerJson(const GgufFile& g) {
   return json{
       {"version", "1.0"},
       {"added_tokens", added},
-      {"normalizer", nullptr},
+      {"normalizer", normalizer},
       {"pre_tokenizer", pre_tokenizer},
       {"post_processor", {{"type", "TemplateProcessing"}, {"single", single}, {"pair", single}, {"special_tokens", specials}}},
       {"decoder", decoder},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"fuse_unk", spm}, {"byte_fallback", spm},
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", unk}, {"fuse_unk", spm}, {"byte_fallback", spm},
         {"ignore_merges", !spm && pre->llama3}, {"vocab", vocab}, {"merges", merge_list}}},
   };
 }

@@ -15,7 +15,9 @@ struct GgufSource {
   int expert = -1;
 };
 
-std::optional<GgufSource> GgufName(const std::string& hf) {
+// sandwich: Gemma's four norms a layer, whose post-attention norm is llama.cpp's
+// post_attention_norm (Llama's post_attention_layernorm feeds the MLP: ffn_norm).
+std::optional<GgufSource> GgufName(const std::string& hf, bool sandwich) {
   if (hf == "model.embed_tokens.weight") return GgufSource{"token_embd.weight"};
   if (hf == "model.norm.weight") return GgufSource{"output_norm.weight"};
   if (hf == "lm_head.weight") return GgufSource{"output.weight"};
@@ -25,6 +27,16 @@ std::optional<GgufSource> GgufName(const std::string& hf) {
   if (dot == std::string::npos) return std::nullopt;
   const std::string blk = "blk." + hf.substr(prefix.size(), dot - prefix.size()) + ".";
   const std::string rest = hf.substr(dot + 1);
+  if (sandwich) {
+    static const std::pair<const char*, const char*> kSandwich[] = {
+        {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+        {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+        {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+    };
+    for (const auto& [from, to] : kSandwich) {
+      if (rest == from) return GgufSource{blk + to};
+    }
+  }
   static const std::pair<const char*, const char*> kNames[] = {
       {"input_layernorm.weight", "attn_norm.weight"},     {"post_attention_layernorm.weight", "ffn_norm.weight"},
       {"self_attn.q_proj.weight", "attn_q.weight"},       {"self_attn.k_proj.weight", "attn_k.weight"},
@@ -78,7 +90,7 @@ Result<ModelWeights> LoadGgufWeights(const GgufFile& file, const ModelConfig& co
   std::set<std::string> used;
   const bool llama = config.arch == Arch::kLlama;
   auto fetch = [&](const std::string& hf, const Shape& shape) -> Result<Tensor> {
-    const std::optional<GgufSource> source = GgufName(hf);
+    const std::optional<GgufSource> source = GgufName(hf, config.sandwich_norms);
     if (!source) return Error(file.path() + ": hsx has no GGUF name for tensor '" + hf + "'");
     const GgufTensorInfo* info = file.FindTensor(source->name);
     if (!info) return Error(file.path() + ": missing tensor '" + source->name + "' (expected shape " + ShapeToString(shape) + ")");
@@ -95,6 +107,12 @@ Result<ModelWeights> LoadGgufWeights(const GgufFile& file, const ModelConfig& co
     const uint64_t slice_bytes = source->expert >= 0 ? info->nbytes / config.num_experts : info->nbytes;
     const char* data = info->data + (source->expert >= 0 ? slice_bytes * source->expert : 0);
     DequantizeToF32(info->type, data, t.numel(), t.data<float>());
+    if (config.norm_one_plus_weight && source->name.find("norm.weight") != std::string::npos) {
+      // llama.cpp stores Gemma 3's norms as 1 + w; transformers' GGUF conversion subtracts 1
+      // in f32 from every tensor named *norm.weight, and so does hsx (same bits).
+      float* v = t.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) v[i] -= 1.0f;
+    }
     if (llama && (EndsWith(hf, "q_proj.weight") || EndsWith(hf, "k_proj.weight") || EndsWith(hf, "q_proj.bias") ||
                   EndsWith(hf, "k_proj.bias"))) {
       const int layer = std::stoi(hf.substr(std::string("model.layers.").size()));

