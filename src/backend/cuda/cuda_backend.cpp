@@ -788,8 +788,8 @@ void CudaBackend::RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_pl
   if (FusedNormRopeTakes(x.size(0))) {
     cuda::NormRopeStore(HeadArgs(x, &w, eps, one_plus_weight, positions, rope), impl_->stream);
   } else {
-    cuda::RmsNormRope(B(x), B(w), eps, one_plus_weight, positions.data<int32_t>(), rope.inv_freq.data<float>(),
-                      x.size(0), x.size(1), x.size(2), rope.rotary_dims, impl_->stream);
+    cuda::RmsNormRope(B(x), x.size(1) * x.size(2), B(x), B(w), eps, one_plus_weight, positions.data<int32_t>(),
+                      rope.inv_freq.data<float>(), x.size(0), x.size(1), x.size(2), rope.rotary_dims, impl_->stream);
   }
   HSX_LAUNCH_CHECK();
 }
@@ -804,8 +804,29 @@ bool CudaBackend::FusedNormRopeTakes(int64_t tokens) const {
 void CudaBackend::NormRopeStoreKV(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms,
                                   const Tensor& positions, const RopeTable& rope, const Tensor& slots, Tensor& k_cache,
                                   Tensor& v_cache, Tensor& q) {
-  if (!impl_->fuse_norm_rope_store || !FusedNormRopeTakes(q.size(0)))
-    return Backend::NormRopeStoreKV(qkv, values_are_keys, norms, positions, rope, slots, k_cache, v_cache, q);
+  if (!impl_->fuse_norm_rope_store || !FusedNormRopeTakes(q.size(0))) {
+    if (norms.q == nullptr || norms.k == nullptr || qkv.dtype() != DType::kBF16)
+      return Backend::NormRopeStoreKV(qkv, values_are_keys, norms, positions, rope, slots, k_cache, v_cache, q);
+    // Prefill-sized steps: the per-token kernel reads q and k from the fused rows (no copies
+    // out first); only v, when it needs a norm or a contiguous copy for the store, is copied.
+    Impl::Timer timer(*impl_, "norm_rope");
+    const int64_t t = q.size(0), d = q.size(2), q_cols = q.size(1) * d, kv_heads = k_cache.size(1);
+    const int64_t kv_cols = kv_heads * d, stride = qkv.size(-1);
+    Tensor k = Empty(q.dtype(), {t, kv_heads, d}), v = Empty(q.dtype(), {t, kv_heads, d});
+    const int32_t* pos = positions.data<int32_t>();
+    const float* inv_freq = rope.inv_freq.data<float>();
+    cuda::RmsNormRope(B(qkv), stride, B(q), B(*norms.q), norms.eps, norms.one_plus_weight, pos, inv_freq, t, q.size(1),
+                      d, rope.rotary_dims, impl_->stream);
+    HSX_LAUNCH_CHECK();
+    cuda::RmsNormRope(B(qkv) + q_cols, stride, B(k), B(*norms.k), norms.eps, norms.one_plus_weight, pos, inv_freq, t,
+                      kv_heads, d, rope.rotary_dims, impl_->stream);
+    HSX_LAUNCH_CHECK();
+    Tensor v_rows = v.View({t, kv_cols});
+    SliceColumns(qkv, values_are_keys ? q_cols : q_cols + kv_cols, v_rows);  // values: the raw keys
+    if (norms.v) RmsNorm(v, nullptr, norms.eps, false, v);
+    StoreKV(k, v, slots, k_cache, v_cache);
+    return;
+  }
   Impl::Timer timer(*impl_, "norm_rope_store");
   const int64_t q_cols = q.size(1) * q.size(2), kv_cols = k_cache.size(1) * k_cache.size(2);
   cuda::NormRopeStoreArgs a = HeadArgs(q, norms.q, norms.eps, norms.one_plus_weight, positions, rope);

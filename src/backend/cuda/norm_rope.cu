@@ -35,8 +35,8 @@ __global__ void RopeKernel(bf16* x, const int32_t* positions, const float* inv_f
 // row in flight at once), its cos/sin computed once for all heads, then one warp per
 // head normalizes and rotates (through a float row, so each lane can read its
 // rotate-half partner), and the block writes the row back with 16-byte stores.
-__global__ void RmsNormRopeKernel(bf16* x, const bf16* w, float eps, float plus, const int32_t* positions,
-                                  const float* inv_freq, int heads, int dim, int half) {
+__global__ void RmsNormRopeKernel(const bf16* in, int64_t in_stride, bf16* out, const bf16* w, float eps, float plus,
+                                  const int32_t* positions, const float* inv_freq, int heads, int dim, int half) {
   extern __shared__ __align__(16) unsigned char shared[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   bf16* x_s = reinterpret_cast<bf16*>(shared);  // the token's heads [heads, dim]
@@ -44,10 +44,11 @@ __global__ void RmsNormRopeKernel(bf16* x, const bf16* w, float eps, float plus,
   float* sin_s = cos_s + half;
   float* r_s = sin_s + half + warp * dim;
   const int64_t token = blockIdx.x;
-  uint4* x_g = reinterpret_cast<uint4*>(x + token * heads * dim);
+  const uint4* in_g = reinterpret_cast<const uint4*>(in + token * in_stride);
+  uint4* out_g = reinterpret_cast<uint4*>(out + token * heads * dim);
   uint4* x_s4 = reinterpret_cast<uint4*>(x_s);
   const int chunks = heads * dim / 8;
-  for (int i = threadIdx.x; i < chunks; i += blockDim.x) CopyAsync16(x_s4 + i, x_g + i);
+  for (int i = threadIdx.x; i < chunks; i += blockDim.x) CopyAsync16(x_s4 + i, in_g + i);
   CommitAsync();
   const float pos = static_cast<float>(positions[token]);
   for (int j = threadIdx.x; j < half; j += blockDim.x) sincosf(pos * inv_freq[j], &sin_s[j], &cos_s[j]);
@@ -77,7 +78,7 @@ __global__ void RmsNormRopeKernel(bf16* x, const bf16* w, float eps, float plus,
     __syncwarp();  // the next head reuses r_s
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < chunks; i += blockDim.x) x_g[i] = x_s4[i];
+  for (int i = threadIdx.x; i < chunks; i += blockDim.x) out_g[i] = x_s4[i];
 }
 
 }  // namespace
@@ -86,23 +87,26 @@ void Rope(bf16* x, const int32_t* positions, const float* inv_freq, int64_t toke
           int64_t rotary_dims, cudaStream_t stream) {
   if (tokens > 0) RopeKernel<<<tokens, 128, 0, stream>>>(x, positions, inv_freq, heads, dim, rotary_dims / 2);
 }
-void RmsNormRope(bf16* x, const bf16* w, float eps, bool one_plus_weight, const int32_t* positions,
-                 const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim, int64_t rotary_dims,
-                 cudaStream_t stream) {
+void RmsNormRope(const bf16* in, int64_t in_stride, bf16* out, const bf16* w, float eps, bool one_plus_weight,
+                 const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim,
+                 int64_t rotary_dims, cudaStream_t stream) {
   constexpr int kWarps = 4;
-  // 16-byte chunks: rows start 16-byte aligned (activations are whole allocations) and
-  // every head dim the backend runs (16..512) is a multiple of 8.
-  if (dim % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) {
-    std::fprintf(stderr, "hsx: RmsNormRope needs 16-byte aligned rows (head dim %ld)\n", static_cast<long>(dim));
+  // 16-byte chunks: rows start 16-byte aligned (activations are whole allocations, and the
+  // fused q/k/v rows' widths and offsets are multiples of 8) and every head dim the backend
+  // runs (16..512) is a multiple of 8.
+  if (dim % 8 != 0 || in_stride % 8 != 0 || reinterpret_cast<uintptr_t>(in) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    std::fprintf(stderr, "hsx: RmsNormRope needs 16-byte aligned rows (head dim %ld, row stride %ld)\n",
+                 static_cast<long>(dim), static_cast<long>(in_stride));
     std::abort();
   }
   AllowDynamicSharedMemory<RmsNormRopeKernel>(160 << 10);
   const int half = static_cast<int>(rotary_dims / 2);
   const size_t smem = heads * dim * sizeof(bf16) + (2 * half + kWarps * dim) * sizeof(float);
   if (tokens > 0 && heads > 0)
-    RmsNormRopeKernel<<<tokens, 32 * kWarps, smem, stream>>>(x, w, eps, one_plus_weight ? 1.0f : 0.0f, positions,
-                                                             inv_freq, static_cast<int>(heads), static_cast<int>(dim),
-                                                             half);
+    RmsNormRopeKernel<<<tokens, 32 * kWarps, smem, stream>>>(in, in_stride, out, w, eps, one_plus_weight ? 1.0f : 0.0f,
+                                                             positions, inv_freq, static_cast<int>(heads),
+                                                             static_cast<int>(dim), half);
 }
 
 }  // namespace hsx::cuda
