@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -159,6 +160,12 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
       result["accepted_tokens"] = accepted;
       if (o.accept_rate) result["forced_accept_rate"] = *o.accept_rate;  // output not the target's
     }
+    nlohmann::json stages;
+    for (size_t i = 0; i < std::size(EngineStats::kStageNames); ++i) {
+      stages[EngineStats::kStageNames[i]] =
+          1e3 * (decode_end.stage_seconds[i] - decode_start.stage_seconds[i]) / std::max<uint64_t>(steps, 1);
+    }
+    result["stage_ms_per_step"] = stages;  // host time per stage (engine.h), decode phase
     // Graph use over both runs: steps, verification steps, draft rounds (and of those, EAGLE-3
     // rounds whose first pass was in the graph) that replayed one.
     const ModelRunner& runner = engine.runner();

@@ -457,6 +457,12 @@ void Engine::ProposeEagle3(const ForwardBatch& batch, const std::vector<Schedule
 std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   std::vector<std::unique_ptr<Sequence>> finished = std::move(aborted_);
   aborted_.clear();
+  Clock::time_point stage_start = Clock::now();
+  auto end_stage = [&](int stage) {
+    const Clock::time_point now = Clock::now();
+    stats_.stage_seconds[stage] += Seconds(stage_start, now);
+    stage_start = now;
+  };
   // Schedule.
   const std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
   if (chunks.empty()) {
@@ -473,6 +479,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   SamplingBatch rows;
   VerificationBatch verification;
   StepResult result;
+  end_stage(0);
   if (verifying) {
     verification = VerificationRows(chunks, sampling);
     result = runner_.Verify(batch, verification);
@@ -485,6 +492,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   ++stats_.steps;
   stats_.tokens_computed += batch.token_ids.size();
   for (const auto& [seq, n] : chunks) seq->num_computed += n;
+  end_stage(1);
   // Accept.
   std::vector<std::pair<Sequence*, int32_t>> sampled;
   if (verifying) {
@@ -494,8 +502,10 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
     Accept(sampling, rows, result.sampled);
     for (size_t i = 0; i < sampling.size(); ++i) sampled.emplace_back(sampling[i], static_cast<int32_t>(i));
   }
+  end_stage(2);
   // Propose.
   Propose(batch, chunks, sampled);
+  end_stage(3);
   // Retire.
   for (const auto& [seq, n] : chunks) {
     if (!capture) Commit(*seq, seq->num_computed);  // no rows to wait for
@@ -511,6 +521,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   }
   FinishCapture(finished);  // the previous step's, overlapping the forward just queued
   pending_ = std::move(capture);
+  end_stage(4);
   return finished;
 }
 

@@ -59,6 +59,11 @@ struct EngineStats {
   // least one draft, drafts verified, drafts accepted, and accepted by position.
   uint64_t num_drafts = 0, num_draft_tokens = 0, num_accepted_tokens = 0;
   std::vector<uint64_t> num_accepted_tokens_per_pos;
+  // Host wall time in each stage of Step (kStageNames), blocking downloads included: at
+  // small batches the device works while the host waits in run and propose, and idles
+  // while it is in the others.
+  static constexpr const char* kStageNames[] = {"schedule", "run", "accept", "propose", "retire"};
+  double stage_seconds[5] = {};
 };
 
 class Engine {
