@@ -1,21 +1,34 @@
-// The pieces of the weight-streaming GEMV (gemv.cu) that its fused variants share
-// (gated_gemv.cu): a block's dot products of kRows weight rows with up to 8 x rows, each
-// weight read once, in a fixed reduction order. See gemv.cu for the scheme.
+// The core of the decode-sized GEMVs (gemv.cu, gated_gemv.cu): a block's dot
+// products of a tile of 16 weight rows with up to 8 * NT rows of x, on mma.sync
+// m16n8k16 (bf16 in, f32 accumulate), each weight element read from memory once.
+//
+// Why tensor cores for a GEMV: with FMAs the work per weight byte grows with the number
+// of x rows, and at 4 rows (a verification step of 3 drafts) it limited the kernel below
+// the memory's pace; an mma multiplies a 16x16 weight tile by 8 x rows at once, so 1 to
+// 16 rows cost the same few instructions per byte.
+//
+// Weights go straight from memory to the mma's A registers, with no shared memory: a
+// dot product may visit k in any order as long as A and B visit it alike, so lane (g, t)
+// (g = lane / 4, t = lane % 4) loads 16 contiguous bytes of rows g and g + 8 at k offset
+// 8t of each 32-wide k step, and of x row g (B) the same 16 bytes; elements 0-3 feed the
+// step's first mma as its k columns 2t, 2t + 1, 8 + 2t, 9 + 2t (mma_sync.cuh's layouts),
+// elements 4-7 the second. Four lanes thus read 64 contiguous bytes of a row, and a
+// warp's kLoadSteps consecutive steps a whole 128-byte line of each row.
+//
+// A block's kWarps warps take interleaved groups of kLoadSteps steps, each warp keeping
+// the next kStages - 1 groups in flight while it multiplies one.
+// Partial tiles are summed over the warps in warp order: fixed, so results never depend
+// on timing, and an output element's sum involves only its own x row, so a row's result
+// does not depend on how many rows the call has.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma_sync.cuh"
 #include "backend/cuda/programmatic_launch.cuh"
 
 namespace hsx::cuda::gemv {
-
-constexpr int kRows = 4;  // weight rows per block
-constexpr int kMaxWarps = 8;
-// 16-byte chunks of each row a thread loads before using any; with the launch's
-// k / 512 warps (at most 8) a 4096-wide row is one pass.
-constexpr int kUnroll = 2;
 
 // 16 bytes of weights that are read once: no L1 allocation, 256-byte L2 prefetch.
 __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
@@ -26,106 +39,111 @@ __device__ __forceinline__ uint4 LoadStreaming(const uint4* p) {
   return v;
 }
 
-// Eight bf16 (little-endian pairs) to f32: a bf16 is the high half of its f32.
-__device__ __forceinline__ void Unpack(const uint4& v, float (&f)[8]) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(words[i] << 16);
-    f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-  }
-}
+constexpr int kTileRows = 16;  // weight rows per mma tile
+constexpr int kWarps = 8;      // warps per block, splitting k
+constexpr int kThreads = kWarps * 32;
 
-// Sums each of kWidth values (a power of two <= 32) over the warp; afterwards lane l
-// holds value l / (32 / kWidth) in v[0]. Each step hands half of the remaining values to
-// the partner lane, so the warp spends kWidth - 1 + 5 - log2(kWidth) shuffles, not 5 per value.
-template <int kWidth, int kOffset = 16, int N>
-__device__ __forceinline__ void WarpReduceScatter(float (&v)[N], int lane) {
-  static_assert((kWidth & (kWidth - 1)) == 0 && kWidth <= 32 && kWidth <= N);
-  if constexpr (kOffset > 0) {
-    if constexpr (kWidth > 1) {
-      constexpr int kHalf = kWidth / 2;
-      const bool upper = lane & kOffset;
-#pragma unroll
-      for (int i = 0; i < kHalf; ++i) {
-        const float send = upper ? v[i] : v[i + kHalf];
-        const float keep = upper ? v[i + kHalf] : v[i];
-        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
-      }
-      WarpReduceScatter<kHalf, kOffset / 2>(v, lane);
-    } else {
-      v[0] += __shfl_xor_sync(0xffffffffu, v[0], kOffset);
-      WarpReduceScatter<1, kOffset / 2>(v, lane);
-    }
-  }
-}
+// 32-wide k steps a warp loads per group: each lane 16 bytes of 2 rows of every tile
+// per step, and a row's 128-byte line per group.
+constexpr int kLoadSteps = 2;
+// Groups a warp has in flight while it multiplies one (a group: 2 KB of weights).
+constexpr int kStages = 4;
 
-// Accumulators per thread for M x rows: M padded to a power of two (for the
-// reduce-scatter), times kRows.
-constexpr int Values(int m) { return (m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8) * kRows; }
+// x row tiles (of 8 rows) for m rows.
+constexpr int XTiles(int64_t m) { return m <= 8 ? 1 : 2; }
 
-// Threads per block for rows of k elements: kUnroll chunks per thread per row at least,
-// so short rows take fewer warps. Set by k alone, so a row's chunk order and reduction
-// tree are the same for every m.
-inline int Threads(int64_t k) { return 32 * static_cast<int>(std::clamp<int64_t>(k / 8 / (32 * kUnroll), 1, kMaxWarps)); }
-
-// The thread's chunks c0, c0 + threads, ... (kUnroll of them) of every weight row; zeros past the row.
-__device__ __forceinline__ void LoadChunks(const uint4* const (&wrow)[kRows], int64_t c0, int64_t chunks,
-                                           uint4 (&wv)[kUnroll][kRows]) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int64_t c = c0 + int64_t(u) * blockDim.x;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) wv[u][r] = c < chunks ? LoadStreaming(wrow[r] + c) : make_uint4(0, 0, 0, 0);
-  }
-}
-
-// The block's dot products of weight rows wrow[r] (k elements, 16-byte aligned) with the
-// M rows of x [M, k]: afterwards (the block synchronized) totals[i * kRows + r] = x_i . w_r.
-template <int M>
-__device__ __forceinline__ void BlockDots(const bf16* __restrict__ x, const uint4* const (&wrow)[kRows], int64_t k,
-                                          float* totals) {
-  static_assert(M >= 1 && M <= 8);
-  constexpr int kValues = Values(M);
-  const int64_t chunks = k / 8;
+// A block's sums over one tile of 16 weight rows, afterwards (the block synchronized) in
+// totals[r * 8 * NT + x_row] for x_row < m: tile row r . x row x_row. The caller maps the
+// tile's rows to memory: this lane's rows g and g + 8 start at lo and hi (k elements each,
+// 16-byte aligned; rows past a matrix should point at a real row, their sums unwritten).
+// x: [m, k], 16-byte aligned; k a multiple of 8.
+template <int NT>
+__device__ __forceinline__ void BlockTileDots(const bf16* __restrict__ x, int m, const bf16* lo_row,
+                                              const bf16* hi_row, int64_t k, float* totals) {
+  constexpr int kSteps = kLoadSteps;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t chunks = k / 8;                                     // 16-byte chunks of a row
+  const int64_t groups = (chunks + 4 * kSteps - 1) / (4 * kSteps);  // each kSteps steps of 4 chunks
+  const uint4* lo = reinterpret_cast<const uint4*>(lo_row);
+  const uint4* hi = reinterpret_cast<const uint4*>(hi_row);
   const uint4* xs = reinterpret_cast<const uint4*>(x);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  float acc[kValues] = {};
-  uint4 wv[kUnroll][kRows];
-  // Weights are never written by the kernel before (programmatic_launch.cuh); x is.
-  LoadChunks(wrow, threadIdx.x, chunks, wv);
-  WaitForPriorGrid();
-  for (int64_t c0 = threadIdx.x; c0 < chunks; c0 += int64_t(kUnroll) * blockDim.x) {
-    if (c0 != threadIdx.x) LoadChunks(wrow, c0, chunks, wv);
+  struct Group {
+    uint4 lo[kSteps], hi[kSteps], x[NT][kSteps];
+  };
+  auto load_weights = [&](int64_t group, Group& b) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + int64_t(u) * blockDim.x;
-      if (c >= chunks) break;
-      float wf[kRows][8];
+    for (int s = 0; s < kSteps; ++s) {
+      const int64_t c = (group * kSteps + s) * 4 + t;
+      b.lo[s] = c < chunks ? LoadStreaming(lo + c) : zero;
+      b.hi[s] = c < chunks ? LoadStreaming(hi + c) : zero;
+    }
+  };
+  auto load_x = [&](int64_t group, Group& b) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) Unpack(wv[u][r], wf[r]);
+    for (int s = 0; s < kSteps; ++s) {
+      const int64_t c = (group * kSteps + s) * 4 + t;
 #pragma unroll
-      for (int i = 0; i < M; ++i) {
-        float xf[8];
-        Unpack(__ldg(xs + i * chunks + c), xf);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[i * kRows + r] = fmaf(wf[r][e], xf[e], acc[i * kRows + r]);
+      for (int j = 0; j < NT; ++j) {
+        const int r = j * 8 + g;
+        b.x[j][s] = c < chunks && r < m ? __ldg(xs + r * chunks + c) : zero;
       }
+    }
+  };
+
+  auto multiply = [&](const Group& b, float (&acc)[NT][4]) {
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const uint32_t a0[4] = {b.lo[s].x, b.hi[s].x, b.lo[s].y, b.hi[s].y};
+      const uint32_t a1[4] = {b.lo[s].z, b.hi[s].z, b.lo[s].w, b.hi[s].w};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        Mma(acc[j], a0, b.x[j][s].x, b.x[j][s].y);
+        Mma(acc[j], a1, b.x[j][s].z, b.x[j][s].w);
+      }
+    }
+  };
+
+  // A ring of kStages groups, indexed by constants (the stage loop is unrolled): a
+  // register copied from a pending load would wait for it, and the pipeline with it.
+  float acc[NT][4] = {};
+  Group ring[kStages];
+  // Weights are never written by the kernel before (programmatic_launch.cuh); x is.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) load_weights(warp + s * kWarps, ring[s]);
+  WaitForPriorGrid();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) load_x(warp + s * kWarps, ring[s]);
+  for (int64_t base = warp; base < groups; base += kStages * kWarps) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      const int64_t group = base + s * kWarps, ahead = group + (kStages - 1) * kWarps;
+      Group& refill = ring[(s + kStages - 1) % kStages];
+      load_weights(ahead, refill);  // past the last group: zeros, no loads
+      load_x(ahead, refill);
+      if (group < groups) multiply(ring[s], acc);
     }
   }
 
-  __shared__ float partial[kMaxWarps][kValues];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  WarpReduceScatter<kValues>(acc, lane);
-  constexpr int kLanesPerValue = 32 / kValues;
-  if (lane % kLanesPerValue == 0) partial[warp][lane / kLanesPerValue] = acc[0];
+  // C layout: acc[j][0..1] at (row g, x rows j * 8 + 2t, + 1), [2..3] at row g + 8.
+  constexpr int kCols = 8 * NT, kPerWarp = kTileRows * kCols;
+  __shared__ float partial[kWarps][kPerWarp];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    float* tile = partial[warp] + j * 8 + 2 * t;
+    tile[g * kCols] = acc[j][0];
+    tile[g * kCols + 1] = acc[j][1];
+    tile[(g + 8) * kCols] = acc[j][2];
+    tile[(g + 8) * kCols + 1] = acc[j][3];
+  }
   __syncthreads();
-  if (threadIdx.x < kValues) {
+  for (int e = threadIdx.x; e < kPerWarp; e += kThreads) {
+    if (e % kCols >= m) continue;
     float total = 0.0f;
-    for (int j = 0; j < int(blockDim.x / 32); ++j) total += partial[j][threadIdx.x];
-    totals[threadIdx.x] = total;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += partial[w][e];
+    totals[e] = total;
   }
   __syncthreads();
 }
