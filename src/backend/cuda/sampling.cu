@@ -43,6 +43,8 @@ __global__ void __launch_bounds__(kThreads) GreedyTokensKernel(const float* logi
 
 }  // namespace
 
+int SampleBlocksPerRow(int32_t rows) { return sampler::BlocksPerRow(SampleKernel, rows); }
+
 void GreedyTokens(const float* logits, int32_t rows, int32_t vocab, const int32_t* offsets, int32_t* tokens,
                   cudaStream_t stream) {
   if (rows > 0) GreedyTokensKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, offsets, tokens);
@@ -51,10 +53,9 @@ void GreedyTokens(const float* logits, int32_t rows, int32_t vocab, const int32_
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SamplingRow* params, const TokenAdjust* adjust,
             int32_t max_logprobs, float* work, int32_t* out, cudaStream_t stream) {
   if (rows > 0) {
-    sampler::LaunchRows(SampleKernel, rows, stream, logits, vocab, params, adjust, max_logprobs, work, out);
+    sampler::LaunchRows(SampleKernel, rows, SampleBlocksPerRow(rows), stream, logits, vocab, params, adjust,
+                        max_logprobs, work, out);
   }
 }
-
-int SampleBlocksPerRow(int32_t rows) { return sampler::BlocksPerRow(SampleKernel, rows); }
 
 }  // namespace hsx::cuda

@@ -51,13 +51,12 @@ struct Scratch {
   Best team_bests[2][kMaxBlocks];
 };
 
-// The blocks that take one row (a cluster; one block for a launch without clusters).
+// The blocks that take one row: a cluster (a block of a launch without clusters is one).
 // Thread t of block b takes tokens first = b * kThreads + t, first + stride, ...; the
 // reductions give every thread of the team the team's result.
 class Team {
  public:
-  // The team of the cluster this block is in (a block of a launch without clusters is a
-  // cluster of its own).
+  // The team of the cluster this block is in.
   __device__ explicit Team(Scratch& s)
       : first(Rank() * kThreads + static_cast<int32_t>(threadIdx.x)), stride(Blocks() * kThreads), s_(s) {
     // Every block started, so its shared memory can be written.
@@ -264,9 +263,33 @@ __device__ inline int32_t Draw(const Processed& p, int32_t vocab, const Sampling
   return token >= 0 ? token : Argmax(p, vocab, team);  // parameters that keep nothing
 }
 
-// Blocks per row for `rows` rows of `kernel` (written for Team::OfCluster): the most, up
-// to kMaxBlocks, with which every row's cluster is resident at once; many rows keep one
-// block each. Measured once per device and cluster size.
+// The launch of a kernel written for Team over `rows` rows, a cluster of `blocks` blocks
+// each; `attribute` is the cluster attribute it points to. One block per row is an
+// ordinary launch: each block of it is a cluster of its own.
+inline cudaLaunchConfig_t RowsConfig(int rows, int blocks, cudaStream_t stream, cudaLaunchAttribute* attribute) {
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = static_cast<unsigned>(blocks);
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(rows * blocks));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = blocks > 1 ? 1 : 0;
+  return config;
+}
+
+template <class... Params, class... Args>
+void LaunchRows(void (*kernel)(Params...), int rows, int blocks, cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = RowsConfig(rows, blocks, stream, &attribute);
+  cudaLaunchKernelEx(&config, kernel, args...);
+}
+
+// Blocks per row for `rows` rows of `kernel`: the most, up to kMaxBlocks, with which every
+// row's cluster is resident at once; many rows keep one block each. Measured once per
+// device and cluster size.
 template <class... Params>
 int BlocksPerRow(void (*kernel)(Params...), int rows) {
   constexpr int kDevices = 64;
@@ -277,15 +300,7 @@ int BlocksPerRow(void (*kernel)(Params...), int rows) {
     int fit = device < kDevices ? clusters[device][blocks].load(std::memory_order_relaxed) - 1 : -1;
     if (fit < 0) {
       cudaLaunchAttribute attribute;
-      attribute.id = cudaLaunchAttributeClusterDimension;
-      attribute.val.clusterDim.x = blocks;
-      attribute.val.clusterDim.y = 1;
-      attribute.val.clusterDim.z = 1;
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(blocks);
-      config.blockDim = dim3(kThreads);
-      config.attrs = &attribute;
-      config.numAttrs = 1;
+      const cudaLaunchConfig_t config = RowsConfig(1, blocks, nullptr, &attribute);
       if (cudaOccupancyMaxActiveClusters(&fit, kernel, &config) != cudaSuccess) {
         cudaGetLastError();  // clear it: the launch goes ahead with fewer blocks
         fit = 0;
@@ -295,24 +310,6 @@ int BlocksPerRow(void (*kernel)(Params...), int rows) {
     if (rows <= fit) return blocks;
   }
   return 1;
-}
-
-// Launches `kernel` over `rows` rows, a cluster of BlocksPerRow blocks each.
-template <class... Params, class... Args>
-void LaunchRows(void (*kernel)(Params...), int rows, cudaStream_t stream, Args... args) {
-  const int blocks = BlocksPerRow(kernel, rows);
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = blocks;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(rows * blocks);
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, kernel, args...);
 }
 
 }  // namespace hsx::cuda::sampler

@@ -130,7 +130,7 @@ void VerifyDrafts(const float* logits, int32_t rows, int32_t requests, int32_t v
   const int32_t* begins = index;
   const int32_t* row_draft = index + requests + 1;
   const int32_t* drafts = row_draft + rows;
-  sampler::LaunchRows(VerifyRowKernel, rows, stream, logits, vocab, params, adjust, layout, row_draft, drafts,
+  sampler::LaunchRows(VerifyRowKernel, rows, VerifyBlocksPerRow(rows), stream, logits, vocab, params, adjust, layout, row_draft, drafts,
                       draft_probs, target_probs, forced_accept_rate, work, out);
   FinishKernel<<<(requests + 127) / 128, 128, 0, stream>>>(layout, begins, out);
 }
