@@ -191,9 +191,9 @@ TEST(CudaSampling, RowsSplitOverBlocksGiveTheSameResultsAtEveryBatchSize) {
     EXPECT_LT(error, 1e-4);
   }
   // In batches of more rows, fewer blocks per row: the same bits.
-  std::set<int> blocks = {cuda::SampleBlocksPerRow(1)};
+  std::set<int> blocks = {cuda::SampleBlocksPerRow(1, static_cast<int32_t>(vocab))};
   for (int rows : {4, 20, 33, 66, 100, 160}) {
-    blocks.insert(cuda::SampleBlocksPerRow(rows));
+    blocks.insert(cuda::SampleBlocksPerRow(rows, static_cast<int32_t>(vocab)));
     Tensor batch_logits;
     const SamplingBatch b = Last(all, rows, vocab, logits, batch_logits);
     const SampledTokens got = g.Sample(g.Upload(batch_logits), b);

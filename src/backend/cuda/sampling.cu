@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(kThreads) GreedyTokensKernel(const float* logi
 
 }  // namespace
 
-int SampleBlocksPerRow(int32_t rows) { return sampler::BlocksPerRow(SampleKernel, rows); }
+int SampleBlocksPerRow(int32_t rows, int32_t vocab) { return sampler::BlocksPerRow(SampleKernel, rows, vocab); }
 
 void GreedyTokens(const float* logits, int32_t rows, int32_t vocab, const int32_t* offsets, int32_t* tokens,
                   cudaStream_t stream) {
@@ -53,8 +53,9 @@ void GreedyTokens(const float* logits, int32_t rows, int32_t vocab, const int32_
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SamplingRow* params, const TokenAdjust* adjust,
             int32_t max_logprobs, float* work, int32_t* out, cudaStream_t stream) {
   if (rows > 0) {
-    sampler::LaunchRows(SampleKernel, rows, SampleBlocksPerRow(rows), stream, logits, vocab, params, adjust,
-                        max_logprobs, work, out);
+    const int blocks = SampleBlocksPerRow(rows, vocab);
+    sampler::LaunchRows(SampleKernel, rows, blocks, sampler::WeightBytes(vocab, blocks), stream, logits, vocab, params,
+                        adjust, max_logprobs, work, out);
   }
 }
 

@@ -26,6 +26,16 @@ using sampling::OrderedKey;
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBlocks = 8;  // per row: the largest portable cluster
+constexpr int32_t kMaxWeightBytes = 200 * 1024;  // of the 227 KiB of shared memory a block may have
+
+// The dynamic shared memory ProcessRow keeps a block's top-p weights in: its share of a
+// vocab-token row, kThreads entries at a time, when that fits in kMaxWeightBytes (4 or
+// more blocks per row at a 151,936-token vocabulary), else 0 (they stay in global memory).
+__host__ __device__ inline int32_t WeightBytes(int32_t vocab, int blocks) {
+  const int32_t stride = blocks * kThreads;
+  const int64_t bytes = int64_t{(vocab + stride - 1) / stride} * kThreads * static_cast<int64_t>(sizeof(float));
+  return bytes <= kMaxWeightBytes ? static_cast<int32_t>(bytes) : 0;
+}
 
 struct Best {
   float value;
@@ -224,17 +234,29 @@ __device__ inline Processed ProcessRow(const float* raw, int32_t vocab, const Sa
     }
   }
   if (row.top_p < 1.0f) {
-    float* w = work + vocab;  // each thread reads back only the entries it wrote
+    // The weights the search sums, computed once; each thread reads back only the entries
+    // it wrote, its j-th at w[j * step]: in shared memory where the launch gave the block
+    // WeightBytes (the 31 passes then read no global memory, which every cluster barrier
+    // drops from L1), else in `work`.
+    extern __shared__ float shared_weights[];
+    uint32_t shared_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(shared_bytes));
+    const int32_t bytes = WeightBytes(vocab, team.stride / kThreads);
+    const bool in_shared = bytes > 0 && shared_bytes >= static_cast<uint32_t>(bytes);
+    float* w = in_shared ? shared_weights + threadIdx.x : work + vocab + team.first;
+    const int32_t step = in_shared ? kThreads : team.stride;
     const int shift = sampling::FixedShift(vocab);
     uint64_t kept = 0;
-    for (int32_t i = team.first; i < vocab; i += team.stride) kept += sampling::ToFixed(w[i] = p.Weight(i), shift);
+    for (int32_t i = team.first, j = 0; i < vocab; i += team.stride, ++j) {
+      kept += sampling::ToFixed(w[j * step] = p.Weight(i), shift);
+    }
     const double need = row.top_p * static_cast<double>(team.Sum(kept));
     uint32_t cut = 0;
     for (int bit = 30; bit >= 0; --bit) {
       const uint32_t candidate = cut | (1u << bit);
       uint64_t mass = 0;
-      for (int32_t i = team.first; i < vocab; i += team.stride) {
-        const float e = w[i];
+      for (int32_t i = team.first, j = 0; i < vocab; i += team.stride, ++j) {
+        const float e = w[j * step];
         mass += FloatBits(e) >= candidate ? sampling::ToFixed(e, shift) : 0u;
       }
       if (static_cast<double>(team.Sum(mass)) >= need) cut = candidate;
@@ -264,9 +286,10 @@ __device__ inline int32_t Draw(const Processed& p, int32_t vocab, const Sampling
 }
 
 // The launch of a kernel written for Team over `rows` rows, a cluster of `blocks` blocks
-// each; `attribute` is the cluster attribute it points to. One block per row is an
-// ordinary launch: each block of it is a cluster of its own.
-inline cudaLaunchConfig_t RowsConfig(int rows, int blocks, cudaStream_t stream, cudaLaunchAttribute* attribute) {
+// each with `shared_bytes` of dynamic shared memory; `attribute` is the cluster attribute
+// it points to. One block per row is an ordinary launch: each block is a cluster of its own.
+inline cudaLaunchConfig_t RowsConfig(int rows, int blocks, int32_t shared_bytes, cudaStream_t stream,
+                                     cudaLaunchAttribute* attribute) {
   attribute->id = cudaLaunchAttributeClusterDimension;
   attribute->val.clusterDim.x = static_cast<unsigned>(blocks);
   attribute->val.clusterDim.y = 1;
@@ -274,6 +297,7 @@ inline cudaLaunchConfig_t RowsConfig(int rows, int blocks, cudaStream_t stream, 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(rows * blocks));
   config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
   config.stream = stream;
   config.attrs = attribute;
   config.numAttrs = blocks > 1 ? 1 : 0;
@@ -281,33 +305,42 @@ inline cudaLaunchConfig_t RowsConfig(int rows, int blocks, cudaStream_t stream, 
 }
 
 template <class... Params, class... Args>
-void LaunchRows(void (*kernel)(Params...), int rows, int blocks, cudaStream_t stream, Args... args) {
+void LaunchRows(void (*kernel)(Params...), int rows, int blocks, int32_t shared_bytes, cudaStream_t stream,
+                Args... args) {
   cudaLaunchAttribute attribute;
-  const cudaLaunchConfig_t config = RowsConfig(rows, blocks, stream, &attribute);
+  const cudaLaunchConfig_t config = RowsConfig(rows, blocks, shared_bytes, stream, &attribute);
   cudaLaunchKernelEx(&config, kernel, args...);
 }
 
 // Blocks per row for `rows` rows of `kernel`: the most, up to kMaxBlocks, with which every
-// row's cluster is resident at once; many rows keep one block each. Measured once per
-// device and cluster size.
+// row's cluster is resident at once; many rows keep one block each. weight_vocab: the
+// vocabulary whose WeightBytes each block gets (0: none). Measured once per device, size
+// and shared memory, which is also when the kernel is allowed more than 48 KiB of it.
 template <class... Params>
-int BlocksPerRow(void (*kernel)(Params...), int rows) {
+int BlocksPerRow(void (*kernel)(Params...), int rows, int32_t weight_vocab) {
   constexpr int kDevices = 64;
-  static std::atomic<int> clusters[kDevices][kMaxBlocks + 1];  // max active clusters + 1; 0: not measured
+  // Per device and size: the shared bytes measured with (high half), max active clusters + 1.
+  static std::atomic<uint64_t> measured[kDevices][kMaxBlocks + 1];
   int device = 0;
   cudaGetDevice(&device);
+  if (device >= kDevices) return 1;
   for (int blocks = kMaxBlocks; blocks > 1; blocks /= 2) {
-    int fit = device < kDevices ? clusters[device][blocks].load(std::memory_order_relaxed) - 1 : -1;
-    if (fit < 0) {
+    const int32_t bytes = weight_vocab > 0 ? WeightBytes(weight_vocab, blocks) : 0;
+    uint64_t m = measured[device][blocks].load(std::memory_order_relaxed);
+    if (static_cast<uint32_t>(m) == 0 || (m >> 32) != static_cast<uint64_t>(bytes)) {
+      int fit = 0;
       cudaLaunchAttribute attribute;
-      const cudaLaunchConfig_t config = RowsConfig(1, blocks, nullptr, &attribute);
-      if (cudaOccupancyMaxActiveClusters(&fit, kernel, &config) != cudaSuccess) {
+      const cudaLaunchConfig_t config = RowsConfig(1, blocks, bytes, nullptr, &attribute);
+      if ((bytes > 48 * 1024 &&
+           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxWeightBytes) != cudaSuccess) ||
+          cudaOccupancyMaxActiveClusters(&fit, kernel, &config) != cudaSuccess) {
         cudaGetLastError();  // clear it: the launch goes ahead with fewer blocks
         fit = 0;
       }
-      if (device < kDevices) clusters[device][blocks].store(fit + 1, std::memory_order_relaxed);
+      m = static_cast<uint64_t>(bytes) << 32 | static_cast<uint32_t>(fit + 1);
+      measured[device][blocks].store(m, std::memory_order_relaxed);
     }
-    if (rows <= fit) return blocks;
+    if (rows <= static_cast<int>(static_cast<uint32_t>(m)) - 1) return blocks;
   }
   return 1;
 }

@@ -121,7 +121,7 @@ __global__ void FinishKernel(Layout layout, const int32_t* begins, int32_t* out)
 
 }  // namespace
 
-int VerifyBlocksPerRow(int32_t rows) { return sampler::BlocksPerRow(VerifyRowKernel, rows); }
+int VerifyBlocksPerRow(int32_t rows) { return sampler::BlocksPerRow(VerifyRowKernel, rows, 0); }
 
 void VerifyDrafts(const float* logits, int32_t rows, int32_t requests, int32_t vocab, const SamplingRow* params,
                   const TokenAdjust* adjust, int32_t max_logprobs, const int32_t* index, const float* draft_probs,
@@ -130,8 +130,8 @@ void VerifyDrafts(const float* logits, int32_t rows, int32_t requests, int32_t v
   const int32_t* begins = index;
   const int32_t* row_draft = index + requests + 1;
   const int32_t* drafts = row_draft + rows;
-  sampler::LaunchRows(VerifyRowKernel, rows, VerifyBlocksPerRow(rows), stream, logits, vocab, params, adjust, layout, row_draft, drafts,
-                      draft_probs, target_probs, forced_accept_rate, work, out);
+  sampler::LaunchRows(VerifyRowKernel, rows, VerifyBlocksPerRow(rows), 0, stream, logits, vocab, params, adjust, layout,
+                      row_draft, drafts, draft_probs, target_probs, forced_accept_rate, work, out);
   FinishKernel<<<(requests + 127) / 128, 128, 0, stream>>>(layout, begins, out);
 }
 
