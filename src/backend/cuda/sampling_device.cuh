@@ -29,7 +29,7 @@ constexpr int kMaxBlocks = 8;  // per row: the largest portable cluster
 constexpr int32_t kMaxWeightBytes = 200 * 1024;  // of the 227 KiB of shared memory a block may have
 
 // The dynamic shared memory ProcessRow keeps a block's top-p weights in: its share of a
-// vocab-token row, kThreads entries at a time, when that fits in kMaxWeightBytes (4 or
+// vocab-token row, kThreads entries at a time, when that fits in kMaxWeightBytes (3 or
 // more blocks per row at a 151,936-token vocabulary), else 0 (they stay in global memory).
 __host__ __device__ inline int32_t WeightBytes(int32_t vocab, int blocks) {
   const int32_t stride = blocks * kThreads;
@@ -184,8 +184,33 @@ struct Processed {
   }
 };
 
+// Top-p's cut: the lowest kept weight bits, by the bit-by-bit search over the weights p
+// keeps so far. They are computed once into w, this thread's j-th token's at w[j * step]
+// (shared or global memory: a copy of this function for each, inlined, so the loads are
+// of that kind), and each thread reads back only the entries it wrote.
+__device__ __forceinline__ uint32_t TopPCut(const Processed& p, int32_t vocab, float top_p, float* w, int32_t step,
+                                            Team& team) {
+  const int shift = sampling::FixedShift(vocab);
+  uint64_t kept = 0;
+  for (int32_t i = team.first, j = 0; i < vocab; i += team.stride, ++j) {
+    kept += sampling::ToFixed(w[j * step] = p.Weight(i), shift);
+  }
+  const double need = top_p * static_cast<double>(team.Sum(kept));
+  uint32_t cut = 0;
+  for (int bit = 30; bit >= 0; --bit) {
+    const uint32_t candidate = cut | (1u << bit);
+    uint64_t mass = 0;
+    for (int32_t i = team.first, j = 0; i < vocab; i += team.stride, ++j) {
+      const float e = w[j * step];
+      mass += FloatBits(e) >= candidate ? sampling::ToFixed(e, shift) : 0u;
+    }
+    if (static_cast<double>(team.Sum(mass)) >= need) cut = candidate;
+  }
+  return cut;
+}
+
 // `work` is the row's f32 [2, vocab] scratch in global memory: the processed logits, then
-// the weights the top-p search sums (computed once instead of in each of its 31 passes).
+// the weights the top-p search sums (unless in shared memory).
 // Each block writes only its tokens of it, and the cluster barriers of the reductions
 // after the last write make all of l visible to the whole team.
 __device__ inline Processed ProcessRow(const float* raw, int32_t vocab, const SamplingRow& row,
@@ -234,34 +259,15 @@ __device__ inline Processed ProcessRow(const float* raw, int32_t vocab, const Sa
     }
   }
   if (row.top_p < 1.0f) {
-    // The weights the search sums, computed once; each thread reads back only the entries
-    // it wrote, its j-th at w[j * step]: in shared memory where the launch gave the block
-    // WeightBytes (the 31 passes then read no global memory, which every cluster barrier
-    // drops from L1), else in `work`.
+    // The weights go to shared memory where the launch gave the block WeightBytes (the 31
+    // passes then read no global memory, which every cluster barrier drops from L1).
     extern __shared__ float shared_weights[];
     uint32_t shared_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(shared_bytes));
     const int32_t bytes = WeightBytes(vocab, team.stride / kThreads);
-    const bool in_shared = bytes > 0 && shared_bytes >= static_cast<uint32_t>(bytes);
-    float* w = in_shared ? shared_weights + threadIdx.x : work + vocab + team.first;
-    const int32_t step = in_shared ? kThreads : team.stride;
-    const int shift = sampling::FixedShift(vocab);
-    uint64_t kept = 0;
-    for (int32_t i = team.first, j = 0; i < vocab; i += team.stride, ++j) {
-      kept += sampling::ToFixed(w[j * step] = p.Weight(i), shift);
-    }
-    const double need = row.top_p * static_cast<double>(team.Sum(kept));
-    uint32_t cut = 0;
-    for (int bit = 30; bit >= 0; --bit) {
-      const uint32_t candidate = cut | (1u << bit);
-      uint64_t mass = 0;
-      for (int32_t i = team.first, j = 0; i < vocab; i += team.stride, ++j) {
-        const float e = w[j * step];
-        mass += FloatBits(e) >= candidate ? sampling::ToFixed(e, shift) : 0u;
-      }
-      if (static_cast<double>(team.Sum(mass)) >= need) cut = candidate;
-    }
-    p.cut = cut;
+    p.cut = bytes > 0 && shared_bytes >= static_cast<uint32_t>(bytes)
+                ? TopPCut(p, vocab, row.top_p, shared_weights + threadIdx.x, kThreads, team)
+                : TopPCut(p, vocab, row.top_p, work + vocab + team.first, team.stride, team);
   }
   return p;
 }
@@ -324,7 +330,7 @@ int BlocksPerRow(void (*kernel)(Params...), int rows, int32_t weight_vocab) {
   int device = 0;
   cudaGetDevice(&device);
   if (device >= kDevices) return 1;
-  for (int blocks = kMaxBlocks; blocks > 1; blocks /= 2) {
+  for (int blocks : {8, 4, 3, 2}) {  // 3: room for the top-p weights where 4 do not all fit
     const int32_t bytes = weight_vocab > 0 ? WeightBytes(weight_vocab, blocks) : 0;
     uint64_t m = measured[device][blocks].load(std::memory_order_relaxed);
     if (static_cast<uint32_t>(m) == 0 || (m >> 32) != static_cast<uint64_t>(bytes)) {
