@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|decodeab|devices|spec|specbench|fp8|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|fp8|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
@@ -9,6 +9,8 @@
 #   AB_B=HSX_ATTENTION=mma), two runs each, plus one HSX_PROFILE run of each;
 #   decode = hsx bench --decode (batch 1, 32, 128; greedy, and temperature 1 / top-p 0.9
 #   at 32; batch 1 and 32 with --enforce-eager) against HF transformers' generate;
+#   sampling = the sampling/verification CUDA tests, then bench --decode greedy against temperature 1 /
+#   top-p 0.9 at batch 1, 32, 128 (issue 10), and the sample op's profile at 32;
 #   decodeab = bench --decode at batch 1, 32, 128 with the decode fusions off, on, and on
 #   with HSX_PDL=1 (programmatic GEMV launches), the last two twice;
 #   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs), and
@@ -196,6 +198,17 @@ if [ "$what" = decodeab ]; then  # the decode fusions off, on (default), and wit
   for env in "HSX_NORM_ROPE_STORE=0 HSX_GATED_GEMV=0" "" "HSX_PDL=1" "" "HSX_PDL=1"; do
     ([ -z "$env" ] || export $env; decode_bench --batch-sizes 1,32,128 2>>"$OUT/decodeab.err" | grep batch | sed "s/}\$/, \"env\": \"$env\"}/")
   done | tee "$OUT/decodeab.jsonl"
+fi
+if [ "$what" = sampling ]; then  # issue 10: the sampling and verification CUDA tests, then greedy against
+  # temperature 1 / top-p 0.9 at batch 1, 32, 128, alternating, twice; the sample op's time per call
+  HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='CudaSampling.*:CudaVerification.*:CudaSpeculative*' 2>&1 |
+    tee "$OUT/sampling_tests.log" | grep -E "^\[sampling\]|^\[verification\]|PASSED|FAILED|Failure|Expected|actual|error" | head -40
+  for run in 1 2; do
+    decode_bench --batch-sizes 1,32,128 | grep batch
+    decode_bench --batch-sizes 1,32,128 --temperature 1 --top-p 0.9 | grep batch
+  done 2>"$OUT/sampling.err" | tee "$OUT/sampling.jsonl"
+  (export HSX_PROFILE=1; decode_bench --batch-sizes 32 --new-tokens 64 --temperature 1 --top-p 0.9 2>&1 >/dev/null) |
+    grep "hsx profile" | grep -E " sample | verify "
 fi
 if [ "$what" = decode ]; then
   { decode_bench --batch-sizes 1,32,128; decode_bench --batch-sizes 32 --temperature 1 --top-p 0.9 | grep batch;

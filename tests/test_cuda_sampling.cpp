@@ -1,15 +1,20 @@
 // The CUDA sampling kernel against the CPU reference (skipped without a GPU): the same
 // rows, seeds and draws must give the same tokens, logprobs and top logprobs, at a real
-// vocabulary size and on a small one drawn many times; GreedyTokens (on the device, with and
-// without an offset map) gives the CPU's greedy tokens.
+// vocabulary size and on a small one drawn many times, and a row sampled by several
+// blocks (few rows) gives what one block (many rows) gives, to the bit; GreedyTokens (on
+// the device, with and without an offset map) gives the CPU's greedy tokens.
 #ifdef HSX_HAS_CUDA
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
+#include <set>
+#include <string>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/sampling_kernel.h"
 #include "sampling_reference.h"
 
 namespace hsx {
@@ -92,6 +97,122 @@ TEST(CudaSampling, ManyDrawsOfASmallVocabularyMatchTheCpu) {
   }
   const Compared c = CompareWithCpu(**gpu, logits, batch);
   EXPECT_GE(c.same_tokens, c.rows - 4) << "of " << c.rows;
+}
+
+// Probe rows at a real vocabulary, each kind drawn twice: top-p 0.9 at temperature 1 (the
+// decode bench's setting) on peaked and on flat logits (top-p then keeps most of the row,
+// so its sums span every block), top-k, min-p, all three, greedy, penalties with bans;
+// each kind twice. The filler rows only make batches larger.
+SamplingBatch ProbeRows(int probes, int fillers, int64_t vocab, Tensor& logits) {
+  logits = Tensor::Host(DType::kF32, {fillers + probes, vocab});
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  SamplingBatch batch;
+  batch.max_logprobs = 4;
+  for (int r = 0; r < fillers + probes; ++r) {
+    const int p = r - fillers, kind = p / 2;  // p < 0: a filler
+    const float scale = kind == 1 ? 0.3f : 3.0f;
+    for (int64_t i = 0; i < vocab; ++i) logits.data<float>()[r * vocab + i] = scale * normal(rng);
+    SamplingRow row = test::MixedRow(r, static_cast<uint32_t>(500 + r));
+    if (p >= 0) {
+      row = SamplingRow{};
+      row.temperature = kind == 7 ? 0.0f : kind == 6 ? 0.7f : 1.0f;
+      row.top_p = kind <= 1 || kind == 5 ? 0.9f : kind == 8 ? 0.5f : 1.0f;
+      row.top_k = kind == 2 ? 50 : kind == 3 ? 1 : kind == 5 ? 2000 : 0;
+      row.min_p = kind == 4 ? 0.05f : kind == 5 ? 0.001f : 0.0f;
+      row.repetition_penalty = kind == 9 ? 1.3f : 1.0f;
+      row.frequency_penalty = kind == 9 ? 0.5f : 0.0f;
+      row.seed_lo = static_cast<uint32_t>(77 + kind);
+      row.draw = static_cast<uint32_t>(p % 2);
+      row.num_logprobs = p % 5;
+    }
+    row.adjust_begin = static_cast<int32_t>(batch.adjust.size());
+    if (p >= 0 && kind == 9) {  // penalize the top tokens, ban the highest
+      std::vector<int32_t> order(vocab);
+      const float* l = logits.data<float>() + r * vocab;
+      for (int32_t i = 0; i < vocab; ++i) order[i] = i;
+      std::partial_sort(order.begin(), order.begin() + 20, order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+      batch.adjust.push_back({order[0], 0, TokenAdjust::kBanned});
+      for (int a = 1; a < 20; ++a) batch.adjust.push_back({order[a], a % 3, a % 2});
+    }
+    row.adjust_end = static_cast<int32_t>(batch.adjust.size());
+    batch.rows.push_back(row);
+  }
+  return batch;
+}
+
+// The first `rows` rows of a batch (filler rows first), probes and their penalty entries kept.
+SamplingBatch Last(const SamplingBatch& all, int rows, int64_t vocab, const Tensor& logits, Tensor& out_logits) {
+  const auto total = static_cast<int>(all.rows.size());
+  SamplingBatch b;
+  b.max_logprobs = all.max_logprobs;
+  b.adjust = all.adjust;
+  b.rows.assign(all.rows.end() - rows, all.rows.end());
+  out_logits = Tensor::Host(DType::kF32, {rows, vocab});
+  std::memcpy(out_logits.data<float>(), logits.data<float>() + (total - rows) * vocab, rows * vocab * sizeof(float));
+  return b;
+}
+
+TEST(CudaSampling, RowsSplitOverBlocksGiveTheSameResultsAtEveryBatchSize) {
+  auto gpu = CudaBackend::Create(0);
+  if (!gpu.ok()) GTEST_SKIP() << "no CUDA device";
+  CudaBackend& g = **gpu;
+  const int64_t vocab = 151936;
+  const int probes = 20, fillers = 140;
+  Tensor logits;
+  const SamplingBatch all = ProbeRows(probes, fillers, vocab, logits);
+  const int width = all.max_logprobs;
+
+  // Each probe alone: the most blocks per row.
+  SampledTokens alone;
+  for (int p = 0; p < probes; ++p) {
+    Tensor one;
+    SamplingBatch b = Last(all, probes - p, vocab, logits, one);
+    b.rows.resize(1);
+    const SampledTokens got = g.Sample(g.Upload(one.Rows(0, 1)), b);
+    alone.tokens.push_back(got.tokens[0]);
+    alone.logprobs.push_back(got.logprobs[0]);
+    alone.top_ids.insert(alone.top_ids.end(), got.top_ids.begin(), got.top_ids.end());
+    alone.top_logprobs.insert(alone.top_logprobs.end(), got.top_logprobs.begin(), got.top_logprobs.end());
+  }
+  // The CPU's tokens (one may differ: expf and std::exp can differ in the last bit).
+  {
+    Tensor probe_logits;
+    const SamplingBatch b = Last(all, probes, vocab, logits, probe_logits);
+    const SampledTokens want = CpuBackend().Sample(probe_logits, b);
+    int same = 0;
+    double error = 0;
+    for (int p = 0; p < probes; ++p) {
+      same += alone.tokens[p] == want.tokens[p];
+      if (alone.tokens[p] == want.tokens[p]) error = std::max<double>(error, std::abs(alone.logprobs[p] - want.logprobs[p]));
+    }
+    EXPECT_GE(same, probes - 1) << "of " << probes;
+    EXPECT_EQ(alone.top_ids, want.top_ids);
+    EXPECT_LT(error, 1e-4);
+  }
+  // In batches of more rows, fewer blocks per row: the same bits.
+  std::set<int> blocks = {cuda::SampleBlocksPerRow(1, static_cast<int32_t>(vocab))};
+  for (int rows : {4, 20, 33, 66, 100, 160}) {
+    blocks.insert(cuda::SampleBlocksPerRow(rows, static_cast<int32_t>(vocab)));
+    Tensor batch_logits;
+    const SamplingBatch b = Last(all, rows, vocab, logits, batch_logits);
+    const SampledTokens got = g.Sample(g.Upload(batch_logits), b);
+    for (int p = std::max(0, probes - rows); p < probes; ++p) {
+      const int r = rows - probes + p;
+      EXPECT_EQ(got.tokens[r], alone.tokens[p]) << rows << " rows, probe " << p;
+      EXPECT_EQ(std::memcmp(&got.logprobs[r], &alone.logprobs[p], sizeof(float)), 0) << rows << " rows, probe " << p;
+      for (int c = 0; c < width; ++c) {
+        EXPECT_EQ(got.top_ids[r * width + c], alone.top_ids[p * width + c]) << rows << " rows, probe " << p;
+        EXPECT_EQ(std::memcmp(&got.top_logprobs[r * width + c], &alone.top_logprobs[p * width + c], sizeof(float)), 0)
+            << rows << " rows, probe " << p;
+      }
+    }
+  }
+  // The batches above used one block per row and several (the point of the test).
+  std::string used;
+  for (int n : blocks) used += " " + std::to_string(n);
+  EXPECT_TRUE(blocks.count(1) && *blocks.rbegin() > 1) << "blocks per row:" << used;
+  std::printf("[sampling] blocks per row used:%s\n", used.c_str());
 }
 
 TEST(CudaSampling, GreedyTokensMatchTheCpu) {

@@ -1,7 +1,8 @@
 // The CUDA draft verification kernels against the CPU reference (skipped without a GPU):
 // the same requests give the same accepted counts, tokens, logprobs and target
 // probabilities, at a real vocabulary and on a small one over many seeds, with one-hot
-// and probabilistic drafts; and a request's outcome does not depend on its batch.
+// and probabilistic drafts, with rows split over several blocks (few rows) or not; and a
+// request's outcome does not depend on its batch.
 #ifdef HSX_HAS_CUDA
 #include <gtest/gtest.h>
 
@@ -10,9 +11,11 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/verification_kernel.h"
 #include "sampling_reference.h"
 
 namespace hsx {
@@ -77,6 +80,7 @@ Case MakeCase(int requests, int64_t vocab, bool with_probs, uint32_t seed) {
 
 struct Compared {
   int requests = 0, same_requests = 0;
+  int rows_keeping_other_tokens = 0;  // target_probs > 0 somewhere the CPU's is 0, or the reverse
   double max_logprob_error = 0, max_prob_error = 0;
   bool probs_written = true;
 };
@@ -112,11 +116,14 @@ Compared CompareWithCpu(CudaBackend& gpu, const Case& c) {
       } else {
         same &= got.emitted.logprobs[row] == -std::numeric_limits<float>::infinity();
       }
+      bool same_kept = true;
       for (int64_t i = 0; i < vocab; ++i) {
-        const float p = probs.data<float>()[row * vocab + i];
+        const float p = probs.data<float>()[row * vocab + i], want_p = want_probs.data<float>()[row * vocab + i];
         out.probs_written &= std::isfinite(p);
-        out.max_prob_error = std::max<double>(out.max_prob_error, std::abs(p - want_probs.data<float>()[row * vocab + i]));
+        out.max_prob_error = std::max<double>(out.max_prob_error, std::abs(p - want_p));
+        same_kept &= (p > 0.0f) == (want_p > 0.0f);
       }
+      out.rows_keeping_other_tokens += !same_kept;
     }
     out.same_requests += same;
   }
@@ -134,6 +141,26 @@ TEST(CudaVerification, MatchesTheCpuReferenceAtARealVocabulary) {
     EXPECT_TRUE(c.probs_written);
     std::printf("[verification] %d/%d requests equal to the CPU's, logprob error %.2e, probability error %.2e\n",
                 c.same_requests, c.requests, c.max_logprob_error, c.max_prob_error);
+  }
+}
+
+// Few rows: each split over several blocks (a cluster), and still the CPU's thresholds
+// (the same tokens kept, by target_probs), tokens and logprobs.
+TEST(CudaVerification, RowsSplitOverBlocksMatchTheCpu) {
+  auto gpu = CudaBackend::Create(0);
+  if (!gpu.ok()) GTEST_SKIP() << "no CUDA device";
+  for (bool with_probs : {false, true}) {
+    const Case c = MakeCase(8, 151936, with_probs, 40 + with_probs);  // 21 rows, every kind of parameter
+    EXPECT_GT(cuda::VerifyBlocksPerRow(static_cast<int32_t>(c.logits.size(0))), 1);
+    const Compared got = CompareWithCpu(**gpu, c);
+    EXPECT_GE(got.same_requests, got.requests - 1) << "of " << got.requests << (with_probs ? " (draft probs)" : "");
+    EXPECT_LE(got.rows_keeping_other_tokens, 1);
+    EXPECT_LT(got.max_logprob_error, 1e-4);
+    EXPECT_LT(got.max_prob_error, 1e-6);
+    EXPECT_TRUE(got.probs_written);
+    std::printf("[verification] split rows (%d blocks each): %d/%d requests equal to the CPU's, %d rows keeping other tokens\n",
+                cuda::VerifyBlocksPerRow(static_cast<int32_t>(c.logits.size(0))), got.same_requests, got.requests,
+                got.rows_keeping_other_tokens);
   }
 }
 
@@ -161,33 +188,38 @@ TEST(CudaVerification, ManyRequestsOfASmallVocabularyMatchTheCpu) {
   }
 }
 
+// At a real vocabulary the requests alone take more blocks per row than together.
 TEST(CudaVerification, SeededResultsDoNotDependOnTheBatch) {
   auto gpu = CudaBackend::Create(0);
   if (!gpu.ok()) GTEST_SKIP() << "no CUDA device";
-  const Case all = MakeCase(16, 1000, false, 3);
-  const VerifiedTokens together = (*gpu)->VerifyDrafts((*gpu)->Upload(all.logits), nullptr, all.batch, nullptr);
-  // Each request alone: its rows, drafts and parameters (penalty entries re-based).
-  for (int r = 0, g = 0, d = 0; r < 16; g += all.batch.num_drafts[r] + 1, d += all.batch.num_drafts[r], ++r) {
-    const int k = all.batch.num_drafts[r];
-    VerificationBatch one;
-    one.num_drafts = {k};
-    one.drafts.assign(all.batch.drafts.begin() + d, all.batch.drafts.begin() + d + k);
-    one.sampling.max_logprobs = all.batch.sampling.max_logprobs;
-    for (int j = 0; j <= k; ++j) {
-      SamplingRow row = all.batch.sampling.rows[g + j];
-      const int32_t begin = static_cast<int32_t>(one.sampling.adjust.size());
-      one.sampling.adjust.insert(one.sampling.adjust.end(), all.batch.sampling.adjust.begin() + row.adjust_begin,
-                                 all.batch.sampling.adjust.begin() + row.adjust_end);
-      row.adjust_begin = begin;
-      row.adjust_end = static_cast<int32_t>(one.sampling.adjust.size());
-      one.sampling.rows.push_back(row);
-    }
-    const VerifiedTokens alone =
-        (*gpu)->VerifyDrafts((*gpu)->Upload(all.logits.Rows(g, g + k + 1)), nullptr, one, nullptr);
-    EXPECT_EQ(alone.num_accepted[0], together.num_accepted[r]) << "request " << r;
-    for (int j = 0; j <= k; ++j) {
-      EXPECT_EQ(alone.emitted.tokens[j], together.emitted.tokens[g + j]) << "request " << r << " row " << j;
-      EXPECT_EQ(std::memcmp(&alone.emitted.logprobs[j], &together.emitted.logprobs[g + j], sizeof(float)), 0);
+  for (const auto& [requests, vocab] : {std::pair<int, int64_t>{16, 1000}, {40, 151936}}) {
+    const Case all = MakeCase(requests, vocab, false, 3);
+    const VerifiedTokens together = (*gpu)->VerifyDrafts((*gpu)->Upload(all.logits), nullptr, all.batch, nullptr);
+    // Each request alone: its rows, drafts and parameters (penalty entries re-based).
+    for (int r = 0, g = 0, d = 0; r < requests; g += all.batch.num_drafts[r] + 1, d += all.batch.num_drafts[r], ++r) {
+      const int k = all.batch.num_drafts[r];
+      VerificationBatch one;
+      one.num_drafts = {k};
+      one.drafts.assign(all.batch.drafts.begin() + d, all.batch.drafts.begin() + d + k);
+      one.sampling.max_logprobs = all.batch.sampling.max_logprobs;
+      for (int j = 0; j <= k; ++j) {
+        SamplingRow row = all.batch.sampling.rows[g + j];
+        const int32_t begin = static_cast<int32_t>(one.sampling.adjust.size());
+        one.sampling.adjust.insert(one.sampling.adjust.end(), all.batch.sampling.adjust.begin() + row.adjust_begin,
+                                   all.batch.sampling.adjust.begin() + row.adjust_end);
+        row.adjust_begin = begin;
+        row.adjust_end = static_cast<int32_t>(one.sampling.adjust.size());
+        one.sampling.rows.push_back(row);
+      }
+      const VerifiedTokens alone =
+          (*gpu)->VerifyDrafts((*gpu)->Upload(all.logits.Rows(g, g + k + 1)), nullptr, one, nullptr);
+      EXPECT_EQ(alone.num_accepted[0], together.num_accepted[r]) << "vocab " << vocab << " request " << r;
+      for (int j = 0; j <= k; ++j) {
+        EXPECT_EQ(alone.emitted.tokens[j], together.emitted.tokens[g + j])
+            << "vocab " << vocab << " request " << r << " row " << j;
+        EXPECT_EQ(std::memcmp(&alone.emitted.logprobs[j], &together.emitted.logprobs[g + j], sizeof(float)), 0)
+            << "vocab " << vocab << " request " << r << " row " << j;
+      }
     }
   }
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/sampling_math.h"
 #include "sampling_reference.h"
 
 namespace hsx {
@@ -175,6 +176,24 @@ TEST(SamplingOp, GreedyTokensAreTheGreedySampleTokens) {
   cpu.GreedyTokens(logits, &offsets, tokens);
   EXPECT_EQ(std::vector<int32_t>(tokens.data<int32_t>(), tokens.data<int32_t>() + 4),
             (std::vector<int32_t>{21, 10, 43, 32}));
+}
+
+// The fixed-point sums (sampling_math.h) both backends take: n terms of at most 1 cannot
+// overflow, f32 weights of 2^-21 and above are kept exactly, float and double terms agree,
+// and terms below 2^-shift count as 0.
+TEST(SamplingOp, FixedPointSumsCannotOverflowAndKeepWeightsExactly) {
+  for (int64_t n : {1, 2, 3, 1000, 151936, 262144, 262145}) {
+    const int shift = sampling::FixedShift(n);
+    EXPECT_LE(static_cast<double>(n) * std::ldexp(1.0, shift), std::ldexp(1.0, 63)) << n;
+    EXPECT_EQ(sampling::ToFixed(1.0f, shift), uint64_t{1} << shift) << n;
+  }
+  const int shift = sampling::FixedShift(151936);
+  EXPECT_EQ(shift, 45);
+  for (float x : {1.0f, 0.5f, 0.123456f, 1.2345f * std::ldexp(1.0f, -21), 5e-7f}) {
+    EXPECT_EQ(sampling::FromFixed(sampling::ToFixed(x, shift), shift), x) << x;
+    EXPECT_EQ(sampling::ToFixed(x, shift), sampling::ToFixed(static_cast<double>(x), shift)) << x;
+  }
+  EXPECT_EQ(sampling::ToFixed(1e-14f, shift), 0u);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ namespace hsx {
 using sampling::Before;
 using sampling::FloatBits;
 using sampling::OrderedKey;
+using sampling::ToFixed;
 
 namespace {
 
@@ -28,7 +29,7 @@ int32_t NextBest(const float* v, int32_t n, float after_v, int32_t after_i) {
 }
 
 // The largest bit pattern t with measure(t) >= need, for a measure that falls as t
-// grows: a search from the top bit down, which the device runs with block-wide sums.
+// grows: a search from the top bit down, which the device runs with team-wide sums.
 template <class Measure>
 uint32_t LargestThreshold(int first_bit, double need, Measure measure) {
   uint32_t t = 0;
@@ -45,9 +46,10 @@ float RawLogprobsOnHost(const float* logits, int32_t vocab, int32_t num_logprobs
                         float* top_logprobs) {
   float top = kNegInf;
   for (int32_t i = 0; i < vocab; ++i) top = std::fmax(top, logits[i]);
-  double sum = 0;
-  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - top);
-  const float lse = top + static_cast<float>(std::log(sum));
+  const int shift = sampling::FixedShift(vocab);
+  uint64_t sum = 0;
+  for (int32_t i = 0; i < vocab; ++i) sum += sampling::ExpToFixed(logits[i], top, shift);
+  const float lse = sampling::LogSumExp(top, sum, shift);
   for (int32_t n = 0, prev = -1; n < num_logprobs; ++n) {
     prev = NextBest(logits, vocab, prev >= 0 ? logits[prev] : 0.0f, prev);
     top_ids[n] = prev;
@@ -95,13 +97,14 @@ ProcessedRow ProcessRowOnHost(const float* logits, int32_t vocab, const Sampling
         if (OrderedKey(l[i]) < kth) e[i] = 0.0f;
       }
     }
-    if (row.top_p < 1.0f) {
-      double kept = 0;
-      for (int32_t i = 0; i < vocab; ++i) kept += e[i];
-      const uint32_t cut = LargestThreshold(30, row.top_p * kept, [&](uint32_t t) {
-        double mass = 0;
-        for (int32_t i = 0; i < vocab; ++i) mass += FloatBits(e[i]) >= t ? e[i] : 0.0f;
-        return mass;
+    if (row.top_p < 1.0f) {  // masses in sampling_math.h's fixed point
+      const int shift = sampling::FixedShift(vocab);
+      uint64_t kept = 0;
+      for (int32_t i = 0; i < vocab; ++i) kept += ToFixed(e[i], shift);
+      const uint32_t cut = LargestThreshold(30, row.top_p * static_cast<double>(kept), [&](uint32_t t) {
+        uint64_t mass = 0;
+        for (int32_t i = 0; i < vocab; ++i) mass += FloatBits(e[i]) >= t ? ToFixed(e[i], shift) : 0u;
+        return static_cast<double>(mass);
       });
       for (int32_t i = 0; i < vocab; ++i) {
         if (FloatBits(e[i]) < cut) e[i] = 0.0f;

@@ -69,6 +69,39 @@ HSX_HOST_DEVICE uint32_t OrderedKey(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Sums of n terms in [0, 1] that decide a threshold or normalise a distribution are taken
+// in fixed point with FixedShift(n) fraction bits (n * 2^shift <= 2^63, so they cannot
+// overflow): integer sums are exact, so they come out the same in any order, on either
+// backend and however a row is split between threads and blocks. Each term is truncated
+// to a multiple of 2^-shift (2^-45 at a 151,936-token vocabulary): an f32 weight above
+// 2^-21 is kept exactly, and a sum is off by less than n * 2^-shift (7e-9 there).
+HSX_HOST_DEVICE int FixedShift(int64_t n) {
+  int bits = 0;
+  while ((int64_t{1} << bits) < n) ++bits;
+  return 63 - bits;
+}
+
+// Both are exact up to the truncation: scaling by a power of two loses nothing.
+HSX_HOST_DEVICE uint64_t ToFixed(float x, int shift) {
+  return static_cast<uint64_t>(x * static_cast<float>(uint64_t{1} << shift));
+}
+HSX_HOST_DEVICE uint64_t ToFixed(double x, int shift) {
+  return static_cast<uint64_t>(x * static_cast<double>(uint64_t{1} << shift));
+}
+
+HSX_HOST_DEVICE double FromFixed(uint64_t sum, int shift) {
+  return static_cast<double>(sum) / static_cast<double>(uint64_t{1} << shift);
+}
+
+// The log-softmax normaliser's pieces: exp(x - top) of one logit as a fixed-point term,
+// and the normaliser from their sum.
+HSX_HOST_DEVICE uint64_t ExpToFixed(float x, float top, int shift) {
+  return ToFixed(exp(static_cast<double>(x) - top), shift);
+}
+HSX_HOST_DEVICE float LogSumExp(float top, uint64_t sum, int shift) {
+  return top + static_cast<float>(log(FromFixed(sum, shift)));
+}
+
 // Whether (a, ia) comes before (b, ib) in "highest value, then lowest id" order.
 HSX_HOST_DEVICE bool Before(float a, int32_t ia, float b, int32_t ib) { return a > b || (a == b && ia < ib); }
 

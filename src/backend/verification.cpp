@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
-#include <numeric>
 
 #include "backend/sampling_math.h"
 
@@ -17,6 +16,14 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   std::fprintf(stderr, "hsx: VerifyDrafts: %s is %lld, expected %lld\n", what, static_cast<long long>(got),
                static_cast<long long>(want));
   std::abort();
+}
+
+// The kept mass of a random row, in sampling_math.h's fixed point as on the device.
+double KeptMass(const ProcessedRow& p) {
+  const int shift = sampling::FixedShift(static_cast<int64_t>(p.weight.size()));
+  uint64_t sum = 0;
+  for (float w : p.weight) sum += sampling::ToFixed(w, shift);
+  return sampling::FromFixed(sum, shift);
 }
 
 struct Verdict {
@@ -34,7 +41,7 @@ Verdict VerifyPosition(const ProcessedRow& p, const SamplingRow& row, int32_t dr
     return {draft, true};
   }
   if (p.greedy()) return {p.argmax, forced < 0.0f && valid && draft == p.argmax};
-  const double z = std::accumulate(p.weight.begin(), p.weight.end(), 0.0);
+  const double z = KeptMass(p);
   const double q_draft = !valid ? 0.0 : q ? q[draft] : 1.0;
   const double p_draft = valid ? p.weight[draft] / z : 0.0;
   if (forced < 0.0f && q_draft > 0.0 &&
@@ -61,7 +68,7 @@ void WriteProbabilities(const ProcessedRow& p, float* out) {
     for (int32_t i = 0; i < vocab; ++i) out[i] = i == p.argmax ? 1.0f : 0.0f;
     return;
   }
-  const double z = std::accumulate(p.weight.begin(), p.weight.end(), 0.0);
+  const double z = KeptMass(p);
   for (int32_t i = 0; i < vocab; ++i) out[i] = static_cast<float>(p.weight[i] / z);
 }
 

@@ -1,5 +1,5 @@
-// Draft verification on the device (backend/verification.h): one block per logit row
-// decides that row's outcome (accepted draft, correction, or bonus token) on its own,
+// Draft verification on the device (backend/verification.h): a team of blocks per logit
+// row (sampling_device.cuh) decides that row's outcome (accepted draft, correction, or bonus token) on its own,
 // with the Sample op's processing and noise (sampling_device.cuh); then one thread per
 // request walks its rows to the first rejection and blanks the rows after it.
 #include "backend/cuda/sampling_device.cuh"
@@ -29,22 +29,25 @@ __global__ void __launch_bounds__(kThreads)
                     Layout layout, const int32_t* row_draft, const int32_t* drafts, const float* draft_probs,
                     float* target_probs, float forced, float* work, int32_t* out) {
   __shared__ sampler::Scratch scratch;
-  const int g = blockIdx.x;
+  sampler::Team team(scratch);
+  const int g = static_cast<int>(blockIdx.x) / team.Blocks();
   const SamplingRow row = params[g];
   const float* raw = logits + static_cast<int64_t>(g) * vocab;
   const sampler::Processed p =
-      sampler::ProcessRow(raw, vocab, row, adjust, work + static_cast<int64_t>(g) * 2 * vocab, scratch);
+      sampler::ProcessRow(raw, vocab, row, adjust, work + static_cast<int64_t>(g) * 2 * vocab, team);
   // The kept mass; none kept (parameters that keep nothing) makes the row greedy.
   double z = 0;
   if (!p.greedy) {
-    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) z += p.Weight(i);
-    z = sampler::BlockSum(z, scratch);
+    const int shift = sampling::FixedShift(vocab);
+    uint64_t part = 0;
+    for (int32_t i = team.first; i < vocab; i += team.stride) part += sampling::ToFixed(p.Weight(i), shift);
+    z = sampling::FromFixed(team.Sum(part), shift);
   }
   const bool greedy = p.greedy || !(z > 0.0);
-  const int32_t argmax = greedy ? sampler::Argmax(p, vocab, scratch) : -1;
+  const int32_t argmax = greedy ? sampler::Argmax(p, vocab, team) : -1;
   if (target_probs != nullptr) {
     float* out_p = target_probs + static_cast<int64_t>(g) * vocab;
-    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+    for (int32_t i = team.first; i < vocab; i += team.stride) {
       out_p[i] = greedy ? (i == argmax ? 1.0f : 0.0f) : static_cast<float>(p.Weight(i) / z);
     }
   }
@@ -53,7 +56,7 @@ __global__ void __launch_bounds__(kThreads)
   int32_t token;
   bool accepted = false;
   if (draft_index < 0) {
-    token = greedy ? argmax : sampler::Draw(p, vocab, row, -1, scratch);  // the bonus token
+    token = greedy ? argmax : sampler::Draw(p, vocab, row, -1, team);  // the bonus token
   } else {
     const int32_t draft = drafts[draft_index];
     const bool valid = draft >= 0 && draft < vocab;
@@ -72,25 +75,25 @@ __global__ void __launch_bounds__(kThreads)
       if (accepted) {
         token = draft;
       } else if (q == nullptr) {
-        token = sampler::Draw(p, vocab, row, valid ? draft : -1, scratch);  // p without the draft
+        token = sampler::Draw(p, vocab, row, valid ? draft : -1, team);  // p without the draft
       } else {
         Best b{0.0f, -1};  // a Gumbel-max over max(p - q, 0)
-        for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
+        for (int32_t i = team.first; i < vocab; i += team.stride) {
           const double residual = p.Weight(i) / z - q[i];
           if (!(residual > 0.0)) continue;
           const float score =
               static_cast<float>(log(residual)) + sampling::Gumbel(row.seed_lo, row.seed_hi, row.draw, i);
           b = sampler::Better(b, Best{score, i});
         }
-        token = sampler::BlockBest(b, scratch).id;
-        if (token < 0) token = sampler::Draw(p, vocab, row, -1, scratch);  // p == q up to rounding
+        token = team.First(b).id;
+        if (token < 0) token = sampler::Draw(p, vocab, row, -1, team);  // p == q up to rounding
       }
     }
   }
   const int32_t width = layout.width;
   const float lse = sampler::RawLogprobs(raw, vocab, row.num_logprobs, width, layout.top_ids(out) + g * width,
-                                         layout.top_lps(out) + g * width, scratch);
-  if (threadIdx.x == 0) {
+                                         layout.top_lps(out) + g * width, team);
+  if (team.Leader()) {
     layout.tokens(out)[g] = token;
     layout.logprobs(out)[g] = raw[token] - lse;
     layout.flags(out)[g] = accepted;
@@ -118,6 +121,8 @@ __global__ void FinishKernel(Layout layout, const int32_t* begins, int32_t* out)
 
 }  // namespace
 
+int VerifyBlocksPerRow(int32_t rows) { return sampler::BlocksPerRow(VerifyRowKernel, rows, 0); }
+
 void VerifyDrafts(const float* logits, int32_t rows, int32_t requests, int32_t vocab, const SamplingRow* params,
                   const TokenAdjust* adjust, int32_t max_logprobs, const int32_t* index, const float* draft_probs,
                   float* target_probs, float forced_accept_rate, float* work, int32_t* out, cudaStream_t stream) {
@@ -125,8 +130,8 @@ void VerifyDrafts(const float* logits, int32_t rows, int32_t requests, int32_t v
   const int32_t* begins = index;
   const int32_t* row_draft = index + requests + 1;
   const int32_t* drafts = row_draft + rows;
-  VerifyRowKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, adjust, layout, row_draft, drafts, draft_probs,
-                                                 target_probs, forced_accept_rate, work, out);
+  sampler::LaunchRows(VerifyRowKernel, rows, VerifyBlocksPerRow(rows), 0, stream, logits, vocab, params, adjust, layout,
+                      row_draft, drafts, draft_probs, target_probs, forced_accept_rate, work, out);
   FinishKernel<<<(requests + 127) / 128, 128, 0, stream>>>(layout, begins, out);
 }
 

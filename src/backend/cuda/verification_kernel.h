@@ -16,6 +16,10 @@ namespace hsx::cuda {
 // `out` (4-byte words): accepted counts [requests], tokens [rows], their raw logprobs
 // (f32) [rows], top ids [rows, max_logprobs], top logprobs (f32) [rows, max_logprobs],
 // then [rows] words of scratch.
+// The blocks (a thread block cluster) that take each row when VerifyDrafts gets `rows`
+// rows on the current device: several when the rows are few, 1 when they are many.
+int VerifyBlocksPerRow(int32_t rows);
+
 void VerifyDrafts(const float* logits, int32_t rows, int32_t requests, int32_t vocab, const SamplingRow* params,
                   const TokenAdjust* adjust, int32_t max_logprobs, const int32_t* index, const float* draft_probs,
                   float* target_probs, float forced_accept_rate, float* work, int32_t* out, cudaStream_t stream);
