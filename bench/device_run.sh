@@ -6,7 +6,8 @@
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
 #   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
-#   AB_B=HSX_ATTENTION=mma), two runs each, plus one HSX_PROFILE run of each;
+#   AB_B=HSX_ATTENTION=mma), two runs each, plus one HSX_PROFILE run of each; AB_ARGS
+#   adds bench arguments to every run (e.g. AB_ARGS="--quantization fp8");
 #   decode = hsx bench --decode (batch 1, 32, 128; greedy, and temperature 1 / top-p 0.9
 #   at 32; batch 1 and 32 with --enforce-eager) against HF transformers' generate;
 #   sampling = the sampling/verification CUDA tests, then bench --decode greedy against temperature 1 /
@@ -81,12 +82,12 @@ if [ "$what" = ab ]; then
   for side in A B; do
     var="AB_$side"
     echo "== $side: ${!var:-default}"
-    env ${!var:-} HSX_PROFILE=1 bash -c qwen3_8b_bench 2>&1 >/dev/null | grep "hsx profile"
+    env ${!var:-} HSX_PROFILE=1 bash -c "qwen3_8b_bench ${AB_ARGS:-}" 2>&1 >/dev/null | grep "hsx profile"
   done
   for round in 1 2; do
     for side in A B; do
       var="AB_$side"
-      echo "$side $(env ${!var:-} bash -c qwen3_8b_bench 2>/dev/null | grep extract_tokens_per_s)"
+      echo "$side $(env ${!var:-} bash -c "qwen3_8b_bench ${AB_ARGS:-}" 2>/dev/null | grep extract_tokens_per_s)"
     done
   done | tee "$OUT/ab.txt"
 fi

@@ -1008,6 +1008,80 @@ TEST(CudaFp8Test, LinearMatchesCpuFp8) {
   }
 }
 
+// Codes and row scales of two FP8 tensors, byte for byte.
+bool SameFp8(CudaBackend& gpu, const Tensor& a, const Tensor& b) {
+  if (a.dtype() != DType::kF8E4M3 || b.dtype() != DType::kF8E4M3 || a.shape() != b.shape()) return false;
+  const Tensor ca = gpu.Download(a), cb = gpu.Download(b);
+  const Tensor sa = gpu.Download(*a.row_scales()), sb = gpu.Download(*b.row_scales());
+  return std::memcmp(ca.raw(), cb.raw(), ca.nbytes()) == 0 && sa.nbytes() == sb.nbytes() &&
+         std::memcmp(sa.raw(), sb.raw(), sa.nbytes()) == 0;
+}
+
+// Frees a poisoned tensor of the output's size just before the op under test, so that the
+// caching allocator is likely to hand the op NaN codes (0xff) wherever it writes nothing.
+void PoisonNextAllocation(CudaBackend& gpu, int64_t rows, int64_t cols) {
+  (void)Poisoned(gpu, DType::kF8E4M3, {rows, cols});
+  (void)Poisoned(gpu, DType::kF32, {rows});
+}
+
+// The norms before FP8 projections write their codes and scales directly: the bits of
+// AddRmsNorm / RmsNorm into bf16, then QuantizeRowsFp8 (the base Backend's composition on
+// the same device), and the same updated residual; at every norm width's thread count
+// (32, 128, 512) and register chunk count, with and without a weight.
+TEST(CudaFp8Test, FusedNormGivesTheBitsOfNormThenQuantize) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  std::mt19937 rng(23);
+  for (int64_t dim : {16, 64, 1008, 1024, 2560, 4096, 5120, 8192, 16384, 32768, 65536}) {
+    const int64_t rows = 37;
+    const Tensor x_host = ToBf16(RandomHost({rows, dim}, rng, 3.0f));
+    const Tensor branch = gpu->Upload(ToBf16(RandomHost({rows, dim}, rng)));
+    const Tensor w = gpu->Upload(ToBf16(RandomHost({dim}, rng, 0.5f)));
+    for (bool add : {false, true}) {
+      for (bool weighted : {false, true}) {
+        for (bool one_plus : {false, true}) {
+          if (!weighted && one_plus) continue;
+          std::ostringstream what;
+          what << "dim=" << dim << " add=" << add << " weight=" << weighted << " one_plus=" << one_plus;
+          Tensor x_fused = gpu->Upload(x_host), x_unfused = gpu->Upload(x_host);
+          PoisonNextAllocation(*gpu, rows, dim);
+          const Tensor* b = add ? &branch : nullptr;
+          const Tensor* weight = weighted ? &w : nullptr;
+          const Tensor fused = gpu->RmsNormFp8(x_fused, b, weight, 1e-6f, one_plus);
+          const Tensor unfused = gpu->Backend::RmsNormFp8(x_unfused, b, weight, 1e-6f, one_plus);
+          EXPECT_TRUE(SameFp8(*gpu, fused, unfused)) << what.str();
+          const Tensor residual = gpu->Download(x_fused), residual_unfused = gpu->Download(x_unfused);
+          EXPECT_EQ(std::memcmp(residual.raw(), residual_unfused.raw(), residual.nbytes()), 0)
+              << "residual: " << what.str();
+          if (!add) {
+            EXPECT_EQ(std::memcmp(residual.raw(), x_host.raw(), residual.nbytes()), 0)
+                << "x was written: " << what.str();
+          }
+        }
+      }
+    }
+  }
+}
+
+// The gated activation before an FP8 down projection writes its codes and scales directly:
+// the bits of GatedActivation into bf16, then QuantizeRowsFp8, for SiLU and GELU, from 1 to
+// 16 register chunks a thread (Qwen3-8B's 12288, Llama-3.1-70B's 28672).
+TEST(CudaFp8Test, FusedGatedActivationGivesTheBitsOfActivationThenQuantize) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  std::mt19937 rng(24);
+  for (int64_t cols : {16, 208, 2048, 3072, 6144, 12288, 28672}) {
+    const int64_t rows = 37;
+    const Tensor gate_up = gpu->Upload(ToBf16(RandomHost({rows, 2 * cols}, rng, 2.0f)));
+    for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
+      PoisonNextAllocation(*gpu, rows, cols);
+      const Tensor fused = gpu->GatedActivationFp8(gate_up, act);
+      const Tensor unfused = gpu->Backend::GatedActivationFp8(gate_up, act);
+      EXPECT_TRUE(SameFp8(*gpu, fused, unfused)) << "cols=" << cols << " act=" << static_cast<int>(act);
+    }
+  }
+}
+
 class CudaFp8FixtureTest : public ::testing::TestWithParam<std::string> {};
 
 // The error --quantization fp8 adds on the device, next to the CPU's FP8 reference and
@@ -1037,6 +1111,32 @@ TEST_P(CudaFp8FixtureTest, ErrorNearTheCpuFp8Reference) {
               GetParam().c_str(), gpu_err, cpu_err, hf, gpu_err / hf);
   RecordProperty("hsx_fp8_error", std::to_string(gpu_err));
   EXPECT_LE(gpu_err, 1.5 * cpu_err + hf);
+}
+
+// The fused FP8 inputs change no bit of a model's states or logits: each fixture's prefill
+// with them and without (HSX_FP8_FUSED_INPUTS=0). Both backends run the heuristic's GEMM
+// algorithms (HSX_GEMM_TUNE=0), so that timing cannot pick different ones.
+TEST_P(CudaFp8FixtureTest, FusedInputsKeepTheUnfusedBits) {
+  setenv("HSX_GEMM_TUNE", "0", 1);
+  auto gpu = Gpu();
+  setenv("HSX_FP8_FUSED_INPUTS", "0", 1);
+  auto unfused_gpu = Gpu();
+  unsetenv("HSX_FP8_FUSED_INPUTS");
+  unsetenv("HSX_GEMM_TUNE");
+  REQUIRE_GPU(gpu);
+  const std::string dir = test::ModelDir(GetParam());
+  auto fused = Model::Load(dir, *gpu);
+  auto unfused = Model::Load(dir, *unfused_gpu);
+  ASSERT_TRUE(fused.ok() && unfused.ok());
+  ASSERT_TRUE((*fused)->QuantizeWeightsFp8().ok());
+  ASSERT_TRUE((*unfused)->QuantizeWeightsFp8().ok());
+  SafetensorsFile golden = test::Golden(dir + "/golden.safetensors");
+  const test::GoldenPrefill a = test::RunGoldenPrefill(**fused, golden);
+  const test::GoldenPrefill b = test::RunGoldenPrefill(**unfused, golden);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_TRUE(a.hidden[k] == b.hidden[k]) << "hidden states of prompt " << k;
+    EXPECT_TRUE(a.logits[k] == b.logits[k]) << "logits of prompt " << k;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, CudaFp8FixtureTest, ::testing::ValuesIn(test::FixtureModels()),

@@ -17,6 +17,23 @@ std::unique_ptr<PendingDownload> Backend::DownloadAsync(const Tensor& t, Tensor&
   return std::make_unique<DoneDownload>();
 }
 
+Tensor Backend::RmsNormFp8(Tensor& x, const Tensor* branch, const Tensor* w, float eps, bool one_plus_weight) {
+  const int64_t dim = x.size(-1);
+  Tensor y = Empty(compute_dtype(), {x.numel() / dim, dim});
+  if (branch != nullptr) {
+    AddRmsNorm(x, *branch, w, eps, one_plus_weight, y);
+  } else {
+    RmsNorm(x, w, eps, one_plus_weight, y);
+  }
+  return QuantizeRowsFp8(y);
+}
+
+Tensor Backend::GatedActivationFp8(const Tensor& gate_up, Activation act) {
+  Tensor out = Empty(compute_dtype(), {gate_up.numel() / gate_up.size(-1), gate_up.size(-1) / 2});
+  GatedActivation(gate_up, act, out);
+  return QuantizeRowsFp8(out);
+}
+
 void Backend::GatedLinear(const Tensor& x, const Tensor& gate_up, Activation act, Tensor& out) {
   Tensor both = Empty(compute_dtype(), {out.numel() / out.size(-1), gate_up.size(0)});
   Linear(x, gate_up, nullptr, both);

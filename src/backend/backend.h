@@ -140,6 +140,10 @@ class Backend {
     Add(residual, branch);
     RmsNorm(residual, w, eps, one_plus_weight, y);
   }
+  // --quantization fp8, for a norm whose output only feeds FP8 projections: RmsNorm of x
+  // (with a branch: AddRmsNorm, x += branch first) as QuantizeRowsFp8 makes its output,
+  // returned; one pass, with no compute-dtype output in memory, where the device fuses it.
+  virtual Tensor RmsNormFp8(Tensor& x, const Tensor* branch, const Tensor* w, float eps, bool one_plus_weight);
   virtual void Multiply(Tensor& acc, const Tensor& x) = 0;      // acc *= x
   virtual void Scale(Tensor& x, float s) = 0;
   virtual void ScaleByTensor(Tensor& x, const Tensor& scalar) = 0;  // x *= scalar[0]
@@ -148,6 +152,9 @@ class Backend {
   // out [T, I] = act(gate) * up, where each row of gate_up [T, 2I] holds gate's I columns
   // then up's (the output of a fused gate/up Linear).
   virtual void GatedActivation(const Tensor& gate_up, Activation act, Tensor& out) = 0;
+  // --quantization fp8: GatedActivation's out [T, I] as QuantizeRowsFp8 makes it (the down
+  // projection's FP8 input), returned; one pass where the device fuses it.
+  virtual Tensor GatedActivationFp8(const Tensor& gate_up, Activation act);
   // out [T, I] = act(x gate^T) * (x up^T) for gate_up [2I, K] (gate's rows, then up's), each
   // product rounded to the compute dtype first (one Linear into [T, 2I], then
   // GatedActivation): one pass with the activation where the device fuses it.

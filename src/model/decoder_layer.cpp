@@ -80,6 +80,12 @@ void MlpBlock(Backend& backend, const ModelConfig& config, int layer, const Laye
                    out);
     return;
   }
+  if (w.down_proj.dtype() == DType::kF8E4M3) {  // the activation writes down_proj's FP8 input itself
+    Tensor gate_up = backend.Empty(dt, {t, w.gate_up_proj.size(0)});
+    backend.Linear(x, w.gate_up_proj, nullptr, gate_up);
+    backend.Linear(backend.GatedActivationFp8(gate_up, config.activation), w.down_proj, nullptr, out);
+    return;
+  }
   Tensor hidden = backend.Empty(dt, {t, config.intermediate_size});
   backend.GatedLinear(x, w.gate_up_proj, config.activation, hidden);
   backend.Linear(hidden, w.down_proj, nullptr, out);

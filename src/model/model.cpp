@@ -122,20 +122,29 @@ ForwardOutput Model::Forward(const DeviceBatch& batch, KVCache& cache, const std
   // Each residual add is fused with the norm that follows it; `carry` marks a branch (the
   // previous layer's MLP output) still to be added to x, which the next input norm does.
   bool carry = false;
+  // A block's input: x (plus `add`, into x) normed into `normed`, or, when the block's
+  // projection is FP8 (--quantization fp8), into its FP8 codes and row scales in one pass.
+  auto norm = [&](const Tensor* add, const Tensor& weight, bool fp8) {
+    if (fp8) return backend_.RmsNormFp8(x, add, &weight, eps, one_plus);
+    if (add != nullptr) {
+      backend_.AddRmsNorm(x, *add, &weight, eps, one_plus, normed);
+    } else {
+      backend_.RmsNorm(x, &weight, eps, one_plus, normed);
+    }
+    return normed;
+  };
   for (int i = 0; i < config_.num_layers; ++i) {
     const LayerWeights& w = weights_.layers[i];
-    if (carry) {
-      backend_.AddRmsNorm(x, branch, &w.input_norm, eps, one_plus, normed);
-    } else {
-      backend_.RmsNorm(x, &w.input_norm, eps, one_plus, normed);
-    }
+    const Tensor attention_in = norm(carry ? &branch : nullptr, w.input_norm, w.qkv_proj.dtype() == DType::kF8E4M3);
     capture(i, x);
-    AttentionBlock(backend_, rank_config_, i, w, rope_[i], normed, positions, slots, attention_batch, cache, branch);
+    AttentionBlock(backend_, rank_config_, i, w, rope_[i], attention_in, positions, slots, attention_batch, cache,
+                   branch);
     AllReduce(branch);
     if (config_.sandwich_norms) backend_.RmsNorm(branch, &w.post_attention_norm, eps, one_plus, branch);
     const Tensor& mlp_norm = config_.sandwich_norms ? w.pre_feedforward_norm : w.post_attention_norm;
-    backend_.AddRmsNorm(x, branch, &mlp_norm, eps, one_plus, normed);
-    MlpBlock(backend_, rank_config_, i, w, normed, branch);
+    const bool mlp_fp8 = !rank_config_.layers[i].moe && w.gate_up_proj.dtype() == DType::kF8E4M3;
+    const Tensor mlp_in = norm(&branch, mlp_norm, mlp_fp8);
+    MlpBlock(backend_, rank_config_, i, w, mlp_in, branch);
     AllReduce(branch);
     if (config_.sandwich_norms) backend_.RmsNorm(branch, &w.post_feedforward_norm, eps, one_plus, branch);
     carry = !per_layer_inputs.defined() && !config_.layer_scalar;

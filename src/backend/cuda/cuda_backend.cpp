@@ -164,6 +164,9 @@ struct CudaBackend::Impl {
   // the activation (HSX_GATED_GEMV=0: two GEMVs and the activation kernel).
   bool fuse_norm_rope_store = EnvOn("HSX_NORM_ROPE_STORE");
   bool gated_gemv = EnvOn("HSX_GATED_GEMV");
+  // --quantization fp8: the norms and the gated activation before FP8 projections write
+  // their codes and row scales directly (HSX_FP8_FUSED_INPUTS=0: bf16, then QuantizeRowsFp8).
+  bool fp8_fused_inputs = EnvOn("HSX_FP8_FUSED_INPUTS");
   // GEMVs launch programmatically (programmatic_launch.cuh), their first weight loads
   // overlapping the norm or attention kernel before them (~1% at batch 1); HSX_PDL=0: not.
   bool programmatic = EnvOn("HSX_PDL");
@@ -673,6 +676,21 @@ Tensor CudaBackend::QuantizeRowsFp8(const Tensor& x) {
   return q.WithRowScales(scales);
 }
 
+Tensor CudaBackend::RmsNormFp8(Tensor& x, const Tensor* branch, const Tensor* w, float eps, bool one_plus_weight) {
+  const int64_t rows = RowsOf(x), dim = x.size(-1);
+  if (impl_->fp8_fused_inputs && x.dtype() == DType::kBF16 && dim % 16 == 0) {  // FP8 GEMMs read 16-byte rows
+    Tensor q = Empty(DType::kF8E4M3, {rows, dim});
+    Tensor scales = Empty(DType::kF32, {rows});
+    Impl::Timer timer(*impl_, branch != nullptr ? "add_rmsnorm_fp8" : "rmsnorm_fp8");
+    if (cuda::RmsNormFp8(B(x), branch != nullptr ? B(*branch) : nullptr, w != nullptr ? B(*w) : nullptr, rows, dim,
+                         eps, one_plus_weight, q.data<uint8_t>(), scales.data<float>(), impl_->stream)) {
+      HSX_LAUNCH_CHECK();
+      return q.WithRowScales(scales);
+    }
+  }
+  return Backend::RmsNormFp8(x, branch, w, eps, one_plus_weight);
+}
+
 void CudaBackend::RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) {
   Impl::Timer timer(*impl_, "rmsnorm");
   cuda::RmsNorm(B(x), w ? B(*w) : nullptr, RowsOf(x), x.size(-1), eps, one_plus_weight, B(y), impl_->stream);
@@ -745,6 +763,22 @@ void CudaBackend::GatedActivation(const Tensor& gate_up, Activation act, Tensor&
   cuda::GatedActivation(B(gate_up), B(gate_up) + cols, RowsOf(out), cols, 2 * cols, act == Activation::kSilu ? 0 : 1,
                         B(out), impl_->stream);
   HSX_LAUNCH_CHECK();
+}
+
+Tensor CudaBackend::GatedActivationFp8(const Tensor& gate_up, Activation act) {
+  const int64_t rows = RowsOf(gate_up), cols = gate_up.size(-1) / 2;
+  if (impl_->fp8_fused_inputs && gate_up.dtype() == DType::kBF16 && cols % 16 == 0) {  // FP8 GEMMs read 16-byte rows
+    Tensor q = Empty(DType::kF8E4M3, {rows, cols});
+    Tensor scales = Empty(DType::kF32, {rows});
+    Impl::Timer timer(*impl_, "gated_act_fp8");
+    if (cuda::GatedActivationFp8(B(gate_up), B(gate_up) + cols, rows, cols, 2 * cols,
+                                 act == Activation::kSilu ? 0 : 1, q.data<uint8_t>(), scales.data<float>(),
+                                 impl_->stream)) {
+      HSX_LAUNCH_CHECK();
+      return q.WithRowScales(scales);
+    }
+  }
+  return Backend::GatedActivationFp8(gate_up, act);
 }
 
 namespace {

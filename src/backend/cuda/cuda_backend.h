@@ -54,6 +54,8 @@ class CudaBackend final : public Backend {
   void Softcap(Tensor& x, float cap) override;
   void Activate(Tensor& x, Activation act) override;
   void GatedActivation(const Tensor& gate_up, Activation act, Tensor& out) override;
+  Tensor GatedActivationFp8(const Tensor& gate_up, Activation act) override;
+  Tensor RmsNormFp8(Tensor& x, const Tensor* branch, const Tensor* w, float eps, bool one_plus_weight) override;
   void GatedLinear(const Tensor& x, const Tensor& gate_up, Activation act, Tensor& out) override;
   void Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) override;
   void RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_plus_weight, const Tensor& positions,

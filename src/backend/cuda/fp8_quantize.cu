@@ -1,39 +1,20 @@
 // Rows of bf16 to FP8 E4M3 codes and one f32 scale each, by tensor/float8.h's rule (the
-// row's largest magnitude maps to 448; round to nearest even, saturating), which the CPU
-// backend applies too: per-channel for weights at load, per-token for activations before
-// each FP8 GEMM.
+// row's largest magnitude maps to 448; round to nearest even, saturating; fp8_rows.cuh),
+// which the CPU backend applies too: per-channel for weights at load, per-token for
+// activations before each FP8 GEMM whose input no kernel quantized as it wrote it.
 //
 // One block per row. Rows of a multiple of 8 elements (every projection's input) stay in
 // registers between the absmax and the conversion, in 16-byte loads and 8-byte stores, so
 // the row is read from HBM once; other widths take a plain two-pass loop.
-#include <cuda_fp8.h>
-
 #include <cstdint>
 
+#include "backend/cuda/fp8_rows.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace hsx::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// The row's largest magnitude, from each thread's partial maximum.
-__device__ __forceinline__ float BlockMax(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  __shared__ float warp_max[kThreads / 32];
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) v = fmaxf(v, warp_max[w]);
-  return v;
-}
-
-__device__ __forceinline__ float Inverse(float absmax) { return absmax > 0.0f ? 448.0f / absmax : 1.0f; }
-__device__ __forceinline__ float Scale(float absmax) { return absmax > 0.0f ? absmax / 448.0f : 1.0f; }
-
-__device__ __forceinline__ uint8_t ToCode(float v) {
-  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-}
 
 // kChunks 8-element chunks per thread: rows of up to kThreads * 8 * kChunks elements.
 template <int kChunks>
@@ -42,7 +23,6 @@ __global__ void QuantizeRowsInRegisters(const bf16* __restrict__ x, int64_t cols
   const int64_t row = blockIdx.x;
   const int chunks = static_cast<int>(cols / 8);
   const uint4* in = reinterpret_cast<const uint4*>(x + row * cols);
-  uint2* out = reinterpret_cast<uint2*>(q + row * cols);
   uint4 v[kChunks];
   float absmax = 0.0f;
 #pragma unroll
@@ -50,25 +30,17 @@ __global__ void QuantizeRowsInRegisters(const bf16* __restrict__ x, int64_t cols
     const int i = threadIdx.x + c * kThreads;
     if (i < chunks) {
       v[c] = in[i];
-      const bf16* e = reinterpret_cast<const bf16*>(&v[c]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) absmax = fmaxf(absmax, fabsf(__bfloat162float(e[j])));
+      absmax = fmaxf(absmax, AbsMax8(v[c]));
     }
   }
   absmax = BlockMax(absmax);
-  const float inv = Inverse(absmax);
+  const float inv = Fp8Inverse(absmax);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int i = threadIdx.x + c * kThreads;
-    if (i < chunks) {
-      const bf16* e = reinterpret_cast<const bf16*>(&v[c]);
-      uint8_t codes[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) codes[j] = ToCode(__bfloat162float(e[j]) * inv);
-      out[i] = *reinterpret_cast<const uint2*>(codes);
-    }
+    if (i < chunks) StoreCodes8(v[c], inv, q + row * cols + int64_t(i) * 8);
   }
-  if (threadIdx.x == 0) scales[row] = Scale(absmax);
+  if (threadIdx.x == 0) scales[row] = Fp8Scale(absmax);
 }
 
 __global__ void QuantizeRowsTwoPass(const bf16* __restrict__ x, int64_t cols, uint8_t* __restrict__ q,
@@ -78,10 +50,10 @@ __global__ void QuantizeRowsTwoPass(const bf16* __restrict__ x, int64_t cols, ui
   float absmax = 0.0f;
   for (int64_t i = threadIdx.x; i < cols; i += kThreads) absmax = fmaxf(absmax, fabsf(__bfloat162float(in[i])));
   absmax = BlockMax(absmax);
-  const float inv = Inverse(absmax);
+  const float inv = Fp8Inverse(absmax);
   uint8_t* out = q + row * cols;
-  for (int64_t i = threadIdx.x; i < cols; i += kThreads) out[i] = ToCode(__bfloat162float(in[i]) * inv);
-  if (threadIdx.x == 0) scales[row] = Scale(absmax);
+  for (int64_t i = threadIdx.x; i < cols; i += kThreads) out[i] = Fp8Code(__bfloat162float(in[i]) * inv);
+  if (threadIdx.x == 0) scales[row] = Fp8Scale(absmax);
 }
 
 }  // namespace

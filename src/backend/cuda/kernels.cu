@@ -1,10 +1,13 @@
 // Elementwise, normalization, KV-store and gather kernels. Each thread handles
-// whole elements in f32 and writes bf16; launches use grid-stride loops.
+// whole elements in f32 and writes bf16; launches use grid-stride loops. The norm and the
+// gated activation also come in variants that write an FP8 GEMM's input (E4M3 codes and
+// row scales) directly, in one block per row.
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
 #include "backend/cuda/activation.cuh"
+#include "backend/cuda/fp8_rows.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/programmatic_launch.cuh"
 
@@ -64,22 +67,22 @@ struct Vec8 {
       v[2 * i + 1] = f.y;
     }
   }
-  __device__ void Store(bf16* p) const {
+  // The 8 rounded to bf16 (nearest even), as Store writes them.
+  __device__ uint4 Pack() const {
     uint4 raw;
     __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
     for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    *reinterpret_cast<uint4*>(p) = raw;
+    return raw;
   }
+  __device__ void Store(bf16* p) const { *reinterpret_cast<uint4*>(p) = Pack(); }
 };
 
-// One block per row. With a branch, the row first becomes bf16(x + branch), written back
-// to x, and the norm is taken of those rounded values (as a bf16 framework would).
-// dim % 8 == 0 takes 16-byte accesses; otherwise scalar.
+// A norm's first pass over row xr (one block per row): with a branch, the row first becomes
+// bf16(x + branch), written back to x, and the norm is taken of those rounded values (as a
+// bf16 framework would). Returns 1 / rms. dim % 8 == 0 takes 16-byte accesses; otherwise
+// scalar. Each thread's elements, and so the sums, are the same for every caller.
 template <bool kAdd>
-__global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t dim, float eps, bool one_plus, bf16* y) {
-  AllowDependentLaunch();  // a GEMV follows: its weight loads may start (programmatic_launch.cuh)
-  bf16* xr = x + blockIdx.x * dim;
-  bf16* yr = y + blockIdx.x * dim;
+__device__ __forceinline__ float RowInverseRms(bf16* xr, const bf16* branch_row, int64_t dim, float eps) {
   float ss = 0.0f;
   if (dim % 8 == 0) {
     for (int64_t i = threadIdx.x * 8; i < dim; i += blockDim.x * 8) {
@@ -87,7 +90,7 @@ __global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t d
       a.Load(xr + i);
       if (kAdd) {
         Vec8 b;
-        b.Load(branch + blockIdx.x * dim + i);
+        b.Load(branch_row + i);
         for (int j = 0; j < 8; ++j) a.v[j] = __bfloat162float(__float2bfloat16(a.v[j] + b.v[j]));
         a.Store(xr + i);
       }
@@ -97,13 +100,22 @@ __global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t d
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
       float v = ToF(xr[i]);
       if (kAdd) {
-        v = ToF(ToB(v + ToF(branch[blockIdx.x * dim + i])));
+        v = ToF(ToB(v + ToF(branch_row[i])));
         xr[i] = ToB(v);
       }
       ss += v * v;
     }
   }
-  const float inv = rsqrtf(BlockSum(ss) / dim + eps);
+  return rsqrtf(BlockSum(ss) / dim + eps);
+}
+
+// One block per row: y = x / rms(x) * (w, 1 + w or 1), after RowInverseRms's add.
+template <bool kAdd>
+__global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t dim, float eps, bool one_plus, bf16* y) {
+  AllowDependentLaunch();  // a GEMV follows: its weight loads may start (programmatic_launch.cuh)
+  bf16* xr = x + blockIdx.x * dim;
+  bf16* yr = y + blockIdx.x * dim;
+  const float inv = RowInverseRms<kAdd>(xr, kAdd ? branch + blockIdx.x * dim : nullptr, dim, eps);
   const float plus = one_plus ? 1.0f : 0.0f;
   if (dim % 8 == 0) {
     for (int64_t i = threadIdx.x * 8; i < dim; i += blockDim.x * 8) {
@@ -119,6 +131,39 @@ __global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t d
       yr[i] = ToB(ToF(xr[i]) * inv * scale);
     }
   }
+}
+
+// NormKernel with y as an FP8 GEMM's input: the same bf16 values of y, held in registers
+// (kChunks 8-element chunks per thread, dim % 8 == 0), become E4M3 codes q and the row's
+// scale by fp8_rows.cuh's rule, so y never goes to memory in bf16.
+template <bool kAdd, int kChunks>
+__global__ void __launch_bounds__(512) NormFp8Kernel(bf16* x, const bf16* branch, const bf16* w, int64_t dim,
+                                                     float eps, bool one_plus, uint8_t* q, float* scales) {
+  bf16* xr = x + blockIdx.x * dim;
+  const float inv = RowInverseRms<kAdd>(xr, kAdd ? branch + blockIdx.x * dim : nullptr, dim, eps);
+  const float plus = one_plus ? 1.0f : 0.0f;
+  uint4 y[kChunks];
+  float absmax = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+    if (i < dim) {
+      Vec8 a, s;
+      a.Load(xr + i);
+      if (w != nullptr) s.Load(w + i);
+      for (int j = 0; j < 8; ++j) a.v[j] = a.v[j] * inv * (w != nullptr ? s.v[j] + plus : 1.0f);
+      y[c] = a.Pack();
+      absmax = fmaxf(absmax, AbsMax8(y[c]));
+    }
+  }
+  absmax = BlockMax(absmax);
+  const float to_code = Fp8Inverse(absmax);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+    if (i < dim) StoreCodes8(y[c], to_code, q + blockIdx.x * dim + i);
+  }
+  if (threadIdx.x == 0) scales[blockIdx.x] = Fp8Scale(absmax);
 }
 
 __global__ void AddBiasKernel(bf16* y, const bf16* bias, int64_t n, int64_t cols) {
@@ -175,6 +220,39 @@ __global__ void GatedActivationKernel(const bf16* gate, const bf16* up, int64_t 
     const int64_t in = i / cols * stride + i % cols;
     out[i] = ToB(Activation(act, ToF(gate[in])) * ToF(up[in]));
   }
+}
+
+// GatedActivationKernel with out as an FP8 GEMM's input (the down projection's): one block
+// per row, the row's bf16 products held in registers (kChunks 8-element chunks per thread;
+// cols and stride multiples of 8), then E4M3 codes q and the row's scale by fp8_rows.cuh's
+// rule, so out never goes to memory in bf16.
+template <int kChunks>
+__global__ void __launch_bounds__(kThreads)
+    GatedActivationFp8Kernel(const bf16* gate, const bf16* up, int64_t cols, int64_t stride, int act, uint8_t* q,
+                             float* scales) {
+  const int64_t in = blockIdx.x * stride;
+  uint4 y[kChunks];
+  float absmax = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+    if (i < cols) {
+      Vec8 g, u;
+      g.Load(gate + in + i);
+      u.Load(up + in + i);
+      for (int j = 0; j < 8; ++j) g.v[j] = Activation(act, g.v[j]) * u.v[j];
+      y[c] = g.Pack();
+      absmax = fmaxf(absmax, AbsMax8(y[c]));
+    }
+  }
+  absmax = BlockMax(absmax);
+  const float to_code = Fp8Inverse(absmax);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+    if (i < cols) StoreCodes8(y[c], to_code, q + blockIdx.x * cols + i);
+  }
+  if (threadIdx.x == 0) scales[blockIdx.x] = Fp8Scale(absmax);
 }
 
 __global__ void StoreKVKernel(const bf16* k, const bf16* v, const int32_t* slots, int64_t k_row, int64_t v_row,
@@ -303,6 +381,57 @@ void RmsNorm(const bf16* x, const bf16* w, int64_t rows, int64_t dim, float eps,
 void AddRmsNorm(bf16* residual, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps,
                 bool one_plus_weight, bf16* y, cudaStream_t stream) {
   if (rows > 0) NormKernel<true><<<rows, NormThreads(dim), 0, stream>>>(residual, branch, w, dim, eps, one_plus_weight, y);
+}
+// The register chunks an FP8 row kernel needs per thread (8 elements each), rounded up to
+// an instantiated count; 0 when a row of `cols` takes more.
+static int Fp8Chunks(int64_t cols, int threads) {
+  const int64_t need = (cols / 8 + threads - 1) / threads;
+  for (int c : {1, 2, 4, 8, 16})
+    if (need <= c) return c;
+  return 0;
+}
+static bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+template <bool kAdd>
+static void LaunchNormFp8(int chunks, int64_t rows, int threads, bf16* x, const bf16* branch, const bf16* w,
+                          int64_t dim, float eps, bool one_plus, uint8_t* q, float* scales, cudaStream_t stream) {
+  switch (chunks) {
+    case 1: NormFp8Kernel<kAdd, 1><<<rows, threads, 0, stream>>>(x, branch, w, dim, eps, one_plus, q, scales); break;
+    case 2: NormFp8Kernel<kAdd, 2><<<rows, threads, 0, stream>>>(x, branch, w, dim, eps, one_plus, q, scales); break;
+    case 4: NormFp8Kernel<kAdd, 4><<<rows, threads, 0, stream>>>(x, branch, w, dim, eps, one_plus, q, scales); break;
+    case 8: NormFp8Kernel<kAdd, 8><<<rows, threads, 0, stream>>>(x, branch, w, dim, eps, one_plus, q, scales); break;
+    default: NormFp8Kernel<kAdd, 16><<<rows, threads, 0, stream>>>(x, branch, w, dim, eps, one_plus, q, scales);
+  }
+}
+bool RmsNormFp8(bf16* x, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps, bool one_plus_weight,
+                uint8_t* q, float* scales, cudaStream_t stream) {
+  const int threads = NormThreads(dim);  // RmsNorm's, so each row sums in the same order
+  const int chunks = Fp8Chunks(dim, threads);
+  if (dim % 8 != 0 || chunks == 0 || !Aligned16(x) || (branch && !Aligned16(branch)) || (w && !Aligned16(w)) ||
+      reinterpret_cast<uintptr_t>(q) % 8 != 0)
+    return false;
+  if (rows == 0) return true;
+  if (branch != nullptr) {
+    LaunchNormFp8<true>(chunks, rows, threads, x, branch, w, dim, eps, one_plus_weight, q, scales, stream);
+  } else {  // x is only read (NormFp8Kernel<false, _> never writes it)
+    LaunchNormFp8<false>(chunks, rows, threads, x, branch, w, dim, eps, one_plus_weight, q, scales, stream);
+  }
+  return true;
+}
+bool GatedActivationFp8(const bf16* gate, const bf16* up, int64_t rows, int64_t cols, int64_t stride, int act,
+                        uint8_t* q, float* scales, cudaStream_t stream) {
+  const int chunks = Fp8Chunks(cols, kThreads);
+  if (cols % 8 != 0 || stride % 8 != 0 || chunks == 0 || !Aligned16(gate) || !Aligned16(up) ||
+      reinterpret_cast<uintptr_t>(q) % 8 != 0)
+    return false;
+  if (rows == 0) return true;
+  switch (chunks) {
+    case 1: GatedActivationFp8Kernel<1><<<rows, kThreads, 0, stream>>>(gate, up, cols, stride, act, q, scales); break;
+    case 2: GatedActivationFp8Kernel<2><<<rows, kThreads, 0, stream>>>(gate, up, cols, stride, act, q, scales); break;
+    case 4: GatedActivationFp8Kernel<4><<<rows, kThreads, 0, stream>>>(gate, up, cols, stride, act, q, scales); break;
+    case 8: GatedActivationFp8Kernel<8><<<rows, kThreads, 0, stream>>>(gate, up, cols, stride, act, q, scales); break;
+    default: GatedActivationFp8Kernel<16><<<rows, kThreads, 0, stream>>>(gate, up, cols, stride, act, q, scales);
+  }
+  return true;
 }
 void AddBias(bf16* y, const bf16* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
   AddBiasKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(y, bias, rows * cols, cols);

@@ -97,6 +97,16 @@ void ConvertToBF16(const void* x, int src_dtype, int64_t n, bf16* out, cudaStrea
 // Each row of x [rows, cols] as E4M3 codes q and the f32 scale that multiplies them back
 // (tensor/float8.h's rule).
 void QuantizeRowsFp8(const bf16* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, cudaStream_t stream);
+// --quantization fp8: a norm or gated activation whose output only feeds FP8 GEMMs writes it
+// as QuantizeRowsFp8 would make it of the bf16 output (the same codes and scales, bit for
+// bit), in one pass. RmsNormFp8 is RmsNorm (with a branch: AddRmsNorm, residual x updated)
+// into q [rows, dim]; GatedActivationFp8 is GatedActivation into q [rows, cols]. False,
+// launching nothing, unless the widths are multiples of 8 of at most 16 register chunks a
+// thread (dim <= 65536, cols <= 32768).
+bool RmsNormFp8(bf16* x, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps, bool one_plus_weight,
+                uint8_t* q, float* scales, cudaStream_t stream);
+bool GatedActivationFp8(const bf16* gate, const bf16* up, int64_t rows, int64_t cols, int64_t stride, int act,
+                        uint8_t* q, float* scales, cudaStream_t stream);
 // flags[r] = 1 where row r of x [rows, cols] holds an inf or NaN, else 0.
 void FlagNonFiniteRows(const bf16* x, int64_t rows, int64_t cols, int32_t* flags, cudaStream_t stream);
 
