@@ -12,17 +12,16 @@ namespace {
 
 constexpr int kOut = gemv::kTileRows / 2;  // output columns per block
 
-template <int NT>
 __global__ void __launch_bounds__(gemv::kThreads, 2)
     GatedGemvKernel(const bf16* __restrict__ x, int m, const bf16* __restrict__ gate, const bf16* __restrict__ up,
                     int64_t n, int64_t k, int act, bf16* __restrict__ out) {
   AllowDependentLaunch();  // the down projection follows
-  constexpr int kCols = 8 * NT;
+  constexpr int kCols = 8;
   const int64_t col0 = int64_t(blockIdx.x) * kOut;
   const int g = threadIdx.x % 32 / 4;
   const int64_t col = col0 + g < n ? col0 + g : n - 1;  // past n: a real row, never written
   __shared__ float totals[gemv::kTileRows * kCols];  // gate's rows, then up's
-  gemv::BlockTileDots<NT>(x, m, gate + col * k, up + col * k, k, totals);
+  gemv::BlockTileDots(x, m, gate + col * k, up + col * k, k, totals);
   for (int e = threadIdx.x; e < kOut * kCols; e += gemv::kThreads) {
     const int c = e / kCols, i = e % kCols;
     if (i >= m || col0 + c >= n) continue;
@@ -32,22 +31,17 @@ __global__ void __launch_bounds__(gemv::kThreads, 2)
   }
 }
 
-template <int NT>
 void Launch(const bf16* x, int m, const bf16* gate, const bf16* up, int64_t n, int64_t k, int act, bf16* out,
             cudaStream_t stream, bool programmatic) {
   const dim3 grid(static_cast<unsigned>((n + kOut - 1) / kOut)), block(gemv::kThreads);
-  LaunchMaybeProgrammatic(GatedGemvKernel<NT>, grid, block, programmatic, stream, x, m, gate, up, n, k, act, out);
+  LaunchMaybeProgrammatic(GatedGemvKernel, grid, block, programmatic, stream, x, m, gate, up, n, k, act, out);
 }
 
 }  // namespace
 
 void GatedGemv(const bf16* x, const bf16* gate_up, int64_t m, int64_t n, int64_t k, int act, bf16* out,
                cudaStream_t stream, bool programmatic) {
-  if (n == 0) return;
-  const int rows = static_cast<int>(m);
-  const bf16* up = gate_up + n * k;
-  if (m <= 8) return Launch<1>(x, rows, gate_up, up, n, k, act, out, stream, programmatic);
-  Launch<2>(x, rows, gate_up, up, n, k, act, out, stream, programmatic);
+  if (n > 0) Launch(x, static_cast<int>(m), gate_up, gate_up + n * k, n, k, act, out, stream, programmatic);
 }
 
 }  // namespace hsx::cuda

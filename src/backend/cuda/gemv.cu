@@ -9,15 +9,15 @@
 namespace hsx::cuda {
 namespace {
 
-template <int NT, typename Out>
+template <typename Out>
 __global__ void __launch_bounds__(gemv::kThreads, 2)
     GemvKernel(const bf16* __restrict__ x, int m, const bf16* __restrict__ w, int64_t n, int64_t k, Out* y) {
-  constexpr int kCols = 8 * NT, kOut = gemv::kTileRows * kCols;
+  constexpr int kCols = 8, kOut = gemv::kTileRows * kCols;
   const int64_t row0 = int64_t(blockIdx.x) * gemv::kTileRows;
   __shared__ float totals[kOut];
   const int g = threadIdx.x % 32 / 4;
   const int64_t lo = row0 + g < n ? row0 + g : n - 1, hi = row0 + g + 8 < n ? row0 + g + 8 : n - 1;
-  gemv::BlockTileDots<NT>(x, m, w + lo * k, w + hi * k, k, totals);
+  gemv::BlockTileDots(x, m, w + lo * k, w + hi * k, k, totals);
   for (int e = threadIdx.x; e < kOut; e += gemv::kThreads) {
     const int r = e / kCols, i = e % kCols;
     if (i >= m || row0 + r >= n) continue;
@@ -28,15 +28,14 @@ __global__ void __launch_bounds__(gemv::kThreads, 2)
   }
 }
 
-template <int NT>
 void Launch(const bf16* x, int m, const bf16* w, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream,
             bool programmatic) {
   const dim3 grid(static_cast<unsigned>((n + gemv::kTileRows - 1) / gemv::kTileRows)), block(gemv::kThreads);
   if (y_f32)
-    LaunchMaybeProgrammatic(GemvKernel<NT, float>, grid, block, programmatic, stream, x, m, w, n, k,
+    LaunchMaybeProgrammatic(GemvKernel<float>, grid, block, programmatic, stream, x, m, w, n, k,
                             static_cast<float*>(y));
   else
-    LaunchMaybeProgrammatic(GemvKernel<NT, bf16>, grid, block, programmatic, stream, x, m, w, n, k,
+    LaunchMaybeProgrammatic(GemvKernel<bf16>, grid, block, programmatic, stream, x, m, w, n, k,
                             static_cast<bf16*>(y));
 }
 
@@ -49,11 +48,8 @@ bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k) {
 
 void Gemv(const bf16* x, const bf16* w, int64_t m, int64_t n, int64_t k, void* y, bool y_f32, cudaStream_t stream,
           bool programmatic) {
-  static_assert(kGemvMaxRows <= 16, "two x tiles of 8 rows at most");
-  if (n == 0) return;
-  const int rows = static_cast<int>(m);
-  if (m <= 8) return Launch<1>(x, rows, w, n, k, y, y_f32, stream, programmatic);
-  Launch<2>(x, rows, w, n, k, y, y_f32, stream, programmatic);
+  static_assert(kGemvMaxRows <= 8, "one mma column per x row");
+  if (n > 0) Launch(x, static_cast<int>(m), w, n, k, y, y_f32, stream, programmatic);
 }
 
 }  // namespace hsx::cuda

@@ -1,11 +1,11 @@
 // The core of the decode-sized GEMVs (gemv.cu, gated_gemv.cu): a block's dot
-// products of a tile of 16 weight rows with up to 8 * NT rows of x, on mma.sync
+// products of a tile of 16 weight rows with up to 8 rows of x, on mma.sync
 // m16n8k16 (bf16 in, f32 accumulate), each weight element read from memory once.
 //
 // Why tensor cores for a GEMV: with FMAs the work per weight byte grows with the number
 // of x rows, and at 4 rows (a verification step of 3 drafts) it limited the kernel below
 // the memory's pace; an mma multiplies a 16x16 weight tile by 8 x rows at once, so 1 to
-// 16 rows cost the same few instructions per byte.
+// 8 rows cost the same few instructions per byte.
 //
 // Weights go straight from memory to the mma's A registers, with no shared memory: a
 // dot product may visit k in any order as long as A and B visit it alike, so lane (g, t)
@@ -43,21 +43,17 @@ constexpr int kTileRows = 16;  // weight rows per mma tile
 constexpr int kWarps = 8;      // warps per block, splitting k
 constexpr int kThreads = kWarps * 32;
 
-// 32-wide k steps a warp loads per group: each lane 16 bytes of 2 rows of every tile
-// per step, and a row's 128-byte line per group.
+// 32-wide k steps a warp loads per group: each lane 16 bytes of its 2 rows per step,
+// the warp a row's 128-byte line per group.
 constexpr int kLoadSteps = 2;
 // Groups a warp has in flight while it multiplies one (a group: 2 KB of weights).
 constexpr int kStages = 4;
 
-// x row tiles (of 8 rows) for m rows.
-constexpr int XTiles(int64_t m) { return m <= 8 ? 1 : 2; }
-
 // A block's sums over one tile of 16 weight rows, afterwards (the block synchronized) in
-// totals[r * 8 * NT + x_row] for x_row < m: tile row r . x row x_row. The caller maps the
+// totals[r * 8 + x_row] for x_row < m: tile row r . x row x_row. The caller maps the
 // tile's rows to memory: this lane's rows g and g + 8 start at lo and hi (k elements each,
 // 16-byte aligned; rows past a matrix should point at a real row, their sums unwritten).
 // x: [m, k], 16-byte aligned; k a multiple of 8.
-template <int NT>
 __device__ __forceinline__ void BlockTileDots(const bf16* __restrict__ x, int m, const bf16* lo_row,
                                               const bf16* hi_row, int64_t k, float* totals) {
   constexpr int kSteps = kLoadSteps;
@@ -70,7 +66,7 @@ __device__ __forceinline__ void BlockTileDots(const bf16* __restrict__ x, int m,
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
   struct Group {
-    uint4 lo[kSteps], hi[kSteps], x[NT][kSteps];
+    uint4 lo[kSteps], hi[kSteps], x[kSteps];
   };
   auto load_weights = [&](int64_t group, Group& b) {
 #pragma unroll
@@ -84,30 +80,23 @@ __device__ __forceinline__ void BlockTileDots(const bf16* __restrict__ x, int m,
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       const int64_t c = (group * kSteps + s) * 4 + t;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const int r = j * 8 + g;
-        b.x[j][s] = c < chunks && r < m ? __ldg(xs + r * chunks + c) : zero;
-      }
+      b.x[s] = c < chunks && g < m ? __ldg(xs + g * chunks + c) : zero;
     }
   };
 
-  auto multiply = [&](const Group& b, float (&acc)[NT][4]) {
+  auto multiply = [&](const Group& b, float (&acc)[4]) {
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       const uint32_t a0[4] = {b.lo[s].x, b.hi[s].x, b.lo[s].y, b.hi[s].y};
       const uint32_t a1[4] = {b.lo[s].z, b.hi[s].z, b.lo[s].w, b.hi[s].w};
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        Mma(acc[j], a0, b.x[j][s].x, b.x[j][s].y);
-        Mma(acc[j], a1, b.x[j][s].z, b.x[j][s].w);
-      }
+      Mma(acc, a0, b.x[s].x, b.x[s].y);
+      Mma(acc, a1, b.x[s].z, b.x[s].w);
     }
   };
 
   // A ring of kStages groups, indexed by constants (the stage loop is unrolled): a
   // register copied from a pending load would wait for it, and the pipeline with it.
-  float acc[NT][4] = {};
+  float acc[4] = {};
   Group ring[kStages];
   // Weights are never written by the kernel before (programmatic_launch.cuh); x is.
 #pragma unroll
@@ -126,20 +115,17 @@ __device__ __forceinline__ void BlockTileDots(const bf16* __restrict__ x, int m,
     }
   }
 
-  // C layout: acc[j][0..1] at (row g, x rows j * 8 + 2t, + 1), [2..3] at row g + 8.
-  constexpr int kCols = 8 * NT, kPerWarp = kTileRows * kCols;
+  // C layout: acc[0..1] at (row g, x rows 2t, 2t + 1), acc[2..3] at row g + 8.
+  constexpr int kPerWarp = kTileRows * 8;
   __shared__ float partial[kWarps][kPerWarp];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    float* tile = partial[warp] + j * 8 + 2 * t;
-    tile[g * kCols] = acc[j][0];
-    tile[g * kCols + 1] = acc[j][1];
-    tile[(g + 8) * kCols] = acc[j][2];
-    tile[(g + 8) * kCols + 1] = acc[j][3];
-  }
+  float* tile = partial[warp] + 2 * t;
+  tile[g * 8] = acc[0];
+  tile[g * 8 + 1] = acc[1];
+  tile[(g + 8) * 8] = acc[2];
+  tile[(g + 8) * 8 + 1] = acc[3];
   __syncthreads();
   for (int e = threadIdx.x; e < kPerWarp; e += kThreads) {
-    if (e % kCols >= m) continue;
+    if (e % 8 >= m) continue;
     float total = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) total += partial[w][e];

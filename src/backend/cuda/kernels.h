@@ -120,7 +120,7 @@ bool CentroidMaskedLogits(const bf16* x, const float* centroid_logits, const int
 // Decode-sized Linear (gemv.cu): y[m, n] = x[m, k] w[n, k]^T, y bf16 or (y_f32) f32, each
 // weight read from memory once whatever m, on tensor cores; deterministic (no atomics,
 // fixed reduction order), and a row's result does not depend on m.
-constexpr int kGemvMaxRows = 16;
+constexpr int kGemvMaxRows = 8;  // 16 on two mma column tiles lost to cuBLASLt
 // Whether Gemv takes this call: 1 <= m <= kGemvMaxRows, k a multiple of 8, x and w 16-byte aligned.
 bool GemvSupports(const void* x, const void* w, int64_t m, int64_t k);
 // Only for calls GemvSupports takes.
