@@ -291,6 +291,23 @@ TEST_F(CliTest, DecodeBenchReportsEachBatchAndRefusesEmptyOnes) {
   }
 }
 
+// The decode bench's bound counts the weights in the bytes they are stored in: with
+// --quantization fp8 the projections' one-byte codes and row scales, fewer than unquantized.
+TEST_F(CliTest, DecodeBenchCountsTheFp8WeightsBytes) {
+  const std::string bench =
+      "bench --decode --model " + test::ModelDir("qwen3") + " --prompt-len 8 --new-tokens 2 --kv-cache-gib 0.05 --batch-sizes 1";
+  double bytes[2] = {0, 0};
+  for (int fp8 : {0, 1}) {
+    CommandResult r = Hsx(bench + (fp8 ? " --quantization fp8" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);  // one batch size: one line
+    EXPECT_EQ(j.at("quantization"), fp8 ? "fp8" : "none");
+    bytes[fp8] = j.at("weight_bytes_per_step").get<double>();
+  }
+  EXPECT_GT(bytes[1], 0.0);
+  EXPECT_LT(bytes[1], bytes[0]);
+}
+
 // --spec-bench-accept-rate 1 on the decode bench: every draft accepted, even the random
 // EAGLE-3 draft's (never accepted by verification), so with 9 tokens at K = 3 each sequence
 // verifies twice and the mean acceptance length is K + 1; the JSON says the rate was forced.

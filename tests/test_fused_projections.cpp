@@ -89,23 +89,37 @@ TEST(FusedProjectionsTest, PlaceRowsRefusesAPartOfAnotherDtype) {
   EXPECT_NE(s.message().find("tensor 'model.layers.0.mlp.up_proj.weight' has dtype"), std::string::npos) << s.message();
 }
 
-// The checkpoint's gate_proj and up_proj, bit for bit, as the rows of one weight.
-TEST(FusedProjectionsTest, LoadingConcatenatesGateAndUp) {
-  const std::string dir = test::ModelDir("qwen3");
+// A test model as loaded (projections fused) next to its checkpoint's tensors as stored.
+struct LoadedAndStored {
+  ModelConfig config;
+  ModelWeights weights;
+  CheckpointTensors tensors;
+};
+
+// Fails the calling test (wrap the call in ASSERT_NO_FATAL_FAILURE) when either read fails.
+void LoadAndOpen(const std::string& model, LoadedAndStored& out) {
+  const std::string dir = test::ModelDir(model);
   auto config = LoadModelConfig(dir);
   ASSERT_TRUE(config.ok()) << config.status().message();
   CpuBackend cpu;
   auto weights = LoadWeights(dir, *config, cpu);
   ASSERT_TRUE(weights.ok()) << weights.status().message();
   auto tensors = OpenCheckpoint(dir);
-  ASSERT_TRUE(tensors.ok());
-  const int64_t inter = config->intermediate_size;
-  for (size_t l = 0; l < weights->layers.size(); ++l) {
-    const Tensor& fused = weights->layers[l].gate_up_proj;
+  ASSERT_TRUE(tensors.ok()) << tensors.status().message();
+  out = {std::move(*config), std::move(*weights), std::move(*tensors)};
+}
+
+// The checkpoint's gate_proj and up_proj, bit for bit, as the rows of one weight.
+TEST(FusedProjectionsTest, LoadingConcatenatesGateAndUp) {
+  LoadedAndStored m;
+  ASSERT_NO_FATAL_FAILURE(LoadAndOpen("qwen3", m));
+  const int64_t inter = m.config.intermediate_size;
+  for (size_t l = 0; l < m.weights.layers.size(); ++l) {
+    const Tensor& fused = m.weights.layers[l].gate_up_proj;
     ASSERT_EQ(fused.size(0), 2 * inter);
     const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
     for (auto [name, begin] : {std::pair<const char*, int64_t>{"gate_proj.weight", 0}, {"up_proj.weight", inter}}) {
-      const Tensor& want = tensors->at(p + name).first;
+      const Tensor& want = m.tensors.at(p + name).first;
       const Tensor got = fused.Rows(begin, begin + inter);
       ASSERT_EQ(got.nbytes(), want.nbytes());
       EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0) << p << name;
@@ -204,31 +218,25 @@ TEST(FusedProjectionsTest, NormRopeStoreKVReadsTheFusedRows) {
 // weight; a KV-sharing layer's (Gemma 4) holds q's rows alone, a k_eq_v layer's no v.
 TEST(FusedProjectionsTest, LoadingConcatenatesQkv) {
   for (const std::string model : {"qwen2", "gemma4", "gemma4_kvshare"}) {
-    const std::string dir = test::ModelDir(model);
-    auto config = LoadModelConfig(dir);
-    ASSERT_TRUE(config.ok()) << config.status().message();
-    CpuBackend cpu;
-    auto weights = LoadWeights(dir, *config, cpu);
-    ASSERT_TRUE(weights.ok()) << weights.status().message();
-    auto tensors = OpenCheckpoint(dir);
-    ASSERT_TRUE(tensors.ok());
+    LoadedAndStored m;
+    ASSERT_NO_FATAL_FAILURE(LoadAndOpen(model, m)) << model;
     std::string prefix = "model.";
-    if (tensors->count("model.language_model.embed_tokens.weight")) prefix = "model.language_model.";
-    for (size_t l = 0; l < weights->layers.size(); ++l) {
-      const LayerSpec& spec = config->layers[l];
+    if (m.tensors.count("model.language_model.embed_tokens.weight")) prefix = "model.language_model.";
+    for (size_t l = 0; l < m.weights.layers.size(); ++l) {
+      const LayerSpec& spec = m.config.layers[l];
       const std::string p = prefix + "layers." + std::to_string(l) + ".self_attn.";
       std::vector<std::string> parts = {"q_proj"};
       if (spec.kv_source == static_cast<int>(l)) parts.push_back("k_proj");
       if (spec.kv_source == static_cast<int>(l) && !spec.k_eq_v) parts.push_back("v_proj");
       for (const std::string kind : {"weight", "bias"}) {
-        const Tensor& fused = kind == "weight" ? weights->layers[l].qkv_proj : weights->layers[l].qkv_bias;
-        if (kind == "bias" && !config->qkv_bias) {
+        const Tensor& fused = kind == "weight" ? m.weights.layers[l].qkv_proj : m.weights.layers[l].qkv_bias;
+        if (kind == "bias" && !m.config.qkv_bias) {
           EXPECT_FALSE(fused.defined());
           continue;
         }
         int64_t row = 0;
         for (const std::string& part : parts) {
-          const Tensor& want = tensors->at(p + part + "." + kind).first;
+          const Tensor& want = m.tensors.at(p + part + "." + kind).first;
           const Tensor got = fused.Rows(row, row + want.size(0));
           EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0) << model << " " << p << part << "." << kind;
           row += want.size(0);

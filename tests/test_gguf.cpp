@@ -286,6 +286,29 @@ TEST_F(GgufTest, Gemma3AsTransformersConvertsIt) {
   EXPECT_NE(LoadError(head128.Build()).find("'gemma3.attention.key_length') is 128"), std::string::npos);
 }
 
+// Gemma 3 stops on <end_of_turn> as well as EOS, as its generation_config.json's
+// eos_token_id [1, 106] says: the token found by its text when the file names no EOT, and
+// counted once when it does. Other architectures keep the stop tokens their file names.
+TEST_F(GgufTest, Gemma3StopsOnEndOfTurnToo) {
+  std::vector<std::string> tokens = {"<pad>", "<eos>", "<bos>", "<unk>"};
+  for (int i = 4; i < 16; ++i) tokens.push_back("t" + std::to_string(i));
+  tokens[9] = "<start_of_turn>";
+  tokens[10] = "<end_of_turn>";
+  auto stop_ids = [&](const GgufBuilder& b) {
+    Write(b.Build());
+    CpuBackend backend;
+    auto model = Model::Load(path_, backend);  // the config generate and serve read
+    EXPECT_TRUE(model.ok()) << model.status().message();
+    return model.ok() ? (*model)->config().eos_token_ids : std::vector<int32_t>{-1};
+  };
+  const auto eos = [] { return Gemma3Model().U32("tokenizer.ggml.eos_token_id", 1); };
+  EXPECT_EQ(stop_ids(eos().Strings("tokenizer.ggml.tokens", tokens)), (std::vector<int32_t>{1, 10}));
+  EXPECT_EQ(stop_ids(eos().U32("tokenizer.ggml.eot_token_id", 10).Strings("tokenizer.ggml.tokens", tokens)),
+            (std::vector<int32_t>{1, 10}));
+  EXPECT_EQ(stop_ids(eos()), (std::vector<int32_t>{1}));  // no vocabulary in the file, nothing to find
+  EXPECT_EQ(stop_ids(LlamaModel().Strings("tokenizer.ggml.tokens", tokens)), (std::vector<int32_t>{2}));
+}
+
 // The inverse of convert_hf_to_gguf.py's permute (each head's [first halves; second halves]
 // rows written as interleaved pairs).
 TEST(GgufWeights, UnpermuteUndoesLlamaCppsPermute) {

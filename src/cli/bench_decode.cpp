@@ -11,7 +11,7 @@
 
 #include "cli/common.h"
 #include "engine/engine.h"
-#include "model/weights.h"
+#include "model/decode_traffic.h"
 
 namespace hsx::cli {
 namespace {
@@ -37,17 +37,6 @@ double CopyBandwidth(Backend& backend) {
   return best;
 }
 
-// Bytes of KV cache one token of context occupies (layers that own a cache).
-int64_t KvBytesPerToken(const ModelConfig& c, DType dtype) {
-  int64_t bytes = 0;
-  for (size_t i = 0; i < c.layers.size(); ++i) {
-    const LayerSpec& l = c.layers[i];
-    if (l.kv_source != static_cast<int>(i)) continue;
-    bytes += (l.k_eq_v ? 1 : 2) * static_cast<int64_t>(l.num_kv_heads) * l.head_dim * DTypeSize(dtype);
-  }
-  return bytes;
-}
-
 }  // namespace
 
 int RunDecodeBench(const DecodeBenchOptions& o) {
@@ -57,13 +46,11 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
   Backend& backend = *loaded->backend;
   const ModelConfig& c = model.config();
   const DType dtype = backend.compute_dtype();
-  // Weights a decode step reads: all but the embedding table (only B rows are gathered),
-  // which the LM head reads in full when tied. Under tensor parallelism each rank reads
-  // 1/N of them (the replicated norms aside) and its share of the KV.
-  const int64_t embedding = static_cast<int64_t>(c.vocab_size) * c.hidden_size;
+  // Weights a decode step reads, in the bytes they are stored in (with --quantization fp8 the
+  // projections' 1-byte codes and row scales): rank 0's, which under tensor parallelism are
+  // its slices, as its KV is its share of the heads.
   const int ranks = o.model.tensor_parallel_size;
-  const double weight_bytes =
-      static_cast<double>(CountParameters(c) - (c.tie_word_embeddings ? 0 : embedding)) * DTypeSize(dtype) / ranks;
+  const double weight_bytes = static_cast<double>(DecodeWeightBytes(model.weights()));
   const double bandwidth = backend.device() == Device::kCPU ? 0.0 : CopyBandwidth(backend);
   const int64_t kv_per_token = KvBytesPerToken(model.rank_config(), dtype);
   auto line = [](const nlohmann::json& j) { std::printf("%s\n", j.dump().c_str()); };
@@ -142,7 +129,8 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
         {"temperature", o.sampling.temperature}, {"top_p", o.sampling.top_p}, {"top_k", o.sampling.top_k},
         {"bound_tokens_per_s", bound_tok_s}, {"fraction_of_bound", bound_tok_s > 0 ? tok_s / bound_tok_s : 0.0},
         {"device", o.model.device}, {"tensor_parallel_size", ranks},
-        {"quantization", o.model.quantization.empty() ? "none" : o.model.quantization}};
+        {"quantization", o.model.quantization.empty() ? "none" : o.model.quantization},
+        {"weight_bytes_per_step", weight_bytes}};
     if (const uint64_t drafts = decode_end.num_drafts - decode_start.num_drafts; drafts > 0) {
       // vLLM's figures: tokens per verification (accepted drafts + the one always emitted)
       // and the acceptance rate of each draft position.

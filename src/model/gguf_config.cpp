@@ -1,5 +1,6 @@
 #include "model/gguf_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -115,10 +116,26 @@ Result<json> GgufHfConfig(const GgufFile& g) {
   }
   // Stop tokens: EOS, and EOT where the file names one (llama.cpp stops on both).
   json eos = json::array();
+  auto add_eos = [&](uint64_t id) {
+    if (std::find(eos.begin(), eos.end(), json(id)) == eos.end()) eos.push_back(id);
+  };
   for (const char* k : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
     if (!g.Find(k)) continue;
     HSX_ASSIGN_OR_RETURN(const uint64_t id, g.Unsigned(k));
-    if (std::find(eos.begin(), eos.end(), json(id)) == eos.end()) eos.push_back(id);
+    add_eos(id);
+  }
+  // Gemma 3 ends a turn with <end_of_turn>, a stop token of its generation_config.json
+  // (eos_token_id [1, 106]), which a GGUF file does not carry and need not name as its EOT
+  // (llama.cpp then finds the token by its text): found by its text here too, so a GGUF
+  // Gemma 3 stops where its directory model, with that generation_config.json, does.
+  if (gemma3 && g.Find("tokenizer.ggml.tokens")) {
+    HSX_ASSIGN_OR_RETURN(const auto* tokens, g.Array("tokenizer.ggml.tokens", GgufType::kString));
+    for (size_t i = 0; i < tokens->size(); ++i) {
+      if ((*tokens)[i].s == "<end_of_turn>") {
+        add_eos(i);
+        break;
+      }
+    }
   }
   c["eos_token_id"] = eos;
   c["tie_word_embeddings"] = g.FindTensor("output.weight") == nullptr;
