@@ -431,7 +431,7 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
 
 bool Attention(const AttentionArgs& a, cudaStream_t stream) {
   if (a.num_seqs == 0 || a.max_q_len == 0) return true;
-  if (a.max_q_len == 1 && a.decode_splits > 0) return AttentionDecode(a, stream);
+  if (a.max_q_len <= kDecodeMaxQueryRows && a.decode_splits > 0) return AttentionDecode(a, stream);
   if (a.hopper && AttentionHopper(a, stream)) return true;
   switch (a.head_dim) {
     case 16: Launch<16>(a, stream); return true;

@@ -1,11 +1,14 @@
-// Split-KV ("flash decoding") attention for decode steps, where every sequence has one
-// query. attention.cu gives each (sequence, head) one block that walks the whole context,
-// which leaves most of the GPU idle for a few long sequences; here each sequence's visible
-// keys are cut into `splits` chunks, one block per (chunk, KV head, sequence), and a
-// second kernel merges the chunks' partial softmax results.
+// Split-KV ("flash decoding") attention for decode and verification steps, where every
+// sequence has a few queries (at most kDecodeMaxQueryRows: one, or a speculative step's
+// last token and drafts). attention.cu gives each (sequence, head) one block that walks
+// the whole context, which leaves most of the GPU idle for a few long sequences; here each
+// sequence's visible keys are cut into `splits` chunks, one block per (chunk, KV head, row
+// tile, sequence), and a second kernel merges the chunks' partial softmax results.
 //
-// A block serves every query head of its KV group (up to 16, the rows of one mma tile),
-// so each K/V element is read from HBM once per sequence. Key tiles stream through a
+// A block's mma rows are (query, head) pairs of one KV group, query-major, 16 to a tile:
+// the group's heads of every query of the sequence, so each K/V element is read from HBM
+// once per sequence and row tile (once, for Qwen3's groups of 4 up to 4 queries). Query j
+// of q sees the keys before ctx_len - q + 1 + j (causal), the others masked per row. Key tiles stream through a
 // cp.async pipeline; each warp computes the scores of a quarter of a tile's keys
 // (S = Q K^T on mma.sync), all warps then apply the tile's online softmax to the whole
 // tile (redundantly, from shared memory), and each warp accumulates a quarter of the
@@ -60,27 +63,31 @@ constexpr size_t SharedBytes() {
          + size_t(kRows) * ScoreLd<D>() * 4;                // one tile's scores
 }
 
-// The keys a sequence's single query sees, [begin, end), and the chunk each split takes:
-// an equal share rounded up to whole tiles, so only the last chunk has a partial tile.
+// The keys a sequence's queries see, [begin, end) (the first query's window begin to the
+// last query's end), and the chunk each split takes: an equal share rounded up to whole
+// tiles, so only the last chunk has a partial tile.
 struct Chunks {
   int begin, end, size, count;
 };
-__device__ __forceinline__ Chunks SplitKeys(int ctx_len, int window, int splits, int tile) {
+__device__ __forceinline__ Chunks SplitKeys(int ctx_len, int q_len, int window, int splits, int tile) {
   Chunks c;
   c.end = ctx_len;
-  c.begin = window > 0 ? max(0, ctx_len - window) : 0;
+  c.begin = window > 0 ? max(0, ctx_len - q_len + 1 - window) : 0;
   const int n = max(0, c.end - c.begin);
   c.size = ((n + splits - 1) / splits + tile - 1) / tile * tile;
   c.count = n == 0 ? 0 : (n + c.size - 1) / c.size;
   return c;
 }
 
-// Partial results of split s for (seq, head): the unnormalized output [D], and the
+// Row tiles of a KV head's (query, head) pairs for q_len queries per sequence.
+__host__ __device__ __forceinline__ int RowTiles(int q_len, int group) { return (q_len * group + kRows - 1) / kRows; }
+
+// Partial results of split s for (token row, head): the unnormalized output [D], and the
 // running max (log2 units) and sum, in a workspace of three arrays.
 struct Workspace {
   float *o, *m, *l;
   __device__ Workspace(const AttentionArgs& a) {
-    const int64_t rows = int64_t(a.num_seqs) * a.num_heads * a.decode_splits;
+    const int64_t rows = int64_t(a.num_seqs) * a.max_q_len * a.num_heads * a.decode_splits;
     o = a.decode_workspace;
     m = o + rows * a.head_dim;
     l = m + rows;
@@ -104,19 +111,23 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
   float* s_s = reinterpret_cast<float*>(q_s + kRows * kLd);
 
   const int split = blockIdx.x, seq = blockIdx.z;
-  const int group = a.num_heads / a.kv_heads, row_tiles = (group + kRows - 1) / kRows;
-  const int kvh = blockIdx.y / row_tiles, head0 = kvh * group + (blockIdx.y % row_tiles) * kRows;
-  const int rows = min(kRows, kvh * group + group - head0);  // live query heads of this block
+  const int group = a.num_heads / a.kv_heads, row_tiles = RowTiles(a.max_q_len, group);
+  const int kvh = blockIdx.y / row_tiles, pair0 = (blockIdx.y % row_tiles) * kRows;
   const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
   const int ctx_len = a.seq_info[seq * 4 + 2], table_offset = a.seq_info[seq * 4 + 3];
-  if (q_len == 0) return;  // no query row in this step
-  const Chunks chunks = SplitKeys(ctx_len, a.sliding_window, a.decode_splits, kTile);
+  const int rows = min(kRows, q_len * group - pair0);  // live (query, head) pairs of this block
+  if (rows <= 0) return;  // no query row of this tile in this step
+  // Pair r of the tile: query (pair0 + r) / group, head kvh * group + (pair0 + r) % group.
+  auto row_offset = [&](int r) {
+    const int pair = pair0 + r;
+    return (int64_t(q_start + pair / group) * a.num_heads + kvh * group + pair % group) * D;
+  };
+  const Chunks chunks = SplitKeys(ctx_len, q_len, a.sliding_window, a.decode_splits, kTile);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  bf16* out_rows = a.out + (int64_t(q_start) * a.num_heads + head0) * D;
 
   if (chunks.count == 0) {  // a padding row (no keys): zeros, written once
     if (split == 0)
-      for (int i = threadIdx.x; i < rows * D; i += kThreads) out_rows[i] = __float2bfloat16(0.0f);
+      for (int i = threadIdx.x; i < rows * D; i += kThreads) a.out[row_offset(i / D) + i % D] = __float2bfloat16(0.0f);
     return;
   }
   if (split >= chunks.count) return;
@@ -148,13 +159,20 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
   };
   for (int tile = 0; tile < kStages - 1; ++tile) issue(tile);
 
-  // The block's query heads, zero rows past `rows`.
-  const bf16* q_base = a.q + (int64_t(q_start) * a.num_heads + head0) * D;
+  // The block's query rows, zero rows past `rows`.
   for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < rows) v = reinterpret_cast<const uint4*>(q_base + r * D)[c];
+    if (r < rows) v = reinterpret_cast<const uint4*>(a.q + row_offset(r))[c];
     reinterpret_cast<uint4*>(q_s + r * kLd)[c] = v;
+  }
+  // The keys rows g and g + 8 see, [see_begin, see_end) (dead rows none).
+  int see_begin[2], see_end[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    see_end[h] = r < rows ? ctx_len - q_len + 1 + (pair0 + r) / group : 0;
+    see_begin[h] = a.sliding_window > 0 ? max(0, see_end[h] - a.sliding_window) : 0;
   }
   __syncthreads();
   // A-operand addresses: lanes 0-15 give rows 0-15 at column 0, lanes 16-31 at column 8.
@@ -181,7 +199,7 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
     issue(tile + kStages - 1);  // into the stage the previous tile used
     const bf16* k_s = kv_s + (tile % kStages) * 2 * kTile * kLd;
     const bf16* v_s = k_s + kTile * kLd;
-    const int valid = key_end - (key_begin + tile * kTile);  // keys of this tile, if < kTile
+    const int tile_key = key_begin + tile * kTile;
 
     // S = Q K^T for this warp's keys; K rows are B's columns, so plain ldmatrix gives B.
     float s[kWarpKeys / 8][4];
@@ -216,14 +234,16 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
         Mma(s[j], q_frag[0], b[0], b[1]);
       }
     }
-    // Scaled (and softcapped) scores in log2 units, keys past the chunk masked.
+    // Scaled (and softcapped) scores in log2 units, keys past the chunk or out of the
+    // row's sight masked.
 #pragma unroll
     for (int j = 0; j < kWarpKeys / 8; ++j) {
       const int key = warp_key + 8 * j + 2 * t;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float v = softcap ? a.softcap * tanhf(s[j][i] * a.scale / a.softcap) * kLog2e : s[j][i] * scale_log2;
-        if (key + (i & 1) >= valid) v = -INFINITY;
+        const int abs_key = tile_key + key + (i & 1), h = i / 2;
+        if (abs_key >= key_end || abs_key >= see_end[h] || abs_key < see_begin[h]) v = -INFINITY;
         s[j][i] = v;
       }
       *reinterpret_cast<float2*>(s_s + g * kSLd + key) = make_float2(s[j][0], s[j][1]);
@@ -294,14 +314,14 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
     if (r >= rows) continue;
     if (chunks.count == 1) {
       const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-      bf16* out = out_rows + r * D + warp_dim + 2 * t;
+      bf16* out = a.out + row_offset(r) + warp_dim + 2 * t;
 #pragma unroll
       for (int c = 0; c < kWarpDims / 8; ++c)
         *reinterpret_cast<__nv_bfloat162*>(out + 8 * c) =
             __floats2bfloat162_rn(o[c][2 * h] * inv, o[c][2 * h + 1] * inv);
     } else {
       const Workspace ws(a);
-      const int64_t row = (int64_t(seq) * a.num_heads + head0 + r) * a.decode_splits + split;
+      const int64_t row = row_offset(r) / D * a.decode_splits + split;  // (token row, head)
       float* po = ws.o + row * D + warp_dim + 2 * t;
 #pragma unroll
       for (int c = 0; c < kWarpDims / 8; ++c)
@@ -314,18 +334,20 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
   }
 }
 
-// Merges the chunks of one (sequence, head): out = sum_s w_s o_s / sum_s w_s l_s with
-// w_s = 2^(m_s - max m). Rows of one chunk or none were written by DecodeKernel.
+// Merges the chunks of one (sequence, query, head): out = sum_s w_s o_s / sum_s w_s l_s
+// with w_s = 2^(m_s - max m). Rows of one chunk or none were written by DecodeKernel.
+// A split the row sees nothing of has m_s = -inf, so w_s = 0; every row sees its own key.
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads) CombineKernel(AttentionArgs a) {
   AllowDependentLaunch();
-  const int head = blockIdx.x, seq = blockIdx.y;
+  const int head = blockIdx.x, seq = blockIdx.y / a.max_q_len, query = blockIdx.y % a.max_q_len;
   const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
   const int ctx_len = a.seq_info[seq * 4 + 2];
-  const Chunks chunks = SplitKeys(ctx_len, a.sliding_window, a.decode_splits, Tile<D>());
-  if (q_len == 0 || chunks.count <= 1) return;
+  const Chunks chunks = SplitKeys(ctx_len, q_len, a.sliding_window, a.decode_splits, Tile<D>());
+  if (query >= q_len || chunks.count <= 1) return;
   const Workspace ws(a);
-  const int64_t row0 = (int64_t(seq) * a.num_heads + head) * a.decode_splits;
+  const int64_t token_head = int64_t(q_start + query) * a.num_heads + head;
+  const int64_t row0 = token_head * a.decode_splits;
   __shared__ float weight[kMaxSplits];
   __shared__ float inv_sum;
   if (threadIdx.x < 32) {
@@ -341,7 +363,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(AttentionArgs a
     if (threadIdx.x == 0) inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
   }
   __syncthreads();
-  bf16* out = a.out + (int64_t(q_start) * a.num_heads + head) * D;
+  bf16* out = a.out + token_head * D;
   for (int d = threadIdx.x; d < D; d += kCombineThreads) {
     float acc = 0.0f;
     for (int s = 0; s < chunks.count; ++s) acc += weight[s] * ws.o[(row0 + s) * D + d];
@@ -354,27 +376,28 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
   constexpr size_t kSmem = SharedBytes<D>();
   AllowDynamicSharedMemory<DecodeKernel<D>>(kSmem);
   const int group = a.num_heads / a.kv_heads;
-  const dim3 grid(a.decode_splits, a.kv_heads * ((group + kRows - 1) / kRows), a.num_seqs);
+  const dim3 grid(a.decode_splits, a.kv_heads * RowTiles(a.max_q_len, group), a.num_seqs);
   DecodeKernel<D><<<grid, 32 * Warps<D>(), kSmem, stream>>>(a);
-  if (a.decode_splits > 1) CombineKernel<D><<<dim3(a.num_heads, a.num_seqs), kCombineThreads, 0, stream>>>(a);
+  if (a.decode_splits > 1)
+    CombineKernel<D><<<dim3(a.num_heads, a.num_seqs * a.max_q_len), kCombineThreads, 0, stream>>>(a);
 }
 
 }  // namespace
 
-int DecodeAttentionSplits(int num_seqs, int num_heads, int kv_heads, int sm_count) {
+int DecodeAttentionSplits(int num_seqs, int max_q_len, int num_heads, int kv_heads, int sm_count) {
   // Enough blocks for about two per SM; more only cut chunks shorter and add merging.
-  const int64_t blocks = int64_t(num_seqs) * kv_heads * ((num_heads / kv_heads + kRows - 1) / kRows);
+  const int64_t blocks = int64_t(num_seqs) * kv_heads * RowTiles(max_q_len, num_heads / kv_heads);
   if (blocks <= 0) return 1;
   return int(std::clamp<int64_t>((2 * int64_t(sm_count) + blocks - 1) / blocks, 1, kMaxSplits));
 }
 
-size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim, int splits) {
+size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads, int head_dim, int splits) {
   if (splits <= 1) return 0;
-  return size_t(num_seqs) * num_heads * splits * (head_dim + 2) * sizeof(float);
+  return size_t(num_seqs) * max_q_len * num_heads * splits * (head_dim + 2) * sizeof(float);
 }
 
 bool AttentionDecode(const AttentionArgs& a, cudaStream_t stream) {
-  if (a.decode_splits < 1 || a.decode_splits > kMaxSplits) return false;
+  if (a.decode_splits < 1 || a.decode_splits > kMaxSplits || a.max_q_len > kDecodeMaxQueryRows) return false;
   switch (a.head_dim) {
     case 16: Launch<16>(a, stream); return true;
     case 32: Launch<32>(a, stream); return true;

@@ -163,6 +163,9 @@ struct CudaBackend::Impl {
   // one launch (HSX_NORM_ROPE_STORE=0: three), and the gated MLP's gate and up GEMVs with
   // the activation (HSX_GATED_GEMV=0: two GEMVs and the activation kernel).
   bool fuse_norm_rope_store = EnvOn("HSX_NORM_ROPE_STORE");
+  // Verification steps (a few queries per sequence) on the split-KV kernel too;
+  // HSX_VERIFY_ATTENTION=0: on the prefill kernels, for comparison.
+  int decode_attention_rows = EnvOn("HSX_VERIFY_ATTENTION") ? cuda::kDecodeMaxQueryRows : 1;
   bool gated_gemv = EnvOn("HSX_GATED_GEMV");
   // --quantization fp8: the norms and the gated activation before FP8 projections write
   // their codes and row scales directly (HSX_FP8_FUSED_INPUTS=0: bf16, then QuantizeRowsFp8).
@@ -906,9 +909,10 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.hopper = impl_->hopper_attention;
   a.batch_invariant = impl_->batch_invariant;
   Tensor workspace;  // freed after the launch: the allocator reuses memory in stream order
-  if (impl_->decode_attention && a.max_q_len == 1) {
-    a.decode_splits = cuda::DecodeAttentionSplits(a.num_seqs, a.num_heads, a.kv_heads, impl_->sm_count);
-    const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, a.num_heads, a.head_dim, a.decode_splits);
+  if (impl_->decode_attention && a.max_q_len <= impl_->decode_attention_rows) {
+    a.decode_splits = cuda::DecodeAttentionSplits(a.num_seqs, a.max_q_len, a.num_heads, a.kv_heads, impl_->sm_count);
+    const size_t bytes =
+        cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, a.max_q_len, a.num_heads, a.head_dim, a.decode_splits);
     if (bytes > 0) {
       workspace = Empty(DType::kF32, {static_cast<int64_t>(bytes / sizeof(float))});
       a.decode_workspace = workspace.data<float>();

@@ -149,7 +149,7 @@ struct AttentionArgs {
   // sliding-window row sees the same tiles whichever rows share its block.
   bool batch_invariant;
   // Split-KV decode (attention_decode.cu): with decode_splits > 0, a step whose sequences
-  // all have q_len <= 1 runs there, each context cut into up to decode_splits chunks
+  // all have q_len <= kDecodeMaxQueryRows runs there, each context cut into up to decode_splits chunks
   // (DecodeAttentionSplits); decode_workspace holds DecodeAttentionWorkspaceBytes for
   // the chunks' partial results. Launch shapes never depend on per-sequence data.
   int decode_splits = 0;
@@ -157,13 +157,17 @@ struct AttentionArgs {
 };
 // False if head_dim is not one of 16, 32, 64, 128, 256, 512 (or decode_splits is past 64).
 bool Attention(const AttentionArgs& args, cudaStream_t stream);
-// The split-KV decode kernels; false, launching nothing, unless head_dim is supported and
-// decode_splits in [1, 64].
+// Queries per sequence the split-KV kernels take: a decode step's one, or a speculative
+// verification's last token and drafts (more run on the prefill kernels).
+constexpr int kDecodeMaxQueryRows = 8;
+// The split-KV decode kernels; false, launching nothing, unless head_dim is supported,
+// max_q_len <= kDecodeMaxQueryRows and decode_splits in [1, 64].
 bool AttentionDecode(const AttentionArgs& args, cudaStream_t stream);
-// Chunks per context: about two blocks per SM over num_seqs * kv_heads; at most 64.
-int DecodeAttentionSplits(int num_seqs, int num_heads, int kv_heads, int sm_count);
+// Chunks per context: about two blocks per SM over the blocks of num_seqs sequences of up
+// to max_q_len queries; at most 64.
+int DecodeAttentionSplits(int num_seqs, int max_q_len, int num_heads, int kv_heads, int sm_count);
 // Bytes of f32 workspace for `splits` chunks (0 for one: the kernel writes out directly).
-size_t DecodeAttentionWorkspaceBytes(int num_seqs, int num_heads, int head_dim, int splits);
+size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads, int head_dim, int splits);
 // The wgmma kernel (attention_hopper.cu); false, launching nothing, unless head_dim is
 // 128, the GQA group divides 128 and host_seq_info is given.
 bool AttentionHopper(const AttentionArgs& args, cudaStream_t stream);
