@@ -94,11 +94,13 @@ void CpuBackend::Embed(const Tensor& table, const Tensor& ids, float scale, Tens
 
 // Rows per sgemm in batch-invariant mode. GEMM libraries pick their kernel by the call's
 // shape (OpenBLAS 0.3.21 runs m·n·k <= 100^3 through small-matrix kernels that round
-// differently from its blocked ones; oneDNN splits work by shape), so a row's bits would
-// depend on how many rows came with it. At one
-// shape per weight panel every row takes the same path, and the rows of one call are
-// computed alike (tests/test_batch_invariant.cpp checks both).
-constexpr int64_t kInvariantRows = 64;
+// differently from its blocked ones; oneDNN splits work by shape) and, inside one call,
+// may give rows past the last full multiple of their kernel's row unroll another kernel
+// (oneDNN's sgemm unrolls 24 rows on AVX2, 48 on AVX-512), so a row's bits would depend
+// on how many rows came with it and where it sat. Every call here is one single-threaded
+// call of exactly 48 rows, a multiple of both unrolls: every row takes the same path
+// (tests/test_batch_invariant.cpp checks it); the blocks share the thread pool.
+constexpr int64_t kInvariantRows = 48;
 
 void CpuBackend::MultiplyPanel(const float* a, int64_t m, int64_t k, const float* w_panel, int64_t cols, float* c,
                                int64_t ldc) const {
@@ -106,21 +108,25 @@ void CpuBackend::MultiplyPanel(const float* a, int64_t m, int64_t k, const float
     Sgemm(m, cols, k, 1.0f, a, k, w_panel, k, BLayout::kRowsOfN, c, ldc);
     return;
   }
-  std::vector<float> a_pad, c_pad;
-  for (int64_t r0 = 0; r0 < m; r0 += kInvariantRows) {
-    const int64_t rows = std::min(kInvariantRows, m - r0);
-    if (rows == kInvariantRows) {
-      Sgemm(rows, cols, k, 1.0f, a + r0 * k, k, w_panel, k, BLayout::kRowsOfN, c + r0 * ldc, ldc);
-      continue;
+  const int64_t blocks = (m + kInvariantRows - 1) / kInvariantRows;
+  ThreadPool::Global().ParallelFor(blocks, [&](int64_t b0, int64_t b1) {
+    std::vector<float> a_pad, c_pad;
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t r0 = b * kInvariantRows, rows = std::min(kInvariantRows, m - r0);
+      if (rows == kInvariantRows) {
+        SgemmSingleThreaded(rows, cols, k, 1.0f, a + r0 * k, k, w_panel, k, BLayout::kRowsOfN, c + r0 * ldc, ldc);
+        continue;
+      }
+      // The last block, zero-padded to the full height.
+      a_pad.assign(static_cast<size_t>(kInvariantRows * k), 0.0f);
+      std::copy(a + r0 * k, a + (r0 + rows) * k, a_pad.begin());
+      c_pad.resize(static_cast<size_t>(kInvariantRows * cols));
+      SgemmSingleThreaded(kInvariantRows, cols, k, 1.0f, a_pad.data(), k, w_panel, k, BLayout::kRowsOfN, c_pad.data(),
+                          cols);
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy(c_pad.begin() + r * cols, c_pad.begin() + (r + 1) * cols, c + (r0 + r) * ldc);
     }
-    // The last block, zero-padded to the full height.
-    a_pad.assign(static_cast<size_t>(kInvariantRows * k), 0.0f);
-    std::copy(a + r0 * k, a + (r0 + rows) * k, a_pad.begin());
-    c_pad.resize(static_cast<size_t>(kInvariantRows * cols));
-    Sgemm(kInvariantRows, cols, k, 1.0f, a_pad.data(), k, w_panel, k, BLayout::kRowsOfN, c_pad.data(), cols);
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy(c_pad.begin() + r * cols, c_pad.begin() + (r + 1) * cols, c + (r0 + r) * ldc);
-  }
+  });
 }
 
 void CpuBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {

@@ -15,10 +15,8 @@ extern "C" char* openblas_get_corename();
 #endif
 
 namespace hsx {
-namespace {
 
-// One single-threaded call of the library on the calling thread.
-void SgemmOnThisThread(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+void SgemmSingleThreaded(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
                        int64_t ldb, BLayout layout, float* c, int64_t ldc) {
 #ifdef HSX_GEMM_DNNL
   omp_set_num_threads(1);  // this thread's setting only: no OpenMP team, no spinning workers
@@ -37,8 +35,6 @@ void SgemmOnThisThread(int64_t m, int64_t n, int64_t k, float alpha, const float
 #endif
 }
 
-}  // namespace
-
 // The rows are split over hsx's thread pool, one single-threaded library call per share.
 // A library's own threads (OpenMP's, OpenBLAS's) spin-wait between calls on cores the
 // pool's ops then need: with oneDNN's OpenMP workers that took half of a 2-core run.
@@ -46,11 +42,11 @@ void SgemmOnThisThread(int64_t m, int64_t n, int64_t k, float alpha, const float
 void Sgemm(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
            BLayout layout, float* c, int64_t ldc) {
   if (m * n * k < (1 << 18)) {  // too small to pay for waking the pool
-    SgemmOnThisThread(m, n, k, alpha, a, lda, b, ldb, layout, c, ldc);
+    SgemmSingleThreaded(m, n, k, alpha, a, lda, b, ldb, layout, c, ldc);
     return;
   }
   ThreadPool::Global().ParallelFor(m, [&](int64_t begin, int64_t end) {
-    SgemmOnThisThread(end - begin, n, k, alpha, a + begin * lda, lda, b, ldb, layout, c + begin * ldc, ldc);
+    SgemmSingleThreaded(end - begin, n, k, alpha, a + begin * lda, lda, b, ldb, layout, c + begin * ldc, ldc);
   });
 }
 
