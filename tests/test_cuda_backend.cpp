@@ -948,10 +948,10 @@ TEST(CudaKernelTest, DecodeAttentionReplaysInCudaGraphWithNewContexts) {
   a.head_dim = static_cast<int>(d);
   a.block_size = kBlock;
   a.scale = params.scale;
-  a.decode_splits = cuda::DecodeAttentionSplits(a.num_seqs, a.num_heads, a.kv_heads, sms);
+  a.decode_splits = cuda::DecodeAttentionSplits(a.num_seqs, 1, a.num_heads, a.kv_heads, sms);
   ASSERT_GT(a.decode_splits, 1);
   const Tensor workspace = gpu->Empty(
-      DType::kF32, {static_cast<int64_t>(cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, a.num_heads, a.head_dim,
+      DType::kF32, {static_cast<int64_t>(cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, 1, a.num_heads, a.head_dim,
                                                                              a.decode_splits) / sizeof(float))});
   a.decode_workspace = workspace.data<float>();
   gpu->Synchronize();  // uploads done before another stream reads them
