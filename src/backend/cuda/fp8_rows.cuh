@@ -48,4 +48,20 @@ __device__ __forceinline__ void StoreCodes8(const uint4& packed, float inverse, 
   *reinterpret_cast<uint2*>(out) = make_uint2(word[0], word[1]);
 }
 
+// A block's row of `cols` values as codes and a scale, from the packed bf16 values each
+// thread holds (chunk c at element (threadIdx.x + c * blockDim.x) * 8) and the largest
+// magnitude among them: the block's largest sets the scale.
+template <int kChunks>
+__device__ __forceinline__ void StoreRowCodes(const uint4 (&packed)[kChunks], float absmax, int64_t cols,
+                                              uint8_t* codes, float* scale) {
+  absmax = BlockMax(absmax);
+  const float to_code = Fp8Inverse(absmax);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+    if (i < cols) StoreCodes8(packed[c], to_code, codes + i);
+  }
+  if (threadIdx.x == 0) *scale = Fp8Scale(absmax);
+}
+
 }  // namespace hsx::cuda

@@ -156,14 +156,7 @@ __global__ void __launch_bounds__(512) NormFp8Kernel(bf16* x, const bf16* branch
       absmax = fmaxf(absmax, AbsMax8(y[c]));
     }
   }
-  absmax = BlockMax(absmax);
-  const float to_code = Fp8Inverse(absmax);
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
-    if (i < dim) StoreCodes8(y[c], to_code, q + blockIdx.x * dim + i);
-  }
-  if (threadIdx.x == 0) scales[blockIdx.x] = Fp8Scale(absmax);
+  StoreRowCodes(y, absmax, dim, q + blockIdx.x * dim, scales + blockIdx.x);
 }
 
 __global__ void AddBiasKernel(bf16* y, const bf16* bias, int64_t n, int64_t cols) {
@@ -245,14 +238,7 @@ __global__ void __launch_bounds__(kThreads)
       absmax = fmaxf(absmax, AbsMax8(y[c]));
     }
   }
-  absmax = BlockMax(absmax);
-  const float to_code = Fp8Inverse(absmax);
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
-    if (i < cols) StoreCodes8(y[c], to_code, q + blockIdx.x * cols + i);
-  }
-  if (threadIdx.x == 0) scales[blockIdx.x] = Fp8Scale(absmax);
+  StoreRowCodes(y, absmax, cols, q + blockIdx.x * cols, scales + blockIdx.x);
 }
 
 __global__ void StoreKVKernel(const bf16* k, const bf16* v, const int32_t* slots, int64_t k_row, int64_t v_row,
