@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|fp8|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|fp8|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
@@ -19,6 +19,8 @@
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
 #   on the Gemma 4 fixture plain and with the MTP assistant; specbench = bench --decode on the
 #   Qwen3-8B shape plain, with a random EAGLE-3 draft (zero acceptance: the overhead) and n-gram;
+#   specab = specbench's batch-1 cases, K=3 forced 0 and K=4 forced 0.745, on the builds
+#   AB_BINS names in .devbin/, alternating, with plain decode before each round; twice;
 #   fp8 = the Qwen3-8B extraction bench in bf16 and with --quantization fp8;
 #   tp = (2 GPUs) the TP tests, extraction at TP=1, TP=2 and DP=2, decode at TP=1 and TP=2;
 #   scale = (4 or 8 GPUs) issue 14's runs: DP over every GPU, Llama-3.1-70B at TP=4 and 8
@@ -173,8 +175,23 @@ for _ in range(20): a @ a
 torch.cuda.synchronize(); print({"metric": "bf16_matmul_peak_tflops_per_gpu", "value": 20 * 2 * 8192**3 / (time.time() - t) / 1e12})' \
     | tee -a "$OUT/scale.jsonl"
 fi
-if [ "$what" = specbench ]; then  # the speculation machinery at the Qwen3-8B shape, plain decode beside
+if [ "$what" = specbench ] || [ "$what" = specab ]; then
   python3 bench/make_dummy_eagle3.py /dev/shm/eagle3-qwen3-8b
+fi
+if [ "$what" = specab ]; then  # batch 1: plain, EAGLE-3 K=3 zero and K=4 forced 0.745 acceptance, on AB_BINS, alternating
+  spec_case() {  # $1 build, $2 K (0: plain), $3 forced acceptance rate
+    local spec=()
+    [ "$2" = 0 ] || spec=(--speculative-config "{\"method\": \"eagle3\", \"model\": \"/dev/shm/eagle3-qwen3-8b\", \"num_speculative_tokens\": $2}" --spec-bench-accept-rate "$3")
+    ".devbin/$1" bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --new-tokens 256 \
+      --kv-cache-gib 40 --batch-sizes 1 "${spec[@]}" 2>>"$OUT/specab.err" | grep batch | sed "s/}\$/, \"bin\": \"$1\"}/"
+  }
+  for round in 1 2; do
+    spec_case hsx 0
+    for b in ${AB_BINS:-hsx}; do spec_case "$b" 3 0; done
+    for b in ${AB_BINS:-hsx}; do spec_case "$b" 4 0.745; done
+  done | tee "$OUT/specab.jsonl"
+fi
+if [ "$what" = specbench ]; then  # the speculation machinery at the Qwen3-8B shape, plain decode beside
   sb() { .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 \
            --new-tokens 256 --kv-cache-gib 40 --batch-sizes 1,32 "$@" 2>>"$OUT/specbench.err" | grep batch; }
   { sb; sb --speculative-config '{"method": "eagle3", "model": "/dev/shm/eagle3-qwen3-8b", "num_speculative_tokens": 3}'

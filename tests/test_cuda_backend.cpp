@@ -625,6 +625,45 @@ TEST(CudaKernelTest, WriteColumnsMatchesCpu) {
   }
 }
 
+// An EAGLE-3 draft layer's input in one kernel: the bits of the unfused Embed, RmsNorm,
+// WriteColumns and Copy (the base Backend's composition on the same device), at every norm
+// width's thread count (32, 128, 512) and a width the kernel leaves to that composition
+// (1000: not a multiple of 8); and near the CPU's f32 values.
+TEST(CudaKernelTest, DraftLayerInputGivesTheBitsOfTheUnfusedOps) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(31);
+  const int64_t rows = 7, vocab = 50;
+  for (int64_t h : {16, 1000, 1024, 4096, 5120}) {
+    const Tensor table = RandomHost({vocab, h}, rng, 2.0f), hidden = RandomHost({rows, h}, rng, 3.0f);
+    const Tensor embed_norm = RandomHost({h}, rng, 0.5f), hidden_norm = RandomHost({h}, rng, 0.5f);
+    Tensor ids = Tensor::Host(DType::kI32, {rows});
+    for (int64_t i = 0; i < rows; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+    const Tensor table_gpu = gpu->Upload(ToBf16(table)), hidden_gpu = gpu->Upload(ToBf16(hidden));
+    const Tensor embed_norm_gpu = gpu->Upload(ToBf16(embed_norm)), hidden_norm_gpu = gpu->Upload(ToBf16(hidden_norm));
+    const Tensor ids_gpu = gpu->Upload(ids);
+    for (bool normed_residual : {false, true}) {
+      const std::string what = "h=" + std::to_string(h) + " normed_residual=" + std::to_string(normed_residual);
+      Tensor out = Poisoned(*gpu, DType::kBF16, {rows, 2 * h}), residual = Poisoned(*gpu, DType::kBF16, {rows, h});
+      gpu->DraftLayerInput(table_gpu, ids_gpu, hidden_gpu, embed_norm_gpu, hidden_norm_gpu, 1e-6f, normed_residual, out,
+                           residual);
+      Tensor out_unfused = Poisoned(*gpu, DType::kBF16, {rows, 2 * h});
+      Tensor residual_unfused = Poisoned(*gpu, DType::kBF16, {rows, h});
+      gpu->Backend::DraftLayerInput(table_gpu, ids_gpu, hidden_gpu, embed_norm_gpu, hidden_norm_gpu, 1e-6f,
+                                    normed_residual, out_unfused, residual_unfused);
+      const Tensor got = gpu->Download(out), want = gpu->Download(out_unfused);
+      const Tensor got_residual = gpu->Download(residual), want_residual = gpu->Download(residual_unfused);
+      EXPECT_EQ(std::memcmp(got.raw(), want.raw(), got.nbytes()), 0) << what;
+      EXPECT_EQ(std::memcmp(got_residual.raw(), want_residual.raw(), got_residual.nbytes()), 0) << what;
+      Tensor out_cpu = cpu.Empty(DType::kF32, {rows, 2 * h}), residual_cpu = cpu.Empty(DType::kF32, {rows, h});
+      cpu.DraftLayerInput(table, ids, hidden, embed_norm, hidden_norm, 1e-6f, normed_residual, out_cpu, residual_cpu);
+      EXPECT_LE(GpuVsCpu(*gpu, out, out_cpu), 1e-2) << what;
+      EXPECT_LE(GpuVsCpu(*gpu, residual, residual_cpu), 1e-2) << what;
+    }
+  }
+}
+
 // Routing, grouping and the grouped expert GEMMs against the CPU's per-expert loop.
 TEST(CudaKernelTest, MoeMlpMatchesCpu) {
   auto gpu = Gpu();

@@ -114,12 +114,10 @@ DraftResults RunDraft(Backend& backend, const std::string& variant, const RunOpt
     s.tokens.assign(prompt.begin() + 1, prompt.end());
     s.tokens.push_back(test::AsIds(golden.Get("next_token_" + n).value())[0]);
     for (int32_t p = 0; p < s.length + kSteps; p += kBlock) s.block_table.push_back(next_block++);
-    // aux [T, A, H] (the golden's layout) -> [A, T, H] (Model::Forward's capture layout)
+    // aux [T, A, H]: the golden's layout is CombineHiddenStates'
     const std::vector<float> aux = test::AsFloats(golden.Get("aux_hidden_" + n).value());
-    Tensor host = Tensor::Host(DType::kF32, {a, s.length, h});
-    for (int64_t t = 0; t < s.length; ++t)
-      for (int64_t i = 0; i < a; ++i)
-        std::memcpy(host.data<float>() + (i * s.length + t) * h, aux.data() + (t * a + i) * h, h * sizeof(float));
+    Tensor host = Tensor::Host(DType::kF32, {s.length, a, h});
+    std::memcpy(host.data<float>(), aux.data(), aux.size() * sizeof(float));
     s.hidden = draft.CombineHiddenStates(ToDevice(backend, host));
     out.fc_out.push_back(test::AsFloats(backend.Download(s.hidden)));
   }

@@ -28,6 +28,20 @@ Tensor Backend::RmsNormFp8(Tensor& x, const Tensor* branch, const Tensor* w, flo
   return QuantizeRowsFp8(y);
 }
 
+void Backend::DraftLayerInput(const Tensor& table, const Tensor& ids, const Tensor& hidden, const Tensor& embed_norm,
+                              const Tensor& hidden_norm, float eps, bool normed_residual, Tensor& out,
+                              Tensor& residual) {
+  const int64_t t = ids.numel(), h = hidden.size(-1);
+  Tensor embedded = Empty(compute_dtype(), {t, h});
+  Embed(table, ids, 1.0f, embedded);
+  RmsNorm(embedded, &embed_norm, eps, false, embedded);
+  WriteColumns(embedded, 0, out);
+  Tensor normed = Empty(compute_dtype(), {t, h});
+  RmsNorm(hidden, &hidden_norm, eps, false, normed);
+  WriteColumns(normed, h, out);
+  Copy(normed_residual ? normed : hidden, residual);
+}
+
 Tensor Backend::GatedActivationFp8(const Tensor& gate_up, Activation act) {
   Tensor out = Empty(compute_dtype(), {gate_up.numel() / gate_up.size(-1), gate_up.size(-1) / 2});
   GatedActivation(gate_up, act, out);

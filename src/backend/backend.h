@@ -186,6 +186,13 @@ class Backend {
   // concatenates along the last dimension (EAGLE-3's [embedding | hidden] and aux inputs;
   // the f32 logits of a vocabulary-parallel LM head): compute dtype or f32.
   virtual void WriteColumns(const Tensor& x, int64_t begin, Tensor& out) = 0;
+  // The input of a draft layer fed tokens and hidden states (EAGLE-3's layer 0): out [T, 2H]
+  // = [RmsNorm(table[ids]) * embed_norm | RmsNorm(hidden) * hidden_norm], the embedding
+  // unscaled; residual [T, H] = the normed hidden (normed_residual) or hidden as it is.
+  // One pass where the device fuses it (a draft step's inputs are launch-bound).
+  virtual void DraftLayerInput(const Tensor& table, const Tensor& ids, const Tensor& hidden, const Tensor& embed_norm,
+                               const Tensor& hidden_norm, float eps, bool normed_residual, Tensor& out,
+                               Tensor& residual);
   // Softmax router over experts (router_logits [T, E] f32), top_k, optional renormalization;
   // out = sum of weighted expert MLPs.
   virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,

@@ -458,7 +458,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   std::vector<std::unique_ptr<Sequence>> finished = std::move(aborted_);
   aborted_.clear();
   Clock::time_point stage_start = Clock::now();
-  auto end_stage = [&](int stage) {
+  auto end_stage = [&](EngineStats::Stage stage) {
     const Clock::time_point now = Clock::now();
     stats_.stage_seconds[stage] += Seconds(stage_start, now);
     stage_start = now;
@@ -479,7 +479,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   SamplingBatch rows;
   VerificationBatch verification;
   StepResult result;
-  end_stage(0);
+  end_stage(EngineStats::kSchedule);
   if (verifying) {
     verification = VerificationRows(chunks, sampling);
     result = runner_.Verify(batch, verification);
@@ -492,7 +492,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   ++stats_.steps;
   stats_.tokens_computed += batch.token_ids.size();
   for (const auto& [seq, n] : chunks) seq->num_computed += n;
-  end_stage(1);
+  end_stage(EngineStats::kRun);
   // Accept.
   std::vector<std::pair<Sequence*, int32_t>> sampled;
   if (verifying) {
@@ -502,10 +502,10 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
     Accept(sampling, rows, result.sampled);
     for (size_t i = 0; i < sampling.size(); ++i) sampled.emplace_back(sampling[i], static_cast<int32_t>(i));
   }
-  end_stage(2);
+  end_stage(EngineStats::kAccept);
   // Propose.
   Propose(batch, chunks, sampled);
-  end_stage(3);
+  end_stage(EngineStats::kPropose);
   // Retire.
   for (const auto& [seq, n] : chunks) {
     if (!capture) Commit(*seq, seq->num_computed);  // no rows to wait for
@@ -521,7 +521,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   }
   FinishCapture(finished);  // the previous step's, overlapping the forward just queued
   pending_ = std::move(capture);
-  end_stage(4);
+  end_stage(EngineStats::kRetire);
   return finished;
 }
 

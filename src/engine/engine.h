@@ -62,8 +62,9 @@ struct EngineStats {
   // Host wall time in each stage of Step (kStageNames), blocking downloads included: at
   // small batches the device works while the host waits in run and propose, and idles
   // while it is in the others.
-  static constexpr const char* kStageNames[] = {"schedule", "run", "accept", "propose", "retire"};
-  double stage_seconds[5] = {};
+  enum Stage { kSchedule, kRun, kAccept, kPropose, kRetire, kNumStages };
+  static constexpr const char* kStageNames[kNumStages] = {"schedule", "run", "accept", "propose", "retire"};
+  double stage_seconds[kNumStages] = {};
 };
 
 class Engine {

@@ -333,11 +333,11 @@ std::vector<std::vector<int32_t>> ModelRunner::ProposeEagle3(const ForwardBatch&
   // Drafts stay on the device, step after step ([num_drafts, rows]); one download at the end.
   Tensor tokens = bucket > 0 ? DraftTokens() : backend.Empty(DType::kI32, {int64_t{num_drafts} * n});
   const int64_t layers = aux_.size(0), total = aux_.size(1), h = aux_.size(2);
-  // The first pass's aux states, [A, R, H]: its rows of every aux layer of the step.
+  // The first pass's aux states, [R, A, H]: every aux layer's state of each of its rows.
   auto gather_aux = [&](const std::vector<int32_t>& rows_of_step, Tensor& out) {
     std::vector<int32_t> gather;
-    for (int64_t l = 0; l < layers; ++l)
-      for (int32_t r : rows_of_step) gather.push_back(static_cast<int32_t>(l * total + r));
+    for (int32_t r : rows_of_step)
+      for (int64_t l = 0; l < layers; ++l) gather.push_back(static_cast<int32_t>(l * total + r));
     backend.GatherRows(aux_.View({layers * total, h}), gather, out);
   };
   DeviceBatch padded;  // the first pass on the graph (q > 0), and its aux states
@@ -350,7 +350,7 @@ std::vector<std::vector<int32_t>> ModelRunner::ProposeEagle3(const ForwardBatch&
     Tensor aux = backend.Empty(aux_.dtype(), {layers * first_rows, h});
     gather_aux(step_rows, aux);
     const Eagle3Output out =
-        draft.Forward(first_pass, draft.CombineHiddenStates(aux.View({layers, first_rows, h})), *draft_cache_);
+        draft.Forward(first_pass, draft.CombineHiddenStates(aux.View({first_rows, layers, h})), *draft_cache_);
     if (n == 0) return {};
     Tensor first = tokens.Rows(0, n);
     draft.GreedyTargetTokens(out.logits, first);
@@ -437,7 +437,7 @@ DeviceBatch ModelRunner::StagePaddedFirstPass(
   }
   aux = first_pass_aux_.Rows(0, layers * bucket * q * h).View({layers * bucket * q, h});
   gather_aux(rows_of_step, aux);
-  aux = aux.View({layers, int64_t{bucket} * q, h});
+  aux = aux.View({int64_t{bucket} * q, layers, h});
   return inputs;
 }
 

@@ -145,7 +145,7 @@ class ModelRunner {
   // it runs eagerly.
   int PaddedFirstPassRows(const ForwardBatch& first_pass, int num_drafts) const;
   // Stages the padded first pass (bucket sequences of q rows, each ending with its logit
-  // row) into fixed inputs and gathers its aux states into a fixed [A, bucket q, H].
+  // row) into fixed inputs and gathers its aux states into a fixed [bucket q, A, H].
   DeviceBatch StagePaddedFirstPass(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows, int bucket,
                                    int q, int num_drafts, Tensor& aux,
                                    const std::function<void(const std::vector<int32_t>&, Tensor&)>& gather_aux);

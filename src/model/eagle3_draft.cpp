@@ -152,21 +152,25 @@ Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::Load(const std::string& dir, c
 }
 
 Tensor Eagle3Draft::CombineHiddenStates(const Tensor& aux) {
-  const int64_t a = aux.size(0), t = aux.size(1), h = aux.size(2);
+  const int64_t t = aux.size(0), a = aux.size(1), h = aux.size(2);
   assert(a == config_.num_aux() && h == config_.decoder.hidden_size);
   const DType dt = backend_.compute_dtype();
   const float eps = config_.decoder.rms_norm_eps;
-  Tensor g = backend_.Empty(dt, {t, a * h});
-  for (int64_t i = 0; i < a; ++i) {
-    Tensor chunk = aux.Rows(i, i + 1).View({t, h});
-    if (config_.fc_norm) {
-      Tensor normed = backend_.Empty(dt, {t, h});
-      backend_.RmsNorm(chunk, &weights_.fc_norms[i], eps, false, normed);
-      chunk = normed;
+  const Tensor rows = aux.View({t, a * h});  // each token's aux states side by side: fc's input as it is
+  Tensor g = rows;
+  if (config_.fc_norm) {
+    g = backend_.Empty(dt, {t, a * h});
+    Tensor chunk = backend_.Empty(dt, {t, h});
+    for (int64_t i = 0; i < a; ++i) {
+      backend_.SliceColumns(rows, i * h, chunk);
+      backend_.RmsNorm(chunk, &weights_.fc_norms[i], eps, false, chunk);
+      backend_.WriteColumns(chunk, i * h, g);
     }
-    backend_.WriteColumns(chunk, i * h, g);
   }
-  if (config_.norm_before_fc) backend_.RmsNorm(g, &weights_.input_norm, eps, false, g);
+  if (config_.norm_before_fc) {  // never with fc_norm (the loader refuses both)
+    g = backend_.Empty(dt, {t, a * h});
+    backend_.RmsNorm(rows, &weights_.input_norm, eps, false, g);
+  }
   Tensor hidden = backend_.Empty(dt, {t, h});
   backend_.Linear(g, weights_.fc, nullptr, hidden);
   return hidden;
@@ -190,16 +194,18 @@ Eagle3Output Eagle3Draft::Forward(const DeviceBatch& batch, const Tensor& hidden
   // embedding unscaled (speculators' plain nn.Embedding, also for Gemma targets).
   Tensor x = backend_.Empty(dt, {t, h});
   Tensor input = backend_.Empty(dt, {t, 2 * h});
-  {
-    Tensor embedded = backend_.Empty(dt, {t, h});
-    backend_.Embed(weights_.embed_tokens, ids, 1.0f, embedded);
-    backend_.RmsNorm(embedded, &weights_.layers[0].input_norm, eps, false, embedded);
-    backend_.WriteColumns(embedded, 0, input);
-  }
-  Tensor hidden_normed = backend_.Empty(dt, {t, h});
-  backend_.RmsNorm(hidden, &weights_.hidden_norm, eps, false, hidden_normed);
-  backend_.WriteColumns(hidden_normed, h, input);
-  backend_.Copy(config_.norm_before_residual ? hidden_normed : hidden, x);
+  backend_.DraftLayerInput(weights_.embed_tokens, ids, hidden, weights_.layers[0].input_norm, weights_.hidden_norm,
+                           eps, config_.norm_before_residual, input, x);
+
+  // Logits come for the last row of each of r blocks of t / r rows (every row when t == r):
+  // a column slice, not a gather (whose index upload a graph cannot record). When every row
+  // gives logits (chained steps), the last layer's residual add fuses with the final norm.
+  const int64_t r = static_cast<int64_t>(batch.logit_rows.size());
+  const int64_t q = r > 0 && t % r == 0 ? t / r : 0;
+  bool block_ends = q > 0;
+  for (int64_t i = 0; block_ends && i < r; ++i) block_ends = batch.logit_rows[i] == (i + 1) * q - 1;
+  const bool every_row = q == 1 && block_ends;
+  Tensor final_normed = backend_.Empty(dt, {r, h});
 
   Tensor normed = backend_.Empty(dt, {t, h});
   Tensor branch = backend_.Empty(dt, {t, h});
@@ -210,28 +216,26 @@ Eagle3Output Eagle3Draft::Forward(const DeviceBatch& batch, const Tensor& hidden
                    attention_batch, cache, branch);
     backend_.AddRmsNorm(x, branch, &w.post_attention_norm, eps, false, normed);
     MlpBlock(backend_, d, i, weights_.layers[i], normed, branch);
-    backend_.Add(x, branch);
+    if (every_row && i == d.num_layers - 1) {
+      backend_.AddRmsNorm(x, branch, &weights_.final_norm, eps, false, final_normed);
+    } else {
+      backend_.Add(x, branch);
+    }
   }
 
   Eagle3Output out;
-  const int64_t r = static_cast<int64_t>(batch.logit_rows.size());
   if (r == 0) return out;  // a pass that only fills the draft's KV
-  // The last row of each of r blocks of t / r rows (every row when t == r): a column slice,
-  // not a gather (whose index upload a graph cannot record).
-  const int64_t q = t % r == 0 ? t / r : 0;
-  bool block_ends = q > 0;
-  for (int64_t i = 0; block_ends && i < r; ++i) block_ends = batch.logit_rows[i] == (i + 1) * q - 1;
-  if (q == 1 && block_ends) {  // chained steps
+  if (every_row) {
     out.prenorm = x;
-  } else if (block_ends) {  // a first pass on a graph: each sequence's q rows end with its last
-    out.prenorm = backend_.Empty(dt, {r, h});
-    backend_.SliceColumns(x.View({r, q * h}), (q - 1) * h, out.prenorm);
   } else {
     out.prenorm = backend_.Empty(dt, {r, h});
-    backend_.GatherRows(x, batch.logit_rows, out.prenorm);
+    if (block_ends) {  // a first pass on a graph: each sequence's q rows end with its last
+      backend_.SliceColumns(x.View({r, q * h}), (q - 1) * h, out.prenorm);
+    } else {
+      backend_.GatherRows(x, batch.logit_rows, out.prenorm);
+    }
+    backend_.RmsNorm(out.prenorm, &weights_.final_norm, eps, false, final_normed);
   }
-  Tensor final_normed = backend_.Empty(dt, {r, h});
-  backend_.RmsNorm(out.prenorm, &weights_.final_norm, eps, false, final_normed);
   out.logits = backend_.Empty(DType::kF32, {r, config_.draft_vocab_size});
   backend_.Linear(final_normed, weights_.lm_head, nullptr, out.logits);
   out.next_hidden = config_.norm_output ? final_normed : out.prenorm;

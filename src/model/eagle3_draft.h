@@ -54,8 +54,8 @@ class Eagle3Draft {
   const ModelConfig& decoder() const { return config_.decoder; }
   const Eagle3Weights& weights() const { return weights_; }
 
-  // fc over the target's aux states, aux [A, T, H] in aux_layer_ids order (the layout of
-  // Model::Forward's `captured` when it captures exactly those ids): [T, H].
+  // fc over the target's aux states, aux [T, A, H] in aux_layer_ids order (speculators'
+  // layout: a token's aux states side by side are fc's input row as it is): [T, H].
   Tensor CombineHiddenStates(const Tensor& aux);
   // One draft pass over a packed batch: hidden [T, H] is CombineHiddenStates' output
   // (first pass) or the previous step's next_hidden rows. Writes every token's K/V into

@@ -1028,6 +1028,21 @@ void CudaBackend::SliceColumns(const Tensor& x, int64_t begin, Tensor& out) {
   HSX_LAUNCH_CHECK();
 }
 
+void CudaBackend::DraftLayerInput(const Tensor& table, const Tensor& ids, const Tensor& hidden,
+                                  const Tensor& embed_norm, const Tensor& hidden_norm, float eps, bool normed_residual,
+                                  Tensor& out, Tensor& residual) {
+  if (table.dtype() == DType::kBF16 && hidden.dtype() == DType::kBF16 && embed_norm.dtype() == DType::kBF16 &&
+      hidden_norm.dtype() == DType::kBF16) {
+    Impl::Timer timer(*impl_, "draft_layer_input");
+    if (cuda::DraftLayerInput(B(table), ids.data<int32_t>(), B(hidden), B(embed_norm), B(hidden_norm), ids.numel(),
+                              hidden.size(-1), eps, normed_residual, B(out), B(residual), impl_->stream)) {
+      HSX_LAUNCH_CHECK();
+      return;
+    }
+  }
+  Backend::DraftLayerInput(table, ids, hidden, embed_norm, hidden_norm, eps, normed_residual, out, residual);
+}
+
 void CudaBackend::WriteColumns(const Tensor& x, int64_t begin, Tensor& out) {
   // A plain copy: an f32 column moves as two bf16 ones.
   const int64_t per = static_cast<int64_t>(DTypeSize(x.dtype()) / 2);

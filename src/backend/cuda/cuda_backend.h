@@ -69,6 +69,9 @@ class CudaBackend final : public Backend {
   void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) override;
   void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) override;
   void WriteColumns(const Tensor& x, int64_t begin, Tensor& out) override;
+  void DraftLayerInput(const Tensor& table, const Tensor& ids, const Tensor& hidden, const Tensor& embed_norm,
+                       const Tensor& hidden_norm, float eps, bool normed_residual, Tensor& out,
+                       Tensor& residual) override;
   void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k, bool renormalize,
               Activation act, Tensor& out) override;
   void CentroidMaskedLogits(const Tensor& x, const Tensor& centroid_logits, const Tensor& token_ordering,

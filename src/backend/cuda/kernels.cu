@@ -109,6 +109,20 @@ __device__ __forceinline__ float RowInverseRms(bf16* xr, const bf16* branch_row,
   return rsqrtf(BlockSum(ss) / dim + eps);
 }
 
+// yr = xr * inv * (w, 1 + w or 1) for a row of dim % 8 == 0, the block's threads striding
+// 8-element chunks; also into copy_r if not null.
+__device__ __forceinline__ void WriteNormedRow8(const bf16* xr, const bf16* w, float inv, float plus, int64_t dim,
+                                                bf16* yr, bf16* copy_r = nullptr) {
+  for (int64_t i = threadIdx.x * 8; i < dim; i += blockDim.x * 8) {
+    Vec8 a, s;
+    a.Load(xr + i);
+    if (w != nullptr) s.Load(w + i);
+    for (int j = 0; j < 8; ++j) a.v[j] = a.v[j] * inv * (w != nullptr ? s.v[j] + plus : 1.0f);
+    a.Store(yr + i);
+    if (copy_r != nullptr) a.Store(copy_r + i);
+  }
+}
+
 // One block per row: y = x / rms(x) * (w, 1 + w or 1), after RowInverseRms's add.
 template <bool kAdd>
 __global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t dim, float eps, bool one_plus, bf16* y) {
@@ -118,19 +132,32 @@ __global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t d
   const float inv = RowInverseRms<kAdd>(xr, kAdd ? branch + blockIdx.x * dim : nullptr, dim, eps);
   const float plus = one_plus ? 1.0f : 0.0f;
   if (dim % 8 == 0) {
-    for (int64_t i = threadIdx.x * 8; i < dim; i += blockDim.x * 8) {
-      Vec8 a, s;
-      a.Load(xr + i);
-      if (w != nullptr) s.Load(w + i);
-      for (int j = 0; j < 8; ++j) a.v[j] = a.v[j] * inv * (w != nullptr ? s.v[j] + plus : 1.0f);
-      a.Store(yr + i);
-    }
+    WriteNormedRow8(xr, w, inv, plus, dim, yr);
   } else {
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
       const float scale = w == nullptr ? 1.0f : ToF(w[i]) + plus;
       yr[i] = ToB(ToF(xr[i]) * inv * scale);
     }
   }
+}
+
+// Backend::DraftLayerInput, one block per token (dim % 8 == 0): NormKernel's sums and
+// products, so its rows are bit for bit the unfused Embed, RmsNorm and WriteColumns'.
+__global__ void DraftLayerInputKernel(const bf16* table, const int32_t* ids, const bf16* hidden, const bf16* embed_w,
+                                      const bf16* hidden_w, int64_t dim, float eps, bool normed_residual, bf16* out,
+                                      bf16* residual) {
+  AllowDependentLaunch();  // the q/k/v GEMV follows
+  const int64_t row = blockIdx.x;
+  bf16* embedded = const_cast<bf16*>(table) + int64_t(ids[row]) * dim;  // only read (RowInverseRms<false>)
+  bf16* h = const_cast<bf16*>(hidden) + row * dim;
+  bf16* o = out + row * 2 * dim;
+  bf16* res = residual + row * dim;
+  WriteNormedRow8(embedded, embed_w, RowInverseRms<false>(embedded, nullptr, dim, eps), 0.0f, dim, o);
+  WriteNormedRow8(h, hidden_w, RowInverseRms<false>(h, nullptr, dim, eps), 0.0f, dim, o + dim,
+                  normed_residual ? res : nullptr);
+  if (!normed_residual)
+    for (int64_t i = threadIdx.x * 8; i < dim; i += blockDim.x * 8) *reinterpret_cast<uint4*>(res + i) =
+        *reinterpret_cast<const uint4*>(h + i);
 }
 
 // NormKernel with y as an FP8 GEMM's input: the same bf16 values of y, held in registers
@@ -357,6 +384,7 @@ void Embed(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden
   if (tokens > 0) EmbedKernel<<<tokens, kThreads, 0, stream>>>(table, ids, hidden, scale, out);
 }
 static int NormThreads(int64_t dim) { return dim >= 4096 ? 512 : (dim >= 1024 ? 128 : 32); }
+static bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 void RmsNorm(const bf16* x, const bf16* w, int64_t rows, int64_t dim, float eps, bool one_plus_weight, bf16* y,
              cudaStream_t stream) {
@@ -368,6 +396,17 @@ void AddRmsNorm(bf16* residual, const bf16* branch, const bf16* w, int64_t rows,
                 bool one_plus_weight, bf16* y, cudaStream_t stream) {
   if (rows > 0) NormKernel<true><<<rows, NormThreads(dim), 0, stream>>>(residual, branch, w, dim, eps, one_plus_weight, y);
 }
+bool DraftLayerInput(const bf16* table, const int32_t* ids, const bf16* hidden, const bf16* embed_w,
+                     const bf16* hidden_w, int64_t tokens, int64_t dim, float eps, bool normed_residual, bf16* out,
+                     bf16* residual, cudaStream_t stream) {
+  if (dim % 8 != 0 || !Aligned16(table) || !Aligned16(hidden) || !Aligned16(embed_w) || !Aligned16(hidden_w) ||
+      !Aligned16(out) || !Aligned16(residual))
+    return false;
+  if (tokens > 0)  // RmsNorm's threads per row, so each row sums in the same order
+    DraftLayerInputKernel<<<tokens, NormThreads(dim), 0, stream>>>(table, ids, hidden, embed_w, hidden_w, dim, eps,
+                                                                   normed_residual, out, residual);
+  return true;
+}
 // The register chunks an FP8 row kernel needs per thread (8 elements each), rounded up to
 // an instantiated count; 0 when a row of `cols` takes more.
 static int Fp8Chunks(int64_t cols, int threads) {
@@ -376,7 +415,6 @@ static int Fp8Chunks(int64_t cols, int threads) {
     if (need <= c) return c;
   return 0;
 }
-static bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 template <bool kAdd>
 static void LaunchNormFp8(int chunks, int64_t rows, int threads, bf16* x, const bf16* branch, const bf16* w,
                           int64_t dim, float eps, bool one_plus, uint8_t* q, float* scales, cudaStream_t stream) {

@@ -20,6 +20,11 @@ void RmsNorm(const bf16* x, const bf16* w, int64_t rows, int64_t dim, float eps,
 // residual += branch (rounded to bf16), then y = RmsNorm(residual).
 void AddRmsNorm(bf16* residual, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps,
                 bool one_plus_weight, bf16* y, cudaStream_t stream);
+// Backend::DraftLayerInput for tokens rows of dim (% 8 == 0, 16-byte aligned: else false,
+// nothing launched): out [tokens, 2 dim], residual [tokens, dim].
+bool DraftLayerInput(const bf16* table, const int32_t* ids, const bf16* hidden, const bf16* embed_w,
+                     const bf16* hidden_w, int64_t tokens, int64_t dim, float eps, bool normed_residual, bf16* out,
+                     bf16* residual, cudaStream_t stream);
 void AddBias(bf16* y, const bf16* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 void Add(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream);
 void Multiply(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream);
