@@ -191,7 +191,7 @@ if [ "$what" = specbench ]; then  # the speculation machinery at the Qwen3-8B sh
 fi
 if [ "$what" = mtpbench ]; then  # Gemma 4 MTP at the gemma-4-31b shape (the assistant's shape estimated), plain beside
   python3 bench/make_dummy_mtp.py /dev/shm/mtp-gemma-4-31b | tee "$OUT/mtpbench.jsonl"
-  mb() { timeout 240 .devbin/hsx bench --decode --device cuda --model gemma-4-31b --load-format dummy --prompt-len 512 \
+  mb() { timeout 180 .devbin/hsx bench --decode --device cuda --model gemma-4-31b --load-format dummy --prompt-len 512 \
            --new-tokens 256 --kv-cache-gib 40 --batch-sizes 1,32 "$@" 2>>"$OUT/mtpbench.err" | grep batch; }
   mtp() { echo "{\"method\": \"mtp\", \"model\": \"/dev/shm/mtp-gemma-4-31b\", \"num_speculative_tokens\": $1}"; }
   # A random assistant is (almost) never accepted: the overhead. Forced acceptance a = 0.745 at
