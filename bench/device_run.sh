@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|fp8|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|fp8|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
@@ -21,6 +21,8 @@
 #   Qwen3-8B shape plain, with a random EAGLE-3 draft (zero acceptance: the overhead) and n-gram;
 #   specab = specbench's batch-1 cases, K=3 forced 0 and K=4 forced 0.745, on the builds
 #   AB_BINS names in .devbin/, alternating, with plain decode before each round; twice;
+#   mtpbench = bench --decode on the gemma-4-31b shape plain, with a random Gemma 4 MTP assistant of
+#   an estimated shape (bench/make_dummy_mtp.py: zero acceptance) and with forced acceptance;
 #   fp8 = the Qwen3-8B extraction bench in bf16 and with --quantization fp8;
 #   tp = (2 GPUs) the TP tests, extraction at TP=1, TP=2 and DP=2, decode at TP=1 and TP=2;
 #   scale = (4 or 8 GPUs) issue 14's runs: DP over every GPU, Llama-3.1-70B at TP=4 and 8
@@ -203,6 +205,17 @@ if [ "$what" = specbench ]; then  # the speculation machinery at the Qwen3-8B sh
     sb --speculative-config '{"method": "eagle3", "model": "/dev/shm/eagle3-qwen3-8b", "num_speculative_tokens": 4}' \
       --spec-bench-accept-rate 0.745; } \
     | tee "$OUT/specbench.jsonl"
+fi
+if [ "$what" = mtpbench ]; then  # Gemma 4 MTP at the gemma-4-31b shape (the assistant's shape estimated), plain beside
+  python3 bench/make_dummy_mtp.py /dev/shm/mtp-gemma-4-31b | tee "$OUT/mtpbench.jsonl"
+  mb() { timeout 180 .devbin/hsx bench --decode --device cuda --model gemma-4-31b --load-format dummy --prompt-len 512 \
+           --new-tokens 256 --kv-cache-gib 40 --batch-sizes 1,32 "$@" 2>>"$OUT/mtpbench.err" | grep batch; }
+  mtp() { echo "{\"method\": \"mtp\", \"model\": \"/dev/shm/mtp-gemma-4-31b\", \"num_speculative_tokens\": $1}"; }
+  # A random assistant is (almost) never accepted: the overhead. Forced acceptance a = 0.745 at
+  # K = 4 gives a mean acceptance length of 3.0, as in specbench (output not the target's).
+  { mb; mb --speculative-config "$(mtp 3)"; mb --speculative-config "$(mtp 4)" --spec-bench-accept-rate 0.745; } \
+    | tee -a "$OUT/mtpbench.jsonl"
+  tail -3 "$OUT/mtpbench.err"
 fi
 if [ "$what" = devices ]; then  # nvidia-h200-x2: hsx serve --device cuda:1 beside cuda:0
   python3 tests/device/serve_on_devices.py .devbin/hsx cuda:0 cuda:1 2>&1 | tee "$OUT/devices.jsonl"
