@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|fp8|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|fp8|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
@@ -14,6 +14,8 @@
 #   top-p 0.9 at batch 1, 32, 128 (issue 10), and the sample op's profile at 32;
 #   decodeab = bench --decode at batch 1, 32, 128 with the decode fusions off, on, and on
 #   with HSX_PDL=1 (programmatic GEMV launches), the last two twice;
+#   decodebins = bench --decode at batch 1, 32, 128 on the builds AB_BINS names in .devbin/,
+#   alternating, twice;
 #   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs), and
 #   extract with a replica per GPU against one (tests/device/data_parallel_on_devices.py);
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
@@ -225,6 +227,14 @@ decode_bench() {
   .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --new-tokens 256 \
     --kv-cache-gib 40 "$@"
 }
+if [ "$what" = decodebins ]; then  # bench --decode at batch 1, 32, 128 on the builds AB_BINS names in .devbin/, alternating, twice
+  for round in 1 2; do
+    for b in ${AB_BINS:-hsx}; do
+      ".devbin/$b" bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --new-tokens 256 \
+        --kv-cache-gib 40 --batch-sizes 1,32,128 2>>"$OUT/decodebins.err" | grep batch | sed "s/}\$/, \"bin\": \"$b\"}/"
+    done
+  done | tee "$OUT/decodebins.jsonl"
+fi
 if [ "$what" = decodeab ]; then  # the decode fusions off, on (default), and with programmatic GEMV launches
   for env in "HSX_NORM_ROPE_STORE=0 HSX_GATED_GEMV=0" "" "HSX_PDL=1" "" "HSX_PDL=1"; do
     ([ -z "$env" ] || export $env; decode_bench --batch-sizes 1,32,128 2>>"$OUT/decodeab.err" | grep batch | sed "s/}\$/, \"env\": \"$env\"}/")
