@@ -998,11 +998,6 @@ TEST(CudaKernelTest, DecodeAttentionReplaysInCudaGraphWithNewContexts) {
       DType::kF32, {static_cast<int64_t>(cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, 1, a.num_heads, a.head_dim,
                                                                              a.decode_splits) / sizeof(float))});
   a.decode_workspace = workspace.data<float>();
-  // The chunk counters start zeroed and must be left so for each replay's combine.
-  Tensor zeros = Tensor::Host(DType::kI32, {cuda::kDecodeCounters});
-  std::memset(zeros.raw(), 0, zeros.nbytes());
-  const Tensor counters = gpu->Upload(zeros);
-  a.decode_counters = counters.data<int32_t>();
   gpu->Synchronize();  // uploads done before another stream reads them
 
   cudaStream_t stream;

@@ -31,6 +31,7 @@ namespace {
 
 constexpr int kRows = 16;       // query heads per block: one mma row tile
 constexpr int kMaxSplits = 64;  // bounds the workspace and the combine's loop
+constexpr int kCombineThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Warps per block: each takes D / warps output dims, at least one 16-wide mma block.
@@ -92,52 +93,6 @@ struct Workspace {
     l = m + rows;
   }
 };
-
-// Merges the chunks of one (sequence, query, head): out = sum_s w_s o_s / sum_s w_s l_s
-// with w_s = 2^(m_s - max m). A split the row sees nothing of has m_s = -inf, so w_s = 0;
-// every row sees its own key.
-//
-// The last of a tile's chunk blocks to finish does it (a counter per (sequence, row tile),
-// which that block resets for the next launch), in chunk order whichever block is last:
-// a separate combine launch cost as much as the chunks' own work at short contexts.
-template <int D, typename RowOffset>
-__device__ __forceinline__ void CombineIfLast(const AttentionArgs& a, int count, int rows, RowOffset row_offset,
-                                              unsigned char* smem) {
-  constexpr int kThreads = 32 * Warps<D>();
-  __shared__ bool last;
-  __threadfence();  // this block's partials are visible before it counts itself
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* counter = a.decode_counters + blockIdx.z * gridDim.y + blockIdx.y;
-    last = atomicAdd(counter, 1) == count - 1;
-    if (last) atomicExch(counter, 0);
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const Workspace ws(a);
-  float* weight = reinterpret_cast<float*>(smem);  // [kRows][kMaxSplits]; the tiles are done with
-  float* inv_sum = weight + kRows * kMaxSplits;
-  for (int r = threadIdx.x; r < rows; r += kThreads) {
-    const int64_t row0 = row_offset(r) / D * a.decode_splits;
-    float mx = -INFINITY;
-    for (int s = 0; s < count; ++s) mx = fmaxf(mx, __ldcg(ws.m + row0 + s));
-    float sum = 0.0f;
-    for (int s = 0; s < count; ++s) {
-      weight[r * kMaxSplits + s] = exp2f(__ldcg(ws.m + row0 + s) - mx);
-      sum += weight[r * kMaxSplits + s] * __ldcg(ws.l + row0 + s);
-    }
-    inv_sum[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < rows * D; e += kThreads) {
-    const int r = e / D, d = e % D;
-    const int64_t offset = row_offset(r), row0 = offset / D * a.decode_splits;
-    float acc = 0.0f;
-    for (int s = 0; s < count; ++s) acc += weight[r * kMaxSplits + s] * __ldcg(ws.o + (row0 + s) * D + d);
-    a.out[offset + d] = __float2bfloat16(acc * inv_sum[r]);
-  }
-}
 
 template <int D>
 __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a) {
@@ -377,7 +332,43 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
       }
     }
   }
-  if (chunks.count > 1) CombineIfLast<D>(a, chunks.count, rows, row_offset, smem);
+}
+
+// Merges the chunks of one (sequence, query, head): out = sum_s w_s o_s / sum_s w_s l_s
+// with w_s = 2^(m_s - max m). Rows of one chunk or none were written by DecodeKernel.
+// A split the row sees nothing of has m_s = -inf, so w_s = 0; every row sees its own key.
+template <int D>
+__global__ void __launch_bounds__(kCombineThreads) CombineKernel(AttentionArgs a) {
+  AllowDependentLaunch();
+  const int head = blockIdx.x, seq = blockIdx.y / a.max_q_len, query = blockIdx.y % a.max_q_len;
+  const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
+  const int ctx_len = a.seq_info[seq * 4 + 2];
+  const Chunks chunks = SplitKeys(ctx_len, q_len, a.sliding_window, a.decode_splits, Tile<D>());
+  if (query >= q_len || chunks.count <= 1) return;
+  const Workspace ws(a);
+  const int64_t token_head = int64_t(q_start + query) * a.num_heads + head;
+  const int64_t row0 = token_head * a.decode_splits;
+  __shared__ float weight[kMaxSplits];
+  __shared__ float inv_sum;
+  if (threadIdx.x < 32) {
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < chunks.count; s += 32) mx = fmaxf(mx, ws.m[row0 + s]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+    float sum = 0.0f;
+    for (int s = threadIdx.x; s < chunks.count; s += 32) {
+      weight[s] = exp2f(ws.m[row0 + s] - mx);
+      sum += weight[s] * ws.l[row0 + s];
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
+    if (threadIdx.x == 0) inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  __syncthreads();
+  bf16* out = a.out + token_head * D;
+  for (int d = threadIdx.x; d < D; d += kCombineThreads) {
+    float acc = 0.0f;
+    for (int s = 0; s < chunks.count; ++s) acc += weight[s] * ws.o[(row0 + s) * D + d];
+    out[d] = __float2bfloat16(acc * inv_sum);
+  }
 }
 
 template <int D>
@@ -387,6 +378,8 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
   const int group = a.num_heads / a.kv_heads;
   const dim3 grid(a.decode_splits, a.kv_heads * RowTiles(a.max_q_len, group), a.num_seqs);
   DecodeKernel<D><<<grid, 32 * Warps<D>(), kSmem, stream>>>(a);
+  if (a.decode_splits > 1)
+    CombineKernel<D><<<dim3(a.num_heads, a.num_seqs * a.max_q_len), kCombineThreads, 0, stream>>>(a);
 }
 
 }  // namespace
@@ -405,8 +398,6 @@ size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads,
 
 bool AttentionDecode(const AttentionArgs& a, cudaStream_t stream) {
   if (a.decode_splits < 1 || a.decode_splits > kMaxSplits || a.max_q_len > kDecodeMaxQueryRows) return false;
-  const int64_t tiles = int64_t(a.num_seqs) * a.kv_heads * RowTiles(a.max_q_len, a.num_heads / a.kv_heads);
-  if (a.decode_splits > 1 && (a.decode_counters == nullptr || tiles > kDecodeCounters)) return false;
   switch (a.head_dim) {
     case 16: Launch<16>(a, stream); return true;
     case 32: Launch<32>(a, stream); return true;

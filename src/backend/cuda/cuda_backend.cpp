@@ -148,9 +148,6 @@ struct CudaBackend::Impl {
   cublasHandle_t blas = nullptr;  // grouped GEMMs (MoE experts)
   std::shared_ptr<DeviceAllocator> allocator = std::make_shared<DeviceAllocator>();
   std::shared_ptr<void> workspace;
-  // The split-KV decode attention's chunk counters (kernels.h), zeroed once: the kernel
-  // leaves them zeroed.
-  std::shared_ptr<void> decode_counters;
   // Head dim 128 attention on warpgroup MMAs (sm_90); HSX_ATTENTION=mma keeps the
   // mma.sync kernel, for comparison.
   bool hopper_attention = false;
@@ -458,8 +455,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index, bool 
   Check(cublasCreate(&impl->blas), "cublasCreate");
   Check(cublasSetStream(impl->blas, impl->stream), "cublasSetStream");
   impl->workspace = impl->allocator->Allocate(Impl::kWorkspaceBytes);
-  impl->decode_counters = impl->allocator->Allocate(cuda::kDecodeCounters * sizeof(int));
-  HSX_CUDA_CHECK(cudaMemsetAsync(impl->decode_counters.get(), 0, cuda::kDecodeCounters * sizeof(int), impl->stream));
   if (impl->profile) {
     HSX_CUDA_CHECK(cudaEventCreate(&impl->t0));
     HSX_CUDA_CHECK(cudaEventCreate(&impl->t1));
@@ -921,7 +916,6 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
     if (bytes > 0) {
       workspace = Empty(DType::kF32, {static_cast<int64_t>(bytes / sizeof(float))});
       a.decode_workspace = workspace.data<float>();
-      a.decode_counters = static_cast<int*>(impl_->decode_counters.get());
     }
   }
   if (!cuda::Attention(a, impl_->stream)) {

@@ -159,21 +159,14 @@ struct AttentionArgs {
   // the chunks' partial results. Launch shapes never depend on per-sequence data.
   int decode_splits = 0;
   float* decode_workspace = nullptr;
-  // With decode_splits > 1: kDecodeCounters zeroed ints, one per (sequence, row tile) of a
-  // launch, that the kernel leaves zeroed (the last chunk of a tile to finish combines).
-  int* decode_counters = nullptr;
 };
-// Enough for every launch that splits: DecodeAttentionSplits splits only below two blocks
-// per SM.
-constexpr int kDecodeCounters = 4096;
 // False if head_dim is not one of 16, 32, 64, 128, 256, 512 (or decode_splits is past 64).
 bool Attention(const AttentionArgs& args, cudaStream_t stream);
 // Queries per sequence the split-KV kernels take: a decode step's one, or a speculative
 // verification's last token and drafts (more run on the prefill kernels).
 constexpr int kDecodeMaxQueryRows = 8;
-// The split-KV decode kernel; false, launching nothing, unless head_dim is supported,
-// max_q_len <= kDecodeMaxQueryRows, decode_splits in [1, 64] and, when it is past 1, the
-// counters cover the launch's tiles.
+// The split-KV decode kernels; false, launching nothing, unless head_dim is supported,
+// max_q_len <= kDecodeMaxQueryRows and decode_splits in [1, 64].
 bool AttentionDecode(const AttentionArgs& args, cudaStream_t stream);
 // Chunks per context: about two blocks per SM over the blocks of num_seqs sequences of up
 // to max_q_len queries; at most 64.
