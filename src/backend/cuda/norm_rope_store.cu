@@ -27,49 +27,45 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t token = blockIdx.x;
   const int half = a.rotary_dims / 2;
+  const float pos = static_cast<float>(a.positions[token]);
+  for (int f = threadIdx.x; f < half; f += blockDim.x) sincosf(pos * a.inv_freq[f], &sin_s[f], &cos_s[f]);
+  __syncthreads();
   const int per_token = a.q_heads + (a.k != nullptr ? 2 * a.kv_heads : 0);
   int head = static_cast<int>(blockIdx.y) * kWarps + warp;
-  const bool active = head < per_token;
+  if (head >= per_token) return;  // whole warps leave; only __syncwarp follows
 
   // Which head this warp owns: a q head, a k head or a v head.
-  const bf16* x = nullptr;
+  const bf16* x;
   bf16* q_out = nullptr;
   const bf16* w = nullptr;
-  bool norm = false, rope = false;
+  bool norm, rope;
   bf16* cache = nullptr;
-  if (active && head < a.q_heads) {
+  if (head < a.q_heads) {
     x = a.q_in + token * a.q_stride + head * a.dim;
     q_out = a.q + (token * a.q_heads + head) * a.dim;
     w = a.q_norm;
     norm = w != nullptr;
     rope = true;
-  } else if (active && (head -= a.q_heads) < a.kv_heads) {
+  } else if ((head -= a.q_heads) < a.kv_heads) {
     x = a.k + token * a.kv_stride + head * a.dim;
     w = a.k_norm;
     norm = w != nullptr;
     rope = true;
     cache = a.k_cache;
-  } else if (active) {
+  } else {
     head -= a.kv_heads;
     x = a.v + token * a.kv_stride + head * a.dim;
     norm = a.v_norm;
+    rope = false;
     cache = a.v_cache;
   }
 
-  // The head and its norm weight are loaded before the block computes cos/sin, so the
-  // loads' latency overlaps it (a decode step's launch is that latency end to end).
-  float r[kPerLane], wv[kPerLane];
+  float r[kPerLane];
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int i = lane + 32 * j;
-    r[j] = active && i < a.dim ? __bfloat162float(x[i]) : 0.0f;
-    wv[j] = w != nullptr && i < a.dim ? __bfloat162float(w[i]) : 0.0f;
+    r[j] = i < a.dim ? __bfloat162float(x[i]) : 0.0f;
   }
-  const float pos = static_cast<float>(a.positions[token]);
-  for (int f = threadIdx.x; f < half; f += blockDim.x) sincosf(pos * a.inv_freq[f], &sin_s[f], &cos_s[f]);
-  __syncthreads();
-  if (!active) return;  // whole warps leave; only __syncwarp follows
-
   if (norm) {
     float ss = 0.0f;
 #pragma unroll
@@ -81,7 +77,7 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int i = lane + 32 * j;
-      if (i < a.dim) r[j] = __bfloat162float(__float2bfloat16(r[j] * inv * (w != nullptr ? wv[j] + plus : 1.0f)));
+      if (i < a.dim) r[j] = __bfloat162float(__float2bfloat16(r[j] * inv * (w != nullptr ? __bfloat162float(w[i]) + plus : 1.0f)));
     }
   }
   if (rope && half > 0) {
