@@ -59,6 +59,9 @@ Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& b
     ModelWeights weights = DummyWeights(config, backend, 0, shard);
     model = std::make_unique<Model>(std::move(config), std::move(weights), backend, comm);
   }
+  if (model->config().fp8_checkpoint && options.batch_invariant) {
+    return Error(options.model + ": an FP8 checkpoint and --batch-invariant: batch-invariant runs use bf16 GEMMs only");
+  }
   if (options.quantization == "fp8") HSX_RETURN_IF_ERROR(model->QuantizeWeightsFp8());
   return model;
 }

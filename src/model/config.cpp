@@ -11,6 +11,7 @@
 
 #include "model/config_fields.h"
 #include "model/gguf_config.h"
+#include "model/quantization_config.h"
 #include "util/json.h"
 #include "util/text_file.h"
 
@@ -700,6 +701,13 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   HSX_RETURN_IF_ERROR(ParseLayers(f, c, qwen_sliding));
   if (c.sliding_window == 0) {
     for (auto& l : c.layers) l.sliding = false;
+  }
+
+  // quantization_config sits at the top level (multimodal checkpoints too).
+  const Fields& quantization = arch->multimodal ? top : f;
+  if (quantization.Given("quantization_config")) {
+    HSX_RETURN_IF_ERROR(CheckFp8DynamicQuantizationConfig(root["quantization_config"], source_name));
+    c.fp8_checkpoint = true;
   }
 
   f.Given("architectures");

@@ -36,6 +36,9 @@ struct ModelConfig {
   std::string architecture;  // e.g. "Qwen3ForCausalLM"
   Arch arch = Arch::kLlama;
   DType dtype = DType::kBF16;
+  // The checkpoint's projections are FP8 already (model/quantization_config.h): they load
+  // as E4M3 codes with row scales and run on --quantization fp8's path.
+  bool fp8_checkpoint = false;
 
   int hidden_size = 0, num_layers = 0, vocab_size = 0, intermediate_size = 0, num_heads = 0;
   int max_position_embeddings = 0;

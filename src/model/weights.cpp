@@ -30,6 +30,7 @@ struct Slot {
   int64_t begin = 0, count = 0;
   // A part of a fused tensor (PlaceRows): its rows start at part_row of the fused_rows of *dst.
   int64_t part_row = -1, fused_rows = 0;
+  bool projection = false;  // a decoder projection, which an FP8 checkpoint may hold as E4M3
 
   Shape rank_shape() const {
     Shape s = shape;
@@ -101,18 +102,22 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, Shard shard = {}
       add(p + "self_attn.q_proj." + kind, shape_q, dst, init);
       split(0, shard.rank, q_rows);
       part(0, qkv_rows);
+      s.back().projection = kind == "weight";
       if (!owns_kv) return;
       add(p + "self_attn.k_proj." + kind, shape_kv, dst, init);
       split(0, kv_part, kv_rows);
       part(q_rows, qkv_rows);
+      s.back().projection = kind == "weight";
       if (spec.k_eq_v) return;
       add(p + "self_attn.v_proj." + kind, shape_kv, dst, init);
       split(0, kv_part, kv_rows);
       part(q_rows + kv_rows, qkv_rows);
+      s.back().projection = kind == "weight";
     };
     add_qkv("weight", {q_out, h}, {kv_out, h}, &l.qkv_proj, Init::kMatrix);
     add(p + "self_attn.o_proj.weight", {h, q_out}, &l.o_proj);
     split(1, shard.rank, q_rows);
+    s.back().projection = true;
     if (c.qkv_bias) add_qkv("bias", {q_out}, {kv_out}, &l.qkv_bias, Init::kScalar);
     if (c.qk_norm) {
       add(p + "self_attn.q_norm.weight", {spec.head_dim}, &l.q_norm, Init::kNorm);
@@ -138,11 +143,14 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, Shard shard = {}
       add(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, &l.gate_up_proj);
       split(0, shard.rank, inter);
       part(0, 2 * inter);
+      s.back().projection = true;
       add(p + "mlp.up_proj.weight", {c.intermediate_size, h}, &l.gate_up_proj);
       split(0, shard.rank, inter);
       part(inter, 2 * inter);
+      s.back().projection = true;
       add(p + "mlp.down_proj.weight", {h, c.intermediate_size}, &l.down_proj);
       split(1, shard.rank, rank.intermediate_size);
+      s.back().projection = true;
     }
     if (c.layer_scalar) add(p + "layer_scalar", {1}, &l.layer_scalar, Init::kScalar);
     if (c.per_layer_input_size > 0) {
@@ -222,6 +230,33 @@ Tensor RankSlice(const Tensor& t, const Slot& slot) {
   return out;
 }
 
+// An FP8 checkpoint's projection (compressed-tensors): E4M3 codes [rows, k] and
+// `<module>.weight_scale` [rows, 1], one scale per output channel, become the codes with
+// f32 row scales (--quantization fp8's form); a rank takes its rows or columns.
+Result<Tensor> LoadFp8Projection(const CheckpointTensors& tensors, const std::string& model_dir, const Slot& slot,
+                                 Backend& backend) {
+  HSX_ASSIGN_OR_RETURN(const Tensor codes,
+                       CheckpointTensor(tensors, model_dir, slot.name, slot.shape, {DType::kF8E4M3}, "F8_E4M3"));
+  if (slot.shape[1] % 16 != 0) {  // FP8 GEMMs read 16-byte rows (cuBLASLt's requirement on Hopper)
+    return Error(model_dir + ": tensor '" + slot.name + "' has " + std::to_string(slot.shape[1]) +
+                 " input features, which FP8 GEMMs need as a multiple of 16");
+  }
+  const std::string scale_name = slot.name + "_scale";
+  const int64_t rows = slot.shape[0];
+  HSX_ASSIGN_OR_RETURN(const Tensor scale, CheckpointFloatTensor(tensors, model_dir, scale_name, {rows, 1}));
+  Tensor scales = Tensor::Host(DType::kF32, {rows});
+  ConvertToF32(scale.dtype(), scale.raw(), scales.data<float>(), static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float v = scales.data<float>()[r];
+    if (!std::isfinite(v) || v < 0.0f) {
+      return Error(model_dir + ": tensor '" + scale_name + "' row " + std::to_string(r) + " is " + std::to_string(v) +
+                   " (expected a finite scale >= 0)");
+    }
+  }
+  const Tensor rank_scales = slot.split_dim == 0 ? scales.Rows(slot.begin, slot.begin + slot.count) : scales;
+  return backend.Upload(RankSlice(codes, slot)).WithRowScales(backend.Upload(rank_scales));
+}
+
 // Puts a loaded (or drawn) tensor where its slot says: the whole of its destination, or its
 // rows of a fused one.
 Status Place(const Slot& slot, const Tensor& t, Backend& backend) {
@@ -240,6 +275,7 @@ Status PlaceRows(Backend& backend, const Tensor& part, int64_t row, int64_t tota
     Shape shape = part.shape();
     shape[0] = total_rows;
     fused = backend.Empty(part.dtype(), shape);
+    if (part.row_scales() != nullptr) fused = fused.WithRowScales(backend.Empty(DType::kF32, {total_rows}));
   }
   if (fused.dtype() != part.dtype()) {
     return Error("tensor '" + name + "' has dtype " + std::string(DTypeName(part.dtype())) + ", but the tensors " +
@@ -247,6 +283,10 @@ Status PlaceRows(Backend& backend, const Tensor& part, int64_t row, int64_t tota
   }
   Tensor rows = fused.Rows(row, row + part.size(0));
   backend.Copy(part, rows);
+  if (part.row_scales() != nullptr) {  // an FP8 part: its scales too
+    Tensor scales = fused.row_scales()->Rows(row, row + part.size(0));
+    backend.Copy(*part.row_scales(), scales);
+  }
   return {};
 }
 
@@ -318,6 +358,17 @@ Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig
   HSX_ASSIGN_OR_RETURN(auto tensors, OpenCheckpoint(model_dir));
   ModelWeights w;
   for (const Slot& slot : Schema(config, w, shard, FindNaming(tensors))) {
+    // An FP8 checkpoint keeps the projections its quantization_config does not ignore as E4M3.
+    const auto found = tensors.find(slot.name);
+    if (config.fp8_checkpoint && found != tensors.end() && found->second.first.dtype() == DType::kF8E4M3) {
+      if (!slot.projection) {
+        return Error(found->second.second + ": tensor '" + slot.name + "' is F8_E4M3, but hsx runs only the " +
+                     "decoder's dense q/k/v/o and gate/up/down projections in FP8");
+      }
+      HSX_ASSIGN_OR_RETURN(const Tensor fp8, LoadFp8Projection(tensors, model_dir, slot, backend));
+      HSX_RETURN_IF_ERROR(Place(slot, fp8, backend));
+      continue;
+    }
     HSX_ASSIGN_OR_RETURN(const Tensor t, CheckpointFloatTensor(tensors, model_dir, slot.name, slot.shape));
     HSX_RETURN_IF_ERROR(Place(slot, backend.UploadWeight(RankSlice(t, slot)), backend));
   }

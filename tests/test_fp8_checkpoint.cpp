@@ -1,0 +1,179 @@
+// FP8 checkpoints in compressed-tensors' dynamic scheme (model/quantization_config.h),
+// made by llm-compressor from the qwen3 fixture (tests/data/generators/
+// fp8_dynamic_checkpoint.py): hsx runs the checkpoint's own codes and scales, and refuses
+// every other scheme and every broken tensor with an error naming it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/model.h"
+#include "tensor/safetensors.h"
+#include "test_util.h"
+
+namespace hsx {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string CheckpointDir() { return test::DataPath("fp8/qwen3_fp8_dynamic"); }
+
+// The golden prefill's worst relative error over the fixture's three prompts.
+double GoldenError(Model& model, const SafetensorsFile& golden, const std::string& prefix) {
+  const test::GoldenPrefill out = test::RunGoldenPrefill(model, golden);
+  double worst = 0;
+  for (int k = 0; k < 3; ++k) {
+    worst = std::max(worst, test::RelativeMaxError(out.hidden[k], test::AsFloats(golden.Get(prefix + std::to_string(k)).value())));
+  }
+  return worst;
+}
+
+// Layer 0's fused q/k/v holds the checkpoint's q, k and v codes and scales, row for row.
+TEST(Fp8CheckpointTest, LoadsTheCheckpointsCodesAndScales) {
+  CpuBackend backend;
+  auto model = Model::Load(CheckpointDir(), backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  EXPECT_TRUE((*model)->config().fp8_checkpoint);
+  auto file = SafetensorsFile::Open(CheckpointDir() + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  const Tensor& qkv = (*model)->weights().layers[0].qkv_proj;
+  ASSERT_EQ(qkv.dtype(), DType::kF8E4M3);
+  ASSERT_NE(qkv.row_scales(), nullptr);
+  int64_t row = 0;
+  for (const char* part : {"q_proj", "k_proj", "v_proj"}) {
+    const std::string name = std::string("model.layers.0.self_attn.") + part + ".weight";
+    const Tensor codes = file->Get(name).value(), scale = file->Get(name + "_scale").value();
+    ASSERT_EQ(std::memcmp(qkv.Rows(row, row + codes.size(0)).raw(), codes.raw(), codes.nbytes()), 0) << part;
+    const std::vector<float> want = test::AsFloats(scale);
+    for (int64_t r = 0; r < codes.size(0); ++r) {
+      ASSERT_EQ(qkv.row_scales()->data<float>()[row + r], want[r]) << part << " row " << r;
+    }
+    row += codes.size(0);
+  }
+  EXPECT_EQ(row, qkv.size(0));
+  // The LM head stays as the checkpoint keeps it (quantization_config's ignore list).
+  EXPECT_NE((*model)->weights().lm_head.dtype(), DType::kF8E4M3);
+}
+
+// The checkpoint's states against the f32 goldens of the model it was made from: the error
+// of FP8 (E4M3 weights and per-token activations), as --quantization fp8 has from the
+// bf16 weights, within the bound the FP8 fixture test holds.
+TEST(Fp8CheckpointTest, HiddenStatesStayNearTheF32GoldensLikeQuantizingAtLoad) {
+  CpuBackend backend;
+  SafetensorsFile golden = test::Golden(test::ModelDir("qwen3") + "/golden.safetensors");
+  auto checkpoint = Model::Load(CheckpointDir(), backend);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().message();
+  auto at_load = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(at_load.ok()) << at_load.status().message();
+  ASSERT_TRUE((*at_load)->QuantizeWeightsFp8().ok());
+  const double error = GoldenError(**checkpoint, golden, "hidden_");
+  const double at_load_error = GoldenError(**at_load, golden, "hidden_");
+  double hf_bf16 = 0;
+  for (int k = 0; k < 3; ++k) {
+    hf_bf16 = std::max(hf_bf16, test::RelativeMaxError(
+                                    test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()),
+                                    test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value())));
+  }
+  std::printf("[fp8 checkpoint] error %.3e, quantized at load %.3e, hf bf16 %.3e\n", error, at_load_error, hf_bf16);
+  EXPECT_GT(error, 0.0);
+  EXPECT_LE(error, 16 * hf_bf16);
+  EXPECT_LE(error, 2 * at_load_error);
+}
+
+class Fp8CheckpointErrorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/hsx-fp8-ckpt-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    for (const char* name : {"config.json", "model.safetensors"}) {
+      fs::copy_file(CheckpointDir() + "/" + name, dir_ + "/" + name);
+      fs::permissions(dir_ + "/" + name, fs::perms::owner_write, fs::perm_options::add);
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string LoadError() {
+    CpuBackend backend;
+    auto model = Model::Load(dir_, backend);
+    EXPECT_FALSE(model.ok());
+    return model.ok() ? "" : model.status().message();
+  }
+  void EditQuantization(const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(dir_ + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    edit(j["quantization_config"]);
+    std::ofstream(dir_ + "/config.json") << j.dump();
+  }
+  // Overwrites a tensor's first 4 bytes in model.safetensors.
+  void PatchFirstBytes(const std::string& tensor, const void* bytes) {
+    std::fstream f(dir_ + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t len = 0;
+    f.read(reinterpret_cast<char*>(&len), 8);
+    std::string header(len, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(len));
+    const auto begin = nlohmann::json::parse(header)[tensor]["data_offsets"][0].get<uint64_t>();
+    f.seekp(static_cast<std::streamoff>(8 + len + begin));
+    f.write(static_cast<const char*>(bytes), 4);
+  }
+  std::string dir_;
+};
+
+#define EXPECT_CONTAINS(haystack, needle) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
+
+TEST_F(Fp8CheckpointErrorTest, OtherQuantizationSchemesAreRefusedNamingTheField) {
+  const nlohmann::json original = [&] {
+    std::ifstream in(dir_ + "/config.json");
+    return nlohmann::json::parse(in)["quantization_config"];
+  }();
+  auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& needle) {
+    EditQuantization([&](nlohmann::json& q) {
+      q = original;
+      edit(q);
+    });
+    EXPECT_CONTAINS(LoadError(), needle);
+  };
+  auto group = [](nlohmann::json& q) -> nlohmann::json& { return q["config_groups"].begin().value(); };
+  refused([](auto& q) { q["quant_method"] = "fp8"; }, "quantization_config: field 'quant_method': \"fp8\"");
+  refused([](auto& q) { q["format"] = "pack-quantized"; }, "field 'format'");
+  refused([](auto& q) { q["kv_cache_scheme"] = {{"num_bits", 8}}; }, "field 'kv_cache_scheme'");
+  refused([&](auto& q) { group(q)["weights"]["strategy"] = "tensor"; },
+          ".weights: field 'strategy': \"tensor\"");
+  refused([&](auto& q) { group(q)["weights"]["num_bits"] = 4; }, ".weights: field 'num_bits': 4");
+  refused([&](auto& q) { group(q)["weights"]["strategy"] = "block"; }, "field 'strategy'");
+  refused([&](auto& q) { group(q)["input_activations"]["dynamic"] = false; },
+          ".input_activations: field 'dynamic': false");
+  refused([&](auto& q) { group(q)["input_activations"] = nullptr; }, ".input_activations: expected an object");
+  refused([&](auto& q) { group(q)["targets"] = {"Attention"}; }, "field 'targets'");
+  refused([](auto& q) { q.erase("config_groups"); }, "field 'config_groups'");
+}
+
+TEST_F(Fp8CheckpointErrorTest, BrokenScalesAreRefusedNamingTheTensor) {
+  const float negative = -1.0f;
+  const std::string scale = "model.layers.1.mlp.down_proj.weight_scale";
+  SafetensorsFile file = SafetensorsFile::Open(dir_ + "/model.safetensors").value();
+  const DType dtype = file.Get(scale).value().dtype();
+  if (dtype == DType::kF32) {
+    PatchFirstBytes(scale, &negative);
+  } else {  // two bf16 scales
+    const uint16_t pair[2] = {F32ToBF16(negative), F32ToBF16(negative)};
+    PatchFirstBytes(scale, pair);
+  }
+  const std::string error = LoadError();
+  EXPECT_CONTAINS(error, "'" + scale + "' row 0 is -1");
+}
+
+TEST_F(Fp8CheckpointErrorTest, AQuantizationConfigIsNeededToReadFp8Tensors) {
+  std::ifstream in(dir_ + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j.erase("quantization_config");
+  std::ofstream(dir_ + "/config.json") << j.dump();
+  EXPECT_CONTAINS(LoadError(), "has dtype F8_E4M3, expected a float type");
+}
+
+}  // namespace
+}  // namespace hsx
