@@ -218,7 +218,7 @@ const Refusal kRefusals[] = {
     {"llama", R"({"head_dim": 15})", "field 'head_dim': layer 0: head dimension 15 must be positive and even"},
     {"llama", R"({"attention_bias": true})", "field 'attention_bias': projection biases are not supported"},
     {"llama", R"({"mlp_bias": true})", "field 'mlp_bias': MLP biases are not supported"},
-    {"llama", R"({"quantization_config": {"quant_method": "awq"}})", "field 'quantization_config': not supported"},
+    {"llama", R"({"quantization_config": {"quant_method": "awq"}})", "quantization_config: field 'quant_method': \"awq\""},
     {"llama", R"({"model_type": "mistral"})", "field 'model_type': is \"mistral\", expected \"llama\""},
     {"llama", R"({"eos_token_id": -1})", "field 'eos_token_id': expected an integer or a list of integers in [0, 512)"},
     {"llama", R"({"eos_token_id": [2, 512]})", "field 'eos_token_id'"},
@@ -274,7 +274,7 @@ TEST(ConfigRefusals, MultimodalWithoutTextConfigOrWithTowerlessUnknowns) {
   mm["quantization_config"] = {{"quant_method", "gptq"}};
   parsed = ParseModelConfig(mm.dump(), "config.json");
   ASSERT_FALSE(parsed.ok());
-  EXPECT_NE(parsed.status().message().find("field 'quantization_config': not supported"), std::string::npos);
+  EXPECT_NE(parsed.status().message().find("quantization_config: field 'quant_method': \"gptq\""), std::string::npos);
 }
 
 }  // namespace
