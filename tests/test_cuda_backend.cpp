@@ -1189,6 +1189,31 @@ TEST_P(CudaFp8FixtureTest, ErrorNearTheCpuFp8Reference) {
   EXPECT_LE(gpu_err, 1.5 * cpu_err + hf);
 }
 
+// An FP8 checkpoint (compressed-tensors, made by llm-compressor from the qwen3 fixture:
+// tests/test_fp8_checkpoint.cpp) runs its own codes and scales on the device as on the CPU.
+TEST(CudaFp8Test, Fp8CheckpointNearTheCpuReference) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  const std::string dir = test::DataPath("fp8/qwen3_fp8_dynamic");
+  auto on_gpu = Model::Load(dir, *gpu);
+  auto on_cpu = Model::Load(dir, cpu);
+  ASSERT_TRUE(on_gpu.ok() && on_cpu.ok());
+  ASSERT_EQ((*on_gpu)->weights().layers[0].down_proj.dtype(), DType::kF8E4M3);
+  SafetensorsFile golden = test::Golden(test::ModelDir("qwen3") + "/golden.safetensors");
+  const test::GoldenPrefill gpu_out = test::RunGoldenPrefill(**on_gpu, golden);
+  const test::GoldenPrefill cpu_out = test::RunGoldenPrefill(**on_cpu, golden);
+  double gpu_err = 0, cpu_err = 0, hf = 0;
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<float> gold = test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value());
+    gpu_err = std::max(gpu_err, test::RelativeMaxError(gpu_out.hidden[k], gold));
+    cpu_err = std::max(cpu_err, test::RelativeMaxError(cpu_out.hidden[k], gold));
+    hf = std::max(hf, test::RelativeMaxError(test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()), gold));
+  }
+  std::printf("[fp8] checkpoint hsx cuda %.3e  cpu %.3e  hf bf16 %.3e\n", gpu_err, cpu_err, hf);
+  EXPECT_LE(gpu_err, 1.5 * cpu_err + hf);
+}
+
 // The fused FP8 inputs change no bit of a model's states or logits: each fixture's prefill
 // with them and without (HSX_FP8_FUSED_INPUTS=0). Both backends run the heuristic's GEMM
 // algorithms (HSX_GEMM_TUNE=0), so that timing cannot pick different ones.
