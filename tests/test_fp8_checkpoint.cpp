@@ -11,6 +11,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "backend/communicator.h"
 #include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "tensor/safetensors.h"
@@ -83,6 +84,34 @@ TEST(Fp8CheckpointTest, HiddenStatesStayNearTheF32GoldensLikeQuantizingAtLoad) {
   EXPECT_GT(error, 0.0);
   EXPECT_LE(error, 16 * hf_bf16);
   EXPECT_LE(error, 2 * at_load_error);
+}
+
+// A tensor-parallel rank takes its slices of the codes and the scales: a column-parallel
+// weight (q/k/v, gate/up) its rows and their scales, a row-parallel one (o, down) its
+// columns and every row's scale.
+TEST(Fp8CheckpointTest, TensorParallelRanksTakeTheirSlicesOfCodesAndScales) {
+  auto comms = MakeCpuCommunicators(2);
+  CpuBackend backend;
+  auto rank1 = Model::Load(CheckpointDir(), backend, comms[1].get());
+  ASSERT_TRUE(rank1.ok()) << rank1.status().message();
+  SafetensorsFile file = SafetensorsFile::Open(CheckpointDir() + "/model.safetensors").value();
+  const LayerWeights& l = (*rank1)->weights().layers[1];
+  const Tensor gate = file.Get("model.layers.1.mlp.gate_proj.weight").value();
+  const std::vector<float> gate_scale = test::AsFloats(file.Get("model.layers.1.mlp.gate_proj.weight_scale").value());
+  const int64_t half = gate.size(0) / 2, k = gate.size(1);
+  ASSERT_EQ(l.gate_up_proj.dtype(), DType::kF8E4M3);
+  ASSERT_EQ(l.gate_up_proj.size(0), 2 * half);  // this rank's gate rows, then its up rows
+  EXPECT_EQ(std::memcmp(l.gate_up_proj.raw(), gate.data<uint8_t>() + half * k, half * k), 0);
+  for (int64_t r = 0; r < half; ++r) ASSERT_EQ(l.gate_up_proj.row_scales()->data<float>()[r], gate_scale[half + r]) << r;
+  const Tensor down = file.Get("model.layers.1.mlp.down_proj.weight").value();
+  const std::vector<float> down_scale = test::AsFloats(file.Get("model.layers.1.mlp.down_proj.weight_scale").value());
+  const int64_t cols = down.size(1) / 2;
+  ASSERT_EQ(l.down_proj.size(1), cols);
+  for (int64_t r = 0; r < down.size(0); ++r) {
+    ASSERT_EQ(std::memcmp(l.down_proj.data<uint8_t>() + r * cols, down.data<uint8_t>() + r * down.size(1) + cols, cols), 0)
+        << "down_proj row " << r;
+    ASSERT_EQ(l.down_proj.row_scales()->data<float>()[r], down_scale[r]) << r;
+  }
 }
 
 class Fp8CheckpointErrorTest : public ::testing::Test {
