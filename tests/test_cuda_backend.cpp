@@ -1160,6 +1160,25 @@ TEST(CudaFp8Test, FusedGatedActivationGivesTheBitsOfActivationThenQuantize) {
 
 class CudaFp8FixtureTest : public ::testing::TestWithParam<std::string> {};
 
+// The worst relative errors over a fixture's golden prompts of an FP8 model on the device
+// and on the CPU, and of Hugging Face's bf16 run.
+struct Fp8Errors {
+  double gpu = 0, cpu = 0, hf_bf16 = 0;
+};
+Fp8Errors Fp8ErrorsOnGoldens(Model& on_gpu, Model& on_cpu, const SafetensorsFile& golden) {
+  const test::GoldenPrefill gpu_out = test::RunGoldenPrefill(on_gpu, golden);
+  const test::GoldenPrefill cpu_out = test::RunGoldenPrefill(on_cpu, golden);
+  Fp8Errors e;
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<float> gold = test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value());
+    e.gpu = std::max(e.gpu, test::RelativeMaxError(gpu_out.hidden[k], gold));
+    e.cpu = std::max(e.cpu, test::RelativeMaxError(cpu_out.hidden[k], gold));
+    e.hf_bf16 = std::max(e.hf_bf16, test::RelativeMaxError(
+                                        test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()), gold));
+  }
+  return e;
+}
+
 // The error --quantization fp8 adds on the device, next to the CPU's FP8 reference and
 // Hugging Face's bf16 on the same goldens: the device's bf16 activations add about HF's
 // bf16 error on top of the FP8 rounding both share.
@@ -1173,20 +1192,11 @@ TEST_P(CudaFp8FixtureTest, ErrorNearTheCpuFp8Reference) {
   ASSERT_TRUE(on_gpu.ok() && on_cpu.ok());
   ASSERT_TRUE((*on_gpu)->QuantizeWeightsFp8().ok());
   ASSERT_TRUE((*on_cpu)->QuantizeWeightsFp8().ok());
-  SafetensorsFile golden = test::Golden(dir + "/golden.safetensors");
-  const test::GoldenPrefill gpu_out = test::RunGoldenPrefill(**on_gpu, golden);
-  const test::GoldenPrefill cpu_out = test::RunGoldenPrefill(**on_cpu, golden);
-  double gpu_err = 0, cpu_err = 0, hf = 0;
-  for (int k = 0; k < 3; ++k) {
-    const std::vector<float> gold = test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value());
-    gpu_err = std::max(gpu_err, test::RelativeMaxError(gpu_out.hidden[k], gold));
-    cpu_err = std::max(cpu_err, test::RelativeMaxError(cpu_out.hidden[k], gold));
-    hf = std::max(hf, test::RelativeMaxError(test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()), gold));
-  }
+  const Fp8Errors e = Fp8ErrorsOnGoldens(**on_gpu, **on_cpu, test::Golden(dir + "/golden.safetensors"));
   std::printf("[fp8] %-15s hsx cuda fp8 %.3e  cpu fp8 %.3e  hf bf16 %.3e  cuda fp8 / hf bf16 %.2f\n",
-              GetParam().c_str(), gpu_err, cpu_err, hf, gpu_err / hf);
-  RecordProperty("hsx_fp8_error", std::to_string(gpu_err));
-  EXPECT_LE(gpu_err, 1.5 * cpu_err + hf);
+              GetParam().c_str(), e.gpu, e.cpu, e.hf_bf16, e.gpu / e.hf_bf16);
+  RecordProperty("hsx_fp8_error", std::to_string(e.gpu));
+  EXPECT_LE(e.gpu, 1.5 * e.cpu + e.hf_bf16);
 }
 
 // An FP8 checkpoint (compressed-tensors, made by llm-compressor from the qwen3 fixture:
@@ -1200,18 +1210,10 @@ TEST(CudaFp8Test, Fp8CheckpointNearTheCpuReference) {
   auto on_cpu = Model::Load(dir, cpu);
   ASSERT_TRUE(on_gpu.ok() && on_cpu.ok());
   ASSERT_EQ((*on_gpu)->weights().layers[0].down_proj.dtype(), DType::kF8E4M3);
-  SafetensorsFile golden = test::Golden(test::ModelDir("qwen3") + "/golden.safetensors");
-  const test::GoldenPrefill gpu_out = test::RunGoldenPrefill(**on_gpu, golden);
-  const test::GoldenPrefill cpu_out = test::RunGoldenPrefill(**on_cpu, golden);
-  double gpu_err = 0, cpu_err = 0, hf = 0;
-  for (int k = 0; k < 3; ++k) {
-    const std::vector<float> gold = test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value());
-    gpu_err = std::max(gpu_err, test::RelativeMaxError(gpu_out.hidden[k], gold));
-    cpu_err = std::max(cpu_err, test::RelativeMaxError(cpu_out.hidden[k], gold));
-    hf = std::max(hf, test::RelativeMaxError(test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()), gold));
-  }
-  std::printf("[fp8] checkpoint hsx cuda %.3e  cpu %.3e  hf bf16 %.3e\n", gpu_err, cpu_err, hf);
-  EXPECT_LE(gpu_err, 1.5 * cpu_err + hf);
+  const Fp8Errors e =
+      Fp8ErrorsOnGoldens(**on_gpu, **on_cpu, test::Golden(test::ModelDir("qwen3") + "/golden.safetensors"));
+  std::printf("[fp8] checkpoint hsx cuda %.3e  cpu %.3e  hf bf16 %.3e\n", e.gpu, e.cpu, e.hf_bf16);
+  EXPECT_LE(e.gpu, 1.5 * e.cpu + e.hf_bf16);
 }
 
 // The fused FP8 inputs change no bit of a model's states or logits: each fixture's prefill
