@@ -292,20 +292,24 @@ TEST_F(CliTest, DecodeBenchReportsEachBatchAndRefusesEmptyOnes) {
 }
 
 // The decode bench's bound counts the weights in the bytes they are stored in: with
-// --quantization fp8 the projections' one-byte codes and row scales, fewer than unquantized.
+// --quantization fp8 the projections' one-byte codes and row scales, fewer than unquantized;
+// an FP8 checkpoint of the same model (tests/data/fp8) as many, and says it is one.
 TEST_F(CliTest, DecodeBenchCountsTheFp8WeightsBytes) {
-  const std::string bench =
-      "bench --decode --model " + test::ModelDir("qwen3") + " --prompt-len 8 --new-tokens 2 --kv-cache-gib 0.05 --batch-sizes 1";
-  double bytes[2] = {0, 0};
-  for (int fp8 : {0, 1}) {
-    CommandResult r = Hsx(bench + (fp8 ? " --quantization fp8" : ""));
+  const std::string args = " --prompt-len 8 --new-tokens 2 --kv-cache-gib 0.05 --batch-sizes 1";
+  const std::string bench = "bench --decode --model " + test::ModelDir("qwen3") + args;
+  double bytes[3] = {0, 0, 0};
+  const char* labels[3] = {"none", "fp8", "fp8 (checkpoint)"};
+  for (int run : {0, 1, 2}) {
+    CommandResult r = Hsx(run == 2 ? "bench --decode --model " + test::DataPath("fp8/qwen3_fp8_dynamic") + args
+                                   : bench + (run == 1 ? " --quantization fp8" : ""));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);  // one batch size: one line
-    EXPECT_EQ(j.at("quantization"), fp8 ? "fp8" : "none");
-    bytes[fp8] = j.at("weight_bytes_per_step").get<double>();
+    EXPECT_EQ(j.at("quantization"), labels[run]);
+    bytes[run] = j.at("weight_bytes_per_step").get<double>();
   }
   EXPECT_GT(bytes[1], 0.0);
   EXPECT_LT(bytes[1], bytes[0]);
+  EXPECT_EQ(bytes[2], bytes[1]);
 }
 
 // --spec-bench-accept-rate 1 on the decode bench: every draft accepted, even the random

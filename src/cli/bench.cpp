@@ -108,7 +108,7 @@ int RunBench(BenchOptions o) {
         {"tokens", total_tokens}, {"seconds", seconds}, {"layers", o.extract.layers}, {"device", o.extract.model.device},
         {"peak_device_gib", run.peak_device_bytes / double(1ull << 30)}, {"flops_per_token", flops_per_token},
         {"prefix_caching", o.extract.prefix_caching}, {"data_parallel_size", o.extract.data_parallel_size},
-        {"quantization", o.extract.model.quantization.empty() ? "none" : o.extract.model.quantization}});
+        {"quantization", QuantizationLabel(o.extract.model, c)}});
   if (o.extract.model.device != "cpu") return 0;  // the device run reports its own ceilings (bench/)
   // The MLP's and the attention projections' shapes at one step's rows.
   const int64_t m = std::min<int64_t>(o.extract.max_num_batched_tokens, total_tokens), h = c.hidden_size;

@@ -129,7 +129,7 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
         {"temperature", o.sampling.temperature}, {"top_p", o.sampling.top_p}, {"top_k", o.sampling.top_k},
         {"bound_tokens_per_s", bound_tok_s}, {"fraction_of_bound", bound_tok_s > 0 ? tok_s / bound_tok_s : 0.0},
         {"device", o.model.device}, {"tensor_parallel_size", ranks},
-        {"quantization", o.model.quantization.empty() ? "none" : o.model.quantization},
+        {"quantization", QuantizationLabel(o.model, c)},
         {"weight_bytes_per_step", weight_bytes}};
     if (const uint64_t drafts = decode_end.num_drafts - decode_start.num_drafts; drafts > 0) {
       // vLLM's figures: tokens per verification (accepted drafts + the one always emitted)

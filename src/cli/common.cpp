@@ -66,6 +66,11 @@ Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& b
   return model;
 }
 
+std::string QuantizationLabel(const ModelOptions& options, const ModelConfig& config) {
+  if (config.fp8_checkpoint) return "fp8 (checkpoint)";
+  return options.quantization.empty() ? "none" : options.quantization;
+}
+
 // The device of rank r: the cpu for every rank, or the r-th GPU from --device's index.
 static Result<std::string> RankDevice(const std::string& device, int rank) {
   if (device == "cpu" || rank == 0) return device;

@@ -41,6 +41,9 @@ struct ModelOptions {
 Result<ModelConfig> LoadConfig(const ModelOptions& options);
 // One rank's model: all of it without a communicator, its slices with one.
 Result<std::unique_ptr<Model>> LoadModel(const ModelOptions& options, Backend& backend, Communicator* comm = nullptr);
+// What the benchmarks' JSON calls the run's quantization: "fp8" (--quantization), "fp8
+// (checkpoint)" (an FP8 checkpoint, model/quantization_config.h) or "none".
+std::string QuantizationLabel(const ModelOptions& options, const ModelConfig& config);
 // DIR/tokenizer.json when it exists, a .gguf file's tokenizer.ggml.* when it has them;
 // nullopt otherwise (and for named configs).
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model);
