@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|fp8|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|decodeprofile|fp8|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
@@ -15,7 +15,8 @@
 #   decodeab = bench --decode at batch 1, 32, 128 with the decode fusions off, on, and on
 #   with HSX_PDL=1 (programmatic GEMV launches), the last two twice;
 #   decodebins = bench --decode at batch 1, 32, 128 on the builds AB_BINS names in .devbin/,
-#   alternating, twice;
+#   alternating, twice; decodeprofile = Nsight Compute's per-kernel times and DRAM bytes of
+#   one eager decode step at PROFILE_BATCHES (default "1 32 128"; bench/ncu_decode_step.py);
 #   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs), and
 #   extract with a replica per GPU against one (tests/device/data_parallel_on_devices.py);
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
@@ -234,6 +235,15 @@ if [ "$what" = decodebins ]; then  # bench --decode at batch 1, 32, 128 on the b
         --kv-cache-gib 40 --batch-sizes 1,32,128 2>>"$OUT/decodebins.err" | grep batch | sed "s/}\$/, \"bin\": \"$b\"}/"
     done
   done | tee "$OUT/decodebins.jsonl"
+fi
+if [ "$what" = decodeprofile ]; then  # ncu: one eager decode step's kernels at PROFILE_BATCHES (bench/ncu_decode_step.py)
+  for b in ${PROFILE_BATCHES:-1 32 128}; do
+    HSX_GEMM_TUNE=0 timeout 240 ncu --clock-control none --csv --log-file "$OUT/ncu_b$b.csv" \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size \
+      .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --new-tokens 3 \
+      --kv-cache-gib 40 --batch-sizes "$b" --enforce-eager >/dev/null 2>"$OUT/ncu_b$b.err"
+    python3 bench/ncu_decode_step.py "$OUT/ncu_b$b.csv" --per-layer 36 | sed "s/^{/{\"batch\": $b, /"
+  done | tee "$OUT/decodeprofile.jsonl"
 fi
 if [ "$what" = decodeab ]; then  # the decode fusions off, on (default), and with programmatic GEMV launches
   for env in "HSX_NORM_ROPE_STORE=0 HSX_GATED_GEMV=0" "" "HSX_PDL=1" "" "HSX_PDL=1"; do

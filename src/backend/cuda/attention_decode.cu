@@ -18,6 +18,7 @@
 // which DecodeAttentionSplits derives from the batch's shape and the SM count; each block
 // finds its chunk from ctx_len on the device, and blocks past the last chunk exit.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/dynamic_shared_memory.cuh"
@@ -104,7 +105,8 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
   constexpr bool kQInRegisters = D <= 256;
   static_assert(kWarpKeys % 8 == 0 && kWarpDims % 16 == 0 && kThreads % kChunks == 0 &&
                 kTile % (kThreads / kChunks) == 0);
-  AllowDependentLaunch();  // o_proj follows: its weight loads may start (programmatic_launch.cuh)
+  WaitForPriorGrid();  // q and the cache rows come from the kernel before
+  AllowDependentLaunch();  // the merge or o_proj follows (programmatic_launch.cuh)
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* kv_s = reinterpret_cast<bf16*>(smem);  // per stage: K tile, then V tile
   bf16* q_s = kv_s + kStages * 2 * kTile * kLd;
@@ -337,8 +339,14 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
 // Merges the chunks of one (sequence, query, head): out = sum_s w_s o_s / sum_s w_s l_s
 // with w_s = 2^(m_s - max m). Rows of one chunk or none were written by DecodeKernel.
 // A split the row sees nothing of has m_s = -inf, so w_s = 0; every row sees its own key.
+// The kernel is all latency at decode sizes: it reads the chunks' m, l and partial outputs
+// in one round trip (up to kCombineBatch chunks; more take one trip per batch), where a
+// loop of dependent loads took one per chunk.
+constexpr int kCombineBatch = 16;
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads) CombineKernel(AttentionArgs a) {
+  constexpr int kPerThread = (D + kCombineThreads - 1) / kCombineThreads;
+  WaitForPriorGrid();  // DecodeKernel's partial results
   AllowDependentLaunch();
   const int head = blockIdx.x, seq = blockIdx.y / a.max_q_len, query = blockIdx.y % a.max_q_len;
   const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
@@ -348,26 +356,48 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(AttentionArgs a
   const Workspace ws(a);
   const int64_t token_head = int64_t(q_start + query) * a.num_heads + head;
   const int64_t row0 = token_head * a.decode_splits;
-  __shared__ float weight[kMaxSplits];
-  __shared__ float inv_sum;
-  if (threadIdx.x < 32) {
-    float mx = -INFINITY;
-    for (int s = threadIdx.x; s < chunks.count; s += 32) mx = fmaxf(mx, ws.m[row0 + s]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
-    float sum = 0.0f;
-    for (int s = threadIdx.x; s < chunks.count; s += 32) {
-      weight[s] = exp2f(ws.m[row0 + s] - mx);
-      sum += weight[s] * ws.l[row0 + s];
-    }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
-    if (threadIdx.x == 0) inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+  __shared__ float m_s[kMaxSplits], l_s[kMaxSplits];
+  if (threadIdx.x < chunks.count) {
+    m_s[threadIdx.x] = ws.m[row0 + threadIdx.x];
+    l_s[threadIdx.x] = ws.l[row0 + threadIdx.x];
   }
+  float part[kCombineBatch][kPerThread];  // the first batch's partial outputs, in flight
+#pragma unroll
+  for (int s = 0; s < kCombineBatch; ++s)
+#pragma unroll
+    for (int p = 0; p < kPerThread; ++p) {
+      const int d = threadIdx.x + p * kCombineThreads;
+      part[s][p] = s < chunks.count && d < D ? ws.o[(row0 + s) * D + d] : 0.0f;
+    }
   __syncthreads();
+  float mx = -INFINITY;
+  for (int s = 0; s < chunks.count; ++s) mx = fmaxf(mx, m_s[s]);
+  float sum = 0.0f, acc[kPerThread] = {};
+  for (int base = 0; base < chunks.count; base += kCombineBatch) {
+    if (base > 0) {
+#pragma unroll
+      for (int s = 0; s < kCombineBatch; ++s)
+#pragma unroll
+        for (int p = 0; p < kPerThread; ++p) {
+          const int d = threadIdx.x + p * kCombineThreads;
+          part[s][p] = base + s < chunks.count && d < D ? ws.o[(row0 + base + s) * D + d] : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < kCombineBatch; ++s) {
+      if (base + s >= chunks.count) break;
+      const float weight = exp2f(m_s[base + s] - mx);
+      sum += weight * l_s[base + s];
+#pragma unroll
+      for (int p = 0; p < kPerThread; ++p) acc[p] += weight * part[s][p];
+    }
+  }
+  const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
   bf16* out = a.out + token_head * D;
-  for (int d = threadIdx.x; d < D; d += kCombineThreads) {
-    float acc = 0.0f;
-    for (int s = 0; s < chunks.count; ++s) acc += weight[s] * ws.o[(row0 + s) * D + d];
-    out[d] = __float2bfloat16(acc * inv_sum);
+#pragma unroll
+  for (int p = 0; p < kPerThread; ++p) {
+    const int d = threadIdx.x + p * kCombineThreads;
+    if (d < D) out[d] = __float2bfloat16(acc[p] * inv_sum);
   }
 }
 
@@ -377,18 +407,28 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
   AllowDynamicSharedMemory<DecodeKernel<D>>(kSmem);
   const int group = a.num_heads / a.kv_heads;
   const dim3 grid(a.decode_splits, a.kv_heads * RowTiles(a.max_q_len, group), a.num_seqs);
-  DecodeKernel<D><<<grid, 32 * Warps<D>(), kSmem, stream>>>(a);
+  LaunchMaybeProgrammatic(DecodeKernel<D>, grid, dim3(32 * Warps<D>()), kSmem, a.programmatic, stream, a);
   if (a.decode_splits > 1)
-    CombineKernel<D><<<dim3(a.num_heads, a.num_seqs * a.max_q_len), kCombineThreads, 0, stream>>>(a);
+    LaunchMaybeProgrammatic(CombineKernel<D>, dim3(a.num_heads, a.num_seqs * a.max_q_len), dim3(kCombineThreads), 0,
+                            a.programmatic, stream, a);
 }
 
 }  // namespace
 
 int DecodeAttentionSplits(int num_seqs, int max_q_len, int num_heads, int kv_heads, int sm_count) {
-  // Enough blocks for about two per SM; more only cut chunks shorter and add merging.
+  // As many chunks as keep the blocks within one wave of two per SM (DecodeKernel<128>'s
+  // shared memory allows two): rounding up put batch 32's 256 blocks of Qwen3-8B into 512,
+  // two waves and a merge where one wave needs none. More only cut chunks shorter.
   const int64_t blocks = int64_t(num_seqs) * kv_heads * RowTiles(max_q_len, num_heads / kv_heads);
   if (blocks <= 0) return 1;
-  return int(std::clamp<int64_t>((2 * int64_t(sm_count) + blocks - 1) / blocks, 1, kMaxSplits));
+  const int64_t slots = 2 * int64_t(sm_count);
+  static const bool round_up = [] {
+    const char* rule = std::getenv("HSX_DECODE_SPLITS_ROUND_UP");
+    return rule != nullptr && rule[0] == '1';
+  }();
+  if (round_up)
+    return int(std::clamp<int64_t>((slots + blocks - 1) / blocks, 1, kMaxSplits));  // the old rule, to compare
+  return int(std::clamp<int64_t>(slots / blocks, 1, kMaxSplits));
 }
 
 size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads, int head_dim, int splits) {

@@ -171,7 +171,9 @@ struct CudaBackend::Impl {
   // their codes and row scales directly (HSX_FP8_FUSED_INPUTS=0: bf16, then QuantizeRowsFp8).
   bool fp8_fused_inputs = EnvOn("HSX_FP8_FUSED_INPUTS");
   // GEMVs launch programmatically (programmatic_launch.cuh), their first weight loads
-  // overlapping the norm or attention kernel before them (~1% at batch 1); HSX_PDL=0: not.
+  // overlapping the norm or attention kernel before them (~1% at batch 1), and so do the
+  // norms, norm/RoPE/store and the split-KV kernels, whose blocks become resident while
+  // the kernel before them finishes; HSX_PDL=0: none.
   bool programmatic = EnvOn("HSX_PDL");
   int sm_count = 0;
   static constexpr size_t kWorkspaceBytes = 64ull << 20;
@@ -696,7 +698,8 @@ Tensor CudaBackend::RmsNormFp8(Tensor& x, const Tensor* branch, const Tensor* w,
 
 void CudaBackend::RmsNorm(const Tensor& x, const Tensor* w, float eps, bool one_plus_weight, Tensor& y) {
   Impl::Timer timer(*impl_, "rmsnorm");
-  cuda::RmsNorm(B(x), w ? B(*w) : nullptr, RowsOf(x), x.size(-1), eps, one_plus_weight, B(y), impl_->stream);
+  cuda::RmsNorm(B(x), w ? B(*w) : nullptr, RowsOf(x), x.size(-1), eps, one_plus_weight, B(y), impl_->stream,
+                impl_->programmatic);
   HSX_LAUNCH_CHECK();
 }
 
@@ -704,7 +707,7 @@ void CudaBackend::AddRmsNorm(Tensor& residual, const Tensor& branch, const Tenso
                              Tensor& y) {
   Impl::Timer timer(*impl_, "add_rmsnorm");
   cuda::AddRmsNorm(B(residual), B(branch), w ? B(*w) : nullptr, RowsOf(residual), residual.size(-1), eps,
-                   one_plus_weight, B(y), impl_->stream);
+                   one_plus_weight, B(y), impl_->stream, impl_->programmatic);
   HSX_LAUNCH_CHECK();
 }
 
@@ -808,7 +811,7 @@ cuda::NormRopeStoreArgs HeadArgs(Tensor& x, const Tensor* w, float eps, bool one
 void CudaBackend::Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) {
   Impl::Timer timer(*impl_, "rope");
   if (FusedNormRopeTakes(x.size(0))) {
-    cuda::NormRopeStore(HeadArgs(x, nullptr, 0.0f, false, positions, rope), impl_->stream);
+    cuda::NormRopeStore(HeadArgs(x, nullptr, 0.0f, false, positions, rope), impl_->stream, impl_->programmatic);
   } else {
     cuda::Rope(B(x), positions.data<int32_t>(), rope.inv_freq.data<float>(), x.size(0), x.size(1), x.size(2),
                rope.rotary_dims, impl_->stream);
@@ -820,7 +823,7 @@ void CudaBackend::RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_pl
                               const RopeTable& rope) {
   Impl::Timer timer(*impl_, "norm_rope");
   if (FusedNormRopeTakes(x.size(0))) {
-    cuda::NormRopeStore(HeadArgs(x, &w, eps, one_plus_weight, positions, rope), impl_->stream);
+    cuda::NormRopeStore(HeadArgs(x, &w, eps, one_plus_weight, positions, rope), impl_->stream, impl_->programmatic);
   } else {
     cuda::RmsNormRope(B(x), x.size(1) * x.size(2), B(x), B(w), eps, one_plus_weight, positions.data<int32_t>(),
                       rope.inv_freq.data<float>(), x.size(0), x.size(1), x.size(2), rope.rotary_dims, impl_->stream);
@@ -875,7 +878,7 @@ void CudaBackend::NormRopeStoreKV(const Tensor& qkv, bool values_are_keys, const
   a.slots = slots.data<int32_t>();
   a.k_cache = B(k_cache);
   a.v_cache = B(v_cache);
-  cuda::NormRopeStore(a, impl_->stream);
+  cuda::NormRopeStore(a, impl_->stream, impl_->programmatic);
   HSX_LAUNCH_CHECK();
 }
 
@@ -908,6 +911,7 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.softcap = params.softcap;
   a.hopper = impl_->hopper_attention;
   a.batch_invariant = impl_->batch_invariant;
+  a.programmatic = impl_->programmatic;
   Tensor workspace;  // freed after the launch: the allocator reuses memory in stream order
   if (impl_->decode_attention && a.max_q_len <= impl_->decode_attention_rows) {
     a.decode_splits = cuda::DecodeAttentionSplits(a.num_seqs, a.max_q_len, a.num_heads, a.kv_heads, impl_->sm_count);

@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(gemv::kThreads, 2)
 void Launch(const bf16* x, int m, const bf16* gate, const bf16* up, int64_t n, int64_t k, int act, bf16* out,
             cudaStream_t stream, bool programmatic) {
   const dim3 grid(static_cast<unsigned>((n + kOut - 1) / kOut)), block(gemv::kThreads);
-  LaunchMaybeProgrammatic(GatedGemvKernel, grid, block, programmatic, stream, x, m, gate, up, n, k, act, out);
+  LaunchMaybeProgrammatic(GatedGemvKernel, grid, block, 0, programmatic, stream, x, m, gate, up, n, k, act, out);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ namespace {
 template <typename Out>
 __global__ void __launch_bounds__(gemv::kThreads, 2)
     GemvKernel(const bf16* __restrict__ x, int m, const bf16* __restrict__ w, int64_t n, int64_t k, Out* y) {
+  AllowDependentLaunch();  // the next kernel may get its blocks resident (programmatic_launch.cuh)
   constexpr int kCols = 8, kOut = gemv::kTileRows * kCols;
   const int64_t row0 = int64_t(blockIdx.x) * gemv::kTileRows;
   __shared__ float totals[kOut];
@@ -32,10 +33,10 @@ void Launch(const bf16* x, int m, const bf16* w, int64_t n, int64_t k, void* y, 
             bool programmatic) {
   const dim3 grid(static_cast<unsigned>((n + gemv::kTileRows - 1) / gemv::kTileRows)), block(gemv::kThreads);
   if (y_f32)
-    LaunchMaybeProgrammatic(GemvKernel<float>, grid, block, programmatic, stream, x, m, w, n, k,
+    LaunchMaybeProgrammatic(GemvKernel<float>, grid, block, 0, programmatic, stream, x, m, w, n, k,
                             static_cast<float*>(y));
   else
-    LaunchMaybeProgrammatic(GemvKernel<bf16>, grid, block, programmatic, stream, x, m, w, n, k,
+    LaunchMaybeProgrammatic(GemvKernel<bf16>, grid, block, 0, programmatic, stream, x, m, w, n, k,
                             static_cast<bf16*>(y));
 }
 

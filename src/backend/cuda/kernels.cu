@@ -123,12 +123,59 @@ __device__ __forceinline__ void WriteNormedRow8(const bf16* xr, const bf16* w, f
   }
 }
 
+// Chunks of 8 a thread keeps in registers in NormKernel's one-pass path: rows up to 16k
+// elements at 512 threads.
+constexpr int kNormRegisterChunks = 4;
+
+// NormKernel for rows that fit the block's registers (dim % 8 == 0): every read in one
+// round trip, where the two-pass path reads x, then after the sum x and w again. The
+// same elements per thread in the same order as RowInverseRms and WriteNormedRow8, so
+// the same bits.
+template <bool kAdd>
+__device__ __forceinline__ void NormRowInRegisters(bf16* xr, const bf16* branch_row, const bf16* w, int64_t dim,
+                                                   float eps, float plus, bf16* yr) {
+  Vec8 a[kNormRegisterChunks], b[kNormRegisterChunks], s[kNormRegisterChunks];
+#pragma unroll
+  for (int c = 0; c < kNormRegisterChunks; ++c) {
+    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+    if (i >= dim) continue;
+    a[c].Load(xr + i);
+    if (kAdd) b[c].Load(branch_row + i);
+    if (w != nullptr) s[c].Load(w + i);
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kNormRegisterChunks; ++c) {
+    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+    if (i >= dim) continue;
+    if (kAdd) {
+      for (int j = 0; j < 8; ++j) a[c].v[j] = __bfloat162float(__float2bfloat16(a[c].v[j] + b[c].v[j]));
+      a[c].Store(xr + i);
+    }
+    for (int j = 0; j < 8; ++j) ss += a[c].v[j] * a[c].v[j];
+  }
+  const float inv = rsqrtf(BlockSum(ss) / dim + eps);
+#pragma unroll
+  for (int c = 0; c < kNormRegisterChunks; ++c) {
+    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+    if (i >= dim) continue;
+    for (int j = 0; j < 8; ++j) a[c].v[j] = a[c].v[j] * inv * (w != nullptr ? s[c].v[j] + plus : 1.0f);
+    a[c].Store(yr + i);
+  }
+}
+
 // One block per row: y = x / rms(x) * (w, 1 + w or 1), after RowInverseRms's add.
 template <bool kAdd>
 __global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t dim, float eps, bool one_plus, bf16* y) {
+  WaitForPriorGrid();      // launched programmatically after the kernel that wrote x or branch
   AllowDependentLaunch();  // a GEMV follows: its weight loads may start (programmatic_launch.cuh)
   bf16* xr = x + blockIdx.x * dim;
   bf16* yr = y + blockIdx.x * dim;
+  if (dim % 8 == 0 && dim <= int64_t(kNormRegisterChunks) * 8 * blockDim.x) {
+    NormRowInRegisters<kAdd>(xr, kAdd ? branch + blockIdx.x * dim : nullptr, w, dim, eps, one_plus ? 1.0f : 0.0f,
+                             yr);
+    return;
+  }
   const float inv = RowInverseRms<kAdd>(xr, kAdd ? branch + blockIdx.x * dim : nullptr, dim, eps);
   const float plus = one_plus ? 1.0f : 0.0f;
   if (dim % 8 == 0) {
@@ -387,14 +434,17 @@ static int NormThreads(int64_t dim) { return dim >= 4096 ? 512 : (dim >= 1024 ? 
 static bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 void RmsNorm(const bf16* x, const bf16* w, int64_t rows, int64_t dim, float eps, bool one_plus_weight, bf16* y,
-             cudaStream_t stream) {
+             cudaStream_t stream, bool programmatic) {
   // x is only read here (NormKernel<false> never writes it).
   if (rows > 0)
-    NormKernel<false><<<rows, NormThreads(dim), 0, stream>>>(const_cast<bf16*>(x), nullptr, w, dim, eps, one_plus_weight, y);
+    LaunchMaybeProgrammatic(NormKernel<false>, dim3(rows), dim3(NormThreads(dim)), 0, programmatic, stream,
+                            const_cast<bf16*>(x), static_cast<const bf16*>(nullptr), w, dim, eps, one_plus_weight, y);
 }
 void AddRmsNorm(bf16* residual, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps,
-                bool one_plus_weight, bf16* y, cudaStream_t stream) {
-  if (rows > 0) NormKernel<true><<<rows, NormThreads(dim), 0, stream>>>(residual, branch, w, dim, eps, one_plus_weight, y);
+                bool one_plus_weight, bf16* y, cudaStream_t stream, bool programmatic) {
+  if (rows > 0)
+    LaunchMaybeProgrammatic(NormKernel<true>, dim3(rows), dim3(NormThreads(dim)), 0, programmatic, stream, residual,
+                            branch, w, dim, eps, one_plus_weight, y);
 }
 bool DraftLayerInput(const bf16* table, const int32_t* ids, const bf16* hidden, const bf16* embed_w,
                      const bf16* hidden_w, int64_t tokens, int64_t dim, float eps, bool normed_residual, bf16* out,

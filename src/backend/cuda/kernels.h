@@ -15,11 +15,12 @@ using bf16 = __nv_bfloat16;
 void FillUniform(bf16* out, int64_t n, uint64_t seed, float lo, float hi, cudaStream_t stream);
 void Embed(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden, float scale, bf16* out,
            cudaStream_t stream);
+// programmatic: launched to overlap the kernel before (programmatic_launch.cuh).
 void RmsNorm(const bf16* x, const bf16* w, int64_t rows, int64_t dim, float eps, bool one_plus_weight, bf16* y,
-             cudaStream_t stream);
+             cudaStream_t stream, bool programmatic = false);
 // residual += branch (rounded to bf16), then y = RmsNorm(residual).
 void AddRmsNorm(bf16* residual, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps,
-                bool one_plus_weight, bf16* y, cudaStream_t stream);
+                bool one_plus_weight, bf16* y, cudaStream_t stream, bool programmatic = false);
 // Backend::DraftLayerInput for tokens rows of dim (% 8 == 0, 16-byte aligned: else false,
 // nothing launched): out [tokens, 2 dim], residual [tokens, dim].
 bool DraftLayerInput(const bf16* table, const int32_t* ids, const bf16* hidden, const bf16* embed_w,
@@ -65,7 +66,8 @@ struct NormRopeStoreArgs {
   float eps = 0.0f;
   bool one_plus_weight = false;
 };
-void NormRopeStore(const NormRopeStoreArgs& args, cudaStream_t stream);
+// programmatic: launched to overlap the kernel before (programmatic_launch.cuh).
+void NormRopeStore(const NormRopeStoreArgs& args, cudaStream_t stream, bool programmatic = false);
 // Prefill-sized steps (norm_rope.cu): RoPE in place on x [T, heads, dim]; per-head RMSNorm
 // with weight w rounded to bf16 then RoPE, from rows of `in` (in_stride elements apart, e.g.
 // the fused q/k/v GEMM's output, or in == out) into out [T, heads, dim].
@@ -159,6 +161,8 @@ struct AttentionArgs {
   // the chunks' partial results. Launch shapes never depend on per-sequence data.
   int decode_splits = 0;
   float* decode_workspace = nullptr;
+  // The split-KV kernels launch to overlap the kernel before (programmatic_launch.cuh).
+  bool programmatic = false;
 };
 // False if head_dim is not one of 16, 32, 64, 128, 256, 512 (or decode_splits is past 64).
 bool Attention(const AttentionArgs& args, cudaStream_t stream);
@@ -168,8 +172,9 @@ constexpr int kDecodeMaxQueryRows = 8;
 // The split-KV decode kernels; false, launching nothing, unless head_dim is supported,
 // max_q_len <= kDecodeMaxQueryRows and decode_splits in [1, 64].
 bool AttentionDecode(const AttentionArgs& args, cudaStream_t stream);
-// Chunks per context: about two blocks per SM over the blocks of num_seqs sequences of up
-// to max_q_len queries; at most 64.
+// Chunks per context: as many as keep num_seqs sequences' blocks (of up to max_q_len
+// queries) within two per SM, at least 1 and at most 64 (HSX_DECODE_SPLITS_ROUND_UP=1: the
+// earlier rule, which rounded up, for comparison).
 int DecodeAttentionSplits(int num_seqs, int max_q_len, int num_heads, int kv_heads, int sm_count);
 // Bytes of f32 workspace for `splits` chunks (0 for one: the kernel writes out directly).
 size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads, int head_dim, int splits);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/programmatic_launch.cuh"
 
 namespace hsx::cuda {
 namespace {
@@ -20,27 +21,27 @@ constexpr int kMaxDim = 512;
 constexpr int kPerLane = kMaxDim / 32;
 constexpr int kWarps = 8;
 
-// Grid: (token, group of kWarps heads).
+// Grid: (token, group of kWarps heads). Every global read is issued before the first
+// use of any: a decode step's kernel is all latency, and reading x, then the norm weight,
+// then the slot one after another cost three memory round trips where one does.
 __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStoreArgs a) {
   __shared__ float rows[kWarps][kMaxDim];
   __shared__ float cos_s[kMaxDim / 2], sin_s[kMaxDim / 2];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t token = blockIdx.x;
   const int half = a.rotary_dims / 2;
-  const float pos = static_cast<float>(a.positions[token]);
-  for (int f = threadIdx.x; f < half; f += blockDim.x) sincosf(pos * a.inv_freq[f], &sin_s[f], &cos_s[f]);
-  __syncthreads();
   const int per_token = a.q_heads + (a.k != nullptr ? 2 * a.kv_heads : 0);
   int head = static_cast<int>(blockIdx.y) * kWarps + warp;
-  if (head >= per_token) return;  // whole warps leave; only __syncwarp follows
+  const bool live = head < per_token;  // dead warps still reach the block's barrier
 
   // Which head this warp owns: a q head, a k head or a v head.
-  const bf16* x;
+  const bf16* x = nullptr;
   bf16* q_out = nullptr;
   const bf16* w = nullptr;
-  bool norm, rope;
+  bool norm = false, rope = false;
   bf16* cache = nullptr;
-  if (head < a.q_heads) {
+  if (!live) {
+  } else if (head < a.q_heads) {
     x = a.q_in + token * a.q_stride + head * a.dim;
     q_out = a.q + (token * a.q_heads + head) * a.dim;
     w = a.q_norm;
@@ -60,12 +61,29 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
     cache = a.v_cache;
   }
 
+  // Model constants (no kernel writes them) may be read before the wait.
+  const float plus = a.one_plus_weight ? 1.0f : 0.0f;
+  float scale[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = lane + 32 * j;
+    scale[j] = w != nullptr && i < a.dim ? __bfloat162float(w[i]) + plus : 1.0f;
+  }
+  const float freq = static_cast<int>(threadIdx.x) < half ? a.inv_freq[threadIdx.x] : 0.0f;
+  WaitForPriorGrid();  // x, positions and slots come from the kernels before
+  AllowDependentLaunch();
+  const float pos = static_cast<float>(a.positions[token]);
+  const int64_t slot = cache != nullptr ? a.slots[token] : -1;  // negative: a padding row
   float r[kPerLane];
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int i = lane + 32 * j;
-    r[j] = i < a.dim ? __bfloat162float(x[i]) : 0.0f;
+    r[j] = live && i < a.dim ? __bfloat162float(x[i]) : 0.0f;
   }
+  if (static_cast<int>(threadIdx.x) < half) sincosf(pos * freq, &sin_s[threadIdx.x], &cos_s[threadIdx.x]);
+  __syncthreads();
+  if (!live) return;  // whole warps leave; only __syncwarp follows
+
   if (norm) {
     float ss = 0.0f;
 #pragma unroll
@@ -73,12 +91,9 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
       if (lane + 32 * j < a.dim) ss += r[j] * r[j];
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float inv = rsqrtf(ss / a.dim + a.eps);
-    const float plus = a.one_plus_weight ? 1.0f : 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int i = lane + 32 * j;
-      if (i < a.dim) r[j] = __bfloat162float(__float2bfloat16(r[j] * inv * (w != nullptr ? __bfloat162float(w[i]) + plus : 1.0f)));
-    }
+    for (int j = 0; j < kPerLane; ++j)
+      if (lane + 32 * j < a.dim) r[j] = __bfloat162float(__float2bfloat16(r[j] * inv * scale[j]));
   }
   if (rope && half > 0) {
     float* row = rows[warp];
@@ -97,7 +112,6 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
       }
     }
   }
-  const int64_t slot = cache != nullptr ? a.slots[token] : -1;  // negative: a padding row
   bf16* stored = slot >= 0 ? cache + (slot * a.kv_heads + head) * a.dim : nullptr;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
@@ -111,7 +125,7 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
 
 }  // namespace
 
-void NormRopeStore(const NormRopeStoreArgs& a, cudaStream_t stream) {
+void NormRopeStore(const NormRopeStoreArgs& a, cudaStream_t stream, bool programmatic) {
   if (a.dim > kMaxDim || a.rotary_dims > a.dim) {
     std::fprintf(stderr, "hsx: NormRopeStore supports head dims up to %d (got %d, rotary %d)\n", kMaxDim, a.dim,
                  a.rotary_dims);
@@ -119,7 +133,8 @@ void NormRopeStore(const NormRopeStoreArgs& a, cudaStream_t stream) {
   }
   const int per_token = a.q_heads + (a.k != nullptr ? 2 * a.kv_heads : 0);
   const dim3 grid(static_cast<unsigned>(a.tokens), static_cast<unsigned>((per_token + kWarps - 1) / kWarps));
-  if (a.tokens > 0 && per_token > 0) NormRopeStoreKernel<<<grid, kWarps * 32, 0, stream>>>(a);
+  if (a.tokens > 0 && per_token > 0)
+    LaunchMaybeProgrammatic(NormRopeStoreKernel, grid, dim3(kWarps * 32), 0, programmatic, stream, a);
 }
 
 }  // namespace hsx::cuda

@@ -14,16 +14,17 @@ namespace hsx::cuda {
 __device__ __forceinline__ void AllowDependentLaunch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void WaitForPriorGrid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-// Launches kernel<<<grid, block, 0, stream>>>(args...), programmatically if asked.
+// Launches kernel<<<grid, block, shared_bytes, stream>>>(args...), programmatically if asked.
 template <typename... Params, typename... Args>
-void LaunchMaybeProgrammatic(void (*kernel)(Params...), dim3 grid, dim3 block, bool programmatic, cudaStream_t stream,
-                             Args... args) {
+void LaunchMaybeProgrammatic(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, bool programmatic,
+                             cudaStream_t stream, Args... args) {
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = programmatic ? 1 : 0;
