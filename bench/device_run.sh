@@ -15,8 +15,10 @@
 #   decodeab = bench --decode at batch 1, 32, 128 with the decode fusions off, on, and on
 #   with HSX_PDL=1 (programmatic GEMV launches), the last two twice;
 #   decodebins = bench --decode at batch 1, 32, 128 on the builds AB_BINS names in .devbin/,
-#   alternating, twice; decodeprofile = Nsight Compute's per-kernel times and DRAM bytes of
-#   one eager decode step at PROFILE_BATCHES (default "1 32 128"; bench/ncu_decode_step.py);
+#   alternating, twice; decodeprofile = at PROFILE_BATCHES (default "1 32 128"), the kernels of
+#   graph-replayed decode steps with the idle gaps between them (bench/kernel_trace.cpp), and
+#   (NCU=0 skips) Nsight Compute's times and DRAM bytes of each kernel of an eager step alone,
+#   both summarized by bench/decode_step_profile.py;
 #   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs), and
 #   extract with a replica per GPU against one (tests/device/data_parallel_on_devices.py);
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
@@ -236,13 +238,20 @@ if [ "$what" = decodebins ]; then  # bench --decode at batch 1, 32, 128 on the b
     done
   done | tee "$OUT/decodebins.jsonl"
 fi
-if [ "$what" = decodeprofile ]; then  # ncu: one eager decode step's kernels at PROFILE_BATCHES (bench/ncu_decode_step.py)
+if [ "$what" = decodeprofile ]; then  # one decode step's kernels at PROFILE_BATCHES (bench/decode_step_profile.py)
+  step_bench=(bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --kv-cache-gib 40)
   for b in ${PROFILE_BATCHES:-1 32 128}; do
+    # the graph replays as they run, idle gaps included (bench/kernel_trace.cpp): the last 20 steps
+    CUDA_INJECTION64_PATH="$here/.devbin/libhsx_kernel_trace.so" HSX_KERNEL_TRACE="$OUT/trace_b$b.csv" \
+      .devbin/hsx "${step_bench[@]}" --new-tokens 64 --batch-sizes "$b" 2>"$OUT/trace_b$b.err" | grep -o '"step_ms":[0-9.]*'
+    python3 bench/decode_step_profile.py "$OUT/trace_b$b.csv" --steps 20 --layers 36 |
+      sed "s/^{/{\"batch\": $b, \"tool\": \"cupti\", /"
+    # each kernel of an eager step alone, with its DRAM bytes
+    [ "${NCU:-1}" = 1 ] || continue
     HSX_GEMM_TUNE=0 timeout 240 ncu --clock-control none --csv --log-file "$OUT/ncu_b$b.csv" \
-      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size \
-      .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --new-tokens 3 \
-      --kv-cache-gib 40 --batch-sizes "$b" --enforce-eager >/dev/null 2>"$OUT/ncu_b$b.err"
-    python3 bench/ncu_decode_step.py "$OUT/ncu_b$b.csv" --per-layer 36 | sed "s/^{/{\"batch\": $b, /"
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+      .devbin/hsx "${step_bench[@]}" --new-tokens 3 --batch-sizes "$b" --enforce-eager >/dev/null 2>"$OUT/ncu_b$b.err"
+    python3 bench/decode_step_profile.py "$OUT/ncu_b$b.csv" --layers 36 | sed "s/^{/{\"batch\": $b, \"tool\": \"ncu\", /"
   done | tee "$OUT/decodeprofile.jsonl"
 fi
 if [ "$what" = decodeab ]; then  # the decode fusions off, on (default), and with programmatic GEMV launches

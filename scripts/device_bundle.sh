@@ -6,10 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DHSX_CUDA=ON >/dev/null
-cmake --build build-device --target hsx hsx_tests -j "$(nproc)"
+cmake --build build-device --target hsx hsx_tests hsx_kernel_trace -j "$(nproc)"
 rm -rf .devbin && mkdir -p .devbin
-cp build-device/src/hsx build-device/tests/hsx_tests .devbin/
-strip .devbin/hsx .devbin/hsx_tests
+cp build-device/src/hsx build-device/tests/hsx_tests build-device/libhsx_kernel_trace.so .devbin/
+strip .devbin/hsx .devbin/hsx_tests .devbin/libhsx_kernel_trace.so
+# CUPTI for the kernel trace (bench/kernel_trace.cpp), from this toolkit.
+cp -L "$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib/libcupti.so.13" .devbin/ 2>/dev/null ||
+  cp -L /usr/local/cuda/lib64/libcupti.so.13 .devbin/
 # libssl3 and zlib are on the device image; the rest travels.
 for lib in libpcre2-8.so.0 libutf8proc.so.2 libdnnl.so.2 libOpenCL.so.1 libgomp.so.1 \
            libcpp-httplib.so.0.11 libbrotlicommon.so.1 libbrotlidec.so.1 libbrotlienc.so.1; do

@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
   constexpr bool kQInRegisters = D <= 256;
   static_assert(kWarpKeys % 8 == 0 && kWarpDims % 16 == 0 && kThreads % kChunks == 0 &&
                 kTile % (kThreads / kChunks) == 0);
-  WaitForPriorGrid();  // q and the cache rows come from the kernel before
+  WaitForPriorGrid();      // q and the cache rows come from the kernel before
   AllowDependentLaunch();  // the merge or o_proj follows (programmatic_launch.cuh)
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* kv_s = reinterpret_cast<bf16*>(smem);  // per stage: K tile, then V tile
@@ -346,8 +346,8 @@ constexpr int kCombineBatch = 16;
 template <int D>
 __global__ void __launch_bounds__(kCombineThreads) CombineKernel(AttentionArgs a) {
   constexpr int kPerThread = (D + kCombineThreads - 1) / kCombineThreads;
-  WaitForPriorGrid();  // DecodeKernel's partial results
-  AllowDependentLaunch();
+  WaitForPriorGrid();      // DecodeKernel's partial results
+  AllowDependentLaunch();  // o_proj follows: its weight loads may start
   const int head = blockIdx.x, seq = blockIdx.y / a.max_q_len, query = blockIdx.y % a.max_q_len;
   const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
   const int ctx_len = a.seq_info[seq * 4 + 2];

@@ -193,6 +193,13 @@ struct CudaBackend::Impl {
   // candidates, so a benchmark can compare both.
   bool tune = EnvOn("HSX_GEMM_TUNE");
   static constexpr int kTuneCandidates = 8;
+  // Decode-sized GEMMs (m up to this) take the heuristic's first: they stream their weights
+  // from HBM, but Tune's back-to-back runs find them in L2 (a q/k/v or o_proj weight fits
+  // H200's 50 MB), and the algorithms that won there lost in the step: batch 128 decode
+  // ran 10.41-10.45 ms a step tuned against 9.03-9.29 untuned, batch 32 5.63-5.66 against
+  // 5.54-5.57 (nvidia-h200, one call, two rounds). Prefill GEMMs are compute-bound and keep
+  // their timed winners.
+  static constexpr int64_t kMaxUntunedRows = 256;
   // The timed winner per (n, k, out dtype, m bucket). m changes nearly every step, so timing
   // each exact m would tune on most steps; m's of one power-of-two bucket share one timing.
   std::map<std::tuple<int64_t, int64_t, int, int64_t, bool>, cublasLtMatmulAlgo_t> tuned;
@@ -427,7 +434,7 @@ struct CudaBackend::Impl {
     Plan p = MakePlan(m, n, k, out, fp8_scales.has_value());
     if (fp8_scales) SetFp8Scales(p, fp8_scales->first, fp8_scales->second);
     if (batch_invariant && !p.fp8) p.algo = InvariantAlgo(p, n, k, out);  // the CLI refuses fp8 with it
-    else p.algo = tune ? TunedAlgo(p, n, k, out, w, x, y) : Candidates(p, 1)[0].algo;
+    else p.algo = tune && m > kMaxUntunedRows ? TunedAlgo(p, n, k, out, w, x, y) : Candidates(p, 1)[0].algo;
     return plans.emplace(key, std::move(p)).first->second;
   }
 };
