@@ -35,6 +35,7 @@
 set -uo pipefail
 what=${1:-all}
 here=$(pwd)
+if [ -f .devbin.tgz ]; then rm -rf .devbin && tar xzf .devbin.tgz; fi  # scripts/device_bundle.sh packs it
 export LD_LIBRARY_PATH="$here/.devbin:${LD_LIBRARY_PATH:-}"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13/lib") for p in nvidia.__path__))' 2>/dev/null); do
   [ -e "$d/libcublasLt.so.13" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds hsx with CUDA (Release, sm_90a) here and stages the binaries and the runtime
 # libraries the device machine lacks (it has CUDA and cuBLASLt, but no Debian packages)
-# in .devbin/, which bench/device_run.sh expects. Carry .devbin with the device call.
+# in .devbin/, packed as .devbin.tgz, which bench/device_run.sh unpacks. Carry .devbin.tgz
+# with the device call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -18,6 +19,10 @@ for lib in libpcre2-8.so.0 libutf8proc.so.2 libdnnl.so.2 libOpenCL.so.1 libgomp.
            libcpp-httplib.so.0.11 libbrotlicommon.so.1 libbrotlidec.so.1 libbrotlienc.so.1; do
   cp -L "/lib/x86_64-linux-gnu/$lib" .devbin/
 done
+# Compressed: the device tool carries at most 64 MiB, which .devbin itself passes.
+tar czf .devbin.tgz .devbin
 exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
-grep -qx '/.devbin/' "$exclude" 2>/dev/null || echo '/.devbin/' >> "$exclude"
-du -sh .devbin
+for path in /.devbin/ /.devbin.tgz; do
+  grep -qx "$path" "$exclude" 2>/dev/null || echo "$path" >> "$exclude"
+done
+du -sh .devbin .devbin.tgz

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -149,6 +150,20 @@ class Fp8CheckpointErrorTest : public ::testing::Test {
     f.seekp(static_cast<std::streamoff>(8 + len + begin));
     f.write(static_cast<const char*>(bytes), 4);
   }
+  // Renames a tensor in model.safetensors' header (the new name as long as the old one).
+  void RenameTensor(const std::string& from, const std::string& to) {
+    ASSERT_EQ(from.size(), to.size());
+    std::fstream f(dir_ + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t len = 0;
+    f.read(reinterpret_cast<char*>(&len), 8);
+    std::string header(len, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(len));
+    const size_t at = header.find("\"" + from + "\"");
+    ASSERT_NE(at, std::string::npos) << from;
+    header.replace(at + 1, from.size(), to);
+    f.seekp(8);
+    f.write(header.data(), static_cast<std::streamsize>(len));
+  }
   std::string dir_;
 };
 
@@ -194,6 +209,24 @@ TEST_F(Fp8CheckpointErrorTest, BrokenScalesAreRefusedNamingTheTensor) {
   }
   const std::string error = LoadError();
   EXPECT_CONTAINS(error, "'" + scale + "' row 0 is -1");
+}
+
+// E4M3 has no infinities; S.1111.111 (0x7f, 0xff) is NaN, which would make every state
+// the row touches NaN: refused as corrupt, naming the tensor, row and column.
+TEST_F(Fp8CheckpointErrorTest, NanCodesAreRefusedNamingTheElement) {
+  const std::string weight = "model.layers.1.mlp.down_proj.weight";
+  for (const uint8_t nan : {uint8_t{0x7f}, uint8_t{0xff}}) {
+    const uint8_t codes[4] = {0x01, 0xfe, nan, 0x7e};  // 0xfe, 0x7e: -448 and 448, not NaN
+    PatchFirstBytes(weight, codes);
+    char expected[96];
+    std::snprintf(expected, sizeof expected, "'%s' row 0 column 2 is 0x%02x, an E4M3 NaN", weight.c_str(), nan);
+    EXPECT_CONTAINS(LoadError(), expected);
+  }
+}
+
+TEST_F(Fp8CheckpointErrorTest, AMissingScaleIsRefusedNamingIt) {
+  RenameTensor("model.layers.0.self_attn.k_proj.weight_scale", "model.layers.0.self_attn.k_proj.weight_scalX");
+  EXPECT_CONTAINS(LoadError(), "missing tensor 'model.layers.0.self_attn.k_proj.weight_scale' (expected shape");
 }
 
 TEST_F(Fp8CheckpointErrorTest, AQuantizationConfigIsNeededToReadFp8Tensors) {

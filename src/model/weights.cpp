@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -230,6 +231,23 @@ Tensor RankSlice(const Tensor& t, const Slot& slot) {
   return out;
 }
 
+// The index of the first NaN among n E4M3 codes (S.1111.111: 0x7f or 0xff; E4M3 has no
+// infinities), or -1. Eight codes at a time: a byte of x & 0x7f.. plus 1 reaches 0x80
+// only from 0x7f, and never carries into the next byte.
+int64_t FirstE4M3NaN(const uint8_t* codes, int64_t n) {
+  constexpr uint64_t kLow7 = 0x7f7f7f7f7f7f7f7full, kOnes = 0x0101010101010101ull, kHigh = 0x8080808080808080ull;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, codes + i, 8);
+    if ((((word & kLow7) + kOnes) & kHigh) != 0) break;  // a NaN among these eight
+  }
+  for (; i < n; ++i) {
+    if ((codes[i] & 0x7f) == 0x7f) return i;
+  }
+  return -1;
+}
+
 // An FP8 checkpoint's projection (compressed-tensors): E4M3 codes [rows, k] and
 // `<module>.weight_scale` [rows, 1], one scale per output channel, become the codes with
 // f32 row scales (--quantization fp8's form); a rank takes its rows or columns.
@@ -254,7 +272,18 @@ Result<Tensor> LoadFp8Projection(const CheckpointTensors& tensors, const std::st
     }
   }
   const Tensor rank_scales = slot.split_dim == 0 ? scales.Rows(slot.begin, slot.begin + slot.count) : scales;
-  return backend.Upload(RankSlice(codes, slot)).WithRowScales(backend.Upload(rank_scales));
+  // A NaN code would make every state its rows touch NaN: refused, as a corrupt file. Each
+  // rank reads only its slice, which it reads to upload anyway.
+  const Tensor mine = RankSlice(codes, slot);
+  if (const int64_t bad = FirstE4M3NaN(mine.data<uint8_t>(), mine.numel()); bad >= 0) {
+    const int64_t row = bad / mine.size(1) + (slot.split_dim == 0 ? slot.begin : 0);
+    const int64_t col = bad % mine.size(1) + (slot.split_dim == 1 ? slot.begin : 0);
+    char code[8];
+    std::snprintf(code, sizeof code, "0x%02x", mine.data<uint8_t>()[bad]);
+    return Error(model_dir + ": tensor '" + slot.name + "' row " + std::to_string(row) + " column " +
+                 std::to_string(col) + " is " + code + ", an E4M3 NaN (a corrupt checkpoint?)");
+  }
+  return backend.Upload(mine).WithRowScales(backend.Upload(rank_scales));
 }
 
 // Puts a loaded (or drawn) tensor where its slot says: the whole of its destination, or its
