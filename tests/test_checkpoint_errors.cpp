@@ -9,6 +9,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
+#include "checkpoint_copy.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -16,56 +17,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class CheckpointErrorTest : public ::testing::Test {
+class CheckpointErrorTest : public test::CheckpointCopyTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/hsx-ckpt-test-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    Reset();
-  }
-  // A fresh, writable copy of the qwen3 fixture checkpoint.
-  void Reset() {
-    for (const char* name : {"config.json", "model.safetensors"}) {
-      fs::copy_file(test::ModelDir("qwen3") + "/" + name, dir_ + "/" + name, fs::copy_options::overwrite_existing);
-      fs::permissions(dir_ + "/" + name, fs::perms::owner_write, fs::perm_options::add);
-    }
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string LoadError() {
-    CpuBackend backend;
-    auto model = Model::Load(dir_, backend);
-    EXPECT_FALSE(model.ok());
-    return model.ok() ? "" : model.status().message();
-  }
-
-  void EditConfig(const std::function<void(nlohmann::json&)>& edit) {
-    std::ifstream in(dir_ + "/config.json");
-    nlohmann::json j = nlohmann::json::parse(in);
-    edit(j);
-    std::ofstream(dir_ + "/config.json") << j.dump();
-  }
-
-  // Rewrites model.safetensors with an edited header and the original data.
-  void EditHeader(const std::function<void(nlohmann::json&)>& edit) {
-    std::ifstream in(dir_ + "/model.safetensors", std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(in)), {});
-    uint64_t len;
-    std::memcpy(&len, bytes.data(), 8);
-    nlohmann::json header = nlohmann::json::parse(bytes.substr(8, len));
-    edit(header);
-    std::string text = header.dump();
-    const uint64_t new_len = text.size();
-    std::string out(8, '\0');
-    std::memcpy(out.data(), &new_len, 8);
-    std::ofstream(dir_ + "/model.safetensors", std::ios::binary) << out << text << bytes.substr(8 + len);
-  }
-
-  std::string dir_;
+  CheckpointErrorTest() : CheckpointCopyTest(test::ModelDir("qwen3")) {}
 };
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE((haystack).find(needle), std::string::npos) << "expected '" << (needle) << "' in: " << (haystack)
 
 TEST_F(CheckpointErrorTest, UnsupportedArchitecture) {
   EditConfig([](auto& j) { j["architectures"] = {"MambaForCausalLM"}; });

@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
 #include "tensor/safetensors.h"
+#include "checkpoint_copy.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -115,59 +116,13 @@ TEST(Fp8CheckpointTest, TensorParallelRanksTakeTheirSlicesOfCodesAndScales) {
   }
 }
 
-class Fp8CheckpointErrorTest : public ::testing::Test {
+class Fp8CheckpointErrorTest : public test::CheckpointCopyTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/hsx-fp8-ckpt-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    for (const char* name : {"config.json", "model.safetensors"}) {
-      fs::copy_file(CheckpointDir() + "/" + name, dir_ + "/" + name);
-      fs::permissions(dir_ + "/" + name, fs::perms::owner_write, fs::perm_options::add);
-    }
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string LoadError() {
-    CpuBackend backend;
-    auto model = Model::Load(dir_, backend);
-    EXPECT_FALSE(model.ok());
-    return model.ok() ? "" : model.status().message();
-  }
+  Fp8CheckpointErrorTest() : CheckpointCopyTest(CheckpointDir()) {}
   void EditQuantization(const std::function<void(nlohmann::json&)>& edit) {
-    std::ifstream in(dir_ + "/config.json");
-    nlohmann::json j = nlohmann::json::parse(in);
-    edit(j["quantization_config"]);
-    std::ofstream(dir_ + "/config.json") << j.dump();
+    EditConfig([&](nlohmann::json& j) { edit(j["quantization_config"]); });
   }
-  // Overwrites a tensor's first 4 bytes in model.safetensors.
-  void PatchFirstBytes(const std::string& tensor, const void* bytes) {
-    std::fstream f(dir_ + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    uint64_t len = 0;
-    f.read(reinterpret_cast<char*>(&len), 8);
-    std::string header(len, '\0');
-    f.read(header.data(), static_cast<std::streamsize>(len));
-    const auto begin = nlohmann::json::parse(header)[tensor]["data_offsets"][0].get<uint64_t>();
-    f.seekp(static_cast<std::streamoff>(8 + len + begin));
-    f.write(static_cast<const char*>(bytes), 4);
-  }
-  // Renames a tensor in model.safetensors' header (the new name as long as the old one).
-  void RenameTensor(const std::string& from, const std::string& to) {
-    ASSERT_EQ(from.size(), to.size());
-    std::fstream f(dir_ + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
-    uint64_t len = 0;
-    f.read(reinterpret_cast<char*>(&len), 8);
-    std::string header(len, '\0');
-    f.read(header.data(), static_cast<std::streamsize>(len));
-    const size_t at = header.find("\"" + from + "\"");
-    ASSERT_NE(at, std::string::npos) << from;
-    header.replace(at + 1, from.size(), to);
-    f.seekp(8);
-    f.write(header.data(), static_cast<std::streamsize>(len));
-  }
-  std::string dir_;
 };
-
-#define EXPECT_CONTAINS(haystack, needle) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
 
 TEST_F(Fp8CheckpointErrorTest, OtherQuantizationSchemesAreRefusedNamingTheField) {
   const nlohmann::json original = [&] {
@@ -202,10 +157,10 @@ TEST_F(Fp8CheckpointErrorTest, BrokenScalesAreRefusedNamingTheTensor) {
   SafetensorsFile file = SafetensorsFile::Open(dir_ + "/model.safetensors").value();
   const DType dtype = file.Get(scale).value().dtype();
   if (dtype == DType::kF32) {
-    PatchFirstBytes(scale, &negative);
+    PatchTensorBytes(scale, &negative, sizeof negative);
   } else {  // two bf16 scales
     const uint16_t pair[2] = {F32ToBF16(negative), F32ToBF16(negative)};
-    PatchFirstBytes(scale, pair);
+    PatchTensorBytes(scale, pair, sizeof pair);
   }
   const std::string error = LoadError();
   EXPECT_CONTAINS(error, "'" + scale + "' row 0 is -1");
@@ -217,7 +172,7 @@ TEST_F(Fp8CheckpointErrorTest, NanCodesAreRefusedNamingTheElement) {
   const std::string weight = "model.layers.1.mlp.down_proj.weight";
   for (const uint8_t nan : {uint8_t{0x7f}, uint8_t{0xff}}) {
     const uint8_t codes[4] = {0x01, 0xfe, nan, 0x7e};  // 0xfe, 0x7e: -448 and 448, not NaN
-    PatchFirstBytes(weight, codes);
+    PatchTensorBytes(weight, codes, sizeof codes);
     char expected[96];
     std::snprintf(expected, sizeof expected, "'%s' row 0 column 2 is 0x%02x, an E4M3 NaN", weight.c_str(), nan);
     EXPECT_CONTAINS(LoadError(), expected);
@@ -225,7 +180,10 @@ TEST_F(Fp8CheckpointErrorTest, NanCodesAreRefusedNamingTheElement) {
 }
 
 TEST_F(Fp8CheckpointErrorTest, AMissingScaleIsRefusedNamingIt) {
-  RenameTensor("model.layers.0.self_attn.k_proj.weight_scale", "model.layers.0.self_attn.k_proj.weight_scalX");
+  EditHeader([](nlohmann::json& h) {
+    h["model.layers.0.self_attn.k_proj.weight_scale_"] = h["model.layers.0.self_attn.k_proj.weight_scale"];
+    h.erase("model.layers.0.self_attn.k_proj.weight_scale");
+  });
   EXPECT_CONTAINS(LoadError(), "missing tensor 'model.layers.0.self_attn.k_proj.weight_scale' (expected shape");
 }
 

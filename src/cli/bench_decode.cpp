@@ -160,7 +160,10 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
     result["graph_replays"] = {{"steps", runner.graph_replays()},
                                {"verification", runner.verify_graph_replays()},
                                {"draft_rounds", runner.draft_graph_replays()},
-                               {"draft_first_passes", runner.first_pass_graph_replays()}};
+                               {"draft_first_passes", runner.first_pass_graph_replays()},
+                               {"launch_ms_per_step", runner.graph_replays() > 0
+                                                          ? 1e3 * runner.graph_launch_seconds() / runner.graph_replays()
+                                                          : 0.0}};
     line(result);
   }
   return 0;

@@ -170,7 +170,9 @@ ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, int bucket) {
   const DeviceBatch inputs = StageGraphInputs(batch, bucket, q, graph_inputs_[q]);
   const auto key = std::make_pair(bucket, q);
   if (auto it = graphs_.find(key); it != graphs_.end()) {
+    const auto launch = Clock::now();
     it->second.graph->Replay();
+    graph_launch_seconds_ += std::chrono::duration<double>(Clock::now() - launch).count();
     ++graph_replays_;
     verify_graph_replays_ += q > 1;
     return it->second.out;

@@ -101,6 +101,9 @@ class ModelRunner {
   int64_t verify_graph_replays() const { return verify_graph_replays_; }  // of which verification steps
   int64_t draft_graph_replays() const { return draft_graph_replays_; }    // draft rounds that replayed one
   int64_t first_pass_graph_replays() const { return first_pass_graph_replays_; }  // of which with EAGLE-3's first pass
+  // Host seconds spent launching step graphs (the replay call alone): at batch 1 a step's
+  // GPU idles for what this takes past the previous step's end.
+  double graph_launch_seconds() const { return graph_launch_seconds_; }
   int num_blocks() const { return cache_.num_blocks(); }
   Backend& backend() const { return model_.backend(); }
 
@@ -182,6 +185,7 @@ class ModelRunner {
   std::map<std::pair<int, int>, Graph> graphs_;  // by (bucket, rows per sequence)
   std::map<int, GraphInputs> graph_inputs_;      // by rows per sequence
   int64_t graph_replays_ = 0, verify_graph_replays_ = 0;
+  double graph_launch_seconds_ = 0;
   bool graphs_failed_ = false;  // a recording failed (said once): every step runs eagerly
   int64_t max_blocks_per_seq_ = 0;
   // Draft rounds on graphs, by DraftRound's key (a runner has one kind of drafter), their
