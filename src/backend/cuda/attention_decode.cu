@@ -18,7 +18,6 @@
 // which DecodeAttentionSplits derives from the batch's shape and the SM count; each block
 // finds its chunk from ctx_len on the device, and blocks past the last chunk exit.
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/dynamic_shared_memory.cuh"
@@ -421,14 +420,7 @@ int DecodeAttentionSplits(int num_seqs, int max_q_len, int num_heads, int kv_hea
   // two waves and a merge where one wave needs none. More only cut chunks shorter.
   const int64_t blocks = int64_t(num_seqs) * kv_heads * RowTiles(max_q_len, num_heads / kv_heads);
   if (blocks <= 0) return 1;
-  const int64_t slots = 2 * int64_t(sm_count);
-  static const bool round_up = [] {
-    const char* rule = std::getenv("HSX_DECODE_SPLITS_ROUND_UP");
-    return rule != nullptr && rule[0] == '1';
-  }();
-  if (round_up)
-    return int(std::clamp<int64_t>((slots + blocks - 1) / blocks, 1, kMaxSplits));  // the old rule, to compare
-  return int(std::clamp<int64_t>(slots / blocks, 1, kMaxSplits));
+  return int(std::clamp<int64_t>(2 * int64_t(sm_count) / blocks, 1, kMaxSplits));
 }
 
 size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads, int head_dim, int splits) {

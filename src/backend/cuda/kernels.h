@@ -173,8 +173,7 @@ constexpr int kDecodeMaxQueryRows = 8;
 // max_q_len <= kDecodeMaxQueryRows and decode_splits in [1, 64].
 bool AttentionDecode(const AttentionArgs& args, cudaStream_t stream);
 // Chunks per context: as many as keep num_seqs sequences' blocks (of up to max_q_len
-// queries) within two per SM, at least 1 and at most 64 (HSX_DECODE_SPLITS_ROUND_UP=1: the
-// earlier rule, which rounded up, for comparison).
+// queries) within two per SM, at least 1 and at most 64.
 int DecodeAttentionSplits(int num_seqs, int max_q_len, int num_heads, int kv_heads, int sm_count);
 // Bytes of f32 workspace for `splits` chunks (0 for one: the kernel writes out directly).
 size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads, int head_dim, int splits);
