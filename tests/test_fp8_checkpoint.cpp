@@ -15,6 +15,7 @@
 #include "backend/communicator.h"
 #include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
+#include "tensor/float8.h"
 #include "tensor/safetensors.h"
 #include "checkpoint_copy.h"
 #include "test_util.h"
@@ -32,6 +33,16 @@ double GoldenError(Model& model, const SafetensorsFile& golden, const std::strin
   double worst = 0;
   for (int k = 0; k < 3; ++k) {
     worst = std::max(worst, test::RelativeMaxError(out.hidden[k], test::AsFloats(golden.Get(prefix + std::to_string(k)).value())));
+  }
+  return worst;
+}
+
+// HF's own bf16 error against the same goldens (the fixture's bf16 GPU run), the worst of three.
+double HfBf16Error(const SafetensorsFile& golden) {
+  double worst = 0;
+  for (int k = 0; k < 3; ++k) {
+    worst = std::max(worst, test::RelativeMaxError(test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()),
+                                                   test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value())));
   }
   return worst;
 }
@@ -76,13 +87,58 @@ TEST(Fp8CheckpointTest, HiddenStatesStayNearTheF32GoldensLikeQuantizingAtLoad) {
   ASSERT_TRUE((*at_load)->QuantizeWeightsFp8().ok());
   const double error = GoldenError(**checkpoint, golden, "hidden_");
   const double at_load_error = GoldenError(**at_load, golden, "hidden_");
-  double hf_bf16 = 0;
-  for (int k = 0; k < 3; ++k) {
-    hf_bf16 = std::max(hf_bf16, test::RelativeMaxError(
-                                    test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()),
-                                    test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value())));
-  }
+  const double hf_bf16 = HfBf16Error(golden);
   std::printf("[fp8 checkpoint] error %.3e, quantized at load %.3e, hf bf16 %.3e\n", error, at_load_error, hf_bf16);
+  EXPECT_GT(error, 0.0);
+  EXPECT_LE(error, 16 * hf_bf16);
+  EXPECT_LE(error, 2 * at_load_error);
+}
+
+std::string MoeCheckpointDir() { return test::DataPath("fp8/qwen3_moe_fp8_dynamic"); }
+
+// A Qwen3-MoE checkpoint of the scheme (the qwen3_moe fixture through llm-compressor) holds
+// its experts in E4M3 too. They run on bf16 grouped GEMMs, so they load dequantized: each
+// element its code times its row's scale. The attention projections stay codes; the router
+// and the LM head stay as the checkpoint keeps them.
+TEST(Fp8CheckpointTest, MoeExpertsLoadDequantized) {
+  CpuBackend backend;
+  auto model = Model::Load(MoeCheckpointDir(), backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  SafetensorsFile file = test::Golden(MoeCheckpointDir() + "/model.safetensors");
+  const LayerWeights& l = (*model)->weights().layers[1];
+  EXPECT_EQ(l.qkv_proj.dtype(), DType::kF8E4M3);
+  EXPECT_NE(l.router.dtype(), DType::kF8E4M3);
+  for (const char* kind : {"gate_proj", "down_proj"}) {
+    const std::string name = std::string("model.layers.1.mlp.experts.2.") + kind + ".weight";
+    const Tensor codes = file.Get(name).value();
+    ASSERT_EQ(codes.dtype(), DType::kF8E4M3) << name;
+    const std::vector<float> scale = test::AsFloats(file.Get(name + "_scale").value());
+    const Tensor& expert = std::string(kind) == "gate_proj" ? l.experts.gate[2] : l.experts.down[2];
+    ASSERT_EQ(expert.dtype(), DType::kF32) << name;  // the CPU backend's weights
+    ASSERT_EQ(expert.shape(), codes.shape()) << name;
+    const int64_t cols = codes.size(1);
+    for (int64_t i = 0; i < codes.numel(); ++i) {
+      ASSERT_EQ(expert.data<float>()[i], F8E4M3ToF32(codes.data<uint8_t>()[i]) * scale[i / cols]) << name << " " << i;
+    }
+  }
+}
+
+// Its states against the qwen3_moe f32 goldens: FP8's error, as --quantization fp8 has it
+// (which leaves the experts in the compute dtype; the checkpoint's experts were rounded to
+// E4M3 once), within the same bounds as the dense checkpoint's.
+TEST(Fp8CheckpointTest, MoeHiddenStatesStayNearTheF32Goldens) {
+  CpuBackend backend;
+  SafetensorsFile golden = test::Golden(test::ModelDir("qwen3_moe") + "/golden.safetensors");
+  auto checkpoint = Model::Load(MoeCheckpointDir(), backend);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().message();
+  auto at_load = Model::Load(test::ModelDir("qwen3_moe"), backend);
+  ASSERT_TRUE(at_load.ok()) << at_load.status().message();
+  ASSERT_TRUE((*at_load)->QuantizeWeightsFp8().ok());
+  const double error = GoldenError(**checkpoint, golden, "hidden_");
+  const double at_load_error = GoldenError(**at_load, golden, "hidden_");
+  const double hf_bf16 = HfBf16Error(golden);
+  std::printf("[fp8 moe checkpoint] error %.3e, quantized at load %.3e, hf bf16 %.3e\n", error, at_load_error,
+              hf_bf16);
   EXPECT_GT(error, 0.0);
   EXPECT_LE(error, 16 * hf_bf16);
   EXPECT_LE(error, 2 * at_load_error);

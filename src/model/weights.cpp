@@ -248,17 +248,19 @@ int64_t FirstE4M3NaN(const uint8_t* codes, int64_t n) {
   return -1;
 }
 
-// An FP8 checkpoint's projection (compressed-tensors): E4M3 codes [rows, k] and
-// `<module>.weight_scale` [rows, 1], one scale per output channel, become the codes with
-// f32 row scales (--quantization fp8's form); a rank takes its rows or columns.
-Result<Tensor> LoadFp8Projection(const CheckpointTensors& tensors, const std::string& model_dir, const Slot& slot,
-                                 Backend& backend) {
+// An FP8 checkpoint's weight (compressed-tensors): E4M3 codes [rows, k] and
+// `<module>.weight_scale` [rows, 1], one scale per output channel; this rank's rows or
+// columns of the codes, and the scales of its rows, f32.
+struct Fp8Weight {
+  Tensor codes, row_scales;
+};
+Result<Fp8Weight> ReadFp8Weight(const CheckpointTensors& tensors, const std::string& model_dir, const Slot& slot) {
+  if (slot.shape.size() != 2) {
+    return Error(model_dir + ": tensor '" + slot.name + "' is F8_E4M3, but only matrices may be (expected shape " +
+                 ShapeToString(slot.shape) + " in bf16 or f32)");
+  }
   HSX_ASSIGN_OR_RETURN(const Tensor codes,
                        CheckpointTensor(tensors, model_dir, slot.name, slot.shape, {DType::kF8E4M3}, "F8_E4M3"));
-  if (slot.shape[1] % 16 != 0) {  // FP8 GEMMs read 16-byte rows (cuBLASLt's requirement on Hopper)
-    return Error(model_dir + ": tensor '" + slot.name + "' has " + std::to_string(slot.shape[1]) +
-                 " input features, which FP8 GEMMs need as a multiple of 16");
-  }
   const std::string scale_name = slot.name + "_scale";
   const int64_t rows = slot.shape[0];
   HSX_ASSIGN_OR_RETURN(const Tensor scale, CheckpointFloatTensor(tensors, model_dir, scale_name, {rows, 1}));
@@ -271,19 +273,47 @@ Result<Tensor> LoadFp8Projection(const CheckpointTensors& tensors, const std::st
                    " (expected a finite scale >= 0)");
     }
   }
-  const Tensor rank_scales = slot.split_dim == 0 ? scales.Rows(slot.begin, slot.begin + slot.count) : scales;
   // A NaN code would make every state its rows touch NaN: refused, as a corrupt file. Each
   // rank reads only its slice, which it reads to upload anyway.
-  const Tensor mine = RankSlice(codes, slot);
-  if (const int64_t bad = FirstE4M3NaN(mine.data<uint8_t>(), mine.numel()); bad >= 0) {
-    const int64_t row = bad / mine.size(1) + (slot.split_dim == 0 ? slot.begin : 0);
-    const int64_t col = bad % mine.size(1) + (slot.split_dim == 1 ? slot.begin : 0);
+  Fp8Weight w{RankSlice(codes, slot), slot.split_dim == 0 ? scales.Rows(slot.begin, slot.begin + slot.count) : scales};
+  if (const int64_t bad = FirstE4M3NaN(w.codes.data<uint8_t>(), w.codes.numel()); bad >= 0) {
+    const int64_t row = bad / w.codes.size(1) + (slot.split_dim == 0 ? slot.begin : 0);
+    const int64_t col = bad % w.codes.size(1) + (slot.split_dim == 1 ? slot.begin : 0);
     char code[8];
-    std::snprintf(code, sizeof code, "0x%02x", mine.data<uint8_t>()[bad]);
+    std::snprintf(code, sizeof code, "0x%02x", w.codes.data<uint8_t>()[bad]);
     return Error(model_dir + ": tensor '" + slot.name + "' row " + std::to_string(row) + " column " +
                  std::to_string(col) + " is " + code + ", an E4M3 NaN (a corrupt checkpoint?)");
   }
-  return backend.Upload(mine).WithRowScales(backend.Upload(rank_scales));
+  return w;
+}
+
+// A dense decoder projection runs on its codes: the codes with f32 row scales, the form
+// --quantization fp8 gives.
+Result<Tensor> LoadFp8Projection(const CheckpointTensors& tensors, const std::string& model_dir, const Slot& slot,
+                                 Backend& backend) {
+  if (slot.shape[1] % 16 != 0) {  // FP8 GEMMs read 16-byte rows (cuBLASLt's requirement on Hopper)
+    return Error(model_dir + ": tensor '" + slot.name + "' has " + std::to_string(slot.shape[1]) +
+                 " input features, which FP8 GEMMs need as a multiple of 16");
+  }
+  HSX_ASSIGN_OR_RETURN(const Fp8Weight w, ReadFp8Weight(tensors, model_dir, slot));
+  return backend.Upload(w.codes).WithRowScales(backend.Upload(w.row_scales));
+}
+
+// Any other E4M3 matrix (MoE experts, which run on bf16 grouped GEMMs, as --quantization
+// fp8 leaves them) is dequantized at load: code times its row's scale, the value the
+// checkpoint means, then the backend's weight dtype (bf16 rounds it on CUDA).
+Result<Tensor> LoadDequantizedFp8(const CheckpointTensors& tensors, const std::string& model_dir, const Slot& slot,
+                                  Backend& backend) {
+  HSX_ASSIGN_OR_RETURN(const Fp8Weight w, ReadFp8Weight(tensors, model_dir, slot));
+  const int64_t rows = w.codes.size(0), cols = w.codes.size(1);
+  Tensor values = Tensor::Host(DType::kF32, {rows, cols});
+  ConvertToF32(DType::kF8E4M3, w.codes.raw(), values.data<float>(), static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float scale = w.row_scales.data<float>()[r];
+    float* row = values.data<float>() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) row[c] *= scale;
+  }
+  return backend.UploadWeight(values);
 }
 
 // Puts a loaded (or drawn) tensor where its slot says: the whole of its destination, or its
@@ -390,11 +420,8 @@ Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig
     // An FP8 checkpoint keeps the projections its quantization_config does not ignore as E4M3.
     const auto found = tensors.find(slot.name);
     if (config.fp8_checkpoint && found != tensors.end() && found->second.first.dtype() == DType::kF8E4M3) {
-      if (!slot.projection) {
-        return Error(found->second.second + ": tensor '" + slot.name + "' is F8_E4M3, but hsx runs only the " +
-                     "decoder's dense q/k/v/o and gate/up/down projections in FP8");
-      }
-      HSX_ASSIGN_OR_RETURN(const Tensor fp8, LoadFp8Projection(tensors, model_dir, slot, backend));
+      HSX_ASSIGN_OR_RETURN(const Tensor fp8, slot.projection ? LoadFp8Projection(tensors, model_dir, slot, backend)
+                                                             : LoadDequantizedFp8(tensors, model_dir, slot, backend));
       HSX_RETURN_IF_ERROR(Place(slot, fp8, backend));
       continue;
     }

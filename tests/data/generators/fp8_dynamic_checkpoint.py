@@ -6,6 +6,9 @@ lm_head left in bf16) and saved in compressed-tensors' format, as the RedHatAI
 
 Run (torch, transformers and llmcompressor from PyPI; CPU is enough):
   python3 fp8_dynamic_checkpoint.py tests/data/models/qwen3 tests/data/fp8/qwen3_fp8_dynamic
+  python3 fp8_dynamic_checkpoint.py tests/data/models/qwen3_moe tests/data/fp8/qwen3_moe_fp8_dynamic
+The MoE router (mlp.gate) stays bf16, as in RedHatAI's Qwen3-30B-A3B-FP8-dynamic; the
+experts are quantized like every other Linear.
 """
 import shutil
 import sys
@@ -19,7 +22,7 @@ from transformers import AutoModelForCausalLM
 def main():
     src, out = sys.argv[1], sys.argv[2]
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
-    oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=["lm_head"]))
+    oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=["lm_head", "re:.*mlp.gate$"]))
     model.save_pretrained(out, save_compressed=True)
     shutil.copy(f"{src}/generation_config.json", out)
 
