@@ -101,24 +101,35 @@ std::string MoeCheckpointDir() { return test::DataPath("fp8/qwen3_moe_fp8_dynami
 // element its code times its row's scale. The attention projections stay codes; the router
 // and the LM head stay as the checkpoint keeps them.
 TEST(Fp8CheckpointTest, MoeExpertsLoadDequantized) {
-  CpuBackend backend;
-  auto model = Model::Load(MoeCheckpointDir(), backend);
-  ASSERT_TRUE(model.ok()) << model.status().message();
   SafetensorsFile file = test::Golden(MoeCheckpointDir() + "/model.safetensors");
-  const LayerWeights& l = (*model)->weights().layers[1];
-  EXPECT_EQ(l.qkv_proj.dtype(), DType::kF8E4M3);
-  EXPECT_NE(l.router.dtype(), DType::kF8E4M3);
-  for (const char* kind : {"gate_proj", "down_proj"}) {
-    const std::string name = std::string("model.layers.1.mlp.experts.2.") + kind + ".weight";
-    const Tensor codes = file.Get(name).value();
-    ASSERT_EQ(codes.dtype(), DType::kF8E4M3) << name;
-    const std::vector<float> scale = test::AsFloats(file.Get(name + "_scale").value());
-    const Tensor& expert = std::string(kind) == "gate_proj" ? l.experts.gate[2] : l.experts.down[2];
-    ASSERT_EQ(expert.dtype(), DType::kF32) << name;  // the CPU backend's weights
-    ASSERT_EQ(expert.shape(), codes.shape()) << name;
-    const int64_t cols = codes.size(1);
-    for (int64_t i = 0; i < codes.numel(); ++i) {
-      ASSERT_EQ(expert.data<float>()[i], F8E4M3ToF32(codes.data<uint8_t>()[i]) * scale[i / cols]) << name << " " << i;
+  // Expert 2 of layer 1 on one rank, and on rank 1 of two: gate's rows and down's
+  // columns (tensor parallelism splits experts inside), each its code times its row's scale.
+  auto comms = MakeCpuCommunicators(2);
+  for (const int ranks : {1, 2}) {
+    CpuBackend backend;
+    auto model = Model::Load(MoeCheckpointDir(), backend, ranks == 2 ? comms[1].get() : nullptr);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    const LayerWeights& l = (*model)->weights().layers[1];
+    EXPECT_EQ(l.qkv_proj.dtype(), DType::kF8E4M3);
+    EXPECT_NE(l.router.dtype(), DType::kF8E4M3);
+    for (const bool down : {false, true}) {
+      const std::string name = std::string("model.layers.1.mlp.experts.2.") + (down ? "down_proj" : "gate_proj") + ".weight";
+      const Tensor codes = file.Get(name).value();
+      ASSERT_EQ(codes.dtype(), DType::kF8E4M3) << name;
+      const std::vector<float> scale = test::AsFloats(file.Get(name + "_scale").value());
+      const Tensor& expert = down ? l.experts.down[2] : l.experts.gate[2];
+      ASSERT_EQ(expert.dtype(), DType::kF32) << name;  // the CPU backend's weights
+      const int64_t rows = codes.size(0), cols = codes.size(1);
+      const int64_t my_rows = down ? rows : rows / ranks, my_cols = down ? cols / ranks : cols;
+      ASSERT_EQ(expert.shape(), (Shape{my_rows, my_cols})) << name;
+      const int64_t row0 = down ? 0 : rows - my_rows, col0 = down ? cols - my_cols : 0;  // the last rank's slice
+      for (int64_t r = 0; r < my_rows; ++r) {
+        for (int64_t c = 0; c < my_cols; ++c) {
+          const int64_t i = (row0 + r) * cols + col0 + c;
+          ASSERT_EQ(expert.data<float>()[r * my_cols + c], F8E4M3ToF32(codes.data<uint8_t>()[i]) * scale[row0 + r])
+              << name << " ranks " << ranks << " row " << r << " column " << c;
+        }
+      }
     }
   }
 }
