@@ -26,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string CheckpointDir() { return test::DataPath("fp8/qwen3_fp8_dynamic"); }
+std::string MoeCheckpointDir() { return test::DataPath("fp8/qwen3_moe_fp8_dynamic"); }
 
 // The golden prefill's worst relative error over the fixture's three prompts.
 double GoldenError(Model& model, const SafetensorsFile& golden, const std::string& prefix) {
@@ -74,27 +75,30 @@ TEST(Fp8CheckpointTest, LoadsTheCheckpointsCodesAndScales) {
   EXPECT_NE((*model)->weights().lm_head.dtype(), DType::kF8E4M3);
 }
 
-// The checkpoint's states against the f32 goldens of the model it was made from: the error
-// of FP8 (E4M3 weights and per-token activations), as --quantization fp8 has from the
-// bf16 weights, within the bound the FP8 fixture test holds.
-TEST(Fp8CheckpointTest, HiddenStatesStayNearTheF32GoldensLikeQuantizingAtLoad) {
+// A checkpoint's states against the f32 goldens of the fixture it was made from: the error
+// of FP8 (E4M3 weights and per-token activations) stays within 16x HF's own bf16 error and
+// within 2x what --quantization fp8 gives the fixture's weights.
+void ExpectGoldenErrorLikeQuantizingAtLoad(const std::string& checkpoint_dir, const std::string& fixture,
+                                           const char* label) {
   CpuBackend backend;
-  SafetensorsFile golden = test::Golden(test::ModelDir("qwen3") + "/golden.safetensors");
-  auto checkpoint = Model::Load(CheckpointDir(), backend);
+  SafetensorsFile golden = test::Golden(test::ModelDir(fixture) + "/golden.safetensors");
+  auto checkpoint = Model::Load(checkpoint_dir, backend);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().message();
-  auto at_load = Model::Load(test::ModelDir("qwen3"), backend);
+  auto at_load = Model::Load(test::ModelDir(fixture), backend);
   ASSERT_TRUE(at_load.ok()) << at_load.status().message();
   ASSERT_TRUE((*at_load)->QuantizeWeightsFp8().ok());
   const double error = GoldenError(**checkpoint, golden, "hidden_");
   const double at_load_error = GoldenError(**at_load, golden, "hidden_");
   const double hf_bf16 = HfBf16Error(golden);
-  std::printf("[fp8 checkpoint] error %.3e, quantized at load %.3e, hf bf16 %.3e\n", error, at_load_error, hf_bf16);
+  std::printf("[%s] error %.3e, quantized at load %.3e, hf bf16 %.3e\n", label, error, at_load_error, hf_bf16);
   EXPECT_GT(error, 0.0);
   EXPECT_LE(error, 16 * hf_bf16);
   EXPECT_LE(error, 2 * at_load_error);
 }
 
-std::string MoeCheckpointDir() { return test::DataPath("fp8/qwen3_moe_fp8_dynamic"); }
+TEST(Fp8CheckpointTest, HiddenStatesStayNearTheF32GoldensLikeQuantizingAtLoad) {
+  ExpectGoldenErrorLikeQuantizingAtLoad(CheckpointDir(), "qwen3", "fp8 checkpoint");
+}
 
 // A Qwen3-MoE checkpoint of the scheme (the qwen3_moe fixture through llm-compressor) holds
 // its experts in E4M3 too. They run on bf16 grouped GEMMs, so they load dequantized: each
@@ -134,25 +138,10 @@ TEST(Fp8CheckpointTest, MoeExpertsLoadDequantized) {
   }
 }
 
-// Its states against the qwen3_moe f32 goldens: FP8's error, as --quantization fp8 has it
-// (which leaves the experts in the compute dtype; the checkpoint's experts were rounded to
-// E4M3 once), within the same bounds as the dense checkpoint's.
+// The MoE checkpoint within the same bounds (--quantization fp8 leaves the experts in the
+// compute dtype; the checkpoint's experts were rounded to E4M3 once).
 TEST(Fp8CheckpointTest, MoeHiddenStatesStayNearTheF32Goldens) {
-  CpuBackend backend;
-  SafetensorsFile golden = test::Golden(test::ModelDir("qwen3_moe") + "/golden.safetensors");
-  auto checkpoint = Model::Load(MoeCheckpointDir(), backend);
-  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().message();
-  auto at_load = Model::Load(test::ModelDir("qwen3_moe"), backend);
-  ASSERT_TRUE(at_load.ok()) << at_load.status().message();
-  ASSERT_TRUE((*at_load)->QuantizeWeightsFp8().ok());
-  const double error = GoldenError(**checkpoint, golden, "hidden_");
-  const double at_load_error = GoldenError(**at_load, golden, "hidden_");
-  const double hf_bf16 = HfBf16Error(golden);
-  std::printf("[fp8 moe checkpoint] error %.3e, quantized at load %.3e, hf bf16 %.3e\n", error, at_load_error,
-              hf_bf16);
-  EXPECT_GT(error, 0.0);
-  EXPECT_LE(error, 16 * hf_bf16);
-  EXPECT_LE(error, 2 * at_load_error);
+  ExpectGoldenErrorLikeQuantizingAtLoad(MoeCheckpointDir(), "qwen3_moe", "fp8 moe checkpoint");
 }
 
 // A tensor-parallel rank takes its slices of the codes and the scales: a column-parallel
@@ -244,6 +233,17 @@ TEST_F(Fp8CheckpointErrorTest, NanCodesAreRefusedNamingTheElement) {
     std::snprintf(expected, sizeof expected, "'%s' row 0 column 2 is 0x%02x, an E4M3 NaN", weight.c_str(), nan);
     EXPECT_CONTAINS(LoadError(), expected);
   }
+}
+
+// Only matrices may be E4M3: a norm weight stored as F8 is refused, naming it and the
+// shape and types expected.
+TEST_F(Fp8CheckpointErrorTest, AnF8TensorThatIsNotAMatrixIsRefused) {
+  EditHeader([](nlohmann::json& h) {
+    nlohmann::json& norm = h["model.norm.weight"];  // [64] bf16: 128 bytes, as [128] F8
+    norm["dtype"] = "F8_E4M3";
+    norm["shape"] = {128};
+  });
+  EXPECT_CONTAINS(LoadError(), "tensor 'model.norm.weight' is F8_E4M3, but only matrices may be (expected shape [64]");
 }
 
 TEST_F(Fp8CheckpointErrorTest, AMissingScaleIsRefusedNamingIt) {

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <cstdio>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "util/json.h"
