@@ -23,9 +23,16 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, in
   int32_t* top_ids = out + 2 * num_rows + r * max_logprobs;
   float* top_lps = reinterpret_cast<float*>(out + 2 * num_rows + num_rows * max_logprobs) + r * max_logprobs;
   const float lse = sampler::RawLogprobs(raw, vocab, row.num_logprobs, max_logprobs, top_ids, top_lps, team);
-  const sampler::Processed p =
-      sampler::ProcessRow(raw, vocab, row, adjust, work + static_cast<int64_t>(r) * 2 * vocab, team);
-  const int32_t token = sampler::Draw(p, vocab, row, -1, team);
+  int32_t token;
+  if (row.temperature <= 0.0f && row.adjust_begin == row.adjust_end) {
+    // Greedy with nothing to ban or penalize: ProcessRow would copy the row unchanged and
+    // Draw take its argmax, two more passes and a write of the row for the same token.
+    token = sampler::BestAfter(raw, vocab, sampler::Best{0.0f, -1}, team).id;
+  } else {
+    const sampler::Processed p =
+        sampler::ProcessRow(raw, vocab, row, adjust, work + static_cast<int64_t>(r) * 2 * vocab, team);
+    token = sampler::Draw(p, vocab, row, -1, team);
+  }
   if (team.Leader()) {
     out[r] = token;
     reinterpret_cast<float*>(out)[num_rows + r] = raw[token] - lse;
