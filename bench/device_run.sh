@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|decodeprofile|fp8|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|decodeprofile|gemv|fp8|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
@@ -12,8 +12,9 @@
 #   at 32; batch 1 and 32 with --enforce-eager) against HF transformers' generate;
 #   sampling = the sampling/verification CUDA tests, then bench --decode greedy against temperature 1 /
 #   top-p 0.9 at batch 1, 32, 128 (issue 10), and the sample op's profile at 32;
-#   decodeab = bench --decode at batch 1, 32, 128 with the decode fusions off, on, and on
-#   with HSX_PDL=1 (programmatic GEMV launches), the last two twice;
+#   decodeab = bench --decode at DECODE_BATCHES (default 1,32,128) under each environment of
+#   AB_ENVS, ;-separated, "default" for none (default: the decode fusions off, then on),
+#   alternating, twice;
 #   decodebins = bench --decode at batch 1, 32, 128 on the builds AB_BINS names in .devbin/,
 #   alternating, twice; decodeprofile = at PROFILE_BATCHES (default "1 32 128"), the kernels of
 #   graph-replayed decode steps with the idle gaps between them (bench/kernel_trace.cpp), and
@@ -28,6 +29,7 @@
 #   AB_BINS names in .devbin/, alternating, with plain decode before each round; twice;
 #   mtpbench = bench --decode on the gemma-4-31b shape plain, with a random Gemma 4 MTP assistant of
 #   an estimated shape (bench/make_dummy_mtp.py: zero acceptance) and with forced acceptance;
+#   gemv = the decode GEMVs' plans alone on the Qwen3-8B projections, at 1 and 4 rows (bench/gemv_bench.cu);
 #   fp8 = the Qwen3-8B extraction bench in bf16 and with --quantization fp8;
 #   tp = (2 GPUs) the TP tests, extraction at TP=1, TP=2 and DP=2, decode at TP=1 and TP=2;
 #   scale = (4 or 8 GPUs) issue 14's runs: DP over every GPU, Llama-3.1-70B at TP=4 and 8
@@ -239,6 +241,9 @@ if [ "$what" = decodebins ]; then  # bench --decode at batch 1, 32, 128 on the b
     done
   done | tee "$OUT/decodebins.jsonl"
 fi
+if [ "$what" = gemv ]; then  # every GEMV plan on each projection, and a step's layers under GemvPlanFor's
+  for rows in 1 4; do .devbin/hsx_gemv_bench "$rows"; done | tee "$OUT/gemv.jsonl"
+fi
 if [ "$what" = decodeprofile ]; then  # one decode step's kernels at PROFILE_BATCHES (bench/decode_step_profile.py)
   step_bench=(bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --kv-cache-gib 40)
   for b in ${PROFILE_BATCHES:-1 32 128}; do
@@ -255,9 +260,13 @@ if [ "$what" = decodeprofile ]; then  # one decode step's kernels at PROFILE_BAT
     python3 bench/decode_step_profile.py "$OUT/ncu_b$b.csv" --layers 36 | sed "s/^{/{\"batch\": $b, \"tool\": \"ncu\", /"
   done | tee "$OUT/decodeprofile.jsonl"
 fi
-if [ "$what" = decodeab ]; then  # the decode fusions off, on (default), and with programmatic GEMV launches
-  for env in "HSX_NORM_ROPE_STORE=0 HSX_GATED_GEMV=0" "" "HSX_PDL=1" "" "HSX_PDL=1"; do
-    ([ -z "$env" ] || export $env; decode_bench --batch-sizes 1,32,128 2>>"$OUT/decodeab.err" | grep batch | sed "s/}\$/, \"env\": \"$env\"}/")
+if [ "$what" = decodeab ]; then  # bench --decode under each of AB_ENVS (;-separated), alternating, twice
+  IFS=';' read -ra envs <<< "${AB_ENVS:-HSX_NORM_ROPE_STORE=0 HSX_GATED_GEMV=0;default}"
+  for round in 1 2; do
+    for env in "${envs[@]}"; do
+      ([ "$env" = default ] || export $env; decode_bench --batch-sizes "${DECODE_BATCHES:-1,32,128}" 2>>"$OUT/decodeab.err" | grep batch |
+        sed "s/}\$/, \"env\": \"$env\"}/")
+    done
   done | tee "$OUT/decodeab.jsonl"
 fi
 if [ "$what" = sampling ]; then  # issue 10: the sampling and verification CUDA tests, then greedy against
