@@ -360,28 +360,23 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(AttentionArgs a
     m_s[threadIdx.x] = ws.m[row0 + threadIdx.x];
     l_s[threadIdx.x] = ws.l[row0 + threadIdx.x];
   }
-  float part[kCombineBatch][kPerThread];  // the first batch's partial outputs, in flight
+  float part[kCombineBatch][kPerThread];  // a batch of chunks' partial outputs
+  const auto load_batch = [&](int base) {
 #pragma unroll
-  for (int s = 0; s < kCombineBatch; ++s)
+    for (int s = 0; s < kCombineBatch; ++s)
 #pragma unroll
-    for (int p = 0; p < kPerThread; ++p) {
-      const int d = threadIdx.x + p * kCombineThreads;
-      part[s][p] = s < chunks.count && d < D ? ws.o[(row0 + s) * D + d] : 0.0f;
-    }
+      for (int p = 0; p < kPerThread; ++p) {
+        const int d = threadIdx.x + p * kCombineThreads;
+        part[s][p] = base + s < chunks.count && d < D ? ws.o[(row0 + base + s) * D + d] : 0.0f;
+      }
+  };
+  load_batch(0);  // in flight with the m and l loads
   __syncthreads();
   float mx = -INFINITY;
   for (int s = 0; s < chunks.count; ++s) mx = fmaxf(mx, m_s[s]);
   float sum = 0.0f, acc[kPerThread] = {};
   for (int base = 0; base < chunks.count; base += kCombineBatch) {
-    if (base > 0) {
-#pragma unroll
-      for (int s = 0; s < kCombineBatch; ++s)
-#pragma unroll
-        for (int p = 0; p < kPerThread; ++p) {
-          const int d = threadIdx.x + p * kCombineThreads;
-          part[s][p] = base + s < chunks.count && d < D ? ws.o[(row0 + base + s) * D + d] : 0.0f;
-        }
-    }
+    if (base > 0) load_batch(base);
 #pragma unroll
     for (int s = 0; s < kCombineBatch; ++s) {
       if (base + s >= chunks.count) break;
