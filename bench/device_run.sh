@@ -29,7 +29,8 @@
 #   AB_BINS names in .devbin/, alternating, with plain decode before each round; twice;
 #   mtpbench = bench --decode on the gemma-4-31b shape plain, with a random Gemma 4 MTP assistant of
 #   an estimated shape (bench/make_dummy_mtp.py: zero acceptance) and with forced acceptance;
-#   gemv = the decode GEMVs' plans alone on the Qwen3-8B projections, at 1 and 4 rows (bench/gemv_bench.cu);
+#   gemv = the decode GEMVs alone on the Qwen3-8B projections and a step's layers, at 1 and 4 rows
+#   (bench/gemv_bench.cu);
 #   fp8 = the Qwen3-8B extraction bench in bf16 and with --quantization fp8;
 #   tp = (2 GPUs) the TP tests, extraction at TP=1, TP=2 and DP=2, decode at TP=1 and TP=2;
 #   scale = (4 or 8 GPUs) issue 14's runs: DP over every GPU, Llama-3.1-70B at TP=4 and 8
@@ -241,7 +242,7 @@ if [ "$what" = decodebins ]; then  # bench --decode at batch 1, 32, 128 on the b
     done
   done | tee "$OUT/decodebins.jsonl"
 fi
-if [ "$what" = gemv ]; then  # every GEMV plan on each projection, and a step's layers under GemvPlanFor's
+if [ "$what" = gemv ]; then  # each projection's GEMV alone, then a step's layers
   for rows in 1 4; do .devbin/hsx_gemv_bench "$rows"; done | tee "$OUT/gemv.jsonl"
 fi
 if [ "$what" = decodeprofile ]; then  # one decode step's kernels at PROFILE_BATCHES (bench/decode_step_profile.py)
