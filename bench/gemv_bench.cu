@@ -116,23 +116,42 @@ int main(int argc, char** argv) {
   Check(cudaMemset(x, 0x3c, size_t(m) * 12288 * sizeof(bf16)), "x");
   Check(cudaMalloc(&y, size_t(m) * 151936 * sizeof(float)), "y");
   Check(cudaMalloc(&y_bf16, size_t(m) * 12288 * sizeof(bf16)), "y");
-  auto run = [&](const Projection& p, const bf16* w) {
+  auto run = [&](const Projection& p, const bf16* w, bool programmatic = true) {
     if (p.gated)
-      hsx::cuda::GatedGemv(x, w, m, p.n / 2, p.k, 0, y_bf16, stream, true);
+      hsx::cuda::GatedGemv(x, w, m, p.n / 2, p.k, 0, y_bf16, stream, programmatic);
     else
-      hsx::cuda::Gemv(x, w, m, p.n, p.k, y, true, stream, true);
+      hsx::cuda::Gemv(x, w, m, p.n, p.k, y, true, stream, programmatic);
   };
   auto rate = [&](double us, double bytes) { return bytes / (us * 1e-6) / 1e12; };
+  // Each projection from HBM (a new copy each launch), launched programmatically and not,
+  // and from L2 (one copy) where it fits (o_proj).
   for (size_t p = 0; p < projections.size(); ++p) {
     const Projection& proj = projections[p];
     const std::vector<bf16*>& copies = weights[p];
     const int launches = copies.size() < 4 ? 8 : kLayers;
-    const double us = TimeLaunches(stream, launches, [&](int i) { run(proj, copies[i % copies.size()]); });
-    std::printf("{\"metric\":\"gemv_us\",\"projection\":\"%s\",\"rows\":%d,\"n\":%lld,\"k\":%lld,\"value\":%.2f,"
-                "\"tb_per_s\":%.3f}\n",
-                proj.name, m, static_cast<long long>(proj.n), static_cast<long long>(proj.k), us,
-                rate(us, double(proj.n) * proj.k * sizeof(bf16)));
-    std::fflush(stdout);
+    for (bool hot : {false, true}) {
+      for (bool programmatic : {true, false}) {
+        if (hot && (!programmatic || double(proj.n) * proj.k * sizeof(bf16) > 40e6)) continue;  // fits L2
+        const double us = TimeLaunches(stream, launches, [&](int i) {
+          run(proj, copies[hot ? 0 : i % copies.size()], programmatic);
+        });
+        std::printf("{\"metric\":\"gemv_us\",\"projection\":\"%s\",\"rows\":%d,\"n\":%lld,\"k\":%lld,"
+                    "\"weights\":\"%s\",\"programmatic\":%s,\"value\":%.2f,\"tb_per_s\":%.3f}\n",
+                    proj.name, m, static_cast<long long>(proj.n), static_cast<long long>(proj.k), hot ? "L2" : "HBM",
+                    programmatic ? "true" : "false", us, rate(us, double(proj.n) * proj.k * sizeof(bf16)));
+        std::fflush(stdout);
+      }
+    }
+  }
+  // The floor: a chain of GEMVs over 16 rows per SM of 64 columns (next to no bytes).
+  {
+    const Projection tiny{"tiny", 16 * 132, 64, false};
+    for (bool programmatic : {true, false}) {
+      const double us = TimeLaunches(stream, kLayers, [&](int) { run(tiny, weights[0][0], programmatic); });
+      std::printf("{\"metric\":\"gemv_us\",\"projection\":\"tiny\",\"rows\":%d,\"n\":%lld,\"k\":%lld,"
+                  "\"programmatic\":%s,\"value\":%.2f}\n",
+                  m, static_cast<long long>(tiny.n), static_cast<long long>(tiny.k), programmatic ? "true" : "false", us);
+    }
   }
   // A step's layers, without and with the attention's stand-in.
   double layer_bytes = 0;
