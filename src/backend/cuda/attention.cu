@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma_sync.cuh"
 #include "backend/cuda/online_softmax.cuh"
+#include "backend/cuda/query_key_scores.cuh"
 
 namespace hsx::cuda {
 namespace {
@@ -178,39 +179,9 @@ __global__ void __launch_bounds__(32 * RegisterKernelWarps<D>()) RegisterKernel(
     const bf16* k_s = kv_s + (tile & 1) * 2 * kKeyTile * kLd;
     const bf16* v_s = k_s + kKeyTile * kLd;
 
-    // S = Q K^T: K rows are B's columns, so plain ldmatrix gives B fragments.
+    // S = Q K^T.
     float s[kKeyBlocks][4];
-#pragma unroll
-    for (int j = 0; j < kKeyBlocks; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    if constexpr (D % 32 == 0) {
-#pragma unroll
-      for (int p = 0; p < D / 32; ++p) {
-        uint32_t qa[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if constexpr (kQInRegisters) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) qa[h][i] = q_frag[2 * p + h][i];
-          } else {
-            LoadMatrixX4(qa[h], q_lane + 32 * p + 16 * h);
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < kKeyBlocks; ++j) {
-          uint32_t b[4];  // keys 8j.., dims 32p + {0, 8, 16, 24}
-          LoadMatrixX4(b, k_s + (8 * j + lane % 8) * kLd + 32 * p + 8 * (lane / 8));
-          Mma(s[j], qa[0], b[0], b[1]);
-          Mma(s[j], qa[1], b[2], b[3]);
-        }
-      }
-    } else {  // D == 16
-#pragma unroll
-      for (int j = 0; j < kKeyBlocks; ++j) {
-        uint32_t b[2];
-        LoadMatrixX2(b, k_s + (8 * j + lane % 8) * kLd + 8 * ((lane / 8) % 2));
-        Mma(s[j], q_frag[0], b[0], b[1]);
-      }
-    }
+    QueryKeyScores<D, kKeyBlocks, kQInRegisters, kLd>(s, q_frag, q_lane, k_s, 0, lane);
 
     // Online softmax in registers (base 2); a row's 64 scores are spread over one quad.
     const bool masked = kt + kKeyTile - 1 > pos_lo || (window > 0 && kt <= pos_hi - window);
