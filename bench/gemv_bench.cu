@@ -1,17 +1,18 @@
 // The decode GEMVs (backend/cuda/gemv.cu, gated_gemv.cu) alone, on each Qwen3-8B
 // projection, timed as a decode step runs them (launched programmatically, one after
-// another, on a recorded graph), and a step's 36 layers of q/k/v, o_proj, gated gate/up and
-// down, without and with a stand-in for the attention's kernels between q/k/v and o_proj
-// (one small kernel that spins 8 us). Each launch reads a different copy of its weight, so
-// no weight is in L2 when its kernel starts, as in a step. Prints JSON lines: microseconds
-// per launch and the weight bytes' rate, against which the LM head's (many waves, little
-// ramp) is the pace a GEMV can reach. Usage: hsx_gemv_bench [rows, default 1].
+// another, on a recorded graph) and launched the ordinary way; o_proj also from L2; the
+// floor of such a chain (a GEMV of next to no bytes); and a step's 36 layers of q/k/v,
+// o_proj, gated gate/up and down, without and with a stand-in for the attention's kernels
+// between q/k/v and o_proj (one small kernel that spins 8 us). Each launch reads a
+// different copy of its weight, so no weight is in L2 when its kernel starts, as in a
+// step. Prints JSON lines: microseconds per launch and the weight bytes' rate, against
+// which the LM head's (many waves, little ramp) is the pace a GEMV can reach.
+// Usage: hsx_gemv_bench [rows, default 1].
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <string>
 #include <vector>
 
 #include "backend/cuda/kernels.h"
