@@ -16,6 +16,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
+#include "test_util.h"
 
 namespace hsx::test {
 
@@ -51,12 +52,7 @@ class CheckpointCopyTest : public ::testing::Test {
     return model.ok() ? "" : model.status().message();
   }
 
-  void EditConfig(const std::function<void(nlohmann::json&)>& edit) {
-    std::ifstream in(dir_ + "/config.json");
-    nlohmann::json j = nlohmann::json::parse(in);
-    edit(j);
-    std::ofstream(dir_ + "/config.json") << j.dump();
-  }
+  void EditConfig(const std::function<void(nlohmann::json&)>& edit) { EditJsonFile(dir_ + "/config.json", edit); }
 
   // Rewrites model.safetensors with an edited header and the original data.
   void EditHeader(const std::function<void(nlohmann::json&)>& edit) {

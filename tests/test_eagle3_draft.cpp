@@ -333,12 +333,9 @@ TEST(Eagle3SlidingTest, WindowedLayersSeeOnlyTheWindow) {
   char tmpl[] = "/tmp/hsx-eagle3-window-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   fs::copy_file(DraftDir("qwen3_default") + "/model.safetensors", dir + "/model.safetensors");
-  {
-    std::ifstream in(DraftDir("qwen3_default") + "/config.json");
-    nlohmann::json j = nlohmann::json::parse(in);
-    j["transformer_layer_config"]["sliding_window"] = 8;
-    std::ofstream(dir + "/config.json") << j.dump();
-  }
+  test::EditJsonFile(
+      DraftDir("qwen3_default") + "/config.json",
+      [](nlohmann::json& j) { j["transformer_layer_config"]["sliding_window"] = 8; }, dir + "/config.json");
   CpuBackend backend;
   auto target = Model::Load(test::ModelDir("qwen3"), backend);
   ASSERT_TRUE(target.ok()) << target.status().message();
@@ -464,12 +461,7 @@ class Eagle3ErrorTest : public ::testing::Test {
     EXPECT_FALSE(draft.ok());
     return draft.ok() ? "" : draft.status().message();
   }
-  void EditConfig(const std::function<void(nlohmann::json&)>& edit) {
-    std::ifstream in(dir_ + "/config.json");
-    nlohmann::json j = nlohmann::json::parse(in);
-    edit(j);
-    std::ofstream(dir_ + "/config.json") << j.dump();
-  }
+  void EditConfig(const std::function<void(nlohmann::json&)>& edit) { test::EditJsonFile(dir_ + "/config.json", edit); }
   // Rewrites model.safetensors with one tensor replaced (or removed, when undefined).
   void ReplaceTensor(const std::string& name, const Tensor& value) {
     const SafetensorsFile file = SafetensorsFile::Open(DraftDir("llama_legacy") + "/model.safetensors").value();

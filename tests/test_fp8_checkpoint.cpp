@@ -255,10 +255,7 @@ TEST_F(Fp8CheckpointErrorTest, AMissingScaleIsRefusedNamingIt) {
 }
 
 TEST_F(Fp8CheckpointErrorTest, AQuantizationConfigIsNeededToReadFp8Tensors) {
-  std::ifstream in(dir_ + "/config.json");
-  nlohmann::json j = nlohmann::json::parse(in);
-  j.erase("quantization_config");
-  std::ofstream(dir_ + "/config.json") << j.dump();
+  EditConfig([](nlohmann::json& j) { j.erase("quantization_config"); });
   EXPECT_CONTAINS(LoadError(), "has dtype F8_E4M3, expected a float type");
 }
 

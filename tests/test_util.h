@@ -5,10 +5,14 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/model.h"
@@ -22,6 +26,16 @@ inline std::string DataPath(const std::string& rel) {
   return std::string(env != nullptr ? env : HSX_TEST_DATA) + "/" + rel;
 }
 inline std::string ModelDir(const std::string& name) { return DataPath("models/" + name); }
+
+// Writes the JSON file at `from`, edited, to `to` (the same file by default).
+inline void EditJsonFile(const std::string& from, const std::function<void(nlohmann::json&)>& edit,
+                         std::string to = "") {
+  std::ifstream in(from);
+  nlohmann::json j = nlohmann::json::parse(in);
+  in.close();
+  edit(j);
+  std::ofstream(to.empty() ? from : to) << j.dump();
+}
 
 inline const std::vector<std::string>& FixtureModels() {
   static const std::vector<std::string> kModels = {"llama",   "llama31", "qwen2",  "qwen3",          "qwen3_tied",
