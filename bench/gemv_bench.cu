@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/programmatic_launch.cuh"
 
 namespace {
 
@@ -63,8 +64,8 @@ double TimeLaunches(cudaStream_t stream, int launches, const std::function<void(
 // A stand-in for the small kernels between q/k/v and o_proj: one block that waits for the
 // kernel before, lets the next one launch, and spins for `ns`.
 __global__ void SpinKernel(int64_t ns) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  hsx::cuda::WaitForPriorGrid();
+  hsx::cuda::AllowDependentLaunch();
   int64_t start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
   do {
@@ -73,16 +74,7 @@ __global__ void SpinKernel(int64_t ns) {
 }
 
 void Spin(int64_t ns, cudaStream_t stream) {
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(1);
-  config.blockDim = dim3(32);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, SpinKernel, ns);
+  hsx::cuda::LaunchMaybeProgrammatic(SpinKernel, dim3(1), dim3(32), 0, true, stream, ns);
 }
 
 }  // namespace
