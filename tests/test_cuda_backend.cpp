@@ -719,8 +719,24 @@ TEST(CudaKernelTest, FlagNonFiniteRowsMatchesCpu) {
   }
 }
 
+// Slots past a context in its last block may hold anything (a freed sequence's states,
+// never-written memory): fills them with NaN, which must not reach any output.
+void PoisonSlotsPastContexts(const std::vector<SequenceSlice>& seqs, int64_t block, int64_t slot_elems, Tensor& k_cache,
+                             Tensor& v_cache) {
+  for (const SequenceSlice& s : seqs) {
+    const int64_t first_unused = s.ctx_len % block;
+    if (s.block_table.empty() || first_unused == 0) continue;
+    const int64_t slot0 = int64_t(s.block_table.back()) * block;
+    for (int64_t slot = slot0 + first_unused; slot < slot0 + block; ++slot) {
+      std::fill_n(k_cache.data<float>() + slot * slot_elems, slot_elems, std::numeric_limits<float>::quiet_NaN());
+      std::fill_n(v_cache.data<float>() + slot * slot_elems, slot_elems, std::numeric_limits<float>::quiet_NaN());
+    }
+  }
+}
+
 // Varlen paged attention: chunked (q_len < ctx_len), T = 1, long, GQA, windows, softcap,
-// every supported head dim; block tables deliberately out of order.
+// every supported head dim; block tables deliberately out of order, and NaN in the
+// cache slots past each context.
 // Head dim 128 runs on the wgmma kernel on Hopper; each case also runs on the mma.sync
 // kernel (HSX_ATTENTION=mma), so both stay tested.
 TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
@@ -761,6 +777,7 @@ TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
     }
     Tensor q = RandomHost({t, heads, c.d}, rng);
     Tensor kc = RandomHost({num_blocks * kBlock, kv_heads, c.d}, rng), vc = RandomHost({num_blocks * kBlock, kv_heads, c.d}, rng);
+    PoisonSlotsPastContexts(seqs, kBlock, kv_heads * c.d, kc, vc);
     AttentionParams params;
     params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
     params.sliding_window = c.window;
@@ -811,6 +828,7 @@ DecodeStep MakeDecodeStep(const std::vector<int>& contexts, int64_t heads, int64
   step.q = RandomHost({t, heads, d}, rng);
   step.k_cache = RandomHost({std::max<int64_t>(num_blocks, 1) * block, kv_heads, d}, rng);
   step.v_cache = RandomHost({std::max<int64_t>(num_blocks, 1) * block, kv_heads, d}, rng);
+  PoisonSlotsPastContexts(step.seqs, block, kv_heads * d, step.k_cache, step.v_cache);
   return step;
 }
 

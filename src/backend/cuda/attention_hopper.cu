@@ -1,13 +1,22 @@
 // Causal variable-length attention over the paged KV cache for head dim 128 on Hopper,
-// with warpgroup MMAs (wgmma): FlashAttention-2's online softmax, but each warpgroup
-// multiplies 64 query rows against a whole 128-key tile that the tensor cores read
-// straight from shared memory, instead of every warp reloading K and V through ldmatrix
-// for its own 16 rows (the shared-memory bandwidth that bounds RegisterKernel).
+// FlashAttention-3's way: warpgroup MMAs (wgmma) that read K and V straight from shared
+// memory, a loader warp that fills that memory with TMA copies, and math warpgroups that
+// compute one tile's softmax while the tensor cores still multiply.
 //
-// A block is two warpgroups, 128 query rows: the query heads of one KV group for
-// 128 / group consecutive tokens, so each K/V tile is loaded once for all of them. K and
-// V tiles stream through two cp.async stages; S = Q K^T reads Q and K from shared memory,
-// the probabilities stay in registers as the A operand of O += P V.
+// A block is three warpgroups and 128 query rows (the query heads of one KV group for
+// 128 / group consecutive tokens, so each K/V tile is loaded once for all of them):
+// - warpgroup 0 loads: one warp copies each 128-key tile of K and of V, one TMA box per
+//   cache block (the block table says where), into kStages stages guarded by barriers:
+//   "full" completes when a stage's bytes have landed, "empty" when both math warpgroups
+//   are done with it;
+// - warpgroups 1 and 2 each own 64 query rows. Per tile j a math warpgroup issues
+//   S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, then computes the softmax of S_j
+//   while O's product still runs (P_{j-1} stays in registers as wgmma's A operand).
+// Every math warpgroup takes every tile of its block, visible or not (a tile it cannot
+// see is masked to zero weight), so both release every stage.
+// Measured and not kept: FlashAttention-3's ping-pong (named barriers making the two
+// math warpgroups take turns issuing) gained nothing here; loads by a cp.async warpgroup
+// instead of TMA were 40% slower.
 #include <algorithm>
 #include <cstdint>
 
@@ -15,25 +24,32 @@
 #include "backend/cuda/dynamic_shared_memory.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/online_softmax.cuh"
+#include "backend/cuda/tma.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace hsx::cuda {
 namespace {
 
 constexpr int kD = 128;
-constexpr int kRows = 128;  // query rows per block: two warpgroups of 64
+constexpr int kRows = 128;  // query rows per block: two math warpgroups of 64
 constexpr int kKeys = 128;  // keys per tile
-constexpr int kThreads = 256;
-constexpr int kHalf = 64;  // a 128-byte swizzled row holds 64 of a row's 128 values
+constexpr int kThreads = 3 * 128;
+constexpr int kHalf = 64;   // a 128-byte swizzled row holds 64 of a row's 128 values
 constexpr int kChunks = kD / 8;  // 16-byte chunks per row
 // Q, K and V tiles share one layout, [2 halves of D][128 rows][64] with 128-byte
-// swizzling (wgmma.cuh): 32 KB each.
+// swizzling (wgmma.cuh), which TMA writes itself: 32 KB each.
 constexpr int kTileElems = 128 * kD;
+constexpr uint32_t kTileBytes = kTileElems * 2;
 constexpr uint32_t kHalfBytes = 128 * kHalf * 2;
 constexpr uint32_t kGroupBytes = 8 * kHalf * 2;  // 8 swizzled rows
-constexpr size_t kSmemBytes = 1024                             // slack to align tiles to 1024 bytes
-                              + 5 * size_t(kTileElems) * 2     // Q, then two stages of K and V
-                              + 2 * kKeys * sizeof(int64_t);  // cache row offsets per stage
+constexpr int kMathWarps = 8;
+// K/V tiles in flight: a third stage (all of shared memory) measured 2-3% slower.
+constexpr int kStages = 2;
+constexpr size_t kSmemBytes = 1024                                      // slack to align tiles to 1024 bytes
+                              + (1 + 2 * kStages) * size_t(kTileBytes)  // Q, then the K and V stages
+                              + (4 * kStages + 1) * sizeof(uint64_t);   // full and empty per stage, the last V's fix-up
+constexpr int kQueryBarrier = 1;  // named barrier 1 + w: math warpgroup w's Q has landed
+constexpr int kLoaderRegisters = 56, kMathRegisters = 224;  // 128 x 56 + 256 x 224 <= 64K
 
 // Which block does what, passed by value (kernel parameter space): every block has real
 // work, sequences with the longest context first, each from its last rows back, so the
@@ -50,15 +66,35 @@ __device__ __forceinline__ int Swizzled(int r, int c) {
   return (c / 8) * (128 * kHalf) + r * kHalf + ((c % 8) ^ (r % 8)) * 8;
 }
 
-__global__ void __launch_bounds__(kThreads, 1) HopperKernel(AttentionArgs a, const __grid_constant__ Schedule sched) {
+__global__ void __launch_bounds__(kThreads, 1)
+    HopperKernel(const __grid_constant__ AttentionArgs a, const __grid_constant__ Schedule sched,
+                 const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ unsigned char smem_raw[];
   // Swizzling repeats every 1024 bytes of shared address space; tiles start on it.
   const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) % 1024;
   bf16* q_s = reinterpret_cast<bf16*>(smem_raw + (1024 - misalign) % 1024);
-  bf16* kv_s = q_s + kTileElems;  // stage s: K at kv_s + 2 s kTileElems, V after it
-  int64_t* row_offset_s = reinterpret_cast<int64_t*>(kv_s + 4 * kTileElems);  // [2][kKeys]
+  bf16* k_s = q_s + kTileElems;             // stage s at k_s + s kTileElems
+  bf16* v_s = k_s + kStages * kTileElems;   // likewise
+  uint64_t* full_k = reinterpret_cast<uint64_t*>(v_s + kStages * kTileElems);
+  uint64_t* full_v = full_k + kStages;
+  uint64_t* empty_k = full_v + kStages;
+  uint64_t* empty_v = empty_k + kStages;
+  uint64_t* last_v_ready = empty_v + kStages;  // the last tile's V with its rows past the keys zeroed
+
+  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      tma::InitBarrier(&full_k[s], 1);
+      tma::InitBarrier(&full_v[s], 1);
+      tma::InitBarrier(&empty_k[s], kMathWarps);
+      tma::InitBarrier(&empty_v[s], kMathWarps);
+    }
+    tma::InitBarrier(last_v_ready, 1);
+    tma::FenceBarrierInit();
+  }
+  __syncthreads();
 
   const int group = a.num_heads / a.kv_heads, tokens = kRows / group;
   const int item = blockIdx.x / a.kv_heads, kvh = blockIdx.x % a.kv_heads;
@@ -73,154 +109,202 @@ __global__ void __launch_bounds__(kThreads, 1) HopperKernel(AttentionArgs a, con
   const int q0 = (sched.first_block[lo + 1] - 1 - item) * tokens;
   const int valid_rows = min(tokens, q_len - q0) * group;
   const int first_pos = ctx_len - q_len + q0;
-  const int tid = threadIdx.x, wg = tid / 128, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int r0 = wg * 64 + (tid % 128) / 32 * 16 + g;  // this thread's rows: r0 and r0 + 8
+  const int window = a.sliding_window;
+  // Tiles start at multiples of kKeys (so at cache block boundaries, as TMA's boxes need,
+  // and at the same keys whichever rows share the block: batch invariance).
+  int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
+  key_begin -= key_begin % kKeys;
+  const int key_end = first_pos + valid_rows / group;
+  const int num_tiles = (key_end - key_begin + kKeys - 1) / kKeys;
+  const int last_keys = key_end - key_begin - (num_tiles - 1) * kKeys;  // keys in the last tile
 
-  // Row r is token q0 + r / group, query head kvh * group + r % group.
+  if (wg == 0) {
+    // The loader: lane b of warp 0 copies cache block b of each tile (and its K, V halves).
+    tma::ReleaseRegisters<kLoaderRegisters>();
+    if (tid >= 32) return;
+    const int32_t* table = a.block_tables + table_offset;
+    const int bs = a.block_size, blocks_per_tile = kKeys / bs, last_block = (key_end - 1) / bs;
+    auto block_slot = [&](int tile) {
+      // Blocks past the keys repeat the last one: every box is a whole block of real
+      // cache, and the bytes each stage expects never change.
+      const int kt = key_begin + tile * kKeys;
+      return lane < blocks_per_tile ? table[min(kt / bs + lane, last_block)] * bs : 0;
+    };
+    auto load = [&](bf16* stages, const CUtensorMap* map, uint64_t* empty, uint64_t* full, int tile, int slot) {
+      const int s = tile % kStages;
+      tma::Wait(&empty[s], ((tile / kStages) & 1) ^ 1);
+      if (lane == 0) tma::ArriveExpectingBytes(&full[s], kTileBytes);
+      __syncwarp();
+      if (lane < blocks_per_tile)
+        for (int h = 0; h < 2; ++h)
+          tma::Load3d(stages + s * kTileElems + h * 128 * kHalf + lane * bs * kHalf, map, h * kHalf, kvh, slot, &full[s]);
+    };
+    // K runs a tile ahead of V: a tile's K is free again after its scores, its V only
+    // after its P V, an iteration later, and the next tile's scores need only K.
+    int slot = block_slot(0);
+    load(k_s, &k_map, empty_k, full_k, 0, slot);
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int next_slot = tile + 1 < num_tiles ? block_slot(tile + 1) : 0;
+      if (tile + 1 < num_tiles) load(k_s, &k_map, empty_k, full_k, tile + 1, next_slot);
+      load(v_s, &v_map, empty_v, full_v, tile, slot);
+      slot = next_slot;
+    }
+    // The last tile's rows past the keys hold whatever the cache has there, possibly not
+    // finite, and a zero probability times NaN is NaN: zero those rows of V once landed.
+    const int s = (num_tiles - 1) % kStages;
+    tma::Wait(&full_v[s], ((num_tiles - 1) / kStages) & 1);
+    uint4* v_last = reinterpret_cast<uint4*>(v_s + s * kTileElems);
+    for (int i = lane; i < (kKeys - last_keys) * kChunks; i += 32) {
+      const int r = last_keys + i / kChunks, c = i % kChunks;
+      v_last[Swizzled(r, c) / 8] = make_uint4(0, 0, 0, 0);
+    }
+    wgmma::FenceSharedForAsyncProxy();
+    __syncwarp();
+    if (lane == 0) tma::Arrive(last_v_ready);
+    return;
+  }
+
+  tma::ClaimRegisters<kMathRegisters>();
+  const int mw = wg - 1, mtid = tid - 128 * wg, g = lane / 4, t = lane % 4;
+  const int r0 = mw * 64 + mtid / 32 * 16 + g;  // this thread's rows: r0 and r0 + 8
+
+  // This warpgroup's 64 Q rows. Row r is token q0 + r / group, query head kvh * group + r % group.
   const bf16* q_base = a.q + (int64_t(q_start + q0) * a.num_heads + kvh * group) * kD;
-  for (int i = tid; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
+  for (int i = mtid; i < 64 * kChunks; i += 128) {
+    const int r = mw * 64 + i / kChunks, c = i % kChunks;
     const bool valid = r < valid_rows;
     const bf16* src = q_base + int64_t(r / group) * a.num_heads * kD + (r % group) * kD + c * 8;
     CopyAsync16(q_s + Swizzled(r, c), valid ? src : a.q, valid);
   }
   CommitAsync();
+  WaitAsync<0>();
+  wgmma::FenceSharedForAsyncProxy();
+  tma::SyncNamed(kQueryBarrier + mw, 128);
 
-  const int window = a.sliding_window;
-  int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
-  if (a.batch_invariant) key_begin -= key_begin % kKeys;  // tiles at fixed key positions
-  const int key_end = first_pos + valid_rows / group;
-  const int32_t* table = a.block_tables + table_offset;
-  const int num_tiles = (key_end - key_begin + kKeys - 1) / kKeys;
-
-  auto tile_offsets = [&](int tile) {
-    const int kt = key_begin + tile * kKeys;
-    // Both warpgroups compute (and store) the same 128 offsets: no divergent path, which
-    // would make ptxas serialize the wgmma around it (C7518).
-    const int r = tid % kKeys;
-    const int p = min(kt + r, key_end - 1);
-    const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-    row_offset_s[(tile & 1) * kKeys + r] = (slot * a.kv_heads + kvh) * kD;
-  };
-  auto tile_issue = [&](int tile) {
-    const int valid = min(kKeys, key_end - key_begin - tile * kKeys);
-    bf16* k_dst = kv_s + (tile & 1) * 2 * kTileElems;
-    bf16* v_dst = k_dst + kTileElems;
-    for (int i = tid; i < kKeys * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const int64_t off = row_offset_s[(tile & 1) * kKeys + r] + c * 8;
-      CopyAsync16(k_dst + Swizzled(r, c), a.k_cache + off, r < valid);
-      CopyAsync16(v_dst + Swizzled(r, c), a.v_cache + off, r < valid);
-    }
-    CommitAsync();
+  auto release = [&](uint64_t* bar) {
+    __syncwarp();
+    if (lane == 0) tma::Arrive(bar);
   };
 
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows r0, r0 + 8 (log2 units)
+  float alpha[2] = {1.0f, 1.0f};  // what O must be scaled by before the next P V
   const int pos[2] = {first_pos + r0 / group, first_pos + (r0 + 8) / group};
-  // The warpgroup's rows, for skipping tiles none of them can see.
-  const bool wg_live = wg * 64 < valid_rows;
-  const int wg_pos_lo = first_pos + wg * 64 / group;
-  const int wg_pos_hi = first_pos + (min(wg * 64 + 63, valid_rows - 1)) / group;
+  const int wg_pos_lo = first_pos + mw * 64 / group;
+  const int wg_pos_hi = first_pos + (min(mw * 64 + 63, max(valid_rows - 1, 0))) / group;
   const float scale_log2 = a.scale * kLog2e;
   const bool softcap = a.softcap > 0.0f;
+  float s[64];
+  uint32_t p[kKeys / 16][4];  // P of the tile before, as wgmma A fragments (keys 16k..16k+15)
 
-  // Pipeline: tile j + 1 streams in while tile j is multiplied, and the cache offsets of
-  // tile j + 2 are looked up while S_j multiplies (block-table reads are slow loads).
-  tile_offsets(0);
-  __syncthreads();
-  tile_issue(0);
-  if (num_tiles > 1) tile_offsets(1);
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    const int kt = key_begin + tile * kKeys;
-    const bool has_next = tile + 1 < num_tiles;
-    __syncthreads();  // tile + 1's offsets visible; both warpgroups done with its stage
-    if (has_next) {
-      tile_issue(tile + 1);
-      WaitAsync<1>();
-    } else {
-      WaitAsync<0>();
-    }
-    wgmma::FenceSharedForAsyncProxy();
-    __syncthreads();  // Q (first time) and this tile's K and V have landed
-    const bf16* k_s = kv_s + (tile & 1) * 2 * kTileElems;
-    const bf16* v_s = k_s + kTileElems;
-    // Warpgroups skip tiles none of their rows can see (past the diagonal, before the window).
-    const bool live = wg_live && kt <= wg_pos_hi && !(window > 0 && kt + kKeys - 1 <= wg_pos_lo - window);
-
-    // Tile + 2's offsets are looked up while S multiplies (its stage's offsets were used
-    // before the last barrier); a skipped tile looks them up at once.
-    if (!live) {
-      if (tile + 2 < num_tiles) tile_offsets(tile + 2);
-      continue;
-    }
-
-    // S = Q K^T over D in steps of 16: 32 bytes along a swizzled row, then the next half.
-    float s[64];
+  // S = Q K^T over D in steps of 16: 32 bytes along a swizzled row, then the next half.
+  auto issue_scores = [&](int tile) {
+    const bf16* k_tile = k_s + (tile % kStages) * kTileElems;
     wgmma::Fence();
 #pragma unroll
     for (int k = 0; k < kD / 16; ++k) {
       const int col = (k / 4) * (128 * kHalf) + (k % 4) * 16;
-      wgmma::MmaSharedA(s, wgmma::Descriptor(q_s + wg * 64 * kHalf + col, 16, kGroupBytes),
-                        wgmma::Descriptor(k_s + col, 16, kGroupBytes), k > 0);
+      wgmma::MmaSharedA(s, wgmma::Descriptor(q_s + mw * 64 * kHalf + col, 16, kGroupBytes),
+                        wgmma::Descriptor(k_tile + col, 16, kGroupBytes), k > 0);
     }
     wgmma::Commit();
-    if (tile + 2 < num_tiles) tile_offsets(tile + 2);
-    wgmma::WaitAll();
-    wgmma::PinRegisters(s);
-
-    // Online softmax (base 2); a row's 128 scores are spread over one quad of lanes.
-    const bool masked = kt + kKeys - 1 > wg_pos_lo || (window > 0 && kt <= wg_pos_hi - window);
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int h = (i % 4) / 2;
-      float v = softcap ? a.softcap * tanhf(s[i] * a.scale / a.softcap) * kLog2e : s[i] * scale_log2;
-      if (masked) {
-        const int p = kt + 8 * (i / 4) + 2 * t + (i & 1);
-        if (p > pos[h] || (window > 0 && pos[h] - p >= window)) v = -INFINITY;
-      }
-      s[i] = v;
-      mx[h] = fmaxf(mx[h], v);
-    }
-    float base[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float alpha = OnlineSoftmaxStep(mx[h], m[h], l[h], base[h]);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o[4 * j + 2 * h] *= alpha;
-        o[4 * j + 2 * h + 1] *= alpha;
-      }
-    }
-    // P goes from the accumulator layout straight into A fragments (keys 16k..16k+15);
-    // row sums add the bf16-rounded values the PV product uses.
-    uint32_t p[kKeys / 16][4];
+  };
+  // O = alpha O + P V over the tile's keys in steps of 16 (two groups of 8 swizzled
+  // rows); V is MN-major here: D runs along its rows, the other half of D a half-tile away.
+  auto issue_values = [&](int tile) {
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const __nv_bfloat162 e =
-            __floats2bfloat162_rn(Exp2(s[4 * j + 2 * h] - base[h]), Exp2(s[4 * j + 2 * h + 1] - base[h]));
+        o[4 * j + 2 * h] *= alpha[h];
+        o[4 * j + 2 * h + 1] *= alpha[h];
+      }
+    }
+    const int st = tile % kStages;
+    if (tile == num_tiles - 1) {
+      tma::Wait(last_v_ready, 0);
+    } else {
+      tma::Wait(&full_v[st], (tile / kStages) & 1);
+    }
+    const bf16* v_tile = v_s + st * kTileElems;
+    wgmma::Fence();
+#pragma unroll
+    for (int k = 0; k < kKeys / 16; ++k)
+      wgmma::MmaRegisterA(o, p[k], wgmma::Descriptor(v_tile + k * 16 * kHalf, kHalfBytes, kGroupBytes), 1);
+    wgmma::Commit();
+  };
+  // The online softmax of S (base 2), leaving exp(S - max) in s; a row's 128 scores are
+  // spread over one quad of lanes.
+  auto softmax = [&](int tile) {
+    // Uniform branches around whole loops, and a mask without branches: per-score
+    // branches would each cost a convergence region on all 64 scores of every tile.
+    if (softcap) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) s[i] = a.softcap * tanhf(s[i] * a.scale / a.softcap) * kLog2e;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) s[i] *= scale_log2;
+    }
+    const int kt = key_begin + tile * kKeys;
+    if (kt + kKeys - 1 > wg_pos_lo || (window > 0 && kt <= wg_pos_hi - window)) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int h = (i % 4) / 2, key = kt + 8 * (i / 4) + 2 * t + (i & 1);
+        const bool hidden = (key > pos[h]) | ((window > 0) & (pos[h] - key >= window));
+        s[i] = hidden ? -INFINITY : s[i];
+      }
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) mx[(i % 4) / 2] = fmaxf(mx[(i % 4) / 2], s[i]);
+    float base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) alpha[h] = OnlineSoftmaxStep(mx[h], m[h], l[h], base[h]);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] = Exp2(s[i] - base[(i % 4) / 2]);
+  };
+  // P from the accumulator layout straight into A fragments; row sums add the
+  // bf16-rounded values the P V product uses.
+  auto to_probabilities = [&] {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const __nv_bfloat162 e = __floats2bfloat162_rn(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
         l[h] += __low2float(e) + __high2float(e);
         p[j / 2][2 * (j % 2) + h] = *reinterpret_cast<const uint32_t*>(&e);
       }
     }
+  };
 
-    // O += P V over the tile's keys in steps of 16 (two groups of 8 swizzled rows); V is
-    // MN-major here: D runs along its rows, the other half of D is a half-tile away.
-    wgmma::Fence();
-#pragma unroll
-    for (int k = 0; k < kKeys / 16; ++k)
-      wgmma::MmaRegisterA(o, p[k], wgmma::Descriptor(v_s + k * 16 * kHalf, kHalfBytes, kGroupBytes), 1);
-    wgmma::Commit();
+  // Tile 0's scores alone; then per tile its scores with the tile before's P V; then the
+  // last P V alone.
+  tma::Wait(&full_k[0], 0);
+  issue_scores(0);
+  wgmma::WaitAll();
+  wgmma::PinRegisters(s);
+  release(&empty_k[0]);
+  softmax(0);
+  to_probabilities();
+  for (int tile = 1; tile < num_tiles; ++tile) {
+    tma::Wait(&full_k[tile % kStages], (tile / kStages) & 1);
+      issue_scores(tile);
+    issue_values(tile - 1);
+      wgmma::WaitPending<1>();  // the scores; O's product may still run
+    wgmma::PinRegisters(s);
+    release(&empty_k[tile % kStages]);
+    softmax(tile);
     wgmma::WaitAll();
     wgmma::PinRegisters(o);
+    release(&empty_v[(tile - 1) % kStages]);
+    to_probabilities();
   }
+  issue_values(num_tiles - 1);
+  wgmma::WaitAll();
+  wgmma::PinRegisters(o);
 
-  if (!wg_live) return;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffff, l[h], 1);
@@ -238,13 +322,53 @@ __global__ void __launch_bounds__(kThreads, 1) HopperKernel(AttentionArgs a, con
 #endif
 }
 
+// cuTensorMapEncodeTiled through the runtime's driver entry point, so that hsx links no
+// libcuda of its own; null if the driver lacks it.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled TensorMapEncoder() {
+  static const EncodeTiled encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return EncodeTiled{nullptr};
+    return reinterpret_cast<EncodeTiled>(fn);
+  }();
+  return encode;
+}
+
+// A cache [slots, kv_heads, 128] as TMA boxes of one cache block of one head's half rows:
+// 64 values (128 bytes, swizzled) by `block_size` slots.
+bool CacheTensorMap(const bf16* cache, int64_t slots, int kv_heads, int block_size, CUtensorMap* map) {
+  const EncodeTiled encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {kD, cuuint64_t(kv_heads), cuuint64_t(slots)};
+  const cuuint64_t strides[2] = {kD * sizeof(bf16), cuuint64_t(kv_heads) * kD * sizeof(bf16)};
+  const cuuint32_t box[3] = {kHalf, 1, cuuint32_t(block_size)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(cache), dims, strides, box,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 }  // namespace
 
 bool AttentionHopper(const AttentionArgs& a, cudaStream_t stream) {
   const int group = a.num_heads / a.kv_heads;
-  if (a.head_dim != kD || kRows % group != 0) return false;
+  if (a.head_dim != kD || kRows % group != 0 || a.host_seq_info == nullptr) return false;
+  // A tile is whole cache blocks, each a box whose rows keep the swizzle's 8-row period.
+  const int bs = a.block_size;
+  if (bs < 8 || bs % 8 != 0 || kKeys % bs != 0 || a.cache_slots <= 0 || a.cache_slots > INT32_MAX) return false;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!aligned(a.k_cache) || !aligned(a.v_cache)) return false;
+  CUtensorMap k_map, v_map;
+  if (!CacheTensorMap(a.k_cache, a.cache_slots, a.kv_heads, bs, &k_map) ||
+      !CacheTensorMap(a.v_cache, a.cache_slots, a.kv_heads, bs, &v_map))
+    return false;
   AllowDynamicSharedMemory<HopperKernel>(kSmemBytes);
-  if (a.host_seq_info == nullptr) return false;
   const int tokens = kRows / group;
   const int32_t* info = a.host_seq_info;
   // One launch per kMaxSeqs sequences (the schedule is a kernel parameter), so that a
@@ -259,7 +383,7 @@ bool AttentionHopper(const AttentionArgs& a, cudaStream_t stream) {
     for (int i = 0; i < sched.num_seqs; ++i)
       sched.first_block[i + 1] = sched.first_block[i] + (info[sched.seq[i] * 4 + 1] + tokens - 1) / tokens;
     const int blocks = sched.first_block[sched.num_seqs] * a.kv_heads;
-    if (blocks > 0) HopperKernel<<<blocks, kThreads, kSmemBytes, stream>>>(a, sched);
+    if (blocks > 0) HopperKernel<<<blocks, kThreads, kSmemBytes, stream>>>(a, sched, k_map, v_map);
   }
   return true;
 }

@@ -903,6 +903,7 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.q = B(q);
   a.k_cache = B(k_cache);
   a.v_cache = B(v_cache);
+  a.cache_slots = k_cache.size(0);
   a.out = B(out);
   a.seq_info = batch.seq_info.data<int32_t>();
   a.host_seq_info = batch.seq_info_host.data();

@@ -145,6 +145,7 @@ struct AttentionArgs {
   const bf16* q;        // [T, num_heads, head_dim]
   const bf16* k_cache;  // [slots, kv_heads, head_dim]
   const bf16* v_cache;
+  int64_t cache_slots = 0;  // rows of the caches (for TMA's bounds; 0 when unknown)
   bf16* out;            // [T, num_heads, head_dim]
   const int32_t* seq_info;      // [num_seqs, 4]: q_start, q_len, ctx_len, block table offset
   const int32_t* host_seq_info; // the same on the host, for scheduling; may be null
@@ -178,7 +179,8 @@ int DecodeAttentionSplits(int num_seqs, int max_q_len, int num_heads, int kv_hea
 // Bytes of f32 workspace for `splits` chunks (0 for one: the kernel writes out directly).
 size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads, int head_dim, int splits);
 // The wgmma kernel (attention_hopper.cu); false, launching nothing, unless head_dim is
-// 128, the GQA group divides 128 and host_seq_info is given.
+// 128, the GQA group divides 128, host_seq_info and cache_slots are given and the block
+// size is a multiple of 8 that divides 128.
 bool AttentionHopper(const AttentionArgs& args, cudaStream_t stream);
 
 }  // namespace hsx::cuda

@@ -23,8 +23,14 @@ __device__ __forceinline__ uint64_t Descriptor(const void* tile, uint32_t leadin
 // Orders this thread's register and shared-memory accesses before the next wgmma.
 __device__ __forceinline__ void Fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void Commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most kPending of this warpgroup's committed wgmma groups are unfinished
+// (groups finish in the order they were committed).
+template <int kPending>
+__device__ __forceinline__ void WaitPending() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 // Waits until every committed wgmma of this warpgroup has finished.
-__device__ __forceinline__ void WaitAll() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void WaitAll() { WaitPending<0>(); }
 // Makes shared memory written by ordinary stores or cp.async visible to wgmma's reads.
 __device__ __forceinline__ void FenceSharedForAsyncProxy() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
