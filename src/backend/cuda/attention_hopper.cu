@@ -1,12 +1,13 @@
-// Causal variable-length attention over the paged KV cache for head dim 128 on Hopper,
+// Causal variable-length attention over the paged KV cache for head dims 128 and 256 on Hopper,
 // FlashAttention-3's way: warpgroup MMAs (wgmma) that read K and V straight from shared
 // memory, a loader warp that fills that memory with TMA copies, and math warpgroups that
 // compute one tile's softmax while the tensor cores still multiply.
 //
 // A block is three warpgroups and 128 query rows (the query heads of one KV group for
 // 128 / group consecutive tokens, so each K/V tile is loaded once for all of them):
-// - warpgroup 0 loads: one warp copies each 128-key tile of K and of V, one TMA box per
-//   cache block (the block table says where), into kStages stages guarded by barriers:
+// - warpgroup 0 loads: one warp copies each tile of K and of V (128 keys at head dim 128,
+//   64 at 256), a TMA box per cache block and 64 values of D (the block table says
+//   where), into kStages stages guarded by barriers:
 //   "full" completes when a stage's bytes have landed, "empty" when both math warpgroups
 //   are done with it;
 // - warpgroups 1 and 2 each own 64 query rows. Per tile j a math warpgroup issues
@@ -30,26 +31,38 @@
 namespace hsx::cuda {
 namespace {
 
-constexpr int kD = 128;
 constexpr int kRows = 128;  // query rows per block: two math warpgroups of 64
-constexpr int kKeys = 128;  // keys per tile
 constexpr int kThreads = 3 * 128;
-constexpr int kHalf = 64;   // a 128-byte swizzled row holds 64 of a row's 128 values
-constexpr int kChunks = kD / 8;  // 16-byte chunks per row
-// Q, K and V tiles share one layout, [2 halves of D][128 rows][64] with 128-byte
-// swizzling (wgmma.cuh), which TMA writes itself: 32 KB each.
-constexpr int kTileElems = 128 * kD;
-constexpr uint32_t kTileBytes = kTileElems * 2;
-constexpr uint32_t kHalfBytes = 128 * kHalf * 2;
-constexpr uint32_t kGroupBytes = 8 * kHalf * 2;  // 8 swizzled rows
+constexpr int kPart = 64;  // a 128-byte swizzled row holds 64 of a row's D values
+constexpr uint32_t kGroupBytes = 8 * kPart * 2;  // 8 swizzled rows
 constexpr int kMathWarps = 8;
 // K/V tiles in flight: a third stage (all of shared memory) measured 2-3% slower.
 constexpr int kStages = 2;
-constexpr size_t kSmemBytes = 1024                                      // slack to align tiles to 1024 bytes
-                              + (1 + 2 * kStages) * size_t(kTileBytes)  // Q, then the K and V stages
-                              + (4 * kStages + 1) * sizeof(uint64_t);   // full and empty per stage, the last V's fix-up
 constexpr int kQueryBarrier = 1;  // named barrier 1 + w: math warpgroup w's Q has landed
-constexpr int kLoaderRegisters = 56, kMathRegisters = 224;  // 128 x 56 + 256 x 224 <= 64K
+
+// Sizes for head dim D. Q, K and V tiles share one layout, [D / 64 parts][rows][64] with
+// 128-byte swizzling (wgmma.cuh), which TMA writes itself. A K or V tile is 32 KB: 128
+// keys at D = 128, 64 at D = 256, whose 64 x 256 output accumulators take half a math
+// thread's registers.
+template <int D>
+struct Shape {
+  static constexpr int kKeys = 128 * 128 / D;  // keys per tile
+  static constexpr int kChunks = D / 8;        // 16-byte chunks per row
+  static constexpr int kQueryElems = kRows * D, kTileElems = kKeys * D;
+  static constexpr uint32_t kTileBytes = kTileElems * 2;
+  // Registers a thread of the loader and of the math warpgroups (128 x loader + 256 x math
+  // <= 64K): D = 256's output accumulators need the most.
+  static constexpr int kLoaderRegisters = D == 128 ? 56 : 40, kMathRegisters = D == 128 ? 224 : 232;
+  static constexpr size_t kSmemBytes = 1024                                         // slack to align tiles to 1024 bytes
+                                       + size_t(kQueryElems) * 2                    // Q
+                                       + 2 * kStages * size_t(kTileBytes)           // the K and V stages
+                                       + (4 * kStages + 1) * sizeof(uint64_t);      // full and empty per stage, the last V's fix-up
+};
+
+// Element offset of 16-byte chunk c of row r in a swizzled tile of `rows` rows.
+__device__ __forceinline__ int Swizzled(int rows, int r, int c) {
+  return (c / 8) * (rows * kPart) + r * kPart + ((c % 8) ^ (r % 8)) * 8;
+}
 
 // Which block does what, passed by value (kernel parameter space): every block has real
 // work, sequences with the longest context first, each from its last rows back, so the
@@ -61,21 +74,19 @@ struct Schedule {
   int first_block[kMaxSeqs + 1];  // prefix sums of row blocks (of 128 / group tokens)
 };
 
-// Element offset of 16-byte chunk c of row r in a swizzled tile.
-__device__ __forceinline__ int Swizzled(int r, int c) {
-  return (c / 8) * (128 * kHalf) + r * kHalf + ((c % 8) ^ (r % 8)) * 8;
-}
-
+template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     HopperKernel(const __grid_constant__ AttentionArgs a, const __grid_constant__ Schedule sched,
                  const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr float kLog2e = 1.4426950408889634f;
+  using S = Shape<D>;
+  constexpr int kKeys = S::kKeys, kChunks = S::kChunks, kTileElems = S::kTileElems, kParts = D / kPart;
   extern __shared__ unsigned char smem_raw[];
   // Swizzling repeats every 1024 bytes of shared address space; tiles start on it.
   const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) % 1024;
   bf16* q_s = reinterpret_cast<bf16*>(smem_raw + (1024 - misalign) % 1024);
-  bf16* k_s = q_s + kTileElems;             // stage s at k_s + s kTileElems
+  bf16* k_s = q_s + S::kQueryElems;         // stage s at k_s + s kTileElems
   bf16* v_s = k_s + kStages * kTileElems;   // likewise
   uint64_t* full_k = reinterpret_cast<uint64_t*>(v_s + kStages * kTileElems);
   uint64_t* full_v = full_k + kStages;
@@ -119,8 +130,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int last_keys = key_end - key_begin - (num_tiles - 1) * kKeys;  // keys in the last tile
 
   if (wg == 0) {
-    // The loader: lane b of warp 0 copies cache block b of each tile (and its K, V halves).
-    tma::ReleaseRegisters<kLoaderRegisters>();
+    // The loader: lane b of warp 0 copies cache block b of each tile (its D / 64 parts).
+    tma::ReleaseRegisters<S::kLoaderRegisters>();
     if (tid >= 32) return;
     const int32_t* table = a.block_tables + table_offset;
     const int bs = a.block_size, blocks_per_tile = kKeys / bs, last_block = (key_end - 1) / bs;
@@ -133,11 +144,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto load = [&](bf16* stages, const CUtensorMap* map, uint64_t* empty, uint64_t* full, int tile, int slot) {
       const int s = tile % kStages;
       tma::Wait(&empty[s], ((tile / kStages) & 1) ^ 1);
-      if (lane == 0) tma::ArriveExpectingBytes(&full[s], kTileBytes);
+      if (lane == 0) tma::ArriveExpectingBytes(&full[s], S::kTileBytes);
       __syncwarp();
       if (lane < blocks_per_tile)
-        for (int h = 0; h < 2; ++h)
-          tma::Load3d(stages + s * kTileElems + h * 128 * kHalf + lane * bs * kHalf, map, h * kHalf, kvh, slot, &full[s]);
+        for (int part = 0; part < kParts; ++part)
+          tma::Load3d(stages + s * kTileElems + part * kKeys * kPart + lane * bs * kPart, map, part * kPart, kvh, slot,
+                      &full[s]);
     };
     // K runs a tile ahead of V: a tile's K is free again after its scores, its V only
     // after its P V, an iteration later, and the next tile's scores need only K.
@@ -156,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint4* v_last = reinterpret_cast<uint4*>(v_s + s * kTileElems);
     for (int i = lane; i < (kKeys - last_keys) * kChunks; i += 32) {
       const int r = last_keys + i / kChunks, c = i % kChunks;
-      v_last[Swizzled(r, c) / 8] = make_uint4(0, 0, 0, 0);
+      v_last[Swizzled(kKeys, r, c) / 8] = make_uint4(0, 0, 0, 0);
     }
     wgmma::FenceSharedForAsyncProxy();
     __syncwarp();
@@ -164,17 +176,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  tma::ClaimRegisters<kMathRegisters>();
+  tma::ClaimRegisters<S::kMathRegisters>();
   const int mw = wg - 1, mtid = tid - 128 * wg, g = lane / 4, t = lane % 4;
   const int r0 = mw * 64 + mtid / 32 * 16 + g;  // this thread's rows: r0 and r0 + 8
 
   // This warpgroup's 64 Q rows. Row r is token q0 + r / group, query head kvh * group + r % group.
-  const bf16* q_base = a.q + (int64_t(q_start + q0) * a.num_heads + kvh * group) * kD;
+  const bf16* q_base = a.q + (int64_t(q_start + q0) * a.num_heads + kvh * group) * D;
   for (int i = mtid; i < 64 * kChunks; i += 128) {
     const int r = mw * 64 + i / kChunks, c = i % kChunks;
     const bool valid = r < valid_rows;
-    const bf16* src = q_base + int64_t(r / group) * a.num_heads * kD + (r % group) * kD + c * 8;
-    CopyAsync16(q_s + Swizzled(r, c), valid ? src : a.q, valid);
+    const bf16* src = q_base + int64_t(r / group) * a.num_heads * D + (r % group) * D + c * 8;
+    CopyAsync16(q_s + Swizzled(kRows, r, c), valid ? src : a.q, valid);
   }
   CommitAsync();
   WaitAsync<0>();
@@ -186,9 +198,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) tma::Arrive(bar);
   };
 
-  float o[64];
+  // Accumulators of a thread (wgmma.cuh's layout): O's rows r0 and r0 + 8 over D columns,
+  // S's over the tile's keys.
+  constexpr int kOut = D / 2, kScores = kKeys / 2;
+  float o[kOut];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  for (int i = 0; i < kOut; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows r0, r0 + 8 (log2 units)
   float alpha[2] = {1.0f, 1.0f};  // what O must be scaled by before the next P V
   const int pos[2] = {first_pos + r0 / group, first_pos + (r0 + 8) / group};
@@ -196,32 +211,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg_pos_hi = first_pos + (min(mw * 64 + 63, max(valid_rows - 1, 0))) / group;
   const float scale_log2 = a.scale * kLog2e;
   const bool softcap = a.softcap > 0.0f;
-  float s[64];
+  float s[kScores];
   uint32_t p[kKeys / 16][4];  // P of the tile before, as wgmma A fragments (keys 16k..16k+15)
 
-  // S = Q K^T over D in steps of 16: 32 bytes along a swizzled row, then the next half.
+  // S = Q K^T over D in steps of 16: 32 bytes along a swizzled row, then the next part.
   auto issue_scores = [&](int tile) {
     const bf16* k_tile = k_s + (tile % kStages) * kTileElems;
     wgmma::Fence();
 #pragma unroll
-    for (int k = 0; k < kD / 16; ++k) {
-      const int col = (k / 4) * (128 * kHalf) + (k % 4) * 16;
-      wgmma::MmaSharedA(s, wgmma::Descriptor(q_s + mw * 64 * kHalf + col, 16, kGroupBytes),
-                        wgmma::Descriptor(k_tile + col, 16, kGroupBytes), k > 0);
+    for (int k = 0; k < D / 16; ++k) {
+      const int part = k / 4, col = (k % 4) * 16;
+      wgmma::MmaSharedA(s, wgmma::Descriptor(q_s + part * kRows * kPart + mw * 64 * kPart + col, 16, kGroupBytes),
+                        wgmma::Descriptor(k_tile + part * kKeys * kPart + col, 16, kGroupBytes), k > 0);
     }
     wgmma::Commit();
   };
   // O = alpha O + P V over the tile's keys in steps of 16 (two groups of 8 swizzled
-  // rows); V is MN-major here: D runs along its rows, the other half of D a half-tile away.
+  // rows); V is MN-major here: D runs along its rows, each next 64 of D a part away.
   auto issue_values = [&](int tile) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        o[4 * j + 2 * h] *= alpha[h];
-        o[4 * j + 2 * h + 1] *= alpha[h];
-      }
-    }
+    for (int i = 0; i < kOut; ++i) o[i] *= alpha[(i % 4) / 2];
     const int st = tile % kStages;
     if (tile == num_tiles - 1) {
       tma::Wait(last_v_ready, 0);
@@ -232,25 +241,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::Fence();
 #pragma unroll
     for (int k = 0; k < kKeys / 16; ++k)
-      wgmma::MmaRegisterA(o, p[k], wgmma::Descriptor(v_tile + k * 16 * kHalf, kHalfBytes, kGroupBytes), 1);
+      wgmma::MmaRegisterA(o, p[k], wgmma::Descriptor(v_tile + k * 16 * kPart, kKeys * kPart * 2, kGroupBytes), 1);
     wgmma::Commit();
   };
-  // The online softmax of S (base 2), leaving exp(S - max) in s; a row's 128 scores are
+  // The online softmax of S (base 2), leaving exp(S - max) in s; a row's scores are
   // spread over one quad of lanes.
   auto softmax = [&](int tile) {
     // Uniform branches around whole loops, and a mask without branches: per-score
     // branches would each cost a convergence region on all 64 scores of every tile.
     if (softcap) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) s[i] = a.softcap * tanhf(s[i] * a.scale / a.softcap) * kLog2e;
+      for (int i = 0; i < kScores; ++i) s[i] = a.softcap * tanhf(s[i] * a.scale / a.softcap) * kLog2e;
     } else {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) s[i] *= scale_log2;
+      for (int i = 0; i < kScores; ++i) s[i] *= scale_log2;
     }
     const int kt = key_begin + tile * kKeys;
     if (kt + kKeys - 1 > wg_pos_lo || (window > 0 && kt <= wg_pos_hi - window)) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) {
+      for (int i = 0; i < kScores; ++i) {
         const int h = (i % 4) / 2, key = kt + 8 * (i / 4) + 2 * t + (i & 1);
         const bool hidden = (key > pos[h]) | ((window > 0) & (pos[h] - key >= window));
         s[i] = hidden ? -INFINITY : s[i];
@@ -258,18 +267,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int i = 0; i < 64; ++i) mx[(i % 4) / 2] = fmaxf(mx[(i % 4) / 2], s[i]);
+    for (int i = 0; i < kScores; ++i) mx[(i % 4) / 2] = fmaxf(mx[(i % 4) / 2], s[i]);
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) alpha[h] = OnlineSoftmaxStep(mx[h], m[h], l[h], base[h]);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] = Exp2(s[i] - base[(i % 4) / 2]);
+    for (int i = 0; i < kScores; ++i) s[i] = Exp2(s[i] - base[(i % 4) / 2]);
   };
   // P from the accumulator layout straight into A fragments; row sums add the
   // bf16-rounded values the P V product uses.
   auto to_probabilities = [&] {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kKeys / 8; ++j) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const __nv_bfloat162 e = __floats2bfloat162_rn(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
@@ -312,9 +321,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int r = r0 + 8 * h;
     if (r >= valid_rows) continue;
     const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    bf16* out = a.out + (int64_t(q_start + q0 + r / group) * a.num_heads + kvh * group + r % group) * kD + 2 * t;
+    bf16* out = a.out + (int64_t(q_start + q0 + r / group) * a.num_heads + kvh * group + r % group) * D + 2 * t;
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < D / 8; ++j)
       *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) = __floats2bfloat162_rn(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
   }
 #else
@@ -340,35 +349,36 @@ EncodeTiled TensorMapEncoder() {
   return encode;
 }
 
-// A cache [slots, kv_heads, 128] as TMA boxes of one cache block of one head's half rows:
-// 64 values (128 bytes, swizzled) by `block_size` slots.
-bool CacheTensorMap(const bf16* cache, int64_t slots, int kv_heads, int block_size, CUtensorMap* map) {
+// A cache [slots, kv_heads, head_dim] as TMA boxes of one cache block of one head's rows
+// in parts of 64 values (128 bytes, swizzled) by `block_size` slots.
+bool CacheTensorMap(const bf16* cache, int64_t slots, int kv_heads, int head_dim, int block_size, CUtensorMap* map) {
   const EncodeTiled encode = TensorMapEncoder();
   if (encode == nullptr) return false;
-  const cuuint64_t dims[3] = {kD, cuuint64_t(kv_heads), cuuint64_t(slots)};
-  const cuuint64_t strides[2] = {kD * sizeof(bf16), cuuint64_t(kv_heads) * kD * sizeof(bf16)};
-  const cuuint32_t box[3] = {kHalf, 1, cuuint32_t(block_size)};
+  const cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(kv_heads), cuuint64_t(slots)};
+  const cuuint64_t strides[2] = {head_dim * sizeof(bf16), cuuint64_t(kv_heads) * head_dim * sizeof(bf16)};
+  const cuuint32_t box[3] = {kPart, 1, cuuint32_t(block_size)};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(cache), dims, strides, box,
                 element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-}  // namespace
-
-bool AttentionHopper(const AttentionArgs& a, cudaStream_t stream) {
+template <int D>
+bool Launch(const AttentionArgs& a, cudaStream_t stream) {
   const int group = a.num_heads / a.kv_heads;
-  if (a.head_dim != kD || kRows % group != 0 || a.host_seq_info == nullptr) return false;
+  if (kRows % group != 0 || a.host_seq_info == nullptr) return false;
   // A tile is whole cache blocks, each a box whose rows keep the swizzle's 8-row period.
   const int bs = a.block_size;
-  if (bs < 8 || bs % 8 != 0 || kKeys % bs != 0 || a.cache_slots <= 0 || a.cache_slots > INT32_MAX) return false;
+  if (bs < 8 || bs % 8 != 0 || Shape<D>::kKeys % bs != 0 || a.cache_slots <= 0 || a.cache_slots > INT32_MAX)
+    return false;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!aligned(a.k_cache) || !aligned(a.v_cache)) return false;
   CUtensorMap k_map, v_map;
-  if (!CacheTensorMap(a.k_cache, a.cache_slots, a.kv_heads, bs, &k_map) ||
-      !CacheTensorMap(a.v_cache, a.cache_slots, a.kv_heads, bs, &v_map))
+  if (!CacheTensorMap(a.k_cache, a.cache_slots, a.kv_heads, D, bs, &k_map) ||
+      !CacheTensorMap(a.v_cache, a.cache_slots, a.kv_heads, D, bs, &v_map))
     return false;
-  AllowDynamicSharedMemory<HopperKernel>(kSmemBytes);
+  constexpr size_t kSmem = Shape<D>::kSmemBytes;
+  AllowDynamicSharedMemory<HopperKernel<D>>(kSmem);
   const int tokens = kRows / group;
   const int32_t* info = a.host_seq_info;
   // One launch per kMaxSeqs sequences (the schedule is a kernel parameter), so that a
@@ -383,9 +393,19 @@ bool AttentionHopper(const AttentionArgs& a, cudaStream_t stream) {
     for (int i = 0; i < sched.num_seqs; ++i)
       sched.first_block[i + 1] = sched.first_block[i] + (info[sched.seq[i] * 4 + 1] + tokens - 1) / tokens;
     const int blocks = sched.first_block[sched.num_seqs] * a.kv_heads;
-    if (blocks > 0) HopperKernel<<<blocks, kThreads, kSmemBytes, stream>>>(a, sched, k_map, v_map);
+    if (blocks > 0) HopperKernel<D><<<blocks, kThreads, kSmem, stream>>>(a, sched, k_map, v_map);
   }
   return true;
+}
+
+}  // namespace
+
+bool AttentionHopper(const AttentionArgs& a, cudaStream_t stream) {
+  switch (a.head_dim) {
+    case 128: return Launch<128>(a, stream);
+    case 256: return Launch<256>(a, stream);
+    default: return false;
+  }
 }
 
 }  // namespace hsx::cuda

@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA (wgmma, sm_90a PTX): four warps multiply a 64-row tile together,
 // the B operand (and optionally A) read by the tensor cores straight from shared memory
-// through 64-bit matrix descriptors. Shapes here are the ones attention uses: m64n128k16,
+// through 64-bit matrix descriptors. Shapes here are the ones attention uses: m64nNk16,
 // bf16 inputs, f32 accumulators laid out per warp like mma.sync's m16n8 C fragments
 // (d[4j..4j+3] = rows g, g+8 of columns 8j+2t, 8j+2t+1; g = lane / 4, t = lane % 4).
 #pragma once
@@ -42,16 +42,31 @@ __device__ __forceinline__ void PinRegisters(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The 64 f32 accumulators of an m64n128 tile per thread: their placeholders in the
-// instruction text and their operands.
-#define HSX_WGMMA_ACCUMULATORS \
+// Shapes m64nNk16 for N = 64, 128, 256 (bf16 in, f32 accumulators): N / 2 accumulators a
+// thread, overloaded on the accumulator array's size. Their placeholders and operands:
+
+#define HSX_WGMMA_ACCUMULATORS_32 \
+  "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+  "}"
+
+#define HSX_WGMMA_OPERANDS_32(d) \
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+#define HSX_WGMMA_ACCUMULATORS_64 \
   "{" \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define HSX_WGMMA_ACCUMULATOR_OPERANDS(d) \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63" \
+  "}"
+
+#define HSX_WGMMA_OPERANDS_64(d) \
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
@@ -60,12 +75,62 @@ __device__ __forceinline__ void PinRegisters(float (&d)[N]) {
       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
+#define HSX_WGMMA_ACCUMULATORS_128 \
+  "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95," \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111," \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+  "}"
+
+#define HSX_WGMMA_OPERANDS_128(d) \
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
+
+// D[64x64] (+)= A[64x16] B[16x64]; A and B in shared memory, both K-major.
+__device__ __forceinline__ void MmaSharedA(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HSX_WGMMA_ACCUMULATORS_32
+               ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : HSX_WGMMA_OPERANDS_32(d)
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64x64] (+)= A[64x16] B[16x64]; A in registers (each warp holds the m16n8k16 A
+// fragment of its 16 rows), B in shared memory MN-major (transposed).
+__device__ __forceinline__ void MmaRegisterA(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HSX_WGMMA_ACCUMULATORS_32
+               ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+               : HSX_WGMMA_OPERANDS_32(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
 // D[64x128] (+)= A[64x16] B[16x128]; A and B in shared memory, both K-major.
 __device__ __forceinline__ void MmaSharedA(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " HSX_WGMMA_ACCUMULATORS
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " HSX_WGMMA_ACCUMULATORS_64
                ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-               : HSX_WGMMA_ACCUMULATOR_OPERANDS(d)
+               : HSX_WGMMA_OPERANDS_64(d)
                : "l"(a), "l"(b), "r"(accumulate));
 }
 
@@ -73,13 +138,38 @@ __device__ __forceinline__ void MmaSharedA(float (&d)[64], uint64_t a, uint64_t 
 // fragment of its 16 rows), B in shared memory MN-major (transposed).
 __device__ __forceinline__ void MmaRegisterA(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " HSX_WGMMA_ACCUMULATORS
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " HSX_WGMMA_ACCUMULATORS_64
                ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-               : HSX_WGMMA_ACCUMULATOR_OPERANDS(d)
+               : HSX_WGMMA_OPERANDS_64(d)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
-#undef HSX_WGMMA_ACCUMULATORS
-#undef HSX_WGMMA_ACCUMULATOR_OPERANDS
+// D[64x256] (+)= A[64x16] B[16x256]; A and B in shared memory, both K-major.
+__device__ __forceinline__ void MmaSharedA(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " HSX_WGMMA_ACCUMULATORS_128
+               ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+               : HSX_WGMMA_OPERANDS_128(d)
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64x256] (+)= A[64x16] B[16x256]; A in registers (each warp holds the m16n8k16 A
+// fragment of its 16 rows), B in shared memory MN-major (transposed).
+__device__ __forceinline__ void MmaRegisterA(float (&d)[128], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " HSX_WGMMA_ACCUMULATORS_128
+               ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+               : HSX_WGMMA_OPERANDS_128(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+#undef HSX_WGMMA_ACCUMULATORS_32
+#undef HSX_WGMMA_OPERANDS_32
+
+#undef HSX_WGMMA_ACCUMULATORS_64
+#undef HSX_WGMMA_OPERANDS_64
+
+#undef HSX_WGMMA_ACCUMULATORS_128
+#undef HSX_WGMMA_OPERANDS_128
 
 }  // namespace hsx::cuda::wgmma
