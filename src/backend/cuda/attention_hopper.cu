@@ -249,12 +249,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto softmax = [&](int tile) {
     // Uniform branches around whole loops, and a mask without branches: per-score
     // branches would each cost a convergence region on all 64 scores of every tile.
+    // Without softcap the scores stay unscaled until the exponent, where the scale and
+    // the max fold into one FMA (the scale is positive: the max commutes with it).
+    float factor = scale_log2;
     if (softcap) {
 #pragma unroll
       for (int i = 0; i < kScores; ++i) s[i] = a.softcap * tanhf(s[i] * a.scale / a.softcap) * kLog2e;
-    } else {
-#pragma unroll
-      for (int i = 0; i < kScores; ++i) s[i] *= scale_log2;
+      factor = 1.0f;
     }
     const int kt = key_begin + tile * kKeys;
     if (kt + kKeys - 1 > wg_pos_lo || (window > 0 && kt <= wg_pos_hi - window)) {
@@ -270,9 +271,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kScores; ++i) mx[(i % 4) / 2] = fmaxf(mx[(i % 4) / 2], s[i]);
     float base[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) alpha[h] = OnlineSoftmaxStep(mx[h], m[h], l[h], base[h]);
+    for (int h = 0; h < 2; ++h) alpha[h] = OnlineSoftmaxStep(mx[h] * factor, m[h], l[h], base[h]);
 #pragma unroll
-    for (int i = 0; i < kScores; ++i) s[i] = Exp2(s[i] - base[(i % 4) / 2]);
+    for (int i = 0; i < kScores; ++i) s[i] = Exp2(fmaf(s[i], factor, -base[(i % 4) / 2]));
   };
   // P from the accumulator layout straight into A fragments; row sums add the
   // bf16-rounded values the P V product uses.
