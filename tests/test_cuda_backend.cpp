@@ -737,8 +737,8 @@ void PoisonSlotsPastContexts(const std::vector<SequenceSlice>& seqs, int64_t blo
 // Varlen paged attention: chunked (q_len < ctx_len), T = 1, long, GQA, windows, softcap,
 // every supported head dim; block tables deliberately out of order, and NaN in the
 // cache slots past each context.
-// Head dims 128 and 256 run on the wgmma kernel on Hopper; each case also runs on the
-// mma.sync kernel (HSX_ATTENTION=mma), so both stay tested.
+// Head dims 128, 256 and 512 run on the wgmma kernel on Hopper; each case also runs on
+// the mma.sync kernel (HSX_ATTENTION=mma), so both stay tested.
 TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
@@ -754,10 +754,9 @@ TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
                                          {128, 100, 0, 4, 4}, {128, 0, 0, 16, 2}, {128, 0, 0, 6, 2},
                                          {128, 0, 50, 32, 8}, {128, 300, 0, 2, 1},
                                          {256, 0, 0, 8, 2}, {256, 100, 0, 8, 4}, {256, 0, 30, 4, 1},
-                                         {512, 0, 0, 8, 2}}) {
+                                         {512, 0, 0, 8, 2}, {512, 100, 0, 8, 1}, {512, 0, 0, 4, 4}}) {
     const int64_t heads = c.heads, kv_heads = c.kv_heads;
-    std::vector<std::pair<int, int>> shapes = {{1, 1}, {17, 17}, {5, 300}, {1, 777}, {130, 200}};
-    if (c.d <= 256) shapes.push_back({2000, 2000});
+    const std::vector<std::pair<int, int>> shapes = {{1, 1}, {17, 17}, {5, 300}, {1, 777}, {130, 200}, {2000, 2000}};
     int64_t total_ctx = 0;
     for (auto [q, ctx] : shapes) total_ctx += (ctx + kBlock - 1) / kBlock * kBlock;
     const int64_t num_blocks = total_ctx / kBlock;

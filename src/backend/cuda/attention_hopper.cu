@@ -1,16 +1,18 @@
-// Causal variable-length attention over the paged KV cache for head dims 128 and 256 on Hopper,
+// Causal variable-length attention over the paged KV cache for head dims 128, 256 and 512 on Hopper,
 // FlashAttention-3's way: warpgroup MMAs (wgmma) that read K and V straight from shared
 // memory, a loader warp that fills that memory with TMA copies, and math warpgroups that
 // compute one tile's softmax while the tensor cores still multiply.
 //
-// A block is three warpgroups and 128 query rows (the query heads of one KV group for
-// 128 / group consecutive tokens, so each K/V tile is loaded once for all of them):
+// A block is three warpgroups and 128 query rows (64 at head dim 512; Shape below): the
+// query heads of one KV group for rows / group consecutive tokens, so each K/V tile is
+// loaded once for all of them:
 // - warpgroup 0 loads: one warp copies each tile of K and of V (128 keys at head dim 128,
-//   64 at 256), a TMA box per cache block and 64 values of D (the block table says
-//   where), into kStages stages guarded by barriers:
+//   64 at 256, 32 at 512), a TMA box per cache block and 64 values of D (the block table
+//   says where), into kStages stages guarded by barriers:
 //   "full" completes when a stage's bytes have landed, "empty" when both math warpgroups
 //   are done with it;
-// - warpgroups 1 and 2 each own 64 query rows. Per tile j a math warpgroup issues
+// - warpgroups 1 and 2 each own 64 query rows (at 512, half the output columns of the
+//   block's 64). Per tile j a math warpgroup issues
 //   S_j = Q K_j^T and O += P_{j-1} V_{j-1} together, then computes the softmax of S_j
 //   while O's product still runs (P_{j-1} stays in registers as wgmma's A operand).
 // Every math warpgroup takes every tile of its block, visible or not (a tile it cannot
@@ -31,7 +33,6 @@
 namespace hsx::cuda {
 namespace {
 
-constexpr int kRows = 128;  // query rows per block: two math warpgroups of 64
 constexpr int kThreads = 3 * 128;
 constexpr int kPart = 64;  // a 128-byte swizzled row holds 64 of a row's D values
 constexpr uint32_t kGroupBytes = 8 * kPart * 2;  // 8 swizzled rows
@@ -42,17 +43,23 @@ constexpr int kQueryBarrier = 1;  // named barrier 1 + w: math warpgroup w's Q h
 
 // Sizes for head dim D. Q, K and V tiles share one layout, [D / 64 parts][rows][64] with
 // 128-byte swizzling (wgmma.cuh), which TMA writes itself. A K or V tile is 32 KB: 128
-// keys at D = 128, 64 at D = 256, whose 64 x 256 output accumulators take half a math
-// thread's registers.
+// keys at D = 128, 64 at 256, 32 at 512. A math warpgroup holds at most 64 x 256 of the
+// output (half its registers), so up to D = 256 a block has 128 query rows, 64 a
+// warpgroup, and at D = 512 64 rows whose output columns the two warpgroups split (each
+// computing the same scores: 1.5x the minimum of tensor-core work, all of it on wgmma).
 template <int D>
 struct Shape {
+  static constexpr bool kRowSplit = D <= 256;  // math warpgroups split rows, else columns
+  static constexpr int kRows = kRowSplit ? 128 : 64;  // query rows per block
   static constexpr int kKeys = 128 * 128 / D;  // keys per tile
   static constexpr int kChunks = D / 8;        // 16-byte chunks per row
   static constexpr int kQueryElems = kRows * D, kTileElems = kKeys * D;
+  static constexpr int kOutColumns = kRowSplit ? D : D / 2;  // a math warpgroup's
   static constexpr uint32_t kTileBytes = kTileElems * 2;
   // Registers a thread of the loader and of the math warpgroups (128 x loader + 256 x math
   // <= 64K): D = 256's output accumulators need the most.
   static constexpr int kLoaderRegisters = D == 128 ? 56 : 40, kMathRegisters = D == 128 ? 224 : 232;
+  static_assert(kOutColumns <= 256, "wgmma's widest N");
   static constexpr size_t kSmemBytes = 1024                                         // slack to align tiles to 1024 bytes
                                        + size_t(kQueryElems) * 2                    // Q
                                        + 2 * kStages * size_t(kTileBytes)           // the K and V stages
@@ -71,7 +78,7 @@ struct Schedule {
   static constexpr int kMaxSeqs = 1024;
   int num_seqs;
   int seq[kMaxSeqs];             // sequences in the order their row blocks run
-  int first_block[kMaxSeqs + 1];  // prefix sums of row blocks (of 128 / group tokens)
+  int first_block[kMaxSeqs + 1];  // prefix sums of row blocks (of rows / group tokens)
 };
 
 template <int D>
@@ -82,6 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr float kLog2e = 1.4426950408889634f;
   using S = Shape<D>;
   constexpr int kKeys = S::kKeys, kChunks = S::kChunks, kTileElems = S::kTileElems, kParts = D / kPart;
+  constexpr int kRows = S::kRows;
   extern __shared__ unsigned char smem_raw[];
   // Swizzling repeats every 1024 bytes of shared address space; tiles start on it.
   const uint32_t misalign = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) % 1024;
@@ -178,12 +186,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   tma::ClaimRegisters<S::kMathRegisters>();
   const int mw = wg - 1, mtid = tid - 128 * wg, g = lane / 4, t = lane % 4;
-  const int r0 = mw * 64 + mtid / 32 * 16 + g;  // this thread's rows: r0 and r0 + 8
+  const int row0 = S::kRowSplit ? mw * 64 : 0, col0 = S::kRowSplit ? 0 : mw * S::kOutColumns;  // this warpgroup's
+  const int r0 = row0 + mtid / 32 * 16 + g;  // this thread's rows: r0 and r0 + 8
 
-  // This warpgroup's 64 Q rows. Row r is token q0 + r / group, query head kvh * group + r % group.
+  // This warpgroup's 64 Q rows (at D = 512 both warpgroups' rows, each loading half).
+  // Row r is token q0 + r / group, query head kvh * group + r % group.
   const bf16* q_base = a.q + (int64_t(q_start + q0) * a.num_heads + kvh * group) * D;
-  for (int i = mtid; i < 64 * kChunks; i += 128) {
-    const int r = mw * 64 + i / kChunks, c = i % kChunks;
+  constexpr int kQueryChunks = S::kRowSplit ? kChunks : kChunks / 2, kQueryThreads = S::kRowSplit ? 128 : 256;
+  for (int i = mtid; i < 64 * kQueryChunks; i += 128) {
+    const int r = row0 + i / kQueryChunks, c = (S::kRowSplit ? 0 : mw * kQueryChunks) + i % kQueryChunks;
     const bool valid = r < valid_rows;
     const bf16* src = q_base + int64_t(r / group) * a.num_heads * D + (r % group) * D + c * 8;
     CopyAsync16(q_s + Swizzled(kRows, r, c), valid ? src : a.q, valid);
@@ -191,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   CommitAsync();
   WaitAsync<0>();
   wgmma::FenceSharedForAsyncProxy();
-  tma::SyncNamed(kQueryBarrier + mw, 128);
+  tma::SyncNamed(kQueryBarrier + (S::kRowSplit ? mw : 0), kQueryThreads);
 
   auto release = [&](uint64_t* bar) {
     __syncwarp();
@@ -200,15 +211,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Accumulators of a thread (wgmma.cuh's layout): O's rows r0 and r0 + 8 over D columns,
   // S's over the tile's keys.
-  constexpr int kOut = D / 2, kScores = kKeys / 2;
+  constexpr int kOut = S::kOutColumns / 2, kScores = kKeys / 2;
   float o[kOut];
 #pragma unroll
   for (int i = 0; i < kOut; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows r0, r0 + 8 (log2 units)
   float alpha[2] = {1.0f, 1.0f};  // what O must be scaled by before the next P V
   const int pos[2] = {first_pos + r0 / group, first_pos + (r0 + 8) / group};
-  const int wg_pos_lo = first_pos + mw * 64 / group;
-  const int wg_pos_hi = first_pos + (min(mw * 64 + 63, max(valid_rows - 1, 0))) / group;
+  const int wg_pos_lo = first_pos + row0 / group;
+  const int wg_pos_hi = first_pos + (min(row0 + 63, max(valid_rows - 1, 0))) / group;
   const float scale_log2 = a.scale * kLog2e;
   const bool softcap = a.softcap > 0.0f;
   float s[kScores];
@@ -221,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int k = 0; k < D / 16; ++k) {
       const int part = k / 4, col = (k % 4) * 16;
-      wgmma::MmaSharedA(s, wgmma::Descriptor(q_s + part * kRows * kPart + mw * 64 * kPart + col, 16, kGroupBytes),
+      wgmma::MmaSharedA(s, wgmma::Descriptor(q_s + part * kRows * kPart + row0 * kPart + col, 16, kGroupBytes),
                         wgmma::Descriptor(k_tile + part * kKeys * kPart + col, 16, kGroupBytes), k > 0);
     }
     wgmma::Commit();
@@ -237,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       tma::Wait(&full_v[st], (tile / kStages) & 1);
     }
-    const bf16* v_tile = v_s + st * kTileElems;
+    const bf16* v_tile = v_s + st * kTileElems + col0 / kPart * kKeys * kPart;  // this warpgroup's columns
     wgmma::Fence();
 #pragma unroll
     for (int k = 0; k < kKeys / 16; ++k)
@@ -322,9 +333,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int r = r0 + 8 * h;
     if (r >= valid_rows) continue;
     const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-    bf16* out = a.out + (int64_t(q_start + q0 + r / group) * a.num_heads + kvh * group + r % group) * D + 2 * t;
+    bf16* out =
+        a.out + (int64_t(q_start + q0 + r / group) * a.num_heads + kvh * group + r % group) * D + col0 + 2 * t;
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
+    for (int j = 0; j < S::kOutColumns / 8; ++j)
       *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) = __floats2bfloat162_rn(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
   }
 #else
@@ -367,6 +379,7 @@ bool CacheTensorMap(const bf16* cache, int64_t slots, int kv_heads, int head_dim
 template <int D>
 bool Launch(const AttentionArgs& a, cudaStream_t stream) {
   const int group = a.num_heads / a.kv_heads;
+  constexpr int kRows = Shape<D>::kRows;
   if (kRows % group != 0 || a.host_seq_info == nullptr) return false;
   // A tile is whole cache blocks, each a box whose rows keep the swizzle's 8-row period.
   const int bs = a.block_size;
@@ -405,6 +418,7 @@ bool AttentionHopper(const AttentionArgs& a, cudaStream_t stream) {
   switch (a.head_dim) {
     case 128: return Launch<128>(a, stream);
     case 256: return Launch<256>(a, stream);
+    case 512: return Launch<512>(a, stream);
     default: return false;
   }
 }

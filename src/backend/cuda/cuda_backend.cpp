@@ -148,7 +148,7 @@ struct CudaBackend::Impl {
   cublasHandle_t blas = nullptr;  // grouped GEMMs (MoE experts)
   std::shared_ptr<DeviceAllocator> allocator = std::make_shared<DeviceAllocator>();
   std::shared_ptr<void> workspace;
-  // Head dim 128 and 256 attention on warpgroup MMAs (sm_90); HSX_ATTENTION=mma keeps the
+  // Head dim 128, 256 and 512 attention on warpgroup MMAs (sm_90); HSX_ATTENTION=mma keeps the
   // mma.sync kernel, for comparison.
   bool hopper_attention = false;
   bool batch_invariant = false;

@@ -179,8 +179,9 @@ int DecodeAttentionSplits(int num_seqs, int max_q_len, int num_heads, int kv_hea
 // Bytes of f32 workspace for `splits` chunks (0 for one: the kernel writes out directly).
 size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads, int head_dim, int splits);
 // The wgmma kernel (attention_hopper.cu); false, launching nothing, unless head_dim is
-// 128 or 256, the GQA group divides 128, host_seq_info and cache_slots are given and the block
-// size is a multiple of 8 that divides the tile's keys (128; 64 at head dim 256).
+// 128, 256 or 512, the GQA group divides the block's rows (128; 64 at 512), host_seq_info
+// and cache_slots are given and the block size is a multiple of 8 that divides the tile's
+// keys (128; 64 at head dim 256, 32 at 512).
 bool AttentionHopper(const AttentionArgs& args, cudaStream_t stream);
 
 }  // namespace hsx::cuda

@@ -42,6 +42,26 @@ __device__ __forceinline__ void PinRegisters(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+#define HSX_WGMMA_ACCUMULATORS_16 \
+  "{" \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
+  "}"
+#define HSX_WGMMA_OPERANDS_16(d) \
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+
+// D[64x32] (+)= A[64x16] B[16x32]; A and B in shared memory, both K-major.
+__device__ __forceinline__ void MmaSharedA(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " HSX_WGMMA_ACCUMULATORS_16
+               ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+               : HSX_WGMMA_OPERANDS_16(d)
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+
+#undef HSX_WGMMA_ACCUMULATORS_16
+#undef HSX_WGMMA_OPERANDS_16
+
 // Shapes m64nNk16 for N = 64, 128, 256 (bf16 in, f32 accumulators): N / 2 accumulators a
 // thread, overloaded on the accumulator array's size. Their placeholders and operands:
 
