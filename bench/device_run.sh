@@ -3,7 +3,7 @@
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
 # Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|decodeprofile|gemv|fp8|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
-#   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape;
+#   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape and its MFU;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
 #   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
 #   AB_B=HSX_ATTENTION=mma), two runs each, plus one HSX_PROFILE run of each; AB_ARGS
@@ -85,11 +85,13 @@ if [ "$what" = server ]; then
     | tee "$OUT/server.jsonl"
   tail -3 "$OUT/server.err"
 fi
-if [ "$what" = gemma ]; then
+if [ "$what" = gemma ]; then  # with the matmul peak, for its MFU
+  python3 bench/matmul_peak.py > "$OUT/gemma.jsonl"
   timeout 300 .devbin/hsx bench --device cuda --model gemma-4-31b --load-format dummy --num-prompts 64 --median-len 700 \
     --min-len 32 --max-len 4096 --layers 2,30,57,60 --max-num-batched-tokens 16384 --kv-cache-gib 30 \
-    --dir /dev/shm/hsx-gemma 2>"$OUT/gemma.err" || echo "gemma bench exit $?"
+    --dir /dev/shm/hsx-gemma 2>"$OUT/gemma.err" >>"$OUT/gemma.jsonl" || echo "gemma bench exit $?"
   tail -2 "$OUT/gemma.err"
+  cat "$OUT/gemma.jsonl" && python3 bench/report.py "$OUT/gemma.jsonl"
 fi
 if [ "$what" = ab ]; then
   for side in A B; do

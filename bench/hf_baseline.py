@@ -2,7 +2,7 @@
 device run: a Qwen3-8B-shaped model with random bf16 weights, the prompts hsx bench wrote
 (prompts.jsonl), hidden states of the same layers saved one safetensors file per prompt.
 Two ways of driving it: one prompt at a time, and length-sorted padded batches of about
-32k tokens. Also the bf16 matmul peak (8192^3 through torch). Prints JSON lines."""
+32k tokens. Also the bf16 matmul peak (matmul_peak.py). Prints JSON lines."""
 import json
 import os
 import sys
@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from hf_qwen3_8b import random_model
+from matmul_peak import peak_line
 
 prompts_path, out_dir = sys.argv[1], sys.argv[2]
 layers = [int(x) for x in sys.argv[3].split(",")]
@@ -23,22 +24,7 @@ def emit(**kw):
     print(json.dumps(kw), flush=True)
 
 
-def matmul_peak():
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        a @ b
-    end.record()
-    torch.cuda.synchronize()
-    return 10 * 2 * 8192**3 / (start.elapsed_time(end) / 1e3) / 1e12
-
-
-emit(metric="bf16_matmul_peak_tflops", value=matmul_peak(), what="torch 8192^3 bf16, random data")
+print(peak_line(), flush=True)
 
 model = random_model()
 body = model.model  # no LM head: extraction needs none
