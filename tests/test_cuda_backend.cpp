@@ -376,6 +376,11 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
       const Tensor wg = gpu->UploadWeight(w);
       gpu->RmsNorm(gpu->Upload(ToBf16(x)), &wg, 1e-6f, one_plus, y_gpu);
       EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << "rmsnorm d=" << d;
+      // No weight (Gemma's v norm): t x heads rows, not a multiple of a block's rows.
+      y_gpu = Poisoned(*gpu, DType::kBF16, {t, heads, d});
+      cpu.RmsNorm(x, nullptr, 1e-6f, false, y_cpu);
+      gpu->RmsNorm(gpu->Upload(ToBf16(x)), nullptr, 1e-6f, false, y_gpu);
+      EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << "rmsnorm without a weight d=" << d;
       // Fused residual add: both the updated residual and the normed output.
       Tensor branch = RandomHost({t, heads, d}, rng);
       Tensor res_cpu = RandomHost({t, heads, d}, rng);

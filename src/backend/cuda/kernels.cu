@@ -46,6 +46,9 @@ __global__ void EmbedKernel(const bf16* table, const int32_t* ids, int64_t hidde
 __device__ float BlockSum(float v) {
   __shared__ float partial[32];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  // A row of one warp (NormKernel packs several such rows in a block, one per threadIdx.y):
+  // the warp's sum is the row's, the same value the shared-memory path below gives.
+  if (blockDim.x == 32) return v;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // partial may still be read by a previous call
   if (lane == 0) partial[warp] = v;
@@ -58,8 +61,8 @@ __device__ float BlockSum(float v) {
 // Eight bf16 in one 16-byte access.
 struct Vec8 {
   float v[8];
-  __device__ void Load(const bf16* p) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  __device__ void Load(const bf16* p) { Unpack(*reinterpret_cast<const uint4*>(p)); }
+  __device__ void Unpack(const uint4& raw) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
     for (int i = 0; i < 4; ++i) {
       const float2 f = __bfloat1622float2(h[i]);
@@ -123,67 +126,79 @@ __device__ __forceinline__ void WriteNormedRow8(const bf16* xr, const bf16* w, f
   }
 }
 
-// Chunks of 8 a thread keeps in registers in NormKernel's one-pass path: rows up to 16k
-// elements at 512 threads.
-constexpr int kNormRegisterChunks = 4;
-
-// NormKernel for rows that fit the block's registers (dim % 8 == 0): every read in one
-// round trip, where the two-pass path reads x, then after the sum x and w again. The
-// same elements per thread in the same order as RowInverseRms and WriteNormedRow8, so
-// the same bits.
-template <bool kAdd>
+// NormKernel for rows that fit the block's registers (dim % 8 == 0, at most kChunks
+// 8-element chunks a thread): every read in one round trip, where the two-pass path reads
+// x, then after the sum x and w again. The same elements per thread in the same order as
+// RowInverseRms and WriteNormedRow8, so the same bits. kChunks is the row's need, not a
+// fixed maximum: registers sized for 4 chunks held a 512-thread block to one an SM, and
+// hidden-size norms ran at a quarter of HBM bandwidth.
+// The row stays packed bf16 between the passes (4 registers a chunk, not 8).
+template <bool kAdd, int kChunks>
 __device__ __forceinline__ void NormRowInRegisters(bf16* xr, const bf16* branch_row, const bf16* w, int64_t dim,
                                                    float eps, float plus, bf16* yr) {
-  Vec8 a[kNormRegisterChunks], b[kNormRegisterChunks], s[kNormRegisterChunks];
+  uint4 a[kChunks], b[kChunks], s[kChunks];
 #pragma unroll
-  for (int c = 0; c < kNormRegisterChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
     if (i >= dim) continue;
-    a[c].Load(xr + i);
-    if (kAdd) b[c].Load(branch_row + i);
-    if (w != nullptr) s[c].Load(w + i);
+    a[c] = *reinterpret_cast<const uint4*>(xr + i);
+    if (kAdd) b[c] = *reinterpret_cast<const uint4*>(branch_row + i);
+    if (w != nullptr) s[c] = *reinterpret_cast<const uint4*>(w + i);
   }
   float ss = 0.0f;
 #pragma unroll
-  for (int c = 0; c < kNormRegisterChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
     if (i >= dim) continue;
+    Vec8 x;
+    x.Unpack(a[c]);
     if (kAdd) {
-      for (int j = 0; j < 8; ++j) a[c].v[j] = __bfloat162float(__float2bfloat16(a[c].v[j] + b[c].v[j]));
-      a[c].Store(xr + i);
+      Vec8 y;
+      y.Unpack(b[c]);
+      for (int j = 0; j < 8; ++j) x.v[j] += y.v[j];
+      a[c] = x.Pack();  // the bf16-rounded sum, whose squares the norm takes
+      *reinterpret_cast<uint4*>(xr + i) = a[c];
+      x.Unpack(a[c]);
     }
-    for (int j = 0; j < 8; ++j) ss += a[c].v[j] * a[c].v[j];
+    for (int j = 0; j < 8; ++j) ss += x.v[j] * x.v[j];
   }
   const float inv = rsqrtf(BlockSum(ss) / dim + eps);
 #pragma unroll
-  for (int c = 0; c < kNormRegisterChunks; ++c) {
+  for (int c = 0; c < kChunks; ++c) {
     const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
     if (i >= dim) continue;
-    for (int j = 0; j < 8; ++j) a[c].v[j] = a[c].v[j] * inv * (w != nullptr ? s[c].v[j] + plus : 1.0f);
-    a[c].Store(yr + i);
+    Vec8 x, scale;
+    x.Unpack(a[c]);
+    if (w != nullptr) scale.Unpack(s[c]);
+    for (int j = 0; j < 8; ++j) x.v[j] = x.v[j] * inv * (w != nullptr ? scale.v[j] + plus : 1.0f);
+    x.Store(yr + i);
   }
 }
 
-// One block per row: y = x / rms(x) * (w, 1 + w or 1), after RowInverseRms's add.
-template <bool kAdd>
-__global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t dim, float eps, bool one_plus, bf16* y) {
+// y = x / rms(x) * (w, 1 + w or 1), after RowInverseRms's add: a row per blockDim.x
+// threads, blockDim.y rows a block (more than one only for rows of one warp). kChunks:
+// NormRowInRegisters', or 0 for the two-pass path.
+template <bool kAdd, int kChunks>
+__global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps,
+                           bool one_plus, bf16* y) {
   WaitForPriorGrid();      // launched programmatically after the kernel that wrote x or branch
   AllowDependentLaunch();  // a GEMV follows: its weight loads may start (programmatic_launch.cuh)
-  bf16* xr = x + blockIdx.x * dim;
-  bf16* yr = y + blockIdx.x * dim;
-  if (dim % 8 == 0 && dim <= int64_t(kNormRegisterChunks) * 8 * blockDim.x) {
-    NormRowInRegisters<kAdd>(xr, kAdd ? branch + blockIdx.x * dim : nullptr, w, dim, eps, one_plus ? 1.0f : 0.0f,
-                             yr);
-    return;
-  }
-  const float inv = RowInverseRms<kAdd>(xr, kAdd ? branch + blockIdx.x * dim : nullptr, dim, eps);
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (row >= rows) return;  // only in a block of one-warp rows, whose sums need no __syncthreads
+  bf16* xr = x + row * dim;
+  bf16* yr = y + row * dim;
   const float plus = one_plus ? 1.0f : 0.0f;
-  if (dim % 8 == 0) {
-    WriteNormedRow8(xr, w, inv, plus, dim, yr);
+  if constexpr (kChunks > 0) {
+    NormRowInRegisters<kAdd, kChunks>(xr, kAdd ? branch + row * dim : nullptr, w, dim, eps, plus, yr);
   } else {
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-      const float scale = w == nullptr ? 1.0f : ToF(w[i]) + plus;
-      yr[i] = ToB(ToF(xr[i]) * inv * scale);
+    const float inv = RowInverseRms<kAdd>(xr, kAdd ? branch + row * dim : nullptr, dim, eps);
+    if (dim % 8 == 0) {
+      WriteNormedRow8(xr, w, inv, plus, dim, yr);
+    } else {
+      for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float scale = w == nullptr ? 1.0f : ToF(w[i]) + plus;
+        yr[i] = ToB(ToF(xr[i]) * inv * scale);
+      }
     }
   }
 }
@@ -433,18 +448,37 @@ void Embed(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden
 static int NormThreads(int64_t dim) { return dim >= 4096 ? 512 : (dim >= 1024 ? 128 : 32); }
 static bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// NormKernel's grid and block: rows of one warp go 8 to a block. A block of 32 threads
+// per row caps an SM at 1,024 threads (32 blocks), and per-head norms (Gemma's v norm:
+// tokens x KV heads rows of 256) then ran at a quarter of HBM bandwidth.
+template <bool kAdd>
+static void LaunchNorm(bf16* x, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps,
+                       bool one_plus, bf16* y, cudaStream_t stream, bool programmatic) {
+  if (rows <= 0) return;
+  const int threads = NormThreads(dim), rows_per_block = threads == 32 ? 8 : 1;
+  const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block)), block(threads, rows_per_block);
+  const int64_t need = dim % 8 == 0 ? (dim / 8 + threads - 1) / threads : 0;  // chunks of 8 a thread
+  auto launch = [&](auto kernel) {
+    LaunchMaybeProgrammatic(kernel, grid, block, 0, programmatic, stream, x, branch, w, rows, dim, eps, one_plus, y);
+  };
+  if (need == 1) {
+    launch(NormKernel<kAdd, 1>);
+  } else if (need == 2) {
+    launch(NormKernel<kAdd, 2>);
+  } else if (need == 3 || need == 4) {
+    launch(NormKernel<kAdd, 4>);
+  } else {  // rows past 16k elements at 512 threads, or dim % 8 != 0
+    launch(NormKernel<kAdd, 0>);
+  }
+}
 void RmsNorm(const bf16* x, const bf16* w, int64_t rows, int64_t dim, float eps, bool one_plus_weight, bf16* y,
              cudaStream_t stream, bool programmatic) {
-  // x is only read here (NormKernel<false> never writes it).
-  if (rows > 0)
-    LaunchMaybeProgrammatic(NormKernel<false>, dim3(rows), dim3(NormThreads(dim)), 0, programmatic, stream,
-                            const_cast<bf16*>(x), static_cast<const bf16*>(nullptr), w, dim, eps, one_plus_weight, y);
+  // x is only read here (NormKernel<false, ...> never writes it).
+  LaunchNorm<false>(const_cast<bf16*>(x), nullptr, w, rows, dim, eps, one_plus_weight, y, stream, programmatic);
 }
 void AddRmsNorm(bf16* residual, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps,
                 bool one_plus_weight, bf16* y, cudaStream_t stream, bool programmatic) {
-  if (rows > 0)
-    LaunchMaybeProgrammatic(NormKernel<true>, dim3(rows), dim3(NormThreads(dim)), 0, programmatic, stream, residual,
-                            branch, w, dim, eps, one_plus_weight, y);
+  LaunchNorm<true>(residual, branch, w, rows, dim, eps, one_plus_weight, y, stream, programmatic);
 }
 bool DraftLayerInput(const bf16* table, const int32_t* ids, const bf16* hidden, const bf16* embed_w,
                      const bf16* hidden_w, int64_t tokens, int64_t dim, float eps, bool normed_residual, bf16* out,
