@@ -42,6 +42,7 @@ RunnerConfig RunnerConfigFor(const EngineConfig& c) {
   r.block_size = c.block_size;
   r.capture_layers = c.capture_layers;
   r.max_model_len = c.max_model_len;
+  r.max_step_rows = c.scheduler.max_num_batched_tokens;
   r.graphs = c.graphs;
   r.max_graph_batch = c.scheduler.max_num_seqs;
   r.eagle3 = c.eagle3.draft;

@@ -212,7 +212,15 @@ std::unique_ptr<CapturedRows> ModelRunner::StartCaptureCopy(Tensor captured) {
   // the engine still reads the previous step's while this one's copy runs.
   const int64_t flags_at = static_cast<int64_t>((captured.nbytes() + 3) / 4);
   Tensor& buffer = host_buffers_[capture_runs_++ % 2];
-  if (buffer.numel() < flags_at + flag_rows) buffer = backend.HostBuffer(DType::kI32, {flags_at + flag_rows});
+  if (buffer.numel() < flags_at + flag_rows) {  // made once for the largest step (RunnerConfig::max_step_rows)
+    const int64_t rows = std::max<int64_t>(captured.size(1), config_.max_step_rows);
+    const int64_t row_bytes = static_cast<int64_t>(captured.nbytes()) / std::max<int64_t>(1, captured.size(1));
+    const int64_t words = (row_bytes * rows + 3) / 4 + captured.size(0) * rows;
+    buffer = backend.HostBuffer(DType::kI32, {words});
+    // The other buffer too, the first time (not in use yet), so the next step does not pin.
+    Tensor& other = host_buffers_[capture_runs_ % 2];
+    if (!other.defined()) other = backend.HostBuffer(DType::kI32, {words});
+  }
   rows->host_rows_ = Tensor(buffer.raw(), captured.dtype(), captured.shape(), Device::kCPU, nullptr);
   rows->host_flags_ = Tensor(buffer.data<int32_t>() + flags_at, DType::kI32, {flag_rows}, Device::kCPU, nullptr);
   rows->device_rows_ = std::move(captured);

@@ -27,6 +27,10 @@ struct RunnerConfig {
   int block_size = 16;
   std::vector<int> capture_layers;  // ascending unique layer ids; empty: no capture
   int max_model_len = 0;            // the longest sequence: bounds a block table
+  // The scheduler's token budget: the pinned buffers for captured rows are sized for a step
+  // this large when first made (pinning 512 MB takes ~90 ms, which a buffer grown a step at
+  // a time would cost again mid-run).
+  int max_step_rows = 0;
   // Decode steps (every row one token that samples) and verification steps (every
   // sequence K + 1 rows that all verify) replay a graph recorded per (batch-size bucket,
   // rows per sequence), where the backend can record (CUDA) and nothing is captured; so do
