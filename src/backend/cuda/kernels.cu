@@ -132,11 +132,12 @@ __device__ __forceinline__ void WriteNormedRow8(const bf16* xr, const bf16* w, f
 // RowInverseRms and WriteNormedRow8, so the same bits. kChunks is the row's need, not a
 // fixed maximum: registers sized for 4 chunks held a 512-thread block to one an SM, and
 // hidden-size norms ran at a quarter of HBM bandwidth.
-// The row stays packed bf16 between the passes (4 registers a chunk, not 8).
+// The row stays packed bf16 between the passes (4 registers a chunk, not 8): a holds
+// x's chunks (after the add, as written back), s the weight's. Returns 1 / rms.
 template <bool kAdd, int kChunks>
-__device__ __forceinline__ void NormRowInRegisters(bf16* xr, const bf16* branch_row, const bf16* w, int64_t dim,
-                                                   float eps, float plus, bf16* yr) {
-  uint4 a[kChunks], b[kChunks], s[kChunks];
+__device__ __forceinline__ float LoadRowInRegisters(bf16* xr, const bf16* branch_row, const bf16* w, int64_t dim,
+                                                    float eps, uint4 (&a)[kChunks], uint4 (&s)[kChunks]) {
+  uint4 b[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
@@ -162,16 +163,29 @@ __device__ __forceinline__ void NormRowInRegisters(bf16* xr, const bf16* branch_
     }
     for (int j = 0; j < 8; ++j) ss += x.v[j] * x.v[j];
   }
-  const float inv = rsqrtf(BlockSum(ss) / dim + eps);
+  return rsqrtf(BlockSum(ss) / dim + eps);
+}
+
+// Chunk c of the normed row, x * inv * (w, 1 + w or 1), rounded to bf16.
+template <int kChunks>
+__device__ __forceinline__ uint4 NormedChunk(const uint4 (&a)[kChunks], const uint4 (&s)[kChunks], int c,
+                                             bool weighted, float inv, float plus) {
+  Vec8 x, scale;
+  x.Unpack(a[c]);
+  if (weighted) scale.Unpack(s[c]);
+  for (int j = 0; j < 8; ++j) x.v[j] = x.v[j] * inv * (weighted ? scale.v[j] + plus : 1.0f);
+  return x.Pack();
+}
+
+template <bool kAdd, int kChunks>
+__device__ __forceinline__ void NormRowInRegisters(bf16* xr, const bf16* branch_row, const bf16* w, int64_t dim,
+                                                   float eps, float plus, bf16* yr) {
+  uint4 a[kChunks], s[kChunks];
+  const float inv = LoadRowInRegisters<kAdd, kChunks>(xr, branch_row, w, dim, eps, a, s);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
-    if (i >= dim) continue;
-    Vec8 x, scale;
-    x.Unpack(a[c]);
-    if (w != nullptr) scale.Unpack(s[c]);
-    for (int j = 0; j < 8; ++j) x.v[j] = x.v[j] * inv * (w != nullptr ? scale.v[j] + plus : 1.0f);
-    x.Store(yr + i);
+    if (i < dim) *reinterpret_cast<uint4*>(yr + i) = NormedChunk(a, s, c, w != nullptr, inv, plus);
   }
 }
 
@@ -229,20 +243,34 @@ template <bool kAdd, int kChunks>
 __global__ void __launch_bounds__(512) NormFp8Kernel(bf16* x, const bf16* branch, const bf16* w, int64_t dim,
                                                      float eps, bool one_plus, uint8_t* q, float* scales) {
   bf16* xr = x + blockIdx.x * dim;
-  const float inv = RowInverseRms<kAdd>(xr, kAdd ? branch + blockIdx.x * dim : nullptr, dim, eps);
+  const bf16* branch_row = kAdd ? branch + blockIdx.x * dim : nullptr;
   const float plus = one_plus ? 1.0f : 0.0f;
   uint4 y[kChunks];
   float absmax = 0.0f;
+  if constexpr (kChunks <= 4) {  // one pass, as NormKernel's (more chunks would spill)
+    uint4 s[kChunks];
+    const float inv = LoadRowInRegisters<kAdd, kChunks>(xr, branch_row, w, dim, eps, y, s);
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
-    if (i < dim) {
-      Vec8 a, s;
-      a.Load(xr + i);
-      if (w != nullptr) s.Load(w + i);
-      for (int j = 0; j < 8; ++j) a.v[j] = a.v[j] * inv * (w != nullptr ? s.v[j] + plus : 1.0f);
-      y[c] = a.Pack();
-      absmax = fmaxf(absmax, AbsMax8(y[c]));
+    for (int c = 0; c < kChunks; ++c) {
+      const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+      if (i < dim) {
+        y[c] = NormedChunk(y, s, c, w != nullptr, inv, plus);
+        absmax = fmaxf(absmax, AbsMax8(y[c]));
+      }
+    }
+  } else {
+    const float inv = RowInverseRms<kAdd>(xr, branch_row, dim, eps);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+      if (i < dim) {
+        Vec8 a, s;
+        a.Load(xr + i);
+        if (w != nullptr) s.Load(w + i);
+        for (int j = 0; j < 8; ++j) a.v[j] = a.v[j] * inv * (w != nullptr ? s.v[j] + plus : 1.0f);
+        y[c] = a.Pack();
+        absmax = fmaxf(absmax, AbsMax8(y[c]));
+      }
     }
   }
   StoreRowCodes(y, absmax, dim, q + blockIdx.x * dim, scales + blockIdx.x);
@@ -308,8 +336,9 @@ __global__ void GatedActivationKernel(const bf16* gate, const bf16* up, int64_t 
 // per row, the row's bf16 products held in registers (kChunks 8-element chunks per thread;
 // cols and stride multiples of 8), then E4M3 codes q and the row's scale by fp8_rows.cuh's
 // rule, so out never goes to memory in bf16.
+constexpr int kGatedFp8Threads = 512;
 template <int kChunks>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kGatedFp8Threads)
     GatedActivationFp8Kernel(const bf16* gate, const bf16* up, int64_t cols, int64_t stride, int act, uint8_t* q,
                              float* scales) {
   const int64_t in = blockIdx.x * stride;
@@ -527,17 +556,22 @@ bool RmsNormFp8(bf16* x, const bf16* branch, const bf16* w, int64_t rows, int64_
 }
 bool GatedActivationFp8(const bf16* gate, const bf16* up, int64_t rows, int64_t cols, int64_t stride, int act,
                         uint8_t* q, float* scales, cudaStream_t stream) {
-  const int chunks = Fp8Chunks(cols, kThreads);
-  if (cols % 8 != 0 || stride % 8 != 0 || chunks == 0 || !Aligned16(gate) || !Aligned16(up) ||
+  // 512 threads a row, at most 8 chunks a thread (118 registers; 16 would spill under the
+  // launch bound): at 256 threads an MLP row of 12,288 took 8 chunks and two blocks an SM,
+  // and the kernel moved ~1.6 TB/s.
+  const int chunks = Fp8Chunks(cols, kGatedFp8Threads);
+  if (cols % 8 != 0 || stride % 8 != 0 || chunks == 0 || chunks > 8 || !Aligned16(gate) || !Aligned16(up) ||
       reinterpret_cast<uintptr_t>(q) % 8 != 0)
     return false;
   if (rows == 0) return true;
+  auto launch = [&](auto kernel) {
+    kernel<<<rows, kGatedFp8Threads, 0, stream>>>(gate, up, cols, stride, act, q, scales);
+  };
   switch (chunks) {
-    case 1: GatedActivationFp8Kernel<1><<<rows, kThreads, 0, stream>>>(gate, up, cols, stride, act, q, scales); break;
-    case 2: GatedActivationFp8Kernel<2><<<rows, kThreads, 0, stream>>>(gate, up, cols, stride, act, q, scales); break;
-    case 4: GatedActivationFp8Kernel<4><<<rows, kThreads, 0, stream>>>(gate, up, cols, stride, act, q, scales); break;
-    case 8: GatedActivationFp8Kernel<8><<<rows, kThreads, 0, stream>>>(gate, up, cols, stride, act, q, scales); break;
-    default: GatedActivationFp8Kernel<16><<<rows, kThreads, 0, stream>>>(gate, up, cols, stride, act, q, scales);
+    case 1: launch(GatedActivationFp8Kernel<1>); break;
+    case 2: launch(GatedActivationFp8Kernel<2>); break;
+    case 4: launch(GatedActivationFp8Kernel<4>); break;
+    default: launch(GatedActivationFp8Kernel<8>);
   }
   return true;
 }

@@ -108,8 +108,8 @@ void QuantizeRowsFp8(const bf16* x, int64_t rows, int64_t cols, uint8_t* q, floa
 // as QuantizeRowsFp8 would make it of the bf16 output (the same codes and scales, bit for
 // bit), in one pass. RmsNormFp8 is RmsNorm (with a branch: AddRmsNorm, residual x updated)
 // into q [rows, dim]; GatedActivationFp8 is GatedActivation into q [rows, cols]. False,
-// launching nothing, unless the widths are multiples of 8 of at most 16 register chunks a
-// thread (dim <= 65536, cols <= 32768).
+// launching nothing, unless the widths are multiples of 8 that fit the registers
+// (dim <= 65536, cols <= 32768).
 bool RmsNormFp8(bf16* x, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps, bool one_plus_weight,
                 uint8_t* q, float* scales, cudaStream_t stream);
 bool GatedActivationFp8(const bf16* gate, const bf16* up, int64_t rows, int64_t cols, int64_t stride, int act,
