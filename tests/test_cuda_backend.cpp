@@ -362,6 +362,50 @@ TEST(CudaKernelTest, GatedLinearMatchesCpuAndTheUnfusedPath) {
   }
 }
 
+// Decode-sized steps (up to 256 rows) and larger ones run different norm kernels; a row's
+// bits must not depend on which (batch invariance, and prefill against decode). Each
+// kernel is also checked against the CPU reference, on rows of one warp (packed 8 to a
+// block in the larger steps) and of 1-4 register chunks a thread.
+TEST(CudaKernelTest, NormRowsAreTheSameBitsInSmallAndLargeSteps) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  CpuBackend cpu;
+  std::mt19937 rng(5);
+  const int64_t many = 301, few = 37;
+  for (int64_t d : {64, 100, 256, 512, 1000, 4096, 5376, 12288}) {
+    Tensor x = RandomHost({many, d}, rng), branch = RandomHost({many, d}, rng), w = RandomHost({d}, rng, 0.2f);
+    const Tensor wg = gpu->UploadWeight(w);
+    for (bool add : {false, true}) {
+      Tensor x_cpu = cpu.Empty(DType::kF32, {many, d}), y_cpu = cpu.Empty(DType::kF32, {many, d});
+      std::memcpy(x_cpu.raw(), x.raw(), x.nbytes());  // AddRmsNorm updates it; x stays the input
+      if (add) {
+        cpu.AddRmsNorm(x_cpu, branch, &w, 1e-6f, true, y_cpu);
+      } else {
+        cpu.RmsNorm(x_cpu, &w, 1e-6f, true, y_cpu);
+      }
+      Tensor normed[2], residual[2];  // the first `few` rows: [0] of the large step, [1] of the small
+      for (int64_t rows : {many, few}) {
+        Tensor xg = gpu->Upload(ToBf16(x)).Rows(0, rows);
+        Tensor y = Poisoned(*gpu, DType::kBF16, {rows, d});
+        if (add) {
+          gpu->AddRmsNorm(xg, gpu->Upload(ToBf16(branch)).Rows(0, rows), &wg, 1e-6f, true, y);
+          EXPECT_LE(GpuVsCpu(*gpu, xg, x_cpu.Rows(0, rows)), 1e-2) << "residual d=" << d << " rows=" << rows;
+        } else {
+          gpu->RmsNorm(xg, &wg, 1e-6f, true, y);
+        }
+        EXPECT_LE(GpuVsCpu(*gpu, y, y_cpu.Rows(0, rows)), 1e-2) << "d=" << d << " rows=" << rows << " add=" << add;
+        normed[rows == few] = gpu->Download(y.Rows(0, few));
+        residual[rows == few] = gpu->Download(xg.Rows(0, few));
+      }
+      EXPECT_EQ(std::memcmp(normed[0].raw(), normed[1].raw(), normed[0].nbytes()), 0)
+          << "the first " << few << " normed rows differ between a " << many << "-row and a " << few
+          << "-row step: d=" << d << " add=" << add;
+      EXPECT_EQ(std::memcmp(residual[0].raw(), residual[1].raw(), residual[0].nbytes()), 0)
+          << "residual rows differ between the steps: d=" << d << " add=" << add;
+    }
+  }
+}
+
 TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);

@@ -46,9 +46,6 @@ __global__ void EmbedKernel(const bf16* table, const int32_t* ids, int64_t hidde
 __device__ float BlockSum(float v) {
   __shared__ float partial[32];
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-  // A row of one warp (NormKernel packs several such rows in a block, one per threadIdx.y):
-  // the warp's sum is the row's, the same value the shared-memory path below gives.
-  if (blockDim.x == 32) return v;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // partial may still be read by a previous call
   if (lane == 0) partial[warp] = v;
@@ -58,11 +55,22 @@ __device__ float BlockSum(float v) {
   return total;
 }
 
+// The sum over a row's threads (blockDim.x of them): a block's, or a warp's where rows of
+// one warp go several to a block (NormKernel, one row per threadIdx.y). The two agree on
+// a block of one warp (BlockSum's total is 0 + the warp's sum of non-negative squares).
+__device__ float RowSum(float v) {
+  if (blockDim.x != 32) return BlockSum(v);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+}
+
 // Eight bf16 in one 16-byte access.
 struct Vec8 {
   float v[8];
+  // One 16-byte load: Unpack takes its copy, since a reference into global memory read
+  // through __nv_bfloat162 pointers compiles to four 4-byte loads.
   __device__ void Load(const bf16* p) { Unpack(*reinterpret_cast<const uint4*>(p)); }
-  __device__ void Unpack(const uint4& raw) {
+  __device__ void Unpack(uint4 raw) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
     for (int i = 0; i < 4; ++i) {
       const float2 f = __bfloat1622float2(h[i]);
@@ -84,7 +92,7 @@ struct Vec8 {
 // bf16(x + branch), written back to x, and the norm is taken of those rounded values (as a
 // bf16 framework would). Returns 1 / rms. dim % 8 == 0 takes 16-byte accesses; otherwise
 // scalar. Each thread's elements, and so the sums, are the same for every caller.
-template <bool kAdd>
+template <bool kAdd, bool kWarpRows = false>  // kWarpRows: the row's sum is RowSum's, not BlockSum's
 __device__ __forceinline__ float RowInverseRms(bf16* xr, const bf16* branch_row, int64_t dim, float eps) {
   float ss = 0.0f;
   if (dim % 8 == 0) {
@@ -109,7 +117,7 @@ __device__ __forceinline__ float RowInverseRms(bf16* xr, const bf16* branch_row,
       ss += v * v;
     }
   }
-  return rsqrtf(BlockSum(ss) / dim + eps);
+  return rsqrtf((kWarpRows ? RowSum(ss) : BlockSum(ss)) / dim + eps);
 }
 
 // yr = xr * inv * (w, 1 + w or 1) for a row of dim % 8 == 0, the block's threads striding
@@ -163,7 +171,7 @@ __device__ __forceinline__ float LoadRowInRegisters(bf16* xr, const bf16* branch
     }
     for (int j = 0; j < 8; ++j) ss += x.v[j] * x.v[j];
   }
-  return rsqrtf(BlockSum(ss) / dim + eps);
+  return rsqrtf(RowSum(ss) / dim + eps);
 }
 
 // Chunk c of the normed row, x * inv * (w, 1 + w or 1), rounded to bf16.
@@ -189,6 +197,72 @@ __device__ __forceinline__ void NormRowInRegisters(bf16* xr, const bf16* branch_
   }
 }
 
+// Decode-sized steps (LaunchNorm's kFewRows) run the norm as it was before the sized form
+// above (the same PTX): its rows in floats, four chunks a thread whatever the row (92-112
+// registers). The sized form, same bits and the same 16-byte loads, cost batch-1 decode
+// 8.5% (193 against 211 tok/s, Qwen3-8B shape, H200, 2026-12-02, alternating in one call)
+// for a reason not yet established; one guess is that its small footprint lets the blocks
+// of the GEMV launched programmatically after it share its SM.
+constexpr int kFewRowsNormChunks = 4;
+
+template <bool kAdd>
+__device__ __forceinline__ void FewRowsNormInRegisters(bf16* xr, const bf16* branch_row, const bf16* w, int64_t dim,
+                                                       float eps, float plus, bf16* yr) {
+  Vec8 a[kFewRowsNormChunks], b[kFewRowsNormChunks], s[kFewRowsNormChunks];
+#pragma unroll
+  for (int c = 0; c < kFewRowsNormChunks; ++c) {
+    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+    if (i >= dim) continue;
+    a[c].Load(xr + i);
+    if (kAdd) b[c].Load(branch_row + i);
+    if (w != nullptr) s[c].Load(w + i);
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kFewRowsNormChunks; ++c) {
+    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+    if (i >= dim) continue;
+    if (kAdd) {
+      for (int j = 0; j < 8; ++j) a[c].v[j] = __bfloat162float(__float2bfloat16(a[c].v[j] + b[c].v[j]));
+      a[c].Store(xr + i);
+    }
+    for (int j = 0; j < 8; ++j) ss += a[c].v[j] * a[c].v[j];
+  }
+  const float inv = rsqrtf(BlockSum(ss) / dim + eps);
+#pragma unroll
+  for (int c = 0; c < kFewRowsNormChunks; ++c) {
+    const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
+    if (i >= dim) continue;
+    for (int j = 0; j < 8; ++j) a[c].v[j] = a[c].v[j] * inv * (w != nullptr ? s[c].v[j] + plus : 1.0f);
+    a[c].Store(yr + i);
+  }
+}
+
+// One block per row.
+template <bool kAdd>
+__global__ void FewRowsNormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t dim, float eps, bool one_plus,
+                                  bf16* y) {
+  WaitForPriorGrid();      // launched programmatically after the kernel that wrote x or branch
+  AllowDependentLaunch();  // a GEMV follows: its weight loads may start (programmatic_launch.cuh)
+  bf16* xr = x + blockIdx.x * dim;
+  bf16* yr = y + blockIdx.x * dim;
+  if (dim % 8 == 0 && dim <= int64_t(kFewRowsNormChunks) * 8 * blockDim.x) {
+    FewRowsNormInRegisters<kAdd>(xr, kAdd ? branch + blockIdx.x * dim : nullptr, w, dim, eps, one_plus ? 1.0f : 0.0f,
+                                 yr);
+    return;
+  }
+  const float inv = RowInverseRms<kAdd>(xr, kAdd ? branch + blockIdx.x * dim : nullptr, dim, eps);
+  const float plus = one_plus ? 1.0f : 0.0f;
+  if (dim % 8 == 0) {
+    WriteNormedRow8(xr, w, inv, plus, dim, yr);
+  } else {
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+      const float scale = w == nullptr ? 1.0f : ToF(w[i]) + plus;
+      yr[i] = ToB(ToF(xr[i]) * inv * scale);
+    }
+  }
+}
+
 // y = x / rms(x) * (w, 1 + w or 1), after RowInverseRms's add: a row per blockDim.x
 // threads, blockDim.y rows a block (more than one only for rows of one warp). kChunks:
 // NormRowInRegisters', or 0 for the two-pass path.
@@ -205,7 +279,7 @@ __global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t r
   if constexpr (kChunks > 0) {
     NormRowInRegisters<kAdd, kChunks>(xr, kAdd ? branch + row * dim : nullptr, w, dim, eps, plus, yr);
   } else {
-    const float inv = RowInverseRms<kAdd>(xr, kAdd ? branch + row * dim : nullptr, dim, eps);
+    const float inv = RowInverseRms<kAdd, true>(xr, kAdd ? branch + row * dim : nullptr, dim, eps);
     if (dim % 8 == 0) {
       WriteNormedRow8(xr, w, inv, plus, dim, yr);
     } else {
@@ -477,6 +551,9 @@ void Embed(const bf16* table, const int32_t* ids, int64_t tokens, int64_t hidden
 static int NormThreads(int64_t dim) { return dim >= 4096 ? 512 : (dim >= 1024 ? 128 : 32); }
 static bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Steps of at most this many rows (decode and verification steps, graph-replayed up to 256
+// sequences) take FewRowsNormKernel.
+constexpr int64_t kFewRows = 256;
 // NormKernel's grid and block: rows of one warp go 8 to a block. A block of 32 threads
 // per row caps an SM at 1,024 threads (32 blocks), and per-head norms (Gemma's v norm:
 // tokens x KV heads rows of 256) then ran at a quarter of HBM bandwidth.
@@ -484,7 +561,13 @@ template <bool kAdd>
 static void LaunchNorm(bf16* x, const bf16* branch, const bf16* w, int64_t rows, int64_t dim, float eps,
                        bool one_plus, bf16* y, cudaStream_t stream, bool programmatic) {
   if (rows <= 0) return;
-  const int threads = NormThreads(dim), rows_per_block = threads == 32 ? 8 : 1;
+  const int threads = NormThreads(dim);
+  if (rows <= kFewRows) {
+    LaunchMaybeProgrammatic(FewRowsNormKernel<kAdd>, dim3(rows), dim3(threads), 0, programmatic, stream, x, branch, w,
+                            dim, eps, one_plus, y);
+    return;
+  }
+  const int rows_per_block = threads == 32 ? 8 : 1;
   const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block)), block(threads, rows_per_block);
   const int64_t need = dim % 8 == 0 ? (dim / 8 + threads - 1) / threads : 0;  // chunks of 8 a thread
   auto launch = [&](auto kernel) {
