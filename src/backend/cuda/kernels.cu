@@ -134,6 +134,19 @@ __device__ __forceinline__ void WriteNormedRow8(const bf16* xr, const bf16* w, f
   }
 }
 
+// WriteNormedRow8 for any dim: scalar where dim % 8 != 0.
+__device__ __forceinline__ void WriteNormedRow(const bf16* xr, const bf16* w, float inv, float plus, int64_t dim,
+                                               bf16* yr) {
+  if (dim % 8 == 0) {
+    WriteNormedRow8(xr, w, inv, plus, dim, yr);
+    return;
+  }
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float scale = w == nullptr ? 1.0f : ToF(w[i]) + plus;
+    yr[i] = ToB(ToF(xr[i]) * inv * scale);
+  }
+}
+
 // NormKernel for rows that fit the block's registers (dim % 8 == 0, at most kChunks
 // 8-element chunks a thread): every read in one round trip, where the two-pass path reads
 // x, then after the sum x and w again. The same elements per thread in the same order as
@@ -252,15 +265,7 @@ __global__ void FewRowsNormKernel(bf16* x, const bf16* branch, const bf16* w, in
     return;
   }
   const float inv = RowInverseRms<kAdd>(xr, kAdd ? branch + blockIdx.x * dim : nullptr, dim, eps);
-  const float plus = one_plus ? 1.0f : 0.0f;
-  if (dim % 8 == 0) {
-    WriteNormedRow8(xr, w, inv, plus, dim, yr);
-  } else {
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-      const float scale = w == nullptr ? 1.0f : ToF(w[i]) + plus;
-      yr[i] = ToB(ToF(xr[i]) * inv * scale);
-    }
-  }
+  WriteNormedRow(xr, w, inv, one_plus ? 1.0f : 0.0f, dim, yr);
 }
 
 // y = x / rms(x) * (w, 1 + w or 1), after RowInverseRms's add: a row per blockDim.x
@@ -279,15 +284,7 @@ __global__ void NormKernel(bf16* x, const bf16* branch, const bf16* w, int64_t r
   if constexpr (kChunks > 0) {
     NormRowInRegisters<kAdd, kChunks>(xr, kAdd ? branch + row * dim : nullptr, w, dim, eps, plus, yr);
   } else {
-    const float inv = RowInverseRms<kAdd, true>(xr, kAdd ? branch + row * dim : nullptr, dim, eps);
-    if (dim % 8 == 0) {
-      WriteNormedRow8(xr, w, inv, plus, dim, yr);
-    } else {
-      for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float scale = w == nullptr ? 1.0f : ToF(w[i]) + plus;
-        yr[i] = ToB(ToF(xr[i]) * inv * scale);
-      }
-    }
+    WriteNormedRow(xr, w, RowInverseRms<kAdd, true>(xr, kAdd ? branch + row * dim : nullptr, dim, eps), plus, dim, yr);
   }
 }
 
