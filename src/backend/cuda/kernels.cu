@@ -187,13 +187,12 @@ __device__ __forceinline__ float LoadRowInRegisters(bf16* xr, const bf16* branch
   return rsqrtf(RowSum(ss) / dim + eps);
 }
 
-// Chunk c of the normed row, x * inv * (w, 1 + w or 1), rounded to bf16.
-template <int kChunks>
-__device__ __forceinline__ uint4 NormedChunk(const uint4 (&a)[kChunks], const uint4 (&s)[kChunks], int c,
-                                             bool weighted, float inv, float plus) {
+// Eight values of the normed row from their packed x and weight: x * inv * (w, 1 + w or
+// 1), rounded to bf16.
+__device__ __forceinline__ uint4 NormedChunk(uint4 x_raw, uint4 w_raw, bool weighted, float inv, float plus) {
   Vec8 x, scale;
-  x.Unpack(a[c]);
-  if (weighted) scale.Unpack(s[c]);
+  x.Unpack(x_raw);
+  if (weighted) scale.Unpack(w_raw);
   for (int j = 0; j < 8; ++j) x.v[j] = x.v[j] * inv * (weighted ? scale.v[j] + plus : 1.0f);
   return x.Pack();
 }
@@ -206,7 +205,7 @@ __device__ __forceinline__ void NormRowInRegisters(bf16* xr, const bf16* branch_
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
-    if (i < dim) *reinterpret_cast<uint4*>(yr + i) = NormedChunk(a, s, c, w != nullptr, inv, plus);
+    if (i < dim) *reinterpret_cast<uint4*>(yr + i) = NormedChunk(a[c], s[c], w != nullptr, inv, plus);
   }
 }
 
@@ -325,7 +324,7 @@ __global__ void __launch_bounds__(512) NormFp8Kernel(bf16* x, const bf16* branch
     for (int c = 0; c < kChunks; ++c) {
       const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
       if (i < dim) {
-        y[c] = NormedChunk(y, s, c, w != nullptr, inv, plus);
+        y[c] = NormedChunk(y[c], s[c], w != nullptr, inv, plus);
         absmax = fmaxf(absmax, AbsMax8(y[c]));
       }
     }
@@ -335,11 +334,9 @@ __global__ void __launch_bounds__(512) NormFp8Kernel(bf16* x, const bf16* branch
     for (int c = 0; c < kChunks; ++c) {
       const int64_t i = (threadIdx.x + int64_t(c) * blockDim.x) * 8;
       if (i < dim) {
-        Vec8 a, s;
-        a.Load(xr + i);
-        if (w != nullptr) s.Load(w + i);
-        for (int j = 0; j < 8; ++j) a.v[j] = a.v[j] * inv * (w != nullptr ? s.v[j] + plus : 1.0f);
-        y[c] = a.Pack();
+        const uint4 x_raw = *reinterpret_cast<const uint4*>(xr + i);
+        const uint4 w_raw = w != nullptr ? *reinterpret_cast<const uint4*>(w + i) : uint4{};
+        y[c] = NormedChunk(x_raw, w_raw, w != nullptr, inv, plus);
         absmax = fmaxf(absmax, AbsMax8(y[c]));
       }
     }
