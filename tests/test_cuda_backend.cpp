@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -1023,6 +1024,23 @@ TEST(CudaKernelTest, DecodeAttentionAgreesWithPrefillKernels) {
   }
 }
 
+// The split plan (host only): chunks fill two blocks per SM; a cluster merges them only
+// while its blocks stay at most one per SM, and never past its size (16; 8 at head dim 512).
+TEST(CudaKernelTest, DecodeSplitPlanMergesInClustersOnlyWhereMeasuredFaster) {
+  const auto plan = [](int seqs, int q_len, int heads, int kv_heads, int d, bool allow) {
+    const cuda::DecodeSplits p = cuda::PlanDecodeSplits(seqs, q_len, heads, kv_heads, d, 132, allow);
+    return std::make_pair(p.count, p.cluster_merge);
+  };
+  EXPECT_EQ(plan(1, 1, 32, 8, 128, true), std::make_pair(16, true));   // Qwen3-8B, batch 1: 128 blocks
+  EXPECT_EQ(plan(1, 4, 32, 8, 128, true), std::make_pair(16, true));   // its verification of 3 drafts
+  EXPECT_EQ(plan(1, 1, 32, 8, 128, false), std::make_pair(33, false)); // HSX_DECODE_CLUSTER=0
+  EXPECT_EQ(plan(4, 1, 32, 8, 128, true), std::make_pair(8, false));   // 256 blocks: the merge kernel
+  EXPECT_EQ(plan(1, 1, 32, 8, 512, true), std::make_pair(8, true));    // clusters of 8 at head dim 512
+  EXPECT_EQ(plan(1, 1, 16, 16, 128, true), std::make_pair(16, false)); // 16 KV heads: 256 blocks
+  EXPECT_EQ(plan(32, 1, 32, 8, 128, true), std::make_pair(1, false));  // batch 32: one chunk, no merge
+  EXPECT_EQ(plan(0, 1, 32, 8, 128, true), std::make_pair(1, false));
+}
+
 // Graph-safe: a decode step captured in a CUDA graph with one set of contexts and
 // replayed after the device's seq_info changed (longer, shorter, padding) gives the
 // attention of the new contexts, so no launch parameter came from per-sequence data.
@@ -1045,63 +1063,74 @@ TEST(CudaKernelTest, DecodeAttentionReplaysInCudaGraphWithNewContexts) {
   Tensor out = Poisoned(*gpu, DType::kBF16, step.q.shape());
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  cuda::AttentionArgs a{};
-  a.q = static_cast<const cuda::bf16*>(q.raw());
-  a.k_cache = static_cast<const cuda::bf16*>(kc.raw());
-  a.v_cache = static_cast<const cuda::bf16*>(vc.raw());
-  a.out = static_cast<cuda::bf16*>(out.raw());
-  a.seq_info = batch.seq_info.data<int32_t>();
-  a.block_tables = batch.block_tables.data<int32_t>();
-  a.num_seqs = static_cast<int>(full.size());
-  a.max_q_len = 1;
-  a.num_heads = static_cast<int>(heads);
-  a.kv_heads = static_cast<int>(kv_heads);
-  a.head_dim = static_cast<int>(d);
-  a.block_size = kBlock;
-  a.scale = params.scale;
-  a.decode_splits = cuda::DecodeAttentionSplits(a.num_seqs, 1, a.num_heads, a.kv_heads, sms);
-  ASSERT_GT(a.decode_splits, 1);
-  const Tensor workspace = gpu->Empty(
-      DType::kF32, {static_cast<int64_t>(cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, 1, a.num_heads, a.head_dim,
-                                                                             a.decode_splits) / sizeof(float))});
-  a.decode_workspace = workspace.data<float>();
-  gpu->Synchronize();  // uploads done before another stream reads them
+  // Both merges of the chunks, in a cluster and by the merge kernel, with a cluster's
+  // most chunks (a size only Hopper allows), so that their outputs must be the same bits.
+  const int splits = cuda::PlanDecodeSplits(1, 1, 32, 8, static_cast<int>(d), 132, true).count;
+  ASSERT_EQ(splits, 16);
+  std::map<bool, std::vector<uint16_t>> longer_bits;
+  for (const bool cluster_merge : {true, false}) {
+    cuda::AttentionArgs a{};
+    a.q = static_cast<const cuda::bf16*>(q.raw());
+    a.k_cache = static_cast<const cuda::bf16*>(kc.raw());
+    a.v_cache = static_cast<const cuda::bf16*>(vc.raw());
+    a.out = static_cast<cuda::bf16*>(out.raw());
+    a.seq_info = batch.seq_info.data<int32_t>();
+    a.block_tables = batch.block_tables.data<int32_t>();
+    a.num_seqs = static_cast<int>(full.size());
+    a.max_q_len = 1;
+    a.num_heads = static_cast<int>(heads);
+    a.kv_heads = static_cast<int>(kv_heads);
+    a.head_dim = static_cast<int>(d);
+    a.block_size = kBlock;
+    a.scale = params.scale;
+    a.decode_cluster_merge = cluster_merge;
+    a.decode_splits = splits;
+    const size_t workspace_bytes = cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, 1, a.num_heads, a.head_dim,
+                                                                       a.decode_splits, cluster_merge);
+    ASSERT_EQ(workspace_bytes == 0, cluster_merge);
+    const Tensor workspace = gpu->Empty(DType::kF32, {static_cast<int64_t>(workspace_bytes / sizeof(float)) + 1});
+    a.decode_workspace = cluster_merge ? nullptr : workspace.data<float>();
+    gpu->Synchronize();  // uploads done before another stream reads them
 
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_TRUE(cuda::Attention(a, stream));  // first use (kernel attributes) outside the capture, as a warm-up
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  ASSERT_TRUE(cuda::Attention(a, stream));
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-
-  auto replay_with = [&](const DecodeStep& now, const std::string& what) {
-    std::vector<int32_t> info;
-    for (size_t i = 0; i < now.seqs.size(); ++i)
-      info.insert(info.end(), {now.seqs[i].q_start, 1, now.seqs[i].ctx_len, batch.seq_info_host[i * 4 + 3]});
-    ASSERT_EQ(cudaMemcpyAsync(batch.seq_info.data<int32_t>(), info.data(), info.size() * sizeof(int32_t),
-                              cudaMemcpyHostToDevice, stream),
-              cudaSuccess);
-    ASSERT_EQ(cudaMemsetAsync(out.raw(), 0xff, out.nbytes(), stream), cudaSuccess);  // poison again
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_TRUE(cuda::Attention(a, stream));  // first use (kernel attributes) outside the capture, as a warm-up
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    EXPECT_LE(WorstHeadError(test::AsFloats(gpu->Download(out)), test::AsFloats(CpuDecodeReference(now, params)), d),
-              2e-2)
-        << what;
-    ExpectPaddingRowsZero(*gpu, now, out, what);
-  };
-  replay_with(captured, "as captured");
-  replay_with(step, "longer contexts");
-  DecodeStep padded = step;
-  padded.seqs[1].ctx_len = 0;
-  padded.seqs[3].ctx_len = 0;
-  replay_with(padded, "padding rows");
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    ASSERT_TRUE(cuda::Attention(a, stream));
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+    auto replay_with = [&](const DecodeStep& now, const std::string& what) {
+      std::vector<int32_t> info;
+      for (size_t i = 0; i < now.seqs.size(); ++i)
+        info.insert(info.end(), {now.seqs[i].q_start, 1, now.seqs[i].ctx_len, batch.seq_info_host[i * 4 + 3]});
+      ASSERT_EQ(cudaMemcpyAsync(batch.seq_info.data<int32_t>(), info.data(), info.size() * sizeof(int32_t),
+                                cudaMemcpyHostToDevice, stream),
+                cudaSuccess);
+      ASSERT_EQ(cudaMemsetAsync(out.raw(), 0xff, out.nbytes(), stream), cudaSuccess);  // poison again
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_LE(WorstHeadError(test::AsFloats(gpu->Download(out)), test::AsFloats(CpuDecodeReference(now, params)), d),
+                2e-2)
+          << what << (cluster_merge ? " (merged in a cluster)" : " (merge kernel)");
+      ExpectPaddingRowsZero(*gpu, now, out, what);
+    };
+    replay_with(captured, "as captured");
+    replay_with(step, "longer contexts");
+    const Tensor longer = gpu->Download(out);
+    longer_bits[cluster_merge].assign(longer.data<uint16_t>(), longer.data<uint16_t>() + longer.numel());
+    DecodeStep padded = step;
+    padded.seqs[1].ctx_len = 0;
+    padded.seqs[3].ctx_len = 0;
+    replay_with(padded, "padding rows");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+  EXPECT_EQ(longer_bits[true], longer_bits[false]);
 }
 
 // --quantization fp8: the device quantizes weights to the CPU reference's codes and

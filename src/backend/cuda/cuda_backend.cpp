@@ -155,6 +155,9 @@ struct CudaBackend::Impl {
   // Decode steps (one query per sequence) on the split-KV kernel; HSX_DECODE_ATTENTION=0
   // keeps the kernels above, for comparison. Off in batch-invariant mode.
   bool decode_attention = false;
+  // Its chunks merged by their own blocks as a cluster where PlanDecodeSplits finds that
+  // faster (attention_decode.cu); HSX_DECODE_CLUSTER=0: always by a second kernel.
+  bool decode_cluster_merge = EnvOn("HSX_DECODE_CLUSTER");
   // Decode-sized Linear calls (m <= kGemvMaxRows) on hsx's weight-streaming kernel
   // (gemv.cu); HSX_GEMV=0 keeps cuBLASLt, for comparison. Off in batch-invariant mode,
   // which keeps one cuBLASLt algorithm per weight shape for every m.
@@ -922,9 +925,12 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.programmatic = impl_->programmatic;
   Tensor workspace;  // freed after the launch: the allocator reuses memory in stream order
   if (impl_->decode_attention && a.max_q_len <= impl_->decode_attention_rows) {
-    a.decode_splits = cuda::DecodeAttentionSplits(a.num_seqs, a.max_q_len, a.num_heads, a.kv_heads, impl_->sm_count);
-    const size_t bytes =
-        cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, a.max_q_len, a.num_heads, a.head_dim, a.decode_splits);
+    const cuda::DecodeSplits splits = cuda::PlanDecodeSplits(a.num_seqs, a.max_q_len, a.num_heads, a.kv_heads,
+                                                             a.head_dim, impl_->sm_count, impl_->decode_cluster_merge);
+    a.decode_splits = splits.count;
+    a.decode_cluster_merge = splits.cluster_merge;
+    const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, a.max_q_len, a.num_heads, a.head_dim,
+                                                             a.decode_splits, a.decode_cluster_merge);
     if (bytes > 0) {
       workspace = Empty(DType::kF32, {static_cast<int64_t>(bytes / sizeof(float))});
       a.decode_workspace = workspace.data<float>();

@@ -162,22 +162,35 @@ struct AttentionArgs {
   // the chunks' partial results. Launch shapes never depend on per-sequence data.
   int decode_splits = 0;
   float* decode_workspace = nullptr;
+  // A context's chunks are one cluster that merges them in distributed shared memory (no
+  // workspace, no merge kernel); decode_splits then at most 16 (8 at head dim 512).
+  bool decode_cluster_merge = false;
   // The split-KV kernels launch to overlap the kernel before (programmatic_launch.cuh).
   bool programmatic = false;
 };
-// False if head_dim is not one of 16, 32, 64, 128, 256, 512 (or decode_splits is past 64).
+// False if head_dim is not one of 16, 32, 64, 128, 256, 512 (or decode_splits is past its
+// bound).
 bool Attention(const AttentionArgs& args, cudaStream_t stream);
 // Queries per sequence the split-KV kernels take: a decode step's one, or a speculative
 // verification's last token and drafts (more run on the prefill kernels).
 constexpr int kDecodeMaxQueryRows = 8;
 // The split-KV decode kernels; false, launching nothing, unless head_dim is supported,
-// max_q_len <= kDecodeMaxQueryRows and decode_splits in [1, 64].
+// max_q_len <= kDecodeMaxQueryRows and decode_splits in [1, 64] ([1, 16] or [1, 8] with
+// decode_cluster_merge).
 bool AttentionDecode(const AttentionArgs& args, cudaStream_t stream);
 // Chunks per context: as many as keep num_seqs sequences' blocks (of up to max_q_len
-// queries) within two per SM, at least 1 and at most 64.
-int DecodeAttentionSplits(int num_seqs, int max_q_len, int num_heads, int kv_heads, int sm_count);
-// Bytes of f32 workspace for `splits` chunks (0 for one: the kernel writes out directly).
-size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads, int head_dim, int splits);
+// queries) within two per SM, at least 1 and at most 64; merged in clusters (at most 16
+// chunks, 8 at head dim 512) if allowed and their blocks are at most one per SM.
+struct DecodeSplits {
+  int count;
+  bool cluster_merge;
+};
+DecodeSplits PlanDecodeSplits(int num_seqs, int max_q_len, int num_heads, int kv_heads, int head_dim, int sm_count,
+                              bool allow_cluster_merge);
+// Bytes of f32 workspace for `splits` chunks (0 for one, whose kernel writes out directly,
+// and with cluster_merge).
+size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads, int head_dim, int splits,
+                                     bool cluster_merge);
 // The wgmma kernel (attention_hopper.cu); false, launching nothing, unless head_dim is
 // 128, 256 or 512, the GQA group divides the block's rows (128; 64 at 512), host_seq_info
 // and cache_slots are given and the block size is a multiple of 8 that divides the tile's
