@@ -1025,20 +1025,31 @@ TEST(CudaKernelTest, DecodeAttentionAgreesWithPrefillKernels) {
 }
 
 // The split plan (host only): chunks fill two blocks per SM; a cluster merges them only
-// while its blocks stay at most one per SM, and never past its size (16; 8 at head dim 512).
+// while its blocks stay at most one per SM and the device holds every cluster at once, and
+// never past its size (16; 8 at head dim 512).
 TEST(CudaKernelTest, DecodeSplitPlanMergesInClustersOnlyWhereMeasuredFaster) {
-  const auto plan = [](int seqs, int q_len, int heads, int kv_heads, int d, bool allow) {
-    const cuda::DecodeSplits p = cuda::PlanDecodeSplits(seqs, q_len, heads, kv_heads, d, 132, allow);
+  const auto plan = [](int seqs, int q_len, int heads, int kv_heads, int d, int capacity) {
+    const cuda::DecodeSplits p = cuda::PlanDecodeSplits(seqs, q_len, heads, kv_heads, d, 132, capacity);
     return std::make_pair(p.count, p.cluster_merge);
   };
-  EXPECT_EQ(plan(1, 1, 32, 8, 128, true), std::make_pair(16, true));   // Qwen3-8B, batch 1: 128 blocks
-  EXPECT_EQ(plan(1, 4, 32, 8, 128, true), std::make_pair(16, true));   // its verification of 3 drafts
-  EXPECT_EQ(plan(1, 1, 32, 8, 128, false), std::make_pair(33, false)); // HSX_DECODE_CLUSTER=0
-  EXPECT_EQ(plan(4, 1, 32, 8, 128, true), std::make_pair(8, false));   // 256 blocks: the merge kernel
-  EXPECT_EQ(plan(1, 1, 32, 8, 512, true), std::make_pair(8, true));    // clusters of 8 at head dim 512
-  EXPECT_EQ(plan(1, 1, 16, 16, 128, true), std::make_pair(16, false)); // 16 KV heads: 256 blocks
-  EXPECT_EQ(plan(32, 1, 32, 8, 128, true), std::make_pair(1, false));  // batch 32: one chunk, no merge
-  EXPECT_EQ(plan(0, 1, 32, 8, 128, true), std::make_pair(1, false));
+  EXPECT_EQ(plan(1, 1, 32, 8, 128, 16), std::make_pair(16, true));   // Qwen3-8B, batch 1: 128 blocks
+  EXPECT_EQ(plan(1, 4, 32, 8, 128, 16), std::make_pair(16, true));   // its verification of 3 drafts
+  EXPECT_EQ(plan(1, 1, 32, 8, 128, 0), std::make_pair(33, false));   // no clusters (HSX_DECODE_CLUSTER=0)
+  EXPECT_EQ(plan(1, 1, 32, 8, 128, 7), std::make_pair(33, false));   // 8 clusters, 7 fit at once
+  EXPECT_EQ(plan(4, 1, 32, 8, 128, 64), std::make_pair(8, false));   // 256 blocks: the merge kernel
+  EXPECT_EQ(plan(1, 1, 32, 8, 512, 16), std::make_pair(8, true));    // clusters of 8 at head dim 512
+  EXPECT_EQ(plan(1, 1, 16, 16, 128, 16), std::make_pair(16, false)); // 16 KV heads: 256 blocks
+  EXPECT_EQ(plan(32, 1, 32, 8, 128, 16), std::make_pair(1, false));  // batch 32: one chunk, no merge
+  EXPECT_EQ(plan(0, 1, 32, 8, 128, 16), std::make_pair(1, false));
+}
+
+// The device holds batch 1's clusters of every head dim at once (8 KV heads' worth).
+TEST(CudaKernelTest, DecodeClustersFitTheDevice) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  for (int d : {16, 32, 64, 128, 256, 512}) EXPECT_GE(cuda::DecodeClusterCapacity(d), 8) << "head dim " << d;
+  EXPECT_EQ(cuda::DecodeClusterCapacity(96), 0);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 // Graph-safe: a decode step captured in a CUDA graph with one set of contexts and
@@ -1065,7 +1076,7 @@ TEST(CudaKernelTest, DecodeAttentionReplaysInCudaGraphWithNewContexts) {
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   // Both merges of the chunks, in a cluster and by the merge kernel, with a cluster's
   // most chunks (a size only Hopper allows), so that their outputs must be the same bits.
-  const int splits = cuda::PlanDecodeSplits(1, 1, 32, 8, static_cast<int>(d), 132, true).count;
+  const int splits = cuda::PlanDecodeSplits(1, 1, 32, 8, static_cast<int>(d), 132, 16).count;
   ASSERT_EQ(splits, 16);
   std::map<bool, std::vector<uint16_t>> longer_bits;
   for (const bool cluster_merge : {true, false}) {

@@ -436,6 +436,42 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(AttentionArgs a
   }
 }
 
+// DecodeKernel<D, true>'s launch configuration for clusters of `splits` blocks (its
+// attributes set on the current device first).
+template <int D>
+struct ClusterLaunch {
+  cudaLaunchAttribute attributes[2];
+  cudaLaunchConfig_t config = {};
+  ClusterLaunch(dim3 grid, int splits, bool programmatic, cudaStream_t stream) {
+    AllowDynamicSharedMemory<DecodeKernel<D, true>>(SharedBytes<D>());
+    SetKernelAttributeOncePerDevice<DecodeKernel<D, true>, cudaFuncAttributeNonPortableClusterSizeAllowed>(1);
+    attributes[0].id = cudaLaunchAttributeClusterDimension;
+    attributes[0].val.clusterDim.x = splits;
+    attributes[0].val.clusterDim.y = 1;
+    attributes[0].val.clusterDim.z = 1;
+    attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[1].val.programmaticStreamSerializationAllowed = 1;
+    config.gridDim = grid;
+    config.blockDim = dim3(32 * Warps<D>());
+    config.dynamicSmemBytes = SharedBytes<D>();
+    config.stream = stream;
+    config.attrs = attributes;
+    config.numAttrs = programmatic ? 2 : 1;
+  }
+};
+
+template <int D>
+int ClusterCapacity() {
+  constexpr int kSize = MaxClusterSplits(D);
+  ClusterLaunch<D> launch(dim3(kSize), kSize, false, nullptr);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, DecodeKernel<D, true>, &launch.config) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the device cannot hold such a cluster
+    return 0;
+  }
+  return clusters;
+}
+
 template <int D>
 void Launch(const AttentionArgs& a, cudaStream_t stream) {
   constexpr size_t kSmem = SharedBytes<D>();
@@ -443,24 +479,8 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
   const dim3 grid(a.decode_splits, a.kv_heads * RowTiles(a.max_q_len, group), a.num_seqs);
   const dim3 block(32 * Warps<D>());
   if (a.decode_cluster_merge && a.decode_splits > 1) {
-    constexpr auto kernel = DecodeKernel<D, true>;
-    AllowDynamicSharedMemory<kernel>(kSmem);
-    SetKernelAttributeOncePerDevice<kernel, cudaFuncAttributeNonPortableClusterSizeAllowed>(1);
-    cudaLaunchAttribute attributes[2];
-    attributes[0].id = cudaLaunchAttributeClusterDimension;
-    attributes[0].val.clusterDim.x = a.decode_splits;
-    attributes[0].val.clusterDim.y = 1;
-    attributes[0].val.clusterDim.z = 1;
-    attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = block;
-    config.dynamicSmemBytes = kSmem;
-    config.stream = stream;
-    config.attrs = attributes;
-    config.numAttrs = a.programmatic ? 2 : 1;
-    cudaLaunchKernelEx(&config, kernel, a);
+    ClusterLaunch<D> launch(grid, a.decode_splits, a.programmatic, stream);
+    cudaLaunchKernelEx(&launch.config, DecodeKernel<D, true>, a);
     return;
   }
   AllowDynamicSharedMemory<DecodeKernel<D, false>>(kSmem);
@@ -472,8 +492,20 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+int DecodeClusterCapacity(int head_dim) {
+  switch (head_dim) {
+    case 16: return ClusterCapacity<16>();
+    case 32: return ClusterCapacity<32>();
+    case 64: return ClusterCapacity<64>();
+    case 128: return ClusterCapacity<128>();
+    case 256: return ClusterCapacity<256>();
+    case 512: return ClusterCapacity<512>();
+    default: return 0;
+  }
+}
+
 DecodeSplits PlanDecodeSplits(int num_seqs, int max_q_len, int num_heads, int kv_heads, int head_dim, int sm_count,
-                              bool allow_cluster_merge) {
+                              int cluster_capacity) {
   // As many chunks as keep the blocks within one wave of two per SM (DecodeKernel<128>'s
   // shared memory allows two): rounding up put batch 32's 256 blocks of Qwen3-8B into 512,
   // two waves and a merge where one wave needs none. More only cut chunks shorter.
@@ -484,8 +516,10 @@ DecodeSplits PlanDecodeSplits(int num_seqs, int max_q_len, int num_heads, int kv
   // shape (nvidia-h200, one call, two rounds): batch 1, 8 clusters of 16, decoded 215.1 /
   // 214.5 tok/s against 210.6 / 211.6 with the merge kernel; batch 4, 32 clusters of 8
   // (256 blocks), 788 / 791 against 816 / 821, so more blocks keep the merge kernel.
+  // And only if the device holds every cluster at once.
   const int cluster_splits = std::min(splits, MaxClusterSplits(head_dim));
-  if (allow_cluster_merge && cluster_splits > 1 && blocks * cluster_splits <= sm_count) return {cluster_splits, true};
+  if (cluster_splits > 1 && blocks * cluster_splits <= sm_count && blocks <= cluster_capacity)
+    return {cluster_splits, true};
   return {splits, false};
 }
 

@@ -158,6 +158,7 @@ struct CudaBackend::Impl {
   // Its chunks merged by their own blocks as a cluster where PlanDecodeSplits finds that
   // faster (attention_decode.cu); HSX_DECODE_CLUSTER=0: always by a second kernel.
   bool decode_cluster_merge = EnvOn("HSX_DECODE_CLUSTER");
+  std::map<int, int> decode_cluster_capacity;  // per head dim, DecodeClusterCapacity's
   // Decode-sized Linear calls (m <= kGemvMaxRows) on hsx's weight-streaming kernel
   // (gemv.cu); HSX_GEMV=0 keeps cuBLASLt, for comparison. Off in batch-invariant mode,
   // which keeps one cuBLASLt algorithm per weight shape for every m.
@@ -925,8 +926,14 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.programmatic = impl_->programmatic;
   Tensor workspace;  // freed after the launch: the allocator reuses memory in stream order
   if (impl_->decode_attention && a.max_q_len <= impl_->decode_attention_rows) {
+    int capacity = 0;
+    if (impl_->decode_cluster_merge) {
+      auto [it, added] = impl_->decode_cluster_capacity.try_emplace(a.head_dim, 0);
+      if (added) it->second = cuda::DecodeClusterCapacity(a.head_dim);
+      capacity = it->second;
+    }
     const cuda::DecodeSplits splits = cuda::PlanDecodeSplits(a.num_seqs, a.max_q_len, a.num_heads, a.kv_heads,
-                                                             a.head_dim, impl_->sm_count, impl_->decode_cluster_merge);
+                                                             a.head_dim, impl_->sm_count, capacity);
     a.decode_splits = splits.count;
     a.decode_cluster_merge = splits.cluster_merge;
     const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, a.max_q_len, a.num_heads, a.head_dim,

@@ -180,13 +180,17 @@ constexpr int kDecodeMaxQueryRows = 8;
 bool AttentionDecode(const AttentionArgs& args, cudaStream_t stream);
 // Chunks per context: as many as keep num_seqs sequences' blocks (of up to max_q_len
 // queries) within two per SM, at least 1 and at most 64; merged in clusters (at most 16
-// chunks, 8 at head dim 512) if allowed and their blocks are at most one per SM.
+// chunks, 8 at head dim 512) where their blocks are at most one per SM and the device holds
+// all the clusters at once: cluster_capacity is DecodeClusterCapacity's (0: no clusters).
 struct DecodeSplits {
   int count;
   bool cluster_merge;
 };
 DecodeSplits PlanDecodeSplits(int num_seqs, int max_q_len, int num_heads, int kv_heads, int head_dim, int sm_count,
-                              bool allow_cluster_merge);
+                              int cluster_capacity);
+// Clusters of a head dim's largest chunk count the current device can run at once (0 if
+// none, or the head dim is unsupported). Asks the driver: callers keep the answer.
+int DecodeClusterCapacity(int head_dim);
 // Bytes of f32 workspace for `splits` chunks (0 for one, whose kernel writes out directly,
 // and with cluster_merge).
 size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads, int head_dim, int splits,
