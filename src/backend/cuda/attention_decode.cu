@@ -23,6 +23,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/dynamic_shared_memory.cuh"
@@ -490,18 +491,27 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
                             a.programmatic, stream, a);
 }
 
+// Calls f(std::integral_constant<int, D>) for the supported head dim D = head_dim; false
+// (no call) for any other.
+template <typename F>
+bool WithHeadDim(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 16: f(std::integral_constant<int, 16>{}); return true;
+    case 32: f(std::integral_constant<int, 32>{}); return true;
+    case 64: f(std::integral_constant<int, 64>{}); return true;
+    case 128: f(std::integral_constant<int, 128>{}); return true;
+    case 256: f(std::integral_constant<int, 256>{}); return true;
+    case 512: f(std::integral_constant<int, 512>{}); return true;
+    default: return false;
+  }
+}
+
 }  // namespace
 
 int DecodeClusterCapacity(int head_dim) {
-  switch (head_dim) {
-    case 16: return ClusterCapacity<16>();
-    case 32: return ClusterCapacity<32>();
-    case 64: return ClusterCapacity<64>();
-    case 128: return ClusterCapacity<128>();
-    case 256: return ClusterCapacity<256>();
-    case 512: return ClusterCapacity<512>();
-    default: return 0;
-  }
+  int clusters = 0;
+  WithHeadDim(head_dim, [&](auto d) { clusters = ClusterCapacity<d()>(); });
+  return clusters;
 }
 
 DecodeSplits PlanDecodeSplits(int num_seqs, int max_q_len, int num_heads, int kv_heads, int head_dim, int sm_count,
@@ -532,15 +542,7 @@ size_t DecodeAttentionWorkspaceBytes(int num_seqs, int max_q_len, int num_heads,
 bool AttentionDecode(const AttentionArgs& a, cudaStream_t stream) {
   const int most = a.decode_cluster_merge ? MaxClusterSplits(a.head_dim) : kMaxSplits;
   if (a.decode_splits < 1 || a.decode_splits > most || a.max_q_len > kDecodeMaxQueryRows) return false;
-  switch (a.head_dim) {
-    case 16: Launch<16>(a, stream); return true;
-    case 32: Launch<32>(a, stream); return true;
-    case 64: Launch<64>(a, stream); return true;
-    case 128: Launch<128>(a, stream); return true;
-    case 256: Launch<256>(a, stream); return true;
-    case 512: Launch<512>(a, stream); return true;
-    default: return false;
-  }
+  return WithHeadDim(a.head_dim, [&](auto d) { Launch<d()>(a, stream); });
 }
 
 }  // namespace hsx::cuda
