@@ -1024,9 +1024,163 @@ TEST(CudaKernelTest, DecodeAttentionAgreesWithPrefillKernels) {
   }
 }
 
+// Decode and verification steps through QkvAttention: the split-KV kernel making its own
+// inputs from the fused q/k/v rows gives the bits of NormRopeStoreKV then Attention
+// (HSX_FUSE_ATTENTION_INPUTS=0), in the output and both caches, and matches the CPU.
+// Head dims 16-512, GQA groups 1-8, each set of head norms, values that are the keys,
+// partial RoPE, windows, softcap; 1-8 queries a sequence, so the step's keys land in tiles
+// fetched before the kernel's wait and in later ones, and across a chunk boundary; one
+// chunk and up to 16 (merged in a cluster or by the merge kernel); a padding sequence, and
+// verification rows padded at their front as a recorded step pads them (slot -1: their
+// keys are the cache's). The step's slots start as NaN, so reading them early fails.
+TEST(CudaKernelTest, QkvAttentionGivesTheBitsOfTheUnfusedOps) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  setenv("HSX_FUSE_ATTENTION_INPUTS", "0", 1);
+  auto unfused = Gpu();
+  unsetenv("HSX_FUSE_ATTENTION_INPUTS");
+  CpuBackend cpu;
+  std::mt19937 rng(21);
+  constexpr int kBlock = 16;
+  enum class Norms { kNone, kQk, kQkOnePlus, kQkv };
+  struct Case {
+    int64_t d, heads, kv_heads;
+    Norms norms;
+    bool values_are_keys, partial;
+    int window;
+    float softcap;
+    std::vector<int> contexts, q_lens;
+  };
+  const std::vector<Case> cases = {
+      {128, 32, 8, Norms::kQk, false, false, 0, 0, {512}, {1}},  // Qwen3-8B at batch 1: clusters of 16
+      {128, 32, 8, Norms::kQk, false, false, 0, 0, {259}, {8}},  // its queries across a chunk boundary
+      {128, 32, 8, Norms::kQk, false, false, 0, 0, {1, 0, 33, 4099, 100, 17, 2000, 64}, {1, 1, 3, 8, 2, 5, 8, 7}},
+      {64, 8, 8, Norms::kNone, false, false, 0, 0, {5, 300, 1000}, {1, 8, 2}},
+      {16, 4, 2, Norms::kQk, false, true, 0, 0, {9, 40}, {2, 1}},
+      {256, 8, 2, Norms::kQkOnePlus, true, true, 1000, 30, {3000, 20, 1}, {1, 6, 1}},
+      {512, 4, 1, Norms::kQkv, true, true, 300, 20, {32768, 9, 600}, {1, 3, 8}},
+      {256, 16, 16, Norms::kQkv, false, false, 0, 0, {128, 129}, {8, 8}},
+  };
+  for (const Case& c : cases) {
+    std::ostringstream what;
+    what << "d=" << c.d << " heads=" << c.heads << "/" << c.kv_heads << " norms " << static_cast<int>(c.norms)
+         << (c.values_are_keys ? " k=v" : "") << (c.partial ? " partial rope" : "") << " window=" << c.window
+         << " softcap=" << c.softcap << " seqs=" << c.contexts.size();
+    // The step: each sequence's last q_len positions; the first sequence of several queries
+    // has its first row padded (no slot).
+    int64_t num_blocks = 0;
+    for (int ctx : c.contexts) num_blocks += (ctx + kBlock - 1) / kBlock;
+    std::vector<int32_t> free_blocks(num_blocks);
+    std::iota(free_blocks.begin(), free_blocks.end(), 0);
+    std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+    std::vector<SequenceSlice> seqs, live;
+    std::vector<int32_t> slot_list, position_list;
+    size_t next = 0;
+    bool padded_one = false;
+    for (size_t i = 0; i < c.contexts.size(); ++i) {
+      SequenceSlice sl;
+      sl.q_start = static_cast<int32_t>(slot_list.size());
+      sl.ctx_len = c.contexts[i];
+      sl.q_len = sl.ctx_len == 0 ? 1 : std::min(sl.ctx_len, c.q_lens[i]);
+      for (int b = 0; b < (sl.ctx_len + kBlock - 1) / kBlock; ++b) sl.block_table.push_back(free_blocks[next++]);
+      for (int j = 0; j < sl.q_len; ++j) {
+        const int pos = sl.ctx_len == 0 ? 0 : sl.ctx_len - sl.q_len + j;
+        int32_t slot = sl.ctx_len == 0 ? -1 : sl.block_table[pos / kBlock] * kBlock + pos % kBlock;
+        if (j == 0 && sl.q_len > 1 && !padded_one) {
+          slot = -1;
+          padded_one = true;
+        }
+        slot_list.push_back(slot);
+        position_list.push_back(pos);
+      }
+      seqs.push_back(sl);
+      if (sl.ctx_len > 0) live.push_back(sl);
+    }
+    const auto t = static_cast<int64_t>(slot_list.size());
+    const int64_t num_slots = std::max<int64_t>(num_blocks, 1) * kBlock;
+    Tensor slots = Tensor::Host(DType::kI32, {t}), pos = Tensor::Host(DType::kI32, {t});
+    std::copy(slot_list.begin(), slot_list.end(), slots.data<int32_t>());
+    std::copy(position_list.begin(), position_list.end(), pos.data<int32_t>());
+
+    const int64_t width = (c.heads + (c.values_are_keys ? 1 : 2) * c.kv_heads) * c.d;
+    const Tensor qkv = RandomHost({t, width}, rng);
+    const Shape cache_shape{num_slots, c.kv_heads, c.d}, out_shape{t, c.heads, c.d};
+    const Tensor k_cache = RandomHost(cache_shape, rng), v_cache = RandomHost(cache_shape, rng);
+    // The device caches: the step's slots NaN.
+    Tensor k_bf16 = ToBf16(k_cache), v_bf16 = ToBf16(v_cache);
+    const int64_t row = c.kv_heads * c.d;
+    for (int32_t slot : slot_list) {
+      if (slot < 0) continue;
+      std::fill_n(k_bf16.data<uint16_t>() + slot * row, row, 0xffff);
+      std::fill_n(v_bf16.data<uint16_t>() + slot * row, row, 0xffff);
+    }
+    const Tensor qw = RandomHost({c.d}, rng, 0.2f), kw = RandomHost({c.d}, rng, 0.2f);
+    RopeSpec spec;
+    if (c.partial) {
+      spec.type = RopeSpec::Type::kProportional;
+      spec.partial_rotary_factor = 0.25;
+    }
+    spec.theta = 1e6;
+    RopeTable table;
+    const std::vector<float> f = RopeInverseFrequencies(spec, static_cast<int>(c.d), &table.rotary_dims);
+    table.inv_freq = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
+    std::copy(f.begin(), f.end(), table.inv_freq.data<float>());
+    const AttentionParams params = DecodeParams(c.d, c.window, c.softcap, kBlock);
+    const auto norms_of = [&](const Tensor& q_weight, const Tensor& k_weight) {
+      HeadNorms n;
+      if (c.norms != Norms::kNone) {
+        n.q = &q_weight;
+        n.k = &k_weight;
+      }
+      n.v = c.norms == Norms::kQkv;
+      n.eps = 1e-6f;
+      n.one_plus_weight = c.norms == Norms::kQkOnePlus;
+      return n;
+    };
+
+    // The CPU (f32) over the live sequences; padding rows stay zero.
+    Tensor cpu_k = cpu.Empty(DType::kF32, cache_shape), cpu_v = cpu.Empty(DType::kF32, cache_shape);
+    std::memcpy(cpu_k.raw(), k_cache.raw(), k_cache.nbytes());
+    std::memcpy(cpu_v.raw(), v_cache.raw(), v_cache.nbytes());
+    Tensor expected = Tensor::Host(DType::kF32, out_shape);  // zero-filled
+    cpu.QkvAttention(qkv, c.values_are_keys, norms_of(qw, kw), pos, table, slots, cpu_k, cpu_v,
+                     MakeAttentionBatch(cpu, live), params, expected);
+
+    // Each GPU path into poison; the output and the caches come back to the host.
+    struct Result {
+      Tensor out, k, v;
+    };
+    const auto run = [&](CudaBackend& b, bool fused) {
+      const Tensor qwg = b.UploadWeight(qw), kwg = b.UploadWeight(kw);
+      const RopeTable device_table{b.Upload(table.inv_freq), table.rotary_dims};
+      const Tensor qkv_g = b.Upload(ToBf16(qkv));
+      Tensor kc = b.Upload(k_bf16), vc = b.Upload(v_bf16), out = Poisoned(b, DType::kBF16, out_shape);
+      const AttentionBatch batch = MakeAttentionBatch(b, seqs);
+      EXPECT_EQ(b.FusesAttentionInputs(qkv_g, kc, device_table, batch, out), fused) << what.str();
+      b.QkvAttention(qkv_g, c.values_are_keys, norms_of(qwg, kwg), b.Upload(pos), device_table, b.Upload(slots), kc,
+                     vc, batch, params, out);
+      return Result{b.Download(out), b.Download(kc), b.Download(vc)};
+    };
+    const Result one = run(*gpu, true), two = run(*unfused, false);
+    const auto same_bits = [](const Tensor& a, const Tensor& b) {
+      return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+    };
+    EXPECT_TRUE(same_bits(one.out, two.out)) << "output differs from the unfused ops: " << what.str();
+    EXPECT_TRUE(same_bits(one.k, two.k)) << "k cache differs from the unfused ops: " << what.str();
+    EXPECT_TRUE(same_bits(one.v, two.v)) << "v cache differs from the unfused ops: " << what.str();
+    EXPECT_LE(WorstHeadError(test::AsFloats(one.out), test::AsFloats(expected), c.d), 2e-2) << what.str();
+    const std::vector<float> got = test::AsFloats(one.out);
+    for (const SequenceSlice& sl : seqs) {
+      if (sl.ctx_len != 0) continue;
+      for (int64_t i = 0; i < c.heads * c.d; ++i)
+        ASSERT_EQ(got[sl.q_start * c.heads * c.d + i], 0.0f) << "padding row " << sl.q_start << ": " << what.str();
+    }
+  }
+}
+
 // The split plan (host only): chunks fill two blocks per SM; a cluster merges them only
 // while its blocks stay at most one per SM and the device holds every cluster at once, and
-// never past its size (16; 8 at head dim 512).
+// never past its size (16; 8 at head dim 512); the kernel makes its inputs in one wave.
 TEST(CudaKernelTest, DecodeSplitPlanMergesInClustersOnlyWhereMeasuredFaster) {
   const auto plan = [](int seqs, int q_len, int heads, int kv_heads, int d, int capacity) {
     const cuda::DecodeSplits p = cuda::PlanDecodeSplits(seqs, q_len, heads, kv_heads, d, 132, capacity);
@@ -1041,6 +1195,15 @@ TEST(CudaKernelTest, DecodeSplitPlanMergesInClustersOnlyWhereMeasuredFaster) {
   EXPECT_EQ(plan(1, 1, 16, 16, 128, 16), std::make_pair(16, false)); // 16 KV heads: 256 blocks
   EXPECT_EQ(plan(32, 1, 32, 8, 128, 16), std::make_pair(1, false));  // batch 32: one chunk, no merge
   EXPECT_EQ(plan(0, 1, 32, 8, 128, 16), std::make_pair(1, false));
+  // The kernel makes its own inputs while its blocks fit one wave of two per SM.
+  const auto fused = [](int seqs, int q_len) {
+    return cuda::PlanDecodeSplits(seqs, q_len, 32, 8, 128, 132, 16).fused_inputs;
+  };
+  EXPECT_TRUE(fused(1, 1));
+  EXPECT_TRUE(fused(33, 1));    // 264 blocks
+  EXPECT_FALSE(fused(34, 1));   // 272
+  EXPECT_FALSE(fused(128, 1));  // Qwen3-8B at batch 128: four waves
+  EXPECT_FALSE(fused(32, 8));   // two row tiles a KV head: 512 blocks
 }
 
 // The device holds batch 1's clusters of every head dim at once (8 KV heads' worth).

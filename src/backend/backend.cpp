@@ -75,6 +75,14 @@ void Backend::NormRopeStoreKV(const Tensor& qkv, bool values_are_keys, const Hea
   StoreKV(k, v, slots, k_cache, v_cache);
 }
 
+void Backend::QkvAttention(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms, const Tensor& positions,
+                           const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
+                           const AttentionBatch& batch, const AttentionParams& params, Tensor& out) {
+  Tensor q = Empty(out.dtype(), out.shape());
+  NormRopeStoreKV(qkv, values_are_keys, norms, positions, rope, slots, k_cache, v_cache, q);
+  Attention(q, k_cache, v_cache, batch, params, out);
+}
+
 AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> seqs) {
   AttentionBatch batch;
   std::vector<int32_t> info, tables;

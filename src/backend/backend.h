@@ -179,6 +179,11 @@ class Backend {
   virtual void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) = 0;
   virtual void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const AttentionBatch& batch, const AttentionParams& params, Tensor& out) = 0;
+  // NormRopeStoreKV, then Attention of its q into out [T, heads, D]: one pass where the
+  // device fuses them (q is then never written out).
+  virtual void QkvAttention(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms, const Tensor& positions,
+                            const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
+                            const AttentionBatch& batch, const AttentionParams& params, Tensor& out);
   virtual void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) = 0;
   // out [T, w] = x[:, begin : begin + w] for x [T, C].
   virtual void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) = 0;

@@ -38,11 +38,18 @@ void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, cons
   const LayerSpec& spec = config.layers[layer];
   const int64_t t = x.size(0), hd = spec.head_dim, nh = config.num_heads;
   const DType dt = backend.compute_dtype();
-  Tensor q = backend.Empty(dt, {t, nh, hd});
+  AttentionParams params;
+  params.scale = config.attention_scale(layer);
+  params.sliding_window = spec.sliding ? config.sliding_window : 0;
+  params.softcap = config.attn_softcap;
+  params.block_size = cache.block_size();
+  Tensor attn = backend.Empty(dt, {t, nh, hd});
   const Tensor* bias = w.qkv_bias.defined() ? &w.qkv_bias : nullptr;
   if (spec.kv_source != layer) {
+    Tensor q = backend.Empty(dt, {t, nh, hd});
     backend.Linear(x, w.qkv_proj, bias, q);  // q's rows alone: the KV is another layer's
     NormRope(backend, config, w.q_norm, positions, rope, q);
+    backend.Attention(q, cache.k(layer), cache.v(layer), batch, params, attn);
   } else {
     // One GEMM for q, k and v; the values are the raw keys when k_eq_v (no v rows).
     Tensor qkv = backend.Empty(dt, {t, w.qkv_proj.size(0)});
@@ -55,15 +62,9 @@ void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, cons
     norms.v = config.v_norm;
     norms.eps = config.rms_norm_eps;
     norms.one_plus_weight = config.norm_one_plus_weight;
-    backend.NormRopeStoreKV(qkv, spec.k_eq_v, norms, positions, rope, slots, cache.k(layer), cache.v(layer), q);
+    backend.QkvAttention(qkv, spec.k_eq_v, norms, positions, rope, slots, cache.k(layer), cache.v(layer), batch, params,
+                         attn);
   }
-  AttentionParams params;
-  params.scale = config.attention_scale(layer);
-  params.sliding_window = spec.sliding ? config.sliding_window : 0;
-  params.softcap = config.attn_softcap;
-  params.block_size = cache.block_size();
-  Tensor attn = backend.Empty(dt, {t, nh, hd});
-  backend.Attention(q, cache.k(layer), cache.v(layer), batch, params, attn);
   backend.Linear(attn.View({t, nh * hd}), w.o_proj, nullptr, out);
 }
 

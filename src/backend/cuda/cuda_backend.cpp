@@ -167,6 +167,10 @@ struct CudaBackend::Impl {
   // one launch (HSX_NORM_ROPE_STORE=0: three), and the gated MLP's gate and up GEMVs with
   // the activation (HSX_GATED_GEMV=0: two GEMVs and the activation kernel).
   bool fuse_norm_rope_store = EnvOn("HSX_NORM_ROPE_STORE");
+  // Decode and verification steps: the split-KV attention makes those inputs itself, one
+  // launch where there were two, its keys fetched while the q/k/v GEMV finishes
+  // (HSX_FUSE_ATTENTION_INPUTS=0: NormRopeStore, then the attention).
+  bool fuse_attention_inputs = EnvOn("HSX_FUSE_ATTENTION_INPUTS");
   // Verification steps (a few queries per sequence) on the split-KV kernel too;
   // HSX_VERIFY_ATTENTION=0: on the prefill kernels, for comparison.
   int decode_attention_rows = EnvOn("HSX_VERIFY_ATTENTION") ? cuda::kDecodeMaxQueryRows : 1;
@@ -876,6 +880,15 @@ void CudaBackend::NormRopeStoreKV(const Tensor& qkv, bool values_are_keys, const
     return;
   }
   Impl::Timer timer(*impl_, "norm_rope_store");
+  cuda::NormRopeStore(FusedRowsArgs(qkv, values_are_keys, norms, positions, rope, slots, k_cache, v_cache, q),
+                      impl_->stream, impl_->programmatic);
+  HSX_LAUNCH_CHECK();
+}
+
+// NormRopeStore's args for the fused q/k/v rows (NormRopeStoreKV's), q written to q.
+cuda::NormRopeStoreArgs CudaBackend::FusedRowsArgs(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms,
+                                                   const Tensor& positions, const RopeTable& rope, const Tensor& slots,
+                                                   Tensor& k_cache, Tensor& v_cache, Tensor& q) {
   const int64_t q_cols = q.size(1) * q.size(2), kv_cols = k_cache.size(1) * k_cache.size(2);
   cuda::NormRopeStoreArgs a = HeadArgs(q, norms.q, norms.eps, norms.one_plus_weight, positions, rope);
   a.q_in = B(qkv);
@@ -889,8 +902,7 @@ void CudaBackend::NormRopeStoreKV(const Tensor& qkv, bool values_are_keys, const
   a.slots = slots.data<int32_t>();
   a.k_cache = B(k_cache);
   a.v_cache = B(v_cache);
-  cuda::NormRopeStore(a, impl_->stream, impl_->programmatic);
-  HSX_LAUNCH_CHECK();
+  return a;
 }
 
 void CudaBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) {
@@ -903,8 +915,68 @@ void CudaBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots,
 void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                             const AttentionParams& params, Tensor& out) {
   Impl::Timer timer(*impl_, "attention");
-  cuda::AttentionArgs a;
+  cuda::AttentionArgs a = AttentionArgsFor(k_cache, v_cache, batch, params, out);
   a.q = B(q);
+  if (!LaunchAttention(a)) {
+    std::fprintf(stderr, "hsx: CUDA attention supports head dims 16, 32, 64, 128, 256, 512; got %d\n", a.head_dim);
+    std::abort();
+  }
+  HSX_LAUNCH_CHECK();
+}
+
+// The split-KV decode kernel makes its own inputs (attention_decode.cu) where it takes the
+// step and NormRopeStoreKV would run its one-warp-per-head kernel; else the two ops.
+void CudaBackend::QkvAttention(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms,
+                               const Tensor& positions, const RopeTable& rope, const Tensor& slots, Tensor& k_cache,
+                               Tensor& v_cache, const AttentionBatch& batch, const AttentionParams& params,
+                               Tensor& out) {
+  if (FusesAttentionInputs(qkv, k_cache, rope, batch, out)) {
+    Impl::Timer timer(*impl_, "qkv_attention");
+    cuda::AttentionArgs a = AttentionArgsFor(k_cache, v_cache, batch, params, out);
+    a.inputs = FusedRowsArgs(qkv, values_are_keys, norms, positions, rope, slots, k_cache, v_cache, out);
+    a.inputs.q = nullptr;  // q stays in the kernel
+    a.q = nullptr;
+    if (LaunchAttention(a)) {
+      HSX_LAUNCH_CHECK();
+      return;
+    }
+  }
+  Backend::QkvAttention(qkv, values_are_keys, norms, positions, rope, slots, k_cache, v_cache, batch, params, out);
+}
+
+bool CudaBackend::FusesAttentionInputs(const Tensor& qkv, const Tensor& k_cache, const RopeTable& rope,
+                                       const AttentionBatch& batch, const Tensor& out) const {
+  if (!impl_->fuse_attention_inputs || !impl_->fuse_norm_rope_store || !FusedNormRopeTakes(out.size(0)) ||
+      !DecodeAttentionTakes(batch.max_q_len) || qkv.dtype() != DType::kBF16 || rope.rotary_dims > out.size(2))
+    return false;
+  cuda::AttentionArgs a;
+  a.num_seqs = static_cast<int>(batch.seq_info.size(0));
+  a.max_q_len = batch.max_q_len;
+  a.num_heads = static_cast<int>(out.size(1));
+  a.kv_heads = static_cast<int>(k_cache.size(1));
+  a.head_dim = static_cast<int>(out.size(2));
+  return PlanDecode(a).fused_inputs;
+}
+
+cuda::DecodeSplits CudaBackend::PlanDecode(const cuda::AttentionArgs& a) const {
+  int capacity = 0;
+  if (impl_->decode_cluster_merge) {
+    auto [it, added] = impl_->decode_cluster_capacity.try_emplace(a.head_dim, 0);
+    if (added) it->second = cuda::DecodeClusterCapacity(a.head_dim);
+    capacity = it->second;
+  }
+  return cuda::PlanDecodeSplits(a.num_seqs, a.max_q_len, a.num_heads, a.kv_heads, a.head_dim, impl_->sm_count,
+                                capacity);
+}
+
+bool CudaBackend::DecodeAttentionTakes(int max_q_len) const {
+  return impl_->decode_attention && max_q_len <= impl_->decode_attention_rows;
+}
+
+cuda::AttentionArgs CudaBackend::AttentionArgsFor(const Tensor& k_cache, const Tensor& v_cache,
+                                                  const AttentionBatch& batch, const AttentionParams& params,
+                                                  Tensor& out) const {
+  cuda::AttentionArgs a;
   a.k_cache = B(k_cache);
   a.v_cache = B(v_cache);
   a.cache_slots = k_cache.size(0);
@@ -914,9 +986,9 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.block_tables = batch.block_tables.data<int32_t>();
   a.num_seqs = static_cast<int>(batch.seq_info.size(0));  // a recorded batch has no host slices
   a.max_q_len = batch.max_q_len;
-  a.num_heads = static_cast<int>(q.size(1));
+  a.num_heads = static_cast<int>(out.size(1));
   a.kv_heads = static_cast<int>(k_cache.size(1));
-  a.head_dim = static_cast<int>(q.size(2));
+  a.head_dim = static_cast<int>(out.size(2));
   a.block_size = params.block_size;
   a.sliding_window = params.sliding_window;
   a.scale = params.scale;
@@ -924,16 +996,15 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
   a.hopper = impl_->hopper_attention;
   a.batch_invariant = impl_->batch_invariant;
   a.programmatic = impl_->programmatic;
+  return a;
+}
+
+// Plans the split-KV chunks of a decode step, then launches; false (nothing launched) for
+// an unsupported head dim.
+bool CudaBackend::LaunchAttention(cuda::AttentionArgs& a) {
   Tensor workspace;  // freed after the launch: the allocator reuses memory in stream order
-  if (impl_->decode_attention && a.max_q_len <= impl_->decode_attention_rows) {
-    int capacity = 0;
-    if (impl_->decode_cluster_merge) {
-      auto [it, added] = impl_->decode_cluster_capacity.try_emplace(a.head_dim, 0);
-      if (added) it->second = cuda::DecodeClusterCapacity(a.head_dim);
-      capacity = it->second;
-    }
-    const cuda::DecodeSplits splits = cuda::PlanDecodeSplits(a.num_seqs, a.max_q_len, a.num_heads, a.kv_heads,
-                                                             a.head_dim, impl_->sm_count, capacity);
+  if (DecodeAttentionTakes(a.max_q_len)) {
+    const cuda::DecodeSplits splits = PlanDecode(a);
     a.decode_splits = splits.count;
     a.decode_cluster_merge = splits.cluster_merge;
     const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, a.max_q_len, a.num_heads, a.head_dim,
@@ -943,11 +1014,7 @@ void CudaBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor
       a.decode_workspace = workspace.data<float>();
     }
   }
-  if (!cuda::Attention(a, impl_->stream)) {
-    std::fprintf(stderr, "hsx: CUDA attention supports head dims 16, 32, 64, 128, 256, 512; got %d\n", a.head_dim);
-    std::abort();
-  }
-  HSX_LAUNCH_CHECK();
+  return cuda::Attention(a, impl_->stream);
 }
 
 void CudaBackend::GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) {

@@ -8,6 +8,12 @@
 #include "backend/backend.h"
 #include "util/status.h"
 
+namespace hsx::cuda {
+struct AttentionArgs;  // kernels.h
+struct DecodeSplits;
+struct NormRopeStoreArgs;
+}  // namespace hsx::cuda
+
 namespace hsx {
 
 class CudaBackend final : public Backend {
@@ -66,6 +72,13 @@ class CudaBackend final : public Backend {
   void StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache, Tensor& v_cache) override;
   void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                  const AttentionParams& params, Tensor& out) override;
+  void QkvAttention(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms, const Tensor& positions,
+                    const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
+                    const AttentionBatch& batch, const AttentionParams& params, Tensor& out) override;
+  // Whether QkvAttention runs as one kernel for this step (the split-KV decode kernel making
+  // its own inputs), given a head dim that kernel supports.
+  bool FusesAttentionInputs(const Tensor& qkv, const Tensor& k_cache, const RopeTable& rope,
+                            const AttentionBatch& batch, const Tensor& out) const;
   void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) override;
   void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) override;
   void WriteColumns(const Tensor& x, int64_t begin, Tensor& out) override;
@@ -88,6 +101,14 @@ class CudaBackend final : public Backend {
   void LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
   static constexpr int64_t kFusedNormRopeMaxTokens = 256;
   bool FusedNormRopeTakes(int64_t tokens) const;
+  bool DecodeAttentionTakes(int max_q_len) const;  // the split-KV decode kernel runs a step of these rows
+  cuda::NormRopeStoreArgs FusedRowsArgs(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms,
+                                        const Tensor& positions, const RopeTable& rope, const Tensor& slots,
+                                        Tensor& k_cache, Tensor& v_cache, Tensor& q);
+  cuda::AttentionArgs AttentionArgsFor(const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
+                                       const AttentionParams& params, Tensor& out) const;
+  bool LaunchAttention(cuda::AttentionArgs& a);
+  cuda::DecodeSplits PlanDecode(const cuda::AttentionArgs& a) const;  // PlanDecodeSplits for this device
   std::unique_ptr<Impl> impl_;
 };
 

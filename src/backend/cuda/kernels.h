@@ -167,6 +167,13 @@ struct AttentionArgs {
   bool decode_cluster_merge = false;
   // The split-KV kernels launch to overlap the kernel before (programmatic_launch.cuh).
   bool programmatic = false;
+  // Split-KV decode only: with inputs.q_in set, q is null and the kernel makes its own
+  // inputs from the fused q/k/v rows, as NormRopeStore would (the same bits): each block
+  // its rows of q, and the K and V of the step's tokens whose keys fall in its chunk
+  // (stored at their slots too; a token of slot < 0 stores none and its keys are the
+  // cache's). Its keys before the step's tokens are then fetched before it waits for the
+  // kernel before it. The tokens of a sequence are the last q_len of its context.
+  NormRopeStoreArgs inputs;
 };
 // False if head_dim is not one of 16, 32, 64, 128, 256, 512 (or decode_splits is past its
 // bound).
@@ -182,9 +189,12 @@ bool AttentionDecode(const AttentionArgs& args, cudaStream_t stream);
 // queries) within two per SM, at least 1 and at most 64; merged in clusters (at most 16
 // chunks, 8 at head dim 512) where their blocks are at most one per SM and the device holds
 // all the clusters at once: cluster_capacity is DecodeClusterCapacity's (0: no clusters).
+// fused_inputs: the kernel makes its own inputs (AttentionArgs::inputs) only while its
+// blocks fit one wave, where each block's added prologue overlaps the others'.
 struct DecodeSplits {
   int count;
   bool cluster_merge;
+  bool fused_inputs;
 };
 DecodeSplits PlanDecodeSplits(int num_seqs, int max_q_len, int num_heads, int kv_heads, int head_dim, int sm_count,
                               int cluster_capacity);

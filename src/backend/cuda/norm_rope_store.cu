@@ -3,15 +3,15 @@
 // a decode step of one token still spreads its 40-odd heads over several SMs, where a
 // block per token ran them on one. A block's warps share a token, whose cos/sin the block
 // computes once. A warp holds its head in registers (lane l has elements l, l + 32, ...),
-// takes the norm's sum in that order with a butterfly over the warp, rounds the normed
-// value to bf16 (as the separate norm op does), rotates through a per-warp f32 row in
-// shared memory (each lane reads its rotate-half partner there), and writes a q head to q,
+// normalizes and rotates it as norm_rope_head.cuh does (each lane reads its rotate-half
+// partner in a per-warp f32 row in shared memory), and writes a q head to q,
 // a k or v head into the cache at the token's slot. Heads are read with row strides, so q,
 // k and v come straight from the fused q/k/v GEMM's output.
 #include <cstdio>
 #include <cstdlib>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm_rope_head.cuh"
 #include "backend/cuda/programmatic_launch.cuh"
 
 namespace hsx::cuda {
@@ -82,37 +82,18 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
     const int i = lane + 32 * j;
     r[j] = live && i < a.dim ? __bfloat162float(x[i]) : 0.0f;
   }
-  if (static_cast<int>(threadIdx.x) < half) sincosf(pos * freq, &sin_s[threadIdx.x], &cos_s[threadIdx.x]);
+  if (static_cast<int>(threadIdx.x) < half) RopeCosSin(pos, freq, &sin_s[threadIdx.x], &cos_s[threadIdx.x]);
   __syncthreads();
   if (!live) return;  // whole warps leave; only __syncwarp follows
 
-  if (norm) {
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j)
-      if (lane + 32 * j < a.dim) ss += r[j] * r[j];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv = rsqrtf(ss / a.dim + a.eps);
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j)
-      if (lane + 32 * j < a.dim) r[j] = __bfloat162float(__float2bfloat16(r[j] * inv * scale[j]));
-  }
+  if (norm) NormHeadInWarp(r, scale, a.dim, a.eps);
   if (rope && half > 0) {
     float* row = rows[warp];
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j)
       if (lane + 32 * j < a.dim) row[lane + 32 * j] = r[j];
     __syncwarp();
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int i = lane + 32 * j;
-      if (i >= 2 * half) continue;
-      if (i < half) {
-        r[j] = r[j] * cos_s[i] - row[i + half] * sin_s[i];
-      } else {
-        r[j] = r[j] * cos_s[i - half] + row[i - half] * sin_s[i - half];
-      }
-    }
+    RotateHeadInWarp(r, row, cos_s, sin_s, half);
   }
   bf16* stored = slot >= 0 ? cache + (slot * a.kv_heads + head) * a.dim : nullptr;
 #pragma unroll
