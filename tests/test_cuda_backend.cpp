@@ -83,6 +83,22 @@ double GpuVsCpu(CudaBackend& gpu, const Tensor& device_result, const Tensor& cpu
   return test::RelativeMaxError(test::AsFloats(gpu.Download(device_result)), test::AsFloats(cpu_result));
 }
 
+// The host RoPE table of a head dim at theta 1e6: full, or with partial Gemma 4's
+// proportional variant (a quarter of the pairs rotate, the rest have zero frequencies).
+RopeTable HostRopeTable(int64_t d, bool partial) {
+  RopeSpec spec;
+  if (partial) {
+    spec.type = RopeSpec::Type::kProportional;
+    spec.partial_rotary_factor = 0.25;
+  }
+  spec.theta = 1e6;
+  RopeTable table;
+  const std::vector<float> f = RopeInverseFrequencies(spec, static_cast<int>(d), &table.rotary_dims);
+  table.inv_freq = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
+  std::copy(f.begin(), f.end(), table.inv_freq.data<float>());
+  return table;
+}
+
 TEST(CudaKernelTest, LinearMatchesCpuOnOddShapes) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
@@ -437,18 +453,10 @@ TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
       EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << "add_rmsnorm d=" << d;
     }
     // RoPE with a partially zero frequency table (Gemma 4's proportional variant).
-    RopeSpec spec;
-    spec.type = RopeSpec::Type::kProportional;
-    spec.partial_rotary_factor = 0.25;
-    spec.theta = 1e6;
-    RopeTable table;
-    const std::vector<float> f = RopeInverseFrequencies(spec, static_cast<int>(d), &table.rotary_dims);
-    Tensor inv = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
-    std::copy(f.begin(), f.end(), inv.data<float>());
+    const RopeTable table = HostRopeTable(d, true);
     Tensor pos = Tensor::Host(DType::kI32, {t});
     for (int64_t i = 0; i < t; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i * 97 % 4000);
-    RopeTable gpu_table{gpu->Upload(inv), table.rotary_dims};
-    table.inv_freq = inv;
+    RopeTable gpu_table{gpu->Upload(table.inv_freq), table.rotary_dims};
     Tensor xc = RandomHost({t, heads, d}, rng);
     Tensor xg = gpu->Upload(ToBf16(xc));
     cpu.Rope(xc, pos, table);
@@ -500,16 +508,7 @@ TEST(CudaKernelTest, NormRopeStoreKVMatchesCpu) {
       for (Norms n : {Norms::kNone, Norms::kQk, Norms::kQkOnePlus, Norms::kQkv}) {
         for (bool values_are_keys : {false, true}) {
           for (bool partial : {false, true}) {  // full RoPE; Gemma 4's proportional (zero frequencies)
-            RopeSpec spec;
-            if (partial) {
-              spec.type = RopeSpec::Type::kProportional;
-              spec.partial_rotary_factor = 0.25;
-            }
-            spec.theta = 1e6;
-            RopeTable table;
-            const std::vector<float> f = RopeInverseFrequencies(spec, static_cast<int>(sh.d), &table.rotary_dims);
-            table.inv_freq = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
-            std::copy(f.begin(), f.end(), table.inv_freq.data<float>());
+            const RopeTable table = HostRopeTable(sh.d, partial);
             const RopeTable gpu_table{gpu->Upload(table.inv_freq), table.rotary_dims};
 
             const int64_t width = (sh.heads + (values_are_keys ? 1 : 2) * sh.kv_heads) * sh.d;
@@ -1115,16 +1114,7 @@ TEST(CudaKernelTest, QkvAttentionGivesTheBitsOfTheUnfusedOps) {
       std::fill_n(v_bf16.data<uint16_t>() + slot * row, row, 0xffff);
     }
     const Tensor qw = RandomHost({c.d}, rng, 0.2f), kw = RandomHost({c.d}, rng, 0.2f);
-    RopeSpec spec;
-    if (c.partial) {
-      spec.type = RopeSpec::Type::kProportional;
-      spec.partial_rotary_factor = 0.25;
-    }
-    spec.theta = 1e6;
-    RopeTable table;
-    const std::vector<float> f = RopeInverseFrequencies(spec, static_cast<int>(c.d), &table.rotary_dims);
-    table.inv_freq = Tensor::Host(DType::kF32, {static_cast<int64_t>(f.size())});
-    std::copy(f.begin(), f.end(), table.inv_freq.data<float>());
+    const RopeTable table = HostRopeTable(c.d, c.partial);
     const AttentionParams params = DecodeParams(c.d, c.window, c.softcap, kBlock);
     const auto norms_of = [&](const Tensor& q_weight, const Tensor& k_weight) {
       HeadNorms n;
