@@ -6,13 +6,17 @@
   Durations add up to more than a graph step takes, but say what each kernel costs.
 - a timeline (bench/kernel_trace.cpp, or `nsys stats --report cuda_gpu_trace --format csv`
   of a trace taken with --cuda-graph-trace=node): the kernels as a CUDA graph replays them,
-  with the idle gap before each: what the step really spends, launch latency included.
+  with the idle gap before each: what the step really spends, launch latency included. Where
+  kernels overlap (programmatic launches) durations and gaps mislead, so each kernel also
+  gets its advance: how far its end moved the latest end so far, idle time included. A
+  step's advances add up to its wall time, each share given to the kernel that ended it.
 
 A step is the kernels after one sampling kernel (SampleKernel or GreedyTokensKernel) up to
 the next; the summary averages the last --steps decode steps (split-KV attention, no
 prefill kernels) of the largest batch in the log. Prints one JSON line per
 kernel name (launches per step, microseconds per step and per launch, the gaps before its
-launches for nsys, TB/s for ncu), most time first, then the step's totals.
+launches and its advances for a timeline, TB/s for ncu), most time first, then the step's
+totals.
 
 Usage: decode_step_profile.py LOG.csv [--steps N] [--layers L]
 """
@@ -41,7 +45,7 @@ def read_ncu(rows):
     kernels = OrderedDict()
     for row in rows:
         k = kernels.setdefault(row["ID"], {"name": row["Kernel Name"], "grid": row["Grid Size"], "us": 0.0,
-                                           "bytes": 0.0, "gap_us": None})
+                                           "bytes": 0.0, "gap_us": None, "advance_us": None})
         metric, unit = row["Metric Name"], row["Metric Unit"]
         value = float(row["Metric Value"].replace(",", "") or 0)
         if metric == "gpu__time_duration.sum":
@@ -53,15 +57,17 @@ def read_ncu(rows):
 
 def read_timeline(rows):
     """Kernels in start order from a GPU trace (memcpys and memsets left out)."""
-    kernels, end = [], None
+    kernels, end, latest = [], None, None
     for row in sorted(rows, key=lambda r: int(r["Start (ns)"])):
         if not row.get("GrdX"):  # a copy or set, not a kernel
             continue
         start, duration = int(row["Start (ns)"]), int(row["Duration (ns)"])
         grid = f'({row["GrdX"]}, {row["GrdY"]}, {row["GrdZ"]})'
         kernels.append({"name": row["Name"], "grid": grid, "us": duration / 1e3, "bytes": None,
-                        "gap_us": (start - end) / 1e3 if end is not None else 0.0})
+                        "gap_us": (start - end) / 1e3 if end is not None else 0.0,
+                        "advance_us": max(0, start + duration - latest) / 1e3 if latest is not None else 0.0})
         end = start + duration
+        latest = end if latest is None else max(latest, end)
     return kernels
 
 
@@ -106,10 +112,12 @@ def main():
     step = [k for seg in chosen for k in seg]
     groups = OrderedDict()
     for k in step:
-        g = groups.setdefault(short_name(k["name"]), {"launches": 0, "us": 0.0, "gap_us": 0.0, "bytes": 0.0})
+        g = groups.setdefault(short_name(k["name"]),
+                              {"launches": 0, "us": 0.0, "gap_us": 0.0, "advance_us": 0.0, "bytes": 0.0})
         g["launches"] += 1
         g["us"] += k["us"]
         g["gap_us"] += k["gap_us"] or 0.0
+        g["advance_us"] += k["advance_us"] or 0.0
         g["bytes"] += k["bytes"] or 0.0
     has_gaps, has_bytes = step[0]["gap_us"] is not None, step[0]["bytes"] is not None
     for name, g in sorted(groups.items(), key=lambda item: -(item[1]["us"] + item[1]["gap_us"])):
@@ -117,6 +125,7 @@ def main():
                 "us_per_step": round(g["us"] / steps, 1), "us_per_launch": round(g["us"] / g["launches"], 2)}
         if has_gaps:
             line["gap_us_per_step"] = round(g["gap_us"] / steps, 1)
+            line["advance_us_per_step"] = round(g["advance_us"] / steps, 1)
         if has_bytes and g["us"] > 0:
             line["tb_per_s"] = round(g["bytes"] / (g["us"] * 1e-6) / 1e12, 2)
         if args.layers:
@@ -126,6 +135,7 @@ def main():
              "kernel_us_per_step": round(sum(k["us"] for k in step) / steps, 1)}
     if has_gaps:
         total["gap_us_per_step"] = round(sum(k["gap_us"] for k in step) / steps, 1)
+        total["wall_us_per_step"] = round(sum(k["advance_us"] for k in step) / steps, 1)
     if has_bytes:
         total["gb_per_step"] = round(sum(k["bytes"] for k in step) / steps / 1e9, 3)
     print(json.dumps(total))

@@ -52,7 +52,29 @@ def test_timeline_averages_the_benchmarks_decode_steps(tmp_path):
     assert gemv["gap_us_per_step"] == 0.4  # (500 + 300) / 2 ns: the gaps after each step's sampling
     assert by_kernel["DecodeKernel<128>"]["gap_us_per_step"] == 0.0
     assert by_kernel["SampleKernel"]["gap_us_per_step"] == 1.0  # the copy before it is idle time to the kernels
-    assert lines[-1] == {"steps": 2, "kernels_per_step": 3.0, "kernel_us_per_step": 25.0, "gap_us_per_step": 1.4}
+    assert gemv["advance_us_per_step"] == 17.4  # its gap and duration: nothing overlaps here
+    assert by_kernel["SampleKernel"]["advance_us_per_step"] == 4.0  # the copy before it, and itself
+    assert lines[-1] == {"steps": 2, "kernels_per_step": 3.0, "kernel_us_per_step": 25.0, "gap_us_per_step": 1.4,
+                         "wall_us_per_step": 26.4}
+
+
+def test_overlapping_kernels_share_the_steps_wall_time_by_advance(tmp_path):
+    """A programmatically launched kernel starts before the one before it ends: its duration
+    overlaps, and only how far it moves the latest end counts as its share of the step."""
+    rows, t = [(0, 1000, 4, "hsx::cuda::<unnamed>::SampleKernel(const float *)")], 1000
+    for _ in range(2):
+        rows += [(t + 100, 10_000, 384, "void hsx::cuda::GemvKernel<__nv_bfloat16>(const __nv_bfloat16 *)"),
+                 (t + 6100, 7000, 33, "void hsx::cuda::(anonymous namespace)::DecodeKernel<128>(AttentionArgs)"),
+                 (t + 13_100, 2000, 4, "hsx::cuda::<unnamed>::SampleKernel(const float *)")]
+        t += 15_100
+    (tmp_path / "trace.csv").write_text(timeline(rows))
+    lines = summarize(tmp_path / "trace.csv", "--steps", "2")
+    by_kernel = {line["kernel"]: line for line in lines if "kernel" in line}
+    assert by_kernel["DecodeKernel<128>"]["us_per_step"] == 7.0
+    assert by_kernel["DecodeKernel<128>"]["gap_us_per_step"] == -4.0
+    assert by_kernel["DecodeKernel<128>"]["advance_us_per_step"] == 3.0
+    assert by_kernel["GemvKernel<__nv_bfloat16>"]["advance_us_per_step"] == 10.1
+    assert lines[-1]["kernel_us_per_step"] == 19.0 and lines[-1]["wall_us_per_step"] == 15.1
 
 
 def test_ncu_log_gives_times_and_bandwidth(tmp_path):
