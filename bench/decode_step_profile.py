@@ -14,9 +14,9 @@
 A step is the kernels after one sampling kernel (SampleKernel or GreedyTokensKernel) up to
 the next; the summary averages the last --steps decode steps (split-KV attention, no
 prefill kernels) of the largest batch in the log. Prints one JSON line per
-kernel name (launches per step, microseconds per step and per launch, the gaps before its
-launches and its advances for a timeline, TB/s for ncu), most time first, then the step's
-totals.
+kernel name and grid (the grid only where a kernel runs with several: launches per step,
+microseconds per step and per launch, the gaps before its launches and its advances for a
+timeline, TB/s for ncu), most time first, then the step's totals.
 
 Usage: decode_step_profile.py LOG.csv [--steps N] [--layers L]
 """
@@ -110,9 +110,14 @@ def main():
     chosen = [seg for seg, grid in zip(decode, grids) if grid == usual][-args.steps:]
     steps = len(chosen)
     step = [k for seg in chosen for k in seg]
+    # A kernel launched with several grids (the GEMV of each projection) is one entry a grid.
+    grids_of = {}
+    for k in step:
+        grids_of.setdefault(short_name(k["name"]), set()).add(k["grid"])
     groups = OrderedDict()
     for k in step:
-        g = groups.setdefault(short_name(k["name"]),
+        name = short_name(k["name"])
+        g = groups.setdefault(name if len(grids_of[name]) == 1 else f"{name} {k['grid']}",
                               {"launches": 0, "us": 0.0, "gap_us": 0.0, "advance_us": 0.0, "bytes": 0.0})
         g["launches"] += 1
         g["us"] += k["us"]
@@ -120,7 +125,9 @@ def main():
         g["advance_us"] += k["advance_us"] or 0.0
         g["bytes"] += k["bytes"] or 0.0
     has_gaps, has_bytes = step[0]["gap_us"] is not None, step[0]["bytes"] is not None
-    for name, g in sorted(groups.items(), key=lambda item: -(item[1]["us"] + item[1]["gap_us"])):
+    # Most time first: for a timeline the wall time each ended, else the kernels' own.
+    cost = (lambda g: g["advance_us"]) if has_gaps else (lambda g: g["us"])
+    for name, g in sorted(groups.items(), key=lambda item: -cost(item[1])):
         line = {"kernel": name, "launches_per_step": round(g["launches"] / steps, 2),
                 "us_per_step": round(g["us"] / steps, 1), "us_per_launch": round(g["us"] / g["launches"], 2)}
         if has_gaps:

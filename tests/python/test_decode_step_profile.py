@@ -96,3 +96,22 @@ def test_ncu_log_gives_times_and_bandwidth(tmp_path):
     assert by_kernel["GemvKernel<__nv_bfloat16>"]["tb_per_s"] == 3.0  # 50.4 MB in 16.8 us
     assert by_kernel["DecodeKernel<128>"]["us_per_step"] == 6.0
     assert lines[-1]["kernel_us_per_step"] == 25.8 and lines[-1]["gb_per_step"] == 0.053
+
+
+def test_a_kernel_of_several_grids_is_an_entry_a_grid_ordered_by_advance(tmp_path):
+    """The GEMVs of a layer's projections are one kernel with different grids: each grid is
+    its own entry, and a timeline's entries come most wall time first."""
+    gemv = "void hsx::cuda::GemvKernel<__nv_bfloat16>(const __nv_bfloat16 *)"
+    rows, t = [(0, 1000, 4, "hsx::cuda::<unnamed>::SampleKernel(const float *)")], 1000
+    for _ in range(2):
+        rows += [(t, 4000, 384, gemv),
+                 (t + 4000, 3000, 33, "void hsx::cuda::(anonymous namespace)::DecodeKernel<128>(AttentionArgs)"),
+                 (t + 7000, 9000, 256, gemv),
+                 (t + 16_000, 2000, 4, "hsx::cuda::<unnamed>::SampleKernel(const float *)")]
+        t += 18_000
+    (tmp_path / "trace.csv").write_text(timeline(rows))
+    lines = summarize(tmp_path / "trace.csv", "--steps", "2")
+    names = [line["kernel"] for line in lines if "kernel" in line]
+    assert names == ["GemvKernel<__nv_bfloat16> (256, 1, 1)", "GemvKernel<__nv_bfloat16> (384, 1, 1)",
+                     "DecodeKernel<128>", "SampleKernel"]
+    assert lines[0]["advance_us_per_step"] == 9.0 and lines[1]["advance_us_per_step"] == 4.0
