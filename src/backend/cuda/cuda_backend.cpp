@@ -949,24 +949,20 @@ bool CudaBackend::FusesAttentionInputs(const Tensor& qkv, const Tensor& k_cache,
   if (!impl_->fuse_attention_inputs || !impl_->fuse_norm_rope_store || !FusedNormRopeTakes(out.size(0)) ||
       !DecodeAttentionTakes(batch.max_q_len) || qkv.dtype() != DType::kBF16 || rope.rotary_dims > out.size(2))
     return false;
-  cuda::AttentionArgs a;
-  a.num_seqs = static_cast<int>(batch.seq_info.size(0));
-  a.max_q_len = batch.max_q_len;
-  a.num_heads = static_cast<int>(out.size(1));
-  a.kv_heads = static_cast<int>(k_cache.size(1));
-  a.head_dim = static_cast<int>(out.size(2));
-  return PlanDecode(a).fused_inputs;
+  return PlanDecode(static_cast<int>(batch.seq_info.size(0)), batch.max_q_len, static_cast<int>(out.size(1)),
+                    static_cast<int>(k_cache.size(1)), static_cast<int>(out.size(2)))
+      .fused_inputs;
 }
 
-cuda::DecodeSplits CudaBackend::PlanDecode(const cuda::AttentionArgs& a) const {
+cuda::DecodeSplits CudaBackend::PlanDecode(int num_seqs, int max_q_len, int num_heads, int kv_heads,
+                                           int head_dim) const {
   int capacity = 0;
   if (impl_->decode_cluster_merge) {
-    auto [it, added] = impl_->decode_cluster_capacity.try_emplace(a.head_dim, 0);
-    if (added) it->second = cuda::DecodeClusterCapacity(a.head_dim);
+    auto [it, added] = impl_->decode_cluster_capacity.try_emplace(head_dim, 0);
+    if (added) it->second = cuda::DecodeClusterCapacity(head_dim);
     capacity = it->second;
   }
-  return cuda::PlanDecodeSplits(a.num_seqs, a.max_q_len, a.num_heads, a.kv_heads, a.head_dim, impl_->sm_count,
-                                capacity);
+  return cuda::PlanDecodeSplits(num_seqs, max_q_len, num_heads, kv_heads, head_dim, impl_->sm_count, capacity);
 }
 
 bool CudaBackend::DecodeAttentionTakes(int max_q_len) const {
@@ -1004,7 +1000,7 @@ cuda::AttentionArgs CudaBackend::AttentionArgsFor(const Tensor& k_cache, const T
 bool CudaBackend::LaunchAttention(cuda::AttentionArgs& a) {
   Tensor workspace;  // freed after the launch: the allocator reuses memory in stream order
   if (DecodeAttentionTakes(a.max_q_len)) {
-    const cuda::DecodeSplits splits = PlanDecode(a);
+    const cuda::DecodeSplits splits = PlanDecode(a.num_seqs, a.max_q_len, a.num_heads, a.kv_heads, a.head_dim);
     a.decode_splits = splits.count;
     a.decode_cluster_merge = splits.cluster_merge;
     const size_t bytes = cuda::DecodeAttentionWorkspaceBytes(a.num_seqs, a.max_q_len, a.num_heads, a.head_dim,

@@ -108,7 +108,8 @@ class CudaBackend final : public Backend {
   cuda::AttentionArgs AttentionArgsFor(const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                                        const AttentionParams& params, Tensor& out) const;
   bool LaunchAttention(cuda::AttentionArgs& a);
-  cuda::DecodeSplits PlanDecode(const cuda::AttentionArgs& a) const;  // PlanDecodeSplits for this device
+  // PlanDecodeSplits for this device (its cluster capacity asked once per head dim).
+  cuda::DecodeSplits PlanDecode(int num_seqs, int max_q_len, int num_heads, int kv_heads, int head_dim) const;
   std::unique_ptr<Impl> impl_;
 };
 
