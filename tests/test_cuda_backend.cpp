@@ -29,6 +29,15 @@ std::unique_ptr<CudaBackend> Gpu() {
   return b.ok() ? std::move(b).value() : nullptr;
 }
 
+// A backend made with the environment switch `var` set to `value` (a backend reads its
+// switches when made), for comparing one path against another.
+std::unique_ptr<CudaBackend> GpuWith(const char* var, const char* value) {
+  setenv(var, value, 1);
+  auto b = Gpu();
+  unsetenv(var);
+  return b;
+}
+
 #define REQUIRE_GPU(gpu) \
   if (!(gpu)) GTEST_SKIP() << "no CUDA device"
 
@@ -226,9 +235,7 @@ TEST(CudaKernelTest, GemvFallsBackOnOddKAndAddsBias) {
 TEST(CudaKernelTest, GemvAgreesWithCublasLt) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
-  setenv("HSX_GEMV", "0", 1);
-  auto gpu_old = Gpu();
-  unsetenv("HSX_GEMV");
+  auto gpu_old = GpuWith("HSX_GEMV", "0");
   std::mt19937 rng(13);
   for (const GemvShape& s : std::vector<GemvShape>{{1024, 4096}, {12288, 4096}, {4096, 12288}, {1000, 136}}) {
     const Tensor w_host = gpu->Download(DeviceWeight(*gpu, s.n, s.k, 200 + s.n));
@@ -276,9 +283,7 @@ TEST(CudaKernelTest, GemvReplaysInCudaGraph) {
 TEST(CudaKernelTest, ProgrammaticGemvLaunchesWaitForTheirInput) {
   auto plain = Gpu();
   REQUIRE_GPU(plain);
-  ASSERT_EQ(setenv("HSX_PDL", "1", 1), 0);
-  auto pdl = Gpu();
-  unsetenv("HSX_PDL");
+  auto pdl = GpuWith("HSX_PDL", "1");
   ASSERT_NE(pdl, nullptr);
   ASSERT_TRUE(pdl->can_record());
   const int64_t m = 3, h = 4096, inter = 12288, kv = 1024;
@@ -791,9 +796,7 @@ void PoisonSlotsPastContexts(const std::vector<SequenceSlice>& seqs, int64_t blo
 TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
-  setenv("HSX_ATTENTION", "mma", 1);
-  auto gpu_mma = Gpu();
-  unsetenv("HSX_ATTENTION");
+  auto gpu_mma = GpuWith("HSX_ATTENTION", "mma");
   CpuBackend cpu;
   std::mt19937 rng(3);
   constexpr int kBlock = 16;
@@ -1005,9 +1008,7 @@ TEST(CudaKernelTest, VerificationAttentionMatchesCpu) {
 TEST(CudaKernelTest, DecodeAttentionAgreesWithPrefillKernels) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
-  setenv("HSX_DECODE_ATTENTION", "0", 1);
-  auto gpu_old = Gpu();
-  unsetenv("HSX_DECODE_ATTENTION");
+  auto gpu_old = GpuWith("HSX_DECODE_ATTENTION", "0");
   std::mt19937 rng(7);
   constexpr int kBlock = 16;
   struct Case { int64_t d; int window; float softcap; int64_t heads, kv_heads; };
@@ -1035,9 +1036,7 @@ TEST(CudaKernelTest, DecodeAttentionAgreesWithPrefillKernels) {
 TEST(CudaKernelTest, QkvAttentionGivesTheBitsOfTheUnfusedOps) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
-  setenv("HSX_FUSE_ATTENTION_INPUTS", "0", 1);
-  auto unfused = Gpu();
-  unsetenv("HSX_FUSE_ATTENTION_INPUTS");
+  auto unfused = GpuWith("HSX_FUSE_ATTENTION_INPUTS", "0");
   CpuBackend cpu;
   std::mt19937 rng(21);
   constexpr int kBlock = 16;
@@ -1482,9 +1481,7 @@ TEST(CudaFp8Test, Fp8CheckpointNearTheCpuReference) {
 TEST_P(CudaFp8FixtureTest, FusedInputsKeepTheUnfusedBits) {
   setenv("HSX_GEMM_TUNE", "0", 1);
   auto gpu = Gpu();
-  setenv("HSX_FP8_FUSED_INPUTS", "0", 1);
-  auto unfused_gpu = Gpu();
-  unsetenv("HSX_FP8_FUSED_INPUTS");
+  auto unfused_gpu = GpuWith("HSX_FP8_FUSED_INPUTS", "0");
   unsetenv("HSX_GEMM_TUNE");
   REQUIRE_GPU(gpu);
   const std::string dir = test::ModelDir(GetParam());
