@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|decodeprofile|gemv|fp8|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape and its MFU;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
@@ -31,6 +31,8 @@
 #   an estimated shape (bench/make_dummy_mtp.py: zero acceptance) and with forced acceptance;
 #   gemv = the decode GEMVs alone on the Qwen3-8B projections and a step's layers, at 1 and 4 rows
 #   (bench/gemv_bench.cu);
+#   attention = the Hopper prefill attention kernel alone at 16k, 4k and 1k contexts, TFLOP/s,
+#   with the SM clock and power sampled beside it (bench/attention_bench.cu);
 #   fp8 = the Qwen3-8B extraction bench in bf16 and with --quantization fp8;
 #   tp = (2 GPUs) the TP tests, extraction at TP=1, TP=2 and DP=2, decode at TP=1 and TP=2;
 #   scale = (4 or 8 GPUs) issue 14's runs: DP over every GPU, Llama-3.1-70B at TP=4 and 8
@@ -246,6 +248,13 @@ if [ "$what" = decodebins ]; then  # bench --decode at batch 1, 32, 128 on the b
 fi
 if [ "$what" = gemv ]; then  # each projection's GEMV alone, then a step's layers
   for rows in 1 4; do .devbin/hsx_gemv_bench "$rows"; done | tee "$OUT/gemv.jsonl"
+fi
+if [ "$what" = attention ]; then  # the prefill attention kernel alone, clock and power beside it
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv -lms 200 \
+    >"$OUT/smi.csv" &
+  smi=$!
+  .devbin/hsx_attention_bench 20 | tee "$OUT/attention.jsonl"
+  kill "$smi"
 fi
 if [ "$what" = decodeprofile ]; then  # one decode step's kernels at PROFILE_BATCHES (bench/decode_step_profile.py)
   step_bench=(bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --kv-cache-gib 40)

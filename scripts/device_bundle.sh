@@ -7,10 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DHSX_CUDA=ON >/dev/null
-cmake --build build-device --target hsx hsx_tests hsx_kernel_trace hsx_gemv_bench -j "$(nproc)"
+cmake --build build-device --target hsx hsx_tests hsx_kernel_trace hsx_gemv_bench hsx_attention_bench -j "$(nproc)"
 rm -rf .devbin && mkdir -p .devbin
-cp build-device/src/hsx build-device/tests/hsx_tests build-device/libhsx_kernel_trace.so build-device/hsx_gemv_bench .devbin/
-strip .devbin/hsx .devbin/hsx_tests .devbin/libhsx_kernel_trace.so .devbin/hsx_gemv_bench
+cp build-device/src/hsx build-device/tests/hsx_tests build-device/libhsx_kernel_trace.so build-device/hsx_gemv_bench build-device/hsx_attention_bench .devbin/
+strip .devbin/hsx .devbin/hsx_tests .devbin/libhsx_kernel_trace.so .devbin/hsx_gemv_bench .devbin/hsx_attention_bench
 # CUPTI for the kernel trace (bench/kernel_trace.cpp), from this toolkit.
 cp -L "$(dirname "$(readlink -f "$(command -v nvcc)")")/../lib/libcupti.so.13" .devbin/ 2>/dev/null ||
   cp -L /usr/local/cuda/lib64/libcupti.so.13 .devbin/
