@@ -1003,6 +1003,26 @@ TEST(CudaKernelTest, VerificationAttentionMatchesCpu) {
   }
 }
 
+// Prefill over a context whose K and V of one head outgrow half of H200's L2: the wgmma
+// kernel then runs the KV heads in sections, a head at a time (attention_hopper.cu's
+// Schedule), so a wrong section mapping leaves heads in poison or reads another head's
+// keys. A short sequence beside it shares each section's blocks; GQA groups 1 and 2, a
+// window, head dims 128 and 256. Each head's output against the CPU's.
+TEST(CudaKernelTest, AttentionOverContextsPastHalfTheL2MatchesCpu) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  std::mt19937 rng(23);
+  constexpr int kBlock = 16;
+  struct Case { int64_t d; int window; int64_t heads, kv_heads; };
+  for (const Case& c : std::vector<Case>{{128, 0, 8, 8}, {128, 5000, 16, 8}, {256, 0, 4, 2}}) {
+    const DecodeStep step = MakeDecodeStep({60000, 700}, c.heads, c.kv_heads, c.d, kBlock, rng, {40, 300});
+    const AttentionParams params = DecodeParams(c.d, c.window, 0, kBlock);
+    std::ostringstream what;
+    what << "d=" << c.d << " window=" << c.window << " heads=" << c.heads << "/" << c.kv_heads;
+    ExpectDecodeMatchesCpu(*gpu, step, params, what.str());
+  }
+}
+
 // The split-KV decode kernel and the prefill kernels it replaces in decode steps
 // (HSX_DECODE_ATTENTION=0) agree within bf16 rounding.
 TEST(CudaKernelTest, DecodeAttentionAgreesWithPrefillKernels) {

@@ -73,10 +73,14 @@ __device__ __forceinline__ int Swizzled(int rows, int r, int c) {
 
 // Which block does what, passed by value (kernel parameter space): every block has real
 // work, sequences with the longest context first, each from its last rows back, so the
-// longest blocks start first and the kernel's tail is short.
+// longest blocks start first and the kernel's tail is short. The KV heads run in
+// sections of heads_per_section, all of a section's blocks before the next section's,
+// so that the K and V the running blocks stream (each from its first key on) stay in L2:
+// with all 8 heads of a 16k-token context at once they would be 64 MB.
 struct Schedule {
   static constexpr int kMaxSeqs = 1024;
   int num_seqs;
+  int heads_per_section;  // divides kv_heads
   int seq[kMaxSeqs];             // sequences in the order their row blocks run
   int first_block[kMaxSeqs + 1];  // prefix sums of row blocks (of rows / group tokens)
 };
@@ -116,7 +120,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const int group = a.num_heads / a.kv_heads, tokens = kRows / group;
-  const int item = blockIdx.x / a.kv_heads, kvh = blockIdx.x % a.kv_heads;
+  const int hps = sched.heads_per_section, section_blocks = sched.first_block[sched.num_seqs] * hps;
+  const int within = blockIdx.x % section_blocks;
+  const int item = within / hps, kvh = blockIdx.x / section_blocks * hps + within % hps;
   int lo = 0, hi = sched.num_seqs - 1;  // the last i with first_block[i] <= item
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -376,6 +382,22 @@ bool CacheTensorMap(const bf16* cache, int64_t slots, int kv_heads, int head_dim
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// KV heads a section of the schedule: as many as keep their K and V over the longest
+// context within half the L2 (FlashAttention-3's scheduler keeps 32 MB of H100's 50), and a
+// divisor of kv_heads, so every section has the same blocks.
+int HeadsPerSection(const AttentionArgs& a, int max_context) {
+  static const int64_t l2_bytes = [] {
+    int device = 0, bytes = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device);
+    return int64_t(bytes);
+  }();
+  const int64_t head_bytes = int64_t(max_context) * a.head_dim * 2 * sizeof(bf16);
+  int heads = int(std::clamp<int64_t>(l2_bytes / 2 / std::max<int64_t>(head_bytes, 1), 1, a.kv_heads));
+  while (a.kv_heads % heads != 0) --heads;
+  return heads;
+}
+
 template <int D>
 bool Launch(const AttentionArgs& a, cudaStream_t stream) {
   const int group = a.num_heads / a.kv_heads;
@@ -406,6 +428,7 @@ bool Launch(const AttentionArgs& a, cudaStream_t stream) {
     sched.first_block[0] = 0;
     for (int i = 0; i < sched.num_seqs; ++i)
       sched.first_block[i + 1] = sched.first_block[i] + (info[sched.seq[i] * 4 + 1] + tokens - 1) / tokens;
+    sched.heads_per_section = HeadsPerSection(a, info[sched.seq[0] * 4 + 2]);
     const int blocks = sched.first_block[sched.num_seqs] * a.kv_heads;
     if (blocks > 0) HopperKernel<D><<<blocks, kThreads, kSmem, stream>>>(a, sched, k_map, v_map);
   }
