@@ -146,6 +146,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   // engine and steps it. Everything below dispatch_mu is shared between them.
   struct Replica {
     std::deque<std::pair<Request, int>> inbox;  // with its input line
+    int64_t inbox_tokens = 0;                   // the inbox's prompt tokens
     size_t outstanding = 0;                     // handed to it and not yet finished
     int64_t requests = 0;
   };
@@ -191,8 +192,10 @@ ExtractResult RunExtract(const ExtractOptions& o) {
       (*replicas)[r].backend->PinThread();
       std::unordered_map<std::string, int> lines;  // id -> input line, of its unfinished requests
       std::vector<std::pair<Request, int>> arrived;
-      // The first step waits for a full inbox (or the end of the input): stepping on the first
-      // few requests the reader hands over makes a short step and one step more in all.
+      // The first step waits for a step's worth of prompt tokens (or a full inbox, or the end
+      // of the input): stepping on the first few requests the reader hands over makes a short
+      // step and one step more in all, and waiting for more keeps the GPU idle while the reader
+      // parses them (the whole of a 256-prompt input: ~90 ms on an H200 host).
       bool started = false;
       auto finished = [&] {
         std::lock_guard<std::mutex> lock(dispatch_mu);
@@ -204,12 +207,13 @@ ExtractResult RunExtract(const ExtractOptions& o) {
           std::unique_lock<std::mutex> lock(dispatch_mu);
           dispatch_cv.wait(lock, [&] {
             return stopping || input_done || (started && (engine.has_work() || !work[r].inbox.empty())) ||
-                   work[r].outstanding >= max_in_flight;
+                   work[r].outstanding >= max_in_flight || work[r].inbox_tokens >= o.max_num_batched_tokens;
           });
           if (stopping || (input_done && work[r].inbox.empty() && !engine.has_work())) return;
           started = true;
           for (auto& item : work[r].inbox) arrived.push_back(std::move(item));
           work[r].inbox.clear();
+          work[r].inbox_tokens = 0;
         }
         for (auto& [request, line] : arrived) {
           const std::string id = request.id;
@@ -292,6 +296,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
       if (loads[r] >= max_in_flight) r = static_cast<size_t>(std::min_element(loads.begin(), loads.end()) - loads.begin());
       ++work[r].outstanding;
       ++work[r].requests;
+      work[r].inbox_tokens += static_cast<int64_t>(p->token_ids.size());
       work[r].inbox.emplace_back(Request{p->id, std::move(p->token_ids), 0}, p->line);
       dispatch_cv.notify_all();
     }
