@@ -31,7 +31,7 @@ TIME_UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
 BYTE_UNITS = {"byte": 1, "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9}
 STEP_END = re.compile(r"SampleKernel|GreedyTokensKernel")
 DECODE = re.compile(r"DecodeKernel")
-PREFILL = re.compile(r"HopperKernel|RmsNormRopeKernel|FlashKernel")
+PREFILL = re.compile(r"HopperKernel|NormRopeStoreRowsKernel|FlashKernel")
 
 
 def grid_blocks(grid):

@@ -837,30 +837,18 @@ cuda::NormRopeStoreArgs HeadArgs(Tensor& x, const Tensor* w, float eps, bool one
 
 void CudaBackend::Rope(Tensor& x, const Tensor& positions, const RopeTable& rope) {
   Impl::Timer timer(*impl_, "rope");
-  if (FusedNormRopeTakes(x.size(0))) {
-    cuda::NormRopeStore(HeadArgs(x, nullptr, 0.0f, false, positions, rope), impl_->stream, impl_->programmatic);
-  } else {
-    cuda::Rope(B(x), positions.data<int32_t>(), rope.inv_freq.data<float>(), x.size(0), x.size(1), x.size(2),
-               rope.rotary_dims, impl_->stream);
-  }
-  HSX_LAUNCH_CHECK();
+  LaunchNormRopeStore(HeadArgs(x, nullptr, 0.0f, false, positions, rope), FusedNormRopeTakes(x.size(0)));
 }
 
 void CudaBackend::RmsNormRope(Tensor& x, const Tensor& w, float eps, bool one_plus_weight, const Tensor& positions,
                               const RopeTable& rope) {
   Impl::Timer timer(*impl_, "norm_rope");
-  if (FusedNormRopeTakes(x.size(0))) {
-    cuda::NormRopeStore(HeadArgs(x, &w, eps, one_plus_weight, positions, rope), impl_->stream, impl_->programmatic);
-  } else {
-    cuda::RmsNormRope(B(x), x.size(1) * x.size(2), B(x), B(w), eps, one_plus_weight, positions.data<int32_t>(),
-                      rope.inv_freq.data<float>(), x.size(0), x.size(1), x.size(2), rope.rotary_dims, impl_->stream);
-  }
-  HSX_LAUNCH_CHECK();
+  LaunchNormRopeStore(HeadArgs(x, &w, eps, one_plus_weight, positions, rope), FusedNormRopeTakes(x.size(0)));
 }
 
 // The one-warp-per-head kernel (norm_rope_store.cu) for decode-sized steps, the per-token
-// one (norm_rope.cu) for prefill. Batch-invariant runs keep one kernel for every size, so a
-// row's bits do not depend on how its step was chunked.
+// one (norm_rope.cu) for prefill. They give the same bits (tested); batch-invariant runs
+// still keep the one kernel for every size.
 bool CudaBackend::FusedNormRopeTakes(int64_t tokens) const {
   return !impl_->batch_invariant && tokens <= kFusedNormRopeMaxTokens;
 }
@@ -868,32 +856,21 @@ bool CudaBackend::FusedNormRopeTakes(int64_t tokens) const {
 void CudaBackend::NormRopeStoreKV(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms,
                                   const Tensor& positions, const RopeTable& rope, const Tensor& slots, Tensor& k_cache,
                                   Tensor& v_cache, Tensor& q) {
-  if (!impl_->fuse_norm_rope_store || !FusedNormRopeTakes(q.size(0))) {
-    if (norms.q == nullptr || norms.k == nullptr || qkv.dtype() != DType::kBF16)
-      return Backend::NormRopeStoreKV(qkv, values_are_keys, norms, positions, rope, slots, k_cache, v_cache, q);
-    // Prefill-sized steps: the per-token kernel reads q and k from the fused rows (no copies
-    // out first); only v, when it needs a norm or a contiguous copy for the store, is copied.
-    Impl::Timer timer(*impl_, "norm_rope");
-    const int64_t t = q.size(0), d = q.size(2), q_cols = q.size(1) * d, kv_heads = k_cache.size(1);
-    const int64_t kv_cols = kv_heads * d, stride = qkv.size(-1);
-    Tensor k = Empty(q.dtype(), {t, kv_heads, d}), v = Empty(q.dtype(), {t, kv_heads, d});
-    const int32_t* pos = positions.data<int32_t>();
-    const float* inv_freq = rope.inv_freq.data<float>();
-    cuda::RmsNormRope(B(qkv), stride, B(q), B(*norms.q), norms.eps, norms.one_plus_weight, pos, inv_freq, t, q.size(1),
-                      d, rope.rotary_dims, impl_->stream);
-    HSX_LAUNCH_CHECK();
-    cuda::RmsNormRope(B(qkv) + q_cols, stride, B(k), B(*norms.k), norms.eps, norms.one_plus_weight, pos, inv_freq, t,
-                      kv_heads, d, rope.rotary_dims, impl_->stream);
-    HSX_LAUNCH_CHECK();
-    Tensor v_rows = v.View({t, kv_cols});
-    SliceColumns(qkv, values_are_keys ? q_cols : q_cols + kv_cols, v_rows);  // values: the raw keys
-    if (norms.v) RmsNorm(v, nullptr, norms.eps, false, v);
-    StoreKV(k, v, slots, k_cache, v_cache);
-    return;
-  }
+  if (qkv.dtype() != DType::kBF16)
+    return Backend::NormRopeStoreKV(qkv, values_are_keys, norms, positions, rope, slots, k_cache, v_cache, q);
   Impl::Timer timer(*impl_, "norm_rope_store");
-  cuda::NormRopeStore(FusedRowsArgs(qkv, values_are_keys, norms, positions, rope, slots, k_cache, v_cache, q),
-                      impl_->stream, impl_->programmatic);
+  LaunchNormRopeStore(FusedRowsArgs(qkv, values_are_keys, norms, positions, rope, slots, k_cache, v_cache, q),
+                      impl_->fuse_norm_rope_store && FusedNormRopeTakes(q.size(0)));
+}
+
+// The one-warp-per-head kernel for decode-sized steps (launched programmatically when the
+// backend is), the per-token one for prefill: the same bits.
+void CudaBackend::LaunchNormRopeStore(const cuda::NormRopeStoreArgs& a, bool decode_sized) {
+  if (decode_sized) {
+    cuda::NormRopeStore(a, impl_->stream, impl_->programmatic);
+  } else {
+    cuda::NormRopeStoreRows(a, impl_->stream);
+  }
   HSX_LAUNCH_CHECK();
 }
 

@@ -101,6 +101,7 @@ class CudaBackend final : public Backend {
   void LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
   static constexpr int64_t kFusedNormRopeMaxTokens = 256;
   bool FusedNormRopeTakes(int64_t tokens) const;
+  void LaunchNormRopeStore(const cuda::NormRopeStoreArgs& a, bool decode_sized);
   bool DecodeAttentionTakes(int max_q_len) const;  // the split-KV decode kernel runs a step of these rows
   cuda::NormRopeStoreArgs FusedRowsArgs(const Tensor& qkv, bool values_are_keys, const HeadNorms& norms,
                                         const Tensor& positions, const RopeTable& rope, const Tensor& slots,

@@ -68,14 +68,9 @@ struct NormRopeStoreArgs {
 };
 // programmatic: launched to overlap the kernel before (programmatic_launch.cuh).
 void NormRopeStore(const NormRopeStoreArgs& args, cudaStream_t stream, bool programmatic = false);
-// Prefill-sized steps (norm_rope.cu): RoPE in place on x [T, heads, dim]; per-head RMSNorm
-// with weight w rounded to bf16 then RoPE, from rows of `in` (in_stride elements apart, e.g.
-// the fused q/k/v GEMM's output, or in == out) into out [T, heads, dim].
-void Rope(bf16* x, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim,
-          int64_t rotary_dims, cudaStream_t stream);
-void RmsNormRope(const bf16* in, int64_t in_stride, bf16* out, const bf16* w, float eps, bool one_plus_weight,
-                 const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim,
-                 int64_t rotary_dims, cudaStream_t stream);
+// The same for prefill-sized steps (norm_rope.cu), one block per token, the same bits; rows
+// it cannot stage in shared memory run on NormRopeStore's kernel.
+void NormRopeStoreRows(const NormRopeStoreArgs& args, cudaStream_t stream);
 void StoreKV(const bf16* k, const bf16* v, const int32_t* slots, int64_t tokens, int64_t k_row, int64_t v_row,
              bf16* k_cache, bf16* v_cache, cudaStream_t stream);
 void GatherRows(const void* x, const int32_t* rows, int64_t n_rows, int64_t row_bytes, void* out, cudaStream_t stream);

@@ -1,112 +1,137 @@
-// Per-token RoPE and q/k RMSNorm + RoPE for prefill-sized steps: one block per token,
-// its heads staged in shared memory. norm_rope_store.cu's one-warp-per-head kernel fuses
-// the KV store too and wins for decode-sized steps; at prefill sizes this one is about 3x
-// faster (H200, Qwen3-8B extraction: 124 ms against 362 ms per run of the bench).
+// A layer's attention inputs for prefill-sized steps (NormRopeStoreArgs, as NormRopeStore
+// takes them): one block per token. The block stages the token's q, k and v heads in
+// shared memory with 16-byte cp.async copies (the whole row in flight at once), computes
+// the token's cos/sin once, and its warps make each head ready as norm_rope_head.cuh does,
+// so the bits are those of norm_rope_store.cu's one-warp-per-head kernel, which wins for
+// decode-sized steps. The block then writes q, and the k and v cache rows at the token's
+// slot, with 16-byte stores. One kernel in place of four (q's and k's norm and RoPE, v's
+// copy out of the fused rows, the KV store): a 16k-token Qwen3-8B step moved 536 MB
+// through them at 1.1-1.8 TB/s, 365 us a layer (H200).
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/dynamic_shared_memory.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm_rope_head.cuh"
 
 namespace hsx::cuda {
 namespace {
 
-__device__ float ToF(bf16 v) { return __bfloat162float(v); }
-__device__ bf16 ToB(float v) { return __float2bfloat16(v); }
+constexpr int kWarps = 8;
+// Shared memory a block may take (a token's heads, cos/sin, a f32 row per warp); rows
+// past it run on NormRopeStore's kernel, which needs none of it.
+constexpr size_t kMaxSharedBytes = 160 << 10;
 
-// One block per token; threads over (head, pair) with rotate-half pairing.
-__global__ void RopeKernel(bf16* x, const int32_t* positions, const float* inv_freq, int64_t heads, int64_t dim,
-                           int64_t half) {
-  const float pos = static_cast<float>(positions[blockIdx.x]);
-  for (int64_t i = threadIdx.x; i < heads * half; i += blockDim.x) {
-    const int64_t h = i / half, j = i % half;
-    float s, c;
-    sincosf(pos * inv_freq[j], &s, &c);
-    bf16* v = x + (blockIdx.x * heads + h) * dim;
-    const float x1 = ToF(v[j]), x2 = ToF(v[j + half]);
-    v[j] = ToB(x1 * c - x2 * s);
-    v[j + half] = ToB(x2 * c + x1 * s);
+size_t SharedBytes(const NormRopeStoreArgs& a) {
+  const int64_t heads = a.q_heads + (a.k != nullptr ? 2 * a.kv_heads : 0);
+  return size_t(heads) * a.dim * sizeof(bf16) + (size_t(a.rotary_dims) + size_t(kWarps) * a.dim) * sizeof(float);
+}
+
+// Lane l holds elements l, l + 32, ... of a head: kPerLane covers dims up to 32 kPerLane.
+template <int kPerLane>
+__global__ void __launch_bounds__(kWarps * 32) NormRopeStoreRowsKernel(NormRopeStoreArgs a) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int dim = a.dim, half = a.rotary_dims / 2;
+  const int kv_heads = a.k != nullptr ? a.kv_heads : 0, heads = a.q_heads + 2 * kv_heads;
+  bf16* q_s = reinterpret_cast<bf16*>(shared);  // the token's heads: q's, then k's, then v's
+  bf16* k_s = q_s + a.q_heads * dim;
+  bf16* v_s = k_s + kv_heads * dim;
+  float* cos_s = reinterpret_cast<float*>(v_s + kv_heads * dim);
+  float* sin_s = cos_s + half;
+  float* row = sin_s + half + warp * dim;  // this warp's head before rotation
+  const int64_t token = blockIdx.x;
+
+  const int q_chunks = a.q_heads * dim / 8, kv_chunks = kv_heads * dim / 8;
+  const uint4* q_in = reinterpret_cast<const uint4*>(a.q_in + token * a.q_stride);
+  for (int i = threadIdx.x; i < q_chunks; i += blockDim.x) CopyAsync16(q_s + 8 * i, q_in + i);
+  if (kv_heads > 0) {
+    const uint4* k_in = reinterpret_cast<const uint4*>(a.k + token * a.kv_stride);
+    const uint4* v_in = reinterpret_cast<const uint4*>(a.v + token * a.kv_stride);
+    for (int i = threadIdx.x; i < kv_chunks; i += blockDim.x) {
+      CopyAsync16(k_s + 8 * i, k_in + i);
+      CopyAsync16(v_s + 8 * i, v_in + i);
+    }
+  }
+  CommitAsync();
+  const float pos = static_cast<float>(a.positions[token]);
+  const int64_t slot = kv_heads > 0 ? a.slots[token] : -1;  // negative: a padding row
+  for (int j = threadIdx.x; j < half; j += blockDim.x) RopeCosSin(pos, a.inv_freq[j], &sin_s[j], &cos_s[j]);
+  WaitAsync<0>();
+  __syncthreads();
+
+  const float plus = a.one_plus_weight ? 1.0f : 0.0f;
+  for (int head = warp; head < heads; head += kWarps) {
+    // A q head is normed with q_norm and rotated, a k head with k_norm, a v head normed
+    // (without a weight) if v_norm and not rotated.
+    const bool is_q = head < a.q_heads, is_k = !is_q && head < a.q_heads + kv_heads;
+    const bf16* w = is_q ? a.q_norm : is_k ? a.k_norm : nullptr;
+    const bool norm = is_q || is_k ? w != nullptr : a.v_norm, rope = (is_q || is_k) && half > 0;
+    bf16* x = q_s + head * dim;  // the three are contiguous
+    float r[kPerLane], scale[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int i = lane + 32 * j;
+      r[j] = i < dim ? __bfloat162float(x[i]) : 0.0f;
+      scale[j] = w != nullptr && i < dim ? __bfloat162float(w[i]) + plus : 1.0f;
+    }
+    if (norm) NormHeadInWarp(r, scale, dim, a.eps);
+    if (rope) {
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j)
+        if (lane + 32 * j < dim) row[lane + 32 * j] = r[j];
+      __syncwarp();
+      RotateHeadInWarp(r, row, cos_s, sin_s, half);
+      __syncwarp();  // the warp's next head reuses row
+    }
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j)
+      if (lane + 32 * j < dim) x[lane + 32 * j] = __float2bfloat16(r[j]);
+  }
+  __syncthreads();
+
+  uint4* q_out = reinterpret_cast<uint4*>(a.q + token * a.q_heads * dim);
+  for (int i = threadIdx.x; i < q_chunks; i += blockDim.x) q_out[i] = reinterpret_cast<const uint4*>(q_s)[i];
+  if (slot >= 0) {
+    uint4* k_out = reinterpret_cast<uint4*>(a.k_cache + slot * kv_heads * dim);
+    uint4* v_out = reinterpret_cast<uint4*>(a.v_cache + slot * kv_heads * dim);
+    for (int i = threadIdx.x; i < kv_chunks; i += blockDim.x) {
+      k_out[i] = reinterpret_cast<const uint4*>(k_s)[i];
+      v_out[i] = reinterpret_cast<const uint4*>(v_s)[i];
+    }
   }
 }
 
-// One block per token. Its heads are staged in shared memory with cp.async (the whole
-// row in flight at once), its cos/sin computed once for all heads, then one warp per
-// head normalizes and rotates (through a float row, so each lane can read its
-// rotate-half partner), and the block writes the row back with 16-byte stores.
-__global__ void RmsNormRopeKernel(const bf16* in, int64_t in_stride, bf16* out, const bf16* w, float eps, float plus,
-                                  const int32_t* positions, const float* inv_freq, int heads, int dim, int half) {
-  extern __shared__ __align__(16) unsigned char shared[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  bf16* x_s = reinterpret_cast<bf16*>(shared);  // the token's heads [heads, dim]
-  float* cos_s = reinterpret_cast<float*>(x_s + heads * dim);
-  float* sin_s = cos_s + half;
-  float* r_s = sin_s + half + warp * dim;
-  const int64_t token = blockIdx.x;
-  const uint4* in_g = reinterpret_cast<const uint4*>(in + token * in_stride);
-  uint4* out_g = reinterpret_cast<uint4*>(out + token * heads * dim);
-  uint4* x_s4 = reinterpret_cast<uint4*>(x_s);
-  const int chunks = heads * dim / 8;
-  for (int i = threadIdx.x; i < chunks; i += blockDim.x) CopyAsync16(x_s4 + i, in_g + i);
-  CommitAsync();
-  const float pos = static_cast<float>(positions[token]);
-  for (int j = threadIdx.x; j < half; j += blockDim.x) sincosf(pos * inv_freq[j], &sin_s[j], &cos_s[j]);
-  WaitAsync<0>();
-  __syncthreads();
-  for (int head = warp; head < heads; head += warps) {
-    bf16* xr = x_s + head * dim;
-    float ss = 0.0f;
-    for (int i = lane; i < dim; i += 32) {
-      const float v = ToF(xr[i]);
-      r_s[i] = v;
-      ss += v * v;
-    }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, o);
-    const float inv = rsqrtf(ss / dim + eps);
-    for (int i = lane; i < dim; i += 32) r_s[i] = ToF(ToB(r_s[i] * inv * (ToF(w[i]) + plus)));
-    __syncwarp();
-    for (int i = lane; i < dim; i += 32) {
-      float v = r_s[i];
-      if (i < half) {
-        v = v * cos_s[i] - r_s[i + half] * sin_s[i];
-      } else if (i < 2 * half) {
-        v = v * cos_s[i - half] + r_s[i - half] * sin_s[i - half];
-      }
-      xr[i] = ToB(v);
-    }
-    __syncwarp();  // the next head reuses r_s
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < chunks; i += blockDim.x) out_g[i] = x_s4[i];
+template <int kPerLane>
+void Launch(const NormRopeStoreArgs& a, size_t smem, cudaStream_t stream) {
+  AllowDynamicSharedMemory<NormRopeStoreRowsKernel<kPerLane>>(kMaxSharedBytes);
+  NormRopeStoreRowsKernel<kPerLane><<<a.tokens, kWarps * 32, smem, stream>>>(a);
 }
 
 }  // namespace
 
-void Rope(bf16* x, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim,
-          int64_t rotary_dims, cudaStream_t stream) {
-  if (tokens > 0) RopeKernel<<<tokens, 128, 0, stream>>>(x, positions, inv_freq, heads, dim, rotary_dims / 2);
-}
-void RmsNormRope(const bf16* in, int64_t in_stride, bf16* out, const bf16* w, float eps, bool one_plus_weight,
-                 const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads, int64_t dim,
-                 int64_t rotary_dims, cudaStream_t stream) {
-  constexpr int kWarps = 4;
-  // 16-byte chunks: rows start 16-byte aligned (activations are whole allocations, and the
-  // fused q/k/v rows' widths and offsets are multiples of 8) and every head dim the backend
-  // runs (16..512) is a multiple of 8.
-  if (dim % 8 != 0 || in_stride % 8 != 0 || reinterpret_cast<uintptr_t>(in) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(out) % 16 != 0) {
-    std::fprintf(stderr, "hsx: RmsNormRope needs 16-byte aligned rows (head dim %ld, row stride %ld)\n",
-                 static_cast<long>(dim), static_cast<long>(in_stride));
-    std::abort();
+void NormRopeStoreRows(const NormRopeStoreArgs& a, cudaStream_t stream) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  // 16-byte chunks of every row (the fused q/k/v rows' widths and offsets are multiples of
+  // 8 whenever the head dim is, and activations and caches are whole allocations).
+  const bool chunked = a.dim % 8 == 0 && a.q_stride % 8 == 0 && aligned(a.q_in) && aligned(a.q) &&
+                       (a.k == nullptr || (a.kv_stride % 8 == 0 && aligned(a.k) && aligned(a.v) &&
+                                           aligned(a.k_cache) && aligned(a.v_cache)));
+  const size_t smem = SharedBytes(a);
+  if (!chunked || a.dim > 512 || a.rotary_dims > a.dim || smem > kMaxSharedBytes) {
+    NormRopeStore(a, stream);  // the same bits, one warp a head
+    return;
   }
-  AllowDynamicSharedMemory<RmsNormRopeKernel>(160 << 10);
-  const int half = static_cast<int>(rotary_dims / 2);
-  const size_t smem = heads * dim * sizeof(bf16) + (2 * half + kWarps * dim) * sizeof(float);
-  if (tokens > 0 && heads > 0)
-    RmsNormRopeKernel<<<tokens, 32 * kWarps, smem, stream>>>(in, in_stride, out, w, eps, one_plus_weight ? 1.0f : 0.0f,
-                                                             positions, inv_freq, static_cast<int>(heads),
-                                                             static_cast<int>(dim), half);
+  if (a.tokens <= 0 || a.q_heads + (a.k != nullptr ? a.kv_heads : 0) <= 0) return;
+  if (a.dim <= 64) {
+    Launch<2>(a, smem, stream);
+  } else if (a.dim <= 128) {
+    Launch<4>(a, smem, stream);
+  } else if (a.dim <= 256) {
+    Launch<8>(a, smem, stream);
+  } else {
+    Launch<16>(a, smem, stream);
+  }
 }
 
 }  // namespace hsx::cuda
