@@ -195,7 +195,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
       // The first step waits for a step's worth of prompt tokens (or a full inbox, or the end
       // of the input): stepping on the first few requests the reader hands over makes a short
       // step and one step more in all, and waiting for more keeps the GPU idle while the reader
-      // parses them (the whole of a 256-prompt input: ~90 ms on an H200 host).
+      // parses the rest (for a short input, all of it).
       bool started = false;
       auto finished = [&] {
         std::lock_guard<std::mutex> lock(dispatch_mu);

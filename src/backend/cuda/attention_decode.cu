@@ -194,16 +194,8 @@ __device__ __forceinline__ void PrepareInputs(const NormRopeStoreArgs& in, int k
         r[j] = __bfloat162float(head.x[j]);
         scale[j] = head.w != nullptr ? __bfloat162float(head.scale[j]) + plus : 1.0f;
       }
-      if (head.norm) NormHeadInWarp(r, scale, D, in.eps);
-      if (head.rope && half > 0) {
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j)
-          if (lane + 32 * j < D) row[lane + 32 * j] = r[j];
-        __syncwarp();
-        const int64_t angles = int64_t(head.token - q_start) * (D / 2);
-        RotateHeadInWarp(r, row, cos_table + angles, sin_table + angles, half);
-        __syncwarp();  // the next head rewrites the row
-      }
+      const int64_t angles = int64_t(head.token - q_start) * (D / 2);
+      MakeHeadReady(r, scale, head.norm, head.rope, row, cos_table + angles, sin_table + angles, D, half, in.eps);
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
         const int i = lane + 32 * j;

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreRowsKernel(NormRopeS
     // (without a weight) if v_norm and not rotated.
     const bool is_q = head < a.q_heads, is_k = !is_q && head < a.q_heads + kv_heads;
     const bf16* w = is_q ? a.q_norm : is_k ? a.k_norm : nullptr;
-    const bool norm = is_q || is_k ? w != nullptr : a.v_norm, rope = (is_q || is_k) && half > 0;
+    const bool norm = is_q || is_k ? w != nullptr : a.v_norm, rope = is_q || is_k;
     bf16* x = q_s + head * dim;  // the three are contiguous
     float r[kPerLane], scale[kPerLane];
 #pragma unroll
@@ -75,15 +75,7 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreRowsKernel(NormRopeS
       r[j] = i < dim ? __bfloat162float(x[i]) : 0.0f;
       scale[j] = w != nullptr && i < dim ? __bfloat162float(w[i]) + plus : 1.0f;
     }
-    if (norm) NormHeadInWarp(r, scale, dim, a.eps);
-    if (rope) {
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j)
-        if (lane + 32 * j < dim) row[lane + 32 * j] = r[j];
-      __syncwarp();
-      RotateHeadInWarp(r, row, cos_s, sin_s, half);
-      __syncwarp();  // the warp's next head reuses row
-    }
+    MakeHeadReady(r, scale, norm, rope, row, cos_s, sin_s, dim, half, a.eps);
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j)
       if (lane + 32 * j < dim) x[lane + 32 * j] = __float2bfloat16(r[j]);
@@ -122,7 +114,7 @@ void NormRopeStoreRows(const NormRopeStoreArgs& a, cudaStream_t stream) {
     NormRopeStore(a, stream);  // the same bits, one warp a head
     return;
   }
-  if (a.tokens <= 0 || a.q_heads + (a.k != nullptr ? a.kv_heads : 0) <= 0) return;
+  if (a.tokens <= 0 || a.q_heads + (a.k != nullptr ? a.kv_heads : 0) <= 0) return;  // nothing to launch
   if (a.dim <= 64) {
     Launch<2>(a, smem, stream);
   } else if (a.dim <= 128) {

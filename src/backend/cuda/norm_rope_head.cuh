@@ -51,4 +51,21 @@ __device__ __forceinline__ void RotateHeadInWarp(float (&r)[kPerLane], const flo
   }
 }
 
+// A head made ready: normed if `norm`, then rotated if `rope` and half > 0, through `row`,
+// the warp's own f32 row in shared memory (free again for the warp's next head on return).
+template <int kPerLane>
+__device__ __forceinline__ void MakeHeadReady(float (&r)[kPerLane], const float (&scale)[kPerLane], bool norm,
+                                              bool rope, float* row, const float* cos_s, const float* sin_s, int dim,
+                                              int half, float eps) {
+  if (norm) NormHeadInWarp(r, scale, dim, eps);
+  if (!rope || half == 0) return;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + 32 * j < dim) row[lane + 32 * j] = r[j];
+  __syncwarp();
+  RotateHeadInWarp(r, row, cos_s, sin_s, half);
+  __syncwarp();
+}
+
 }  // namespace hsx::cuda

@@ -86,15 +86,7 @@ __global__ void __launch_bounds__(kWarps * 32) NormRopeStoreKernel(NormRopeStore
   __syncthreads();
   if (!live) return;  // whole warps leave; only __syncwarp follows
 
-  if (norm) NormHeadInWarp(r, scale, a.dim, a.eps);
-  if (rope && half > 0) {
-    float* row = rows[warp];
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j)
-      if (lane + 32 * j < a.dim) row[lane + 32 * j] = r[j];
-    __syncwarp();
-    RotateHeadInWarp(r, row, cos_s, sin_s, half);
-  }
+  MakeHeadReady(r, scale, norm, rope, rows[warp], cos_s, sin_s, a.dim, half, a.eps);
   bf16* stored = slot >= 0 ? cache + (slot * a.kv_heads + head) * a.dim : nullptr;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
