@@ -189,6 +189,13 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--http-read-timeout", o->server.read_timeout,
                   "Seconds a client may pause while sending a request body (default 5)")
       ->check(CLI::Range(0.001, 3600.0));
+  app->add_option("--http-body-timeout", o->server.body_timeout,
+                  "Seconds a client has to send a whole request body, from its headers (default 30)")
+      ->check(CLI::Range(0.001, 86400.0));
+  app->add_option("--http-max-incoming-bodies", o->server.max_incoming_bodies,
+                  "Connections that may be sending a request body at once; beyond them a body that has not "
+                  "arrived within a second gets 503 (default: a quarter of --http-threads)")
+      ->check(CLI::Range(0, 65536));
   app->add_option("--drain-timeout", o->drain_timeout,
                   "On SIGTERM/SIGINT, seconds to let requests under way finish before cancelling them (default 30)")
       ->check(CLI::Range(0.0, 86400.0));

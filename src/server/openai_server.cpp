@@ -111,8 +111,12 @@ OpenAiServer::OpenAiServer(ServerConfig config, EngineReplicas& engine, const To
       chat_template_(chat_template),
       chat_template_error_(std::move(chat_template_error)),
       eos_token_ids_(std::move(eos_token_ids)),
-      http_(std::make_unique<HttpServer>(HttpServer::Limits{static_cast<size_t>(std::max(1, config_.http_threads)),
-                                                            config_.header_timeout, config_.read_timeout})) {
+      http_(std::make_unique<HttpServer>(
+          HttpServer::Limits{.threads = static_cast<size_t>(std::max(1, config_.http_threads)),
+                             .header_seconds = config_.header_timeout,
+                             .read_seconds = config_.read_timeout,
+                             .body_seconds = config_.body_timeout,
+                             .max_incoming_bodies = static_cast<size_t>(std::max(0, config_.max_incoming_bodies))})) {
   if (!config_.storage_dir.empty()) writers_ = std::make_unique<WriterPool>(config_.writer_threads, 64);
   limits_.model_name = config_.model_name;
   limits_.max_model_len = config_.max_model_len;
@@ -192,7 +196,10 @@ void OpenAiServer::Routes() {
         return ReplyError(res, 413, "the request body is larger than " + std::to_string(config_.max_body_bytes) +
                                         " bytes (--max-body-bytes)");
       }
-      if (!read) return ReplyError(res, 400, "the request body could not be read");
+      if (!read) {  // 408 past a deadline, 503 when stopping, else 400
+        const HttpServer::BodyError why = HttpServer::LastBodyError();
+        return ReplyError(res, why.status, why.message);
+      }
       auto body = ParseJson(text, "the request body");
       if (!body.ok()) return ReplyError(res, 400, Shortened(body.status().message(), 300));
       handler(req, res, *body, text);

@@ -41,6 +41,10 @@ struct ServerConfig {
   int http_threads = 512;
   double header_timeout = 10;  // seconds for a request's line and headers, as a whole
   double read_timeout = 5;     // seconds for each wait for more of a request body
+  double body_timeout = 30;    // seconds for a whole request body, from its headers
+  // Connections receiving a request body at once (0: a quarter of http_threads); beyond
+  // them a body that has not arrived gets 503, so slow uploads cannot hold every thread.
+  int max_incoming_bodies = 0;
   // Larger request bodies get 413 (a 4096-token prompt as JSON ids is ~25 KB).
   size_t max_body_bytes = 32u << 20;
 };

@@ -99,25 +99,27 @@ def metric(server, name):
     raise KeyError(name)
 
 
-def slow_bodies(server, n):
-    """n clients sending request bodies a byte at a time, once the server has routed each
-    request (it reads a body after routing, so a drain waits for these)."""
-    before = metric(server, "hsx_http_requests_total")  # counts the /metrics requests too
-    clients = SlowClients(server.port, n, body=True)
-    deadline = time.time() + HANG
-    for calls in itertools.count(1):
-        if metric(server, "hsx_http_requests_total") - before - calls >= n:
-            return clients
-        assert time.time() < deadline, "the slow requests never reached the server"
-        time.sleep(0.02)
-
-
 def wait_until_admitted(server, prompt_tokens):
     """Until the engine has taken in this many prompt tokens (all of the test's requests)."""
     deadline = time.time() + HANG
     while metric(server, "hsx_prompt_tokens_total") < prompt_tokens:
         assert time.time() < deadline, "the requests never started"
         time.sleep(0.02)
+
+
+def stalled_stream(server, k):
+    """A streaming completion, under way, whose client never reads: once the socket's
+    buffers (kept small) are full, each write waits out the 5 s write timeout, and a
+    drain waits for it."""
+    before = metric(server, "hsx_prompt_tokens_total")
+    c = socket.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    c.connect(("127.0.0.1", server.port))
+    body = json.dumps({"prompt": prompt_of(k), "max_tokens": 3000, "stream": True, "ignore_eos": True}).encode()
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    wait_until_admitted(server, before + len(prompt_of(k)))
+    return c
 
 
 def open_stream(server, prompt, max_tokens):
@@ -252,7 +254,7 @@ def test_sigterm_lets_streams_and_waiting_requests_finish_with_their_files(tmp_p
 def test_the_drain_deadline_ends_slow_clients_and_the_server_exits(tmp_path):
     s = Server(tmp_path, "--drain-timeout", "2")
     slow_headers = SlowClients(s.port, 3)
-    bodies = slow_bodies(s, 3)  # requests under way that never end
+    stalled = stalled_stream(s, 11)  # a request under way that does not end within the drain
     try:
         s.proc.send_signal(signal.SIGTERM)
         assert s.proc.wait(timeout=HANG) == 1  # 1: requests were cancelled
@@ -261,13 +263,13 @@ def test_the_drain_deadline_ends_slow_clients_and_the_server_exits(tmp_path):
         assert_no_stray_files(s.storage)
     finally:
         slow_headers.close()
-        bodies.close()
+        stalled.close()
         s.stop()
 
 
 def test_a_second_signal_stops_at_once_and_leaves_no_partial_file(tmp_path):
     s = Server(tmp_path, "--drain-timeout", "3600")
-    bodies = slow_bodies(s, 2)
+    stalled = stalled_stream(s, 11)  # the drain lasts until the second signal
     try:
         conn, resp, events = open_stream(s, prompt_of(7), 3000)
         s.proc.send_signal(signal.SIGTERM)
@@ -288,7 +290,7 @@ def test_a_second_signal_stops_at_once_and_leaves_no_partial_file(tmp_path):
             assert read_safetensors(request_file)["token_ids"].tolist()[:4] == prompt_of(7)
         assert_no_stray_files(s.storage)
     finally:
-        bodies.close()
+        stalled.close()
         s.stop()
 
 
@@ -349,15 +351,81 @@ def test_slow_clients_beyond_the_thread_count_do_not_starve_the_others(tmp_path)
         status, res = post(s, {"prompt": prompt_of(3), "max_tokens": 2})
         assert status == 200, res
         assert_file_holds(res["kv_transfer_params"]["hidden_states_path"], prompt_of(3))
-        # 100 KB of headers, sent fast, are refused at 64 KiB instead of piling up.
-        with socket.create_connection(("127.0.0.1", s.port), timeout=HANG) as c:
-            try:
-                c.sendall(b"GET /health HTTP/1.1\r\n" +
-                          b"".join(b"X-%d: %s\r\n" % (i, b"y" * 1000) for i in range(100)) + b"\r\n")
-                answer = c.recv(12)
-            except ConnectionResetError:  # closed with our bytes unread
-                answer = b""
-            assert answer in (b"HTTP/1.1 400", b""), answer
     finally:
         slow.close()
         s.stop()
+
+
+def stop_at_once(server):
+    """Ends a server that a test found hanging, so the failure is reported quickly."""
+    if server.proc.poll() is None:
+        server.proc.kill()
+        server.proc.wait()
+    server.stop()
+
+
+def test_slow_bodies_beyond_the_thread_count_do_not_starve_the_others(tmp_path):
+    """Uploads that send whole headers, then a body byte every 0.3 s, five times the
+    threads: no pause trips the read timeout, so only the cap on bodies arriving at once
+    keeps threads free. They held every thread (nothing else was served), and SIGTERM
+    waited the whole drain for them, then exited 1."""
+    s = Server(tmp_path, "--http-threads", "2")  # one body slot: a quarter of the threads, at least one
+    slow = SlowClients(s.port, 10, body=True, reconnect=True)
+    try:
+        with urllib.request.urlopen(s.url + "/health", timeout=15) as r:
+            assert r.status == 200
+        status, res = post(s, {"prompt": prompt_of(5), "max_tokens": 2}, timeout=15)
+        assert status == 200, res
+        # The one body slot is a slow client's: a body that does not come at once gets 503.
+        with socket.create_connection(("127.0.0.1", s.port), timeout=15) as c:
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            answer = c.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"Retry-After" in answer, answer
+        # A drain does not wait for bodies still arriving: they are answered 503 at once.
+        started = time.time()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=15) == 0
+        assert time.time() - started < 10
+    finally:
+        slow.close()
+        stop_at_once(s)
+
+
+def test_a_body_slower_than_its_deadline_gets_408(tmp_path):
+    s = Server(tmp_path, "--http-body-timeout", "1")
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=15) as c:
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            c.settimeout(0.3)
+            answer, deadline = b"", time.time() + 15
+            while not answer and time.time() < deadline:
+                try:
+                    answer = c.recv(4096)
+                except socket.timeout:
+                    c.sendall(b" ")  # a byte every 0.3 s: each pause is well within the read timeout
+            c.settimeout(15)
+            while chunk := c.recv(4096):  # the rest of the answer, until the server closes
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert b"--http-body-timeout" in answer, answer
+    finally:
+        stop_at_once(s)
+
+
+# --- item 2 of round 2: a request's line and headers too large ----------------------------
+
+def test_a_request_line_or_headers_too_large_get_414_and_431(server):
+    """Sent fast, they are refused at 64 KiB instead of piling up; the connection used to
+    be closed with no answer at all."""
+    cases = [(b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n\r\n", b"HTTP/1.1 414"),  # past the cap
+             (b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n", b"HTTP/1.1 414"),   # past 0.11's own limit
+             (b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"y" * 1000) for i in range(100)) +
+              b"\r\n", b"HTTP/1.1 431")]
+    for request, status in cases:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=15) as c:
+            c.sendall(request)
+            answer = c.recv(12)
+        assert answer == status, (request[:40], answer)
+    with urllib.request.urlopen(server.url + "/health", timeout=15) as r:
+        assert r.status == 200
