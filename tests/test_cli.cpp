@@ -16,6 +16,7 @@
 #include <set>
 
 #include "test_util.h"
+#include "util/atomic_file.h"
 
 namespace hsx {
 namespace {
@@ -153,7 +154,7 @@ TEST_F(CliTest, ExtractResumesOverATornManifestAndLeftoverTempFiles) {
   const pid_t dead = fork();
   if (dead == 0) _exit(0);
   waitpid(dead, nullptr, 0);
-  const std::string leftover = out + "/p1.safetensors.tmp." + std::to_string(dead) + ".3";
+  const std::string leftover = out + "/p1.safetensors.tmp." + TempFileHost() + "." + std::to_string(dead) + ".3";
   fs::copy_file(out + "/p1.safetensors", leftover);
 
   CommandResult second = Hsx(args);

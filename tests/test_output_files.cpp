@@ -105,13 +105,16 @@ TEST_F(OutputFilesTest, OnlyADeadWritersTempFilesAreRemoved) {
   if (child == 0) _exit(0);
   ASSERT_GT(child, 0);
   waitpid(child, nullptr, 0);  // now a pid that no process has
-  const std::string dead = std::to_string(child), live = std::to_string(getpid());
+  const std::string host = TempFileHost();
+  const std::string dead = host + "." + std::to_string(child), live = host + "." + std::to_string(getpid());
   const std::vector<std::string> stale = {"a.safetensors.tmp." + dead + ".0", "b.safetensors.tmp." + dead + ".17"};
   const std::vector<std::string> kept = {
       "c.safetensors.tmp." + live + ".0",  // a live writer's file in progress
       "d.safetensors.temp." + dead + ".0",  // not hsx's pattern
       "e.tmp.x" + dead + ".0", "f.tmp." + dead, "g.tmp." + dead + ".1x", ".tmp." + dead + ".0",
-      "h.safetensors", "manifest.jsonl"};
+      "h.safetensors", "manifest.jsonl",
+      "i.safetensors.tmp.other-host." + std::to_string(child) + ".0",  // another host's: its pids mean nothing here
+      "j.safetensors.tmp." + std::to_string(child) + ".0"};             // no host: whose, nobody knows
   for (const auto& names : {stale, kept})
     for (const auto& n : names) std::ofstream(dir_ + "/" + n) << "x";
   fs::create_directory(dir_ + "/sub");

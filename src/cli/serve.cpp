@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "server/openai_server.h"
+#include "util/atomic_file.h"
 
 namespace hsx::cli {
 namespace {
@@ -52,6 +53,18 @@ Status ParseKvTransferConfig(const std::string& text, ServerConfig& server) {
     return Error(where + "shared_storage_path " + server.storage_dir + " cannot be created");
   }
   return {};
+}
+
+// Temp files of this host's writers that died between write and rename (a serve killed
+// with -9); those of live writers and of other hosts sharing the storage stay. A file
+// that cannot be removed is worth a warning, not a server that will not start.
+void RemoveDeadWritersTempFiles(const std::string& storage_dir) {
+  auto removed = RemoveStaleTempFiles(storage_dir);
+  if (!removed.ok()) {
+    std::fprintf(stderr, "hsx serve: warning: %s\n", removed.status().message().c_str());
+  } else if (*removed > 0) {
+    std::fprintf(stderr, "hsx serve: removed %d temp file(s) of dead writers in %s\n", *removed, storage_dir.c_str());
+  }
 }
 
 // SIGTERM/SIGINT. While the model loads there is nothing to drain, so a signal ends the
@@ -107,6 +120,7 @@ int RunServe(ServeOptions o) {
   }
   if (!o.kv_transfer_config.empty()) {
     if (Status s = ParseKvTransferConfig(o.kv_transfer_config, o.server); !s.ok()) return Fail(cmd, s);
+    RemoveDeadWritersTempFiles(o.server.storage_dir);
   }
   if (configs[0].capture_layers.empty() != o.server.storage_dir.empty()) {
     return Fail(cmd, Error("hidden-state extraction needs both --speculative-config and --kv-transfer-config"));

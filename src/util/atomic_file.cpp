@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -38,25 +39,43 @@ bool AllDigits(std::string_view s) {
   return !s.empty() && s.find_first_not_of("0123456789") == std::string_view::npos;
 }
 
-// The writer pid of a WriteFileAtomic temp name "<target>.tmp.<pid>.<n>", or -1.
+// The writer pid of a WriteFileAtomic temp name "<target>.tmp.<host>.<pid>.<n>" if its
+// host is this one, else -1 (another host's, or not such a name).
 long TempFileOwner(std::string_view name) {
   const size_t infix = name.rfind(kTempInfix);
   if (infix == std::string_view::npos || infix == 0) return -1;
   std::string_view rest = name.substr(infix + kTempInfix.size());
-  const size_t dot = rest.find('.');
-  if (dot == std::string_view::npos || !AllDigits(rest.substr(0, dot)) || !AllDigits(rest.substr(dot + 1)) ||
-      dot > 9) {
-    return -1;
-  }
-  return std::stol(std::string(rest.substr(0, dot)));
+  const size_t last = rest.rfind('.');
+  if (last == std::string_view::npos || last == 0 || !AllDigits(rest.substr(last + 1))) return -1;
+  const size_t pid_start = rest.rfind('.', last - 1);
+  if (pid_start == std::string_view::npos) return -1;
+  const std::string_view host = rest.substr(0, pid_start), pid = rest.substr(pid_start + 1, last - pid_start - 1);
+  if (host != TempFileHost() || !AllDigits(pid) || pid.size() > 9) return -1;
+  return std::stol(std::string(pid));
 }
 
 }  // namespace
 
+const std::string& TempFileHost() {
+  static const std::string host = [] {
+    char name[256] = {};
+    if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return std::string("unknown-host");
+    std::string safe(name);
+    for (char& c : safe) {
+      const bool keep =
+          (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+      if (!keep) c = '-';
+    }
+    safe.resize(std::min<size_t>(safe.size(), 64));  // a file name has 255 bytes at most
+    return safe;
+  }();
+  return host;
+}
+
 Status WriteFileAtomic(const std::string& path, const std::vector<std::string_view>& parts) {
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp =
-      path + std::string(kTempInfix) + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  const std::string tmp = path + std::string(kTempInfix) + TempFileHost() + "." + std::to_string(::getpid()) + "." +
+                          std::to_string(counter++);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Error(OsError(path, "cannot create", errno));
   Status status;

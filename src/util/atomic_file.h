@@ -12,15 +12,19 @@
 namespace hsx {
 
 // Writes the concatenation of `parts` to `path` atomically, through the temp file
-// "<path>.tmp.<pid>.<n>" (the writer's pid, so a later run can tell a dead writer's
-// leftover from a live one's file in progress).
+// "<path>.tmp.<host>.<pid>.<n>" (the writer's host and pid, so a later run on the same
+// host can tell a dead writer's leftover from a live one's file in progress, even in a
+// directory that other hosts share).
 Status WriteFileAtomic(const std::string& path, const std::vector<std::string_view>& parts);
 
+// This host's name as temp file names carry it: gethostname with every character but
+// letters, digits, '_' and '-' made '-' (a '.' would split the name's fields).
+const std::string& TempFileHost();
+
 // Removes the temp files in `dir` (not below it) that WriteFileAtomic left when its
-// process died between write and rename: only names of that exact pattern whose pid is
-// no live process on this machine, and, given `owned`, whose target file name it accepts
-// (a shard on a shared file system must leave other hosts' writers alone: their pids
-// mean nothing here). Returns how many it removed.
+// process died between write and rename: only names of that exact pattern written on
+// this host whose pid is no live process here (other hosts' pids mean nothing here),
+// and, given `owned`, whose target file name it accepts. Returns how many it removed.
 Result<int> RemoveStaleTempFiles(const std::string& dir, const std::function<bool(const std::string&)>& owned = {});
 
 // Appends one line (a '\n' is added) with a single write(2) on an O_APPEND file and

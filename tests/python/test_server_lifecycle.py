@@ -1,11 +1,14 @@
 """hsx serve's lifecycle against the real binary: request ids that never collide between
 servers sharing a storage path, SIGTERM (drain, its deadline, a second signal, a signal
-while the model loads) and slow peers that trickle their headers."""
+while the model loads), slow peers that trickle their headers or bodies, request heads
+too large, and temp files that a killed server left."""
 import concurrent.futures
 import http.client
 import itertools
 import json
+import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -429,3 +432,37 @@ def test_a_request_line_or_headers_too_large_get_414_and_431(server):
         assert answer == status, (request[:40], answer)
     with urllib.request.urlopen(server.url + "/health", timeout=15) as r:
         assert r.status == 200
+
+
+# --- item 3 of round 2: temp files of a killed server ------------------------------------
+
+def temp_file_host():
+    """This host as hsx's temp file names carry it."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:64] or "unknown-host"
+
+
+def test_a_restart_removes_only_this_hosts_dead_writers_temp_files(tmp_path):
+    """A server killed with -9 leaves its temp files; the next start on the same storage
+    removes those, and leaves a live writer's and other hosts' (on shared storage a pid
+    of another host means nothing here). Nothing removed them."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    storage = tmp_path / "shared"
+    killed = Server(tmp_path / "a", storage=storage)
+    killed.proc.kill()
+    killed.proc.wait()
+    killed.stop()
+    host, dead, live = temp_file_host(), killed.proc.pid, os.getpid()
+    name = "cmpl-0123456789abcdef0123456789abcdef-0.safetensors.tmp."
+    removed = [f"{name}{host}.{dead}.0"]
+    kept = [f"{name}{host}.{live}.0", f"{name}other-host.{dead}.0", f"{name}{dead}.0"]
+    for n in removed + kept:
+        (storage / n).write_bytes(b"partial")
+    s = Server(tmp_path / "b", storage=storage)
+    try:
+        names = {p.name for p in storage.iterdir()}
+        assert not set(removed) & names, names
+        assert set(kept) <= names, names
+        assert "removed 1 temp file(s)" in (tmp_path / "b" / "server.log").read_text()
+    finally:
+        s.stop()
