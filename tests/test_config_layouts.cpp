@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "engine/engine.h"
 #include "model/model.h"
+#include "model/weights.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -69,6 +71,7 @@ TEST_P(ConfigLayoutTest, ResolvesAsTransformersDoes) {
   EXPECT_EQ(m.num_experts, e["num_experts"].get<int>());
   EXPECT_EQ(m.experts_per_token, e["experts_per_token"].get<int>());
   EXPECT_EQ(m.norm_topk_prob, e["norm_topk_prob"].get<bool>());
+  EXPECT_EQ(m.max_model_len(), e["max_model_len"].get<int>());
   ASSERT_EQ(m.layers.size(), e["layers"].size());
   for (int i = 0; i < m.num_layers; ++i) {
     const json& el = e["layers"][i];
@@ -78,8 +81,11 @@ TEST_P(ConfigLayoutTest, ResolvesAsTransformersDoes) {
     EXPECT_EQ(l.head_dim, el["head_dim"].get<int>());
     EXPECT_EQ(l.num_kv_heads, el["num_kv_heads"].get<int>());
     EXPECT_EQ(l.rope.theta, el["rope_theta"].get<double>());
+    // transformers multiplies cos and sin by the RoPE attention factor a: q.k scales by a².
+    const double a = el["attention_factor"].get<double>();
+    EXPECT_DOUBLE_EQ(l.rope.attention_factor, a);
     const double scale = e["attn_scale"].get<double>() > 0 ? e["attn_scale"].get<double>() : 1.0 / std::sqrt(l.head_dim);
-    EXPECT_FLOAT_EQ(m.attention_scale(i), static_cast<float>(scale));
+    EXPECT_FLOAT_EQ(m.attention_scale(i), static_cast<float>(scale * a * a));
     int rotary_dims = 0;
     const std::vector<float> mine = RopeInverseFrequencies(l.rope, l.head_dim, &rotary_dims);
     const std::vector<float> ref = e["inv_freq"][el["inv_freq"].get<std::string>()].get<std::vector<float>>();
@@ -171,6 +177,44 @@ TEST(ConfigLayouts, LinearScalingChangesTheFullAttentionTable) {
   EXPECT_EQ(RopeInverseFrequencies(scaled->layers[0].rope, 16, &dims), RopeInverseFrequencies(plain->layers[0].rope, 16, &dims));
 }
 
+// Mistral-7B-Instruct-v0.3's config.json: transformers' parameter count for it (untied
+// 32768-row embedding and head, GQA 32/8, MLP 14336), as `hsx inspect` prints it.
+TEST(ConfigLayouts, Mistral7BInstructV03HasTransformersParameterCount) {
+  auto c = ParseModelConfig(Case("Mistral-7B-Instruct-v0.3")["config"].dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->architecture, "MistralForCausalLM");
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(CountParameters(*c), int64_t{7248023552});
+}
+
+// longrope switches to long_factor, in transformers, once a forward call reaches past
+// original_max_position_embeddings: the engine runs no longer sequences, even when asked to.
+TEST(ConfigLayouts, LongropeBoundsTheEngineAtTheOriginalLength) {
+  char tmpl[] = "/tmp/hsx-longrope-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  json config = json::parse(std::ifstream(test::ModelDir("llama") + "/config.json"));
+  config["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 10000.0}, {"original_max_position_embeddings", 16},
+                               {"short_factor", std::vector<double>(8, 1.5)}, {"long_factor", std::vector<double>(8, 4.0)}};
+  std::ofstream(dir + "/config.json") << config.dump();
+  fs::copy_file(test::ModelDir("llama") + "/model.safetensors", dir + "/model.safetensors");
+  CpuBackend backend;
+  auto model = Model::Load(dir, backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  EXPECT_EQ((*model)->config().max_position_embeddings, 4096);
+  EXPECT_EQ((*model)->config().max_model_len(), 16);
+  for (int asked : {0, 4096}) {
+    EngineConfig ec;
+    ec.num_blocks = 8;
+    ec.capture_layers = {1};
+    ec.max_model_len = asked;
+    Engine engine(**model, ec);
+    EXPECT_TRUE(engine.Validate(Request{"fits", std::vector<int32_t>(10, 1), 6}).ok());
+    Status s = engine.Validate(Request{"long", std::vector<int32_t>(10, 1), 7});
+    EXPECT_NE(s.message().find("exceed max_model_len 16"), std::string::npos) << s.message();
+  }
+  fs::remove_all(dir);
+}
+
 // generation_config.json's eos_token_id (an integer or a list) joins the stop tokens.
 TEST(ConfigLayouts, GenerationConfigEosJoinsTheStopTokens) {
   char tmpl[] = "/tmp/hsx-genconfig-XXXXXX";
@@ -202,8 +246,44 @@ const Refusal kRefusals[] = {
     {"llama", R"({"rope_parameters": {"rope_theta": -1}})", "field 'rope_theta': must be a finite number > 0"},
     {"llama", R"({"rope_parameters": null, "rope_theta": -1})", "config.json: field 'rope_theta': must be a finite number > 0"},
     {"llama", R"({"rope_parameters": {"rope_theta": "1e4"}})", "field 'rope_theta': is string, expected a number"},
-    {"llama", R"({"rope_parameters": {"rope_type": "yarn", "factor": 4}})", "field 'rope_type': RoPE type 'yarn' is not supported"},
-    {"llama", R"({"rope_parameters": {"rope_type": "dynamic", "factor": 4}})", "RoPE type 'dynamic' is not supported"},
+    {"llama", R"({"rope_parameters": {"rope_type": "mrope", "factor": 4}})", "field 'rope_type': RoPE type 'mrope' is not supported"},
+    {"llama", R"({"rope_parameters": null, "rope_scaling": {"type": "su", "factor": 4}})", "rope_scaling: field 'type': RoPE type 'su' is not supported"},
+    {"llama", R"({"rope_parameters": {"rope_type": "yarn"}})", "rope_parameters: field 'factor': missing"},
+    {"llama", R"({"rope_parameters": {"rope_type": "yarn", "factor": 4, "low_freq_factor": 1}})", "field 'low_freq_factor': not supported"},
+    {"llama", R"({"rope_parameters": {"rope_type": "yarn", "factor": 4, "truncate": "no"}})", "field 'truncate': is string"},
+    {"llama", R"({"rope_parameters": {"rope_type": "yarn", "factor": 4, "attention_factor": -1}})",
+     "field 'attention_factor': must be null or a finite number > 0"},
+    {"llama", R"({"rope_parameters": {"rope_type": "yarn", "factor": 4, "mscale": "1"}})", "field 'mscale': is string"},
+    {"llama", R"({"rope_parameters": {"rope_type": "yarn", "factor": 4, "beta_fast": -2}})", "field 'beta_fast': beta_fast and beta_slow must be > 0"},
+    {"llama", R"({"rope_parameters": {"rope_type": "yarn", "factor": 4}, "partial_rotary_factor": 0.5})",
+     "field 'partial_rotary_factor': layer 0: yarn, dynamic and longrope RoPE rotate the whole head"},
+    {"llama", R"({"rope_parameters": {"rope_type": "dynamic"}})", "rope_parameters: field 'factor': missing"},
+    {"llama", R"({"rope_parameters": {"rope_type": "dynamic", "factor": 2, "original_max_position_embeddings": 64}})",
+     "field 'original_max_position_embeddings': not supported"},
+    {"llama", R"({"head_dim": 2, "rope_parameters": {"rope_type": "dynamic", "factor": 2}})", "dynamic RoPE needs more than 2 rotary dimensions"},
+    {"llama", R"({"rope_parameters": {"rope_type": "longrope", "short_factor": [1, 1, 1, 1, 1, 1, 1, 1]}})",
+     "rope_parameters: field 'long_factor': missing"},
+    {"llama", R"({"rope_parameters": {"rope_type": "longrope", "short_factor": [1, 1], "long_factor": [1, 1]}})",
+     "field 'rope_parameters': layer 0: longrope short_factor has 2 entries, expected one per frequency (8)"},
+    {"llama", R"({"rope_parameters": {"rope_type": "longrope", "short_factor": [1, 1, 1, 1, 1, 1, 1, 0], "long_factor": [1, 1, 1, 1, 1, 1, 1, 1]}})",
+     "field 'short_factor': entries must be finite numbers > 0"},
+    {"llama", R"({"rope_parameters": {"rope_type": "longrope", "short_factor": 1, "long_factor": [1, 1, 1, 1, 1, 1, 1, 1]}})",
+     "field 'short_factor': is number, expected a list of numbers"},
+    {"llama", R"({"rope_parameters": {"rope_type": "longrope", "short_factor": [1, 1, 1, 1, 1, 1, 1, 1], "long_factor": [1, 1, 1, 1, 1, 1, 1, 1], "original_max_position_embeddings": 1}})",
+     "field 'original_max_position_embeddings': the attention factor it gives is not a finite number > 0"},
+    {"gemma3", R"({"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 8, "rope_theta": 1000000}}})",
+     "field 'rope_parameters': layer type 'full_attention': yarn, dynamic and longrope RoPE are supported only in one dict"},
+    {"qwen3", R"({"rope_parameters": null, "rope_scaling": {"full_attention": {"rope_type": "dynamic", "factor": 2}}})",
+     "yarn, dynamic and longrope RoPE are supported only in one dict"},
+    {"llama", R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "pretraining_tp": null, "attention_bias": true})",
+     "field 'attention_bias': projection biases are not supported"},
+    {"llama", R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "pretraining_tp": null, "mlp_bias": true})",
+     "field 'mlp_bias': MLP biases are not supported"},
+    {"llama", R"({"architectures": ["MistralForCausalLM"], "model_type": "llama"})", "field 'model_type': is \"llama\", expected \"mistral\""},
+    {"llama", R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]})",
+     "field 'layer_types': transformers ignores it for this architecture (every layer is sliding_attention)"},
+    {"llama", R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 0})", "field 'sliding_window': 0 is out of range"},
+    {"llama", R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "use_sliding_window": true})", "field 'use_sliding_window': not supported"},
     {"llama", R"({"rope_parameters": {"rope_type": "linear", "factor": 0}})", "field 'factor': must be a finite number > 0"},
     {"llama", R"({"rope_parameters": {"attention_factor": 2}})", "field 'attention_factor': not supported"},
     {"llama31", R"({"rope_parameters": {"high_freq_factor": 1.0}})", "field 'high_freq_factor': must differ from low_freq_factor"},

@@ -128,7 +128,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     engines.push_back(std::make_unique<Engine>(*r.model, own));
     if (!o.warmup) continue;
     Engine& engine = *engines.back();
-    const int n = std::max(1, std::min(o.max_num_batched_tokens, config.max_position_embeddings) - 1);
+    const int n = std::max(1, std::min(o.max_num_batched_tokens, config.max_model_len()) - 1);
     std::vector<int32_t> ids(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i % config.vocab_size;
     if (Status s = engine.Add(Request{"hsx-warmup", std::move(ids), 0}); !s.ok()) return {Fail(cmd, s)};

@@ -126,11 +126,11 @@ int RunServe(ServeOptions o) {
     return Fail(cmd, Error("hidden-state extraction needs both --speculative-config and --kv-transfer-config"));
   }
   if (o.server.model_name.empty()) o.server.model_name = o.model.model;
-  o.server.max_model_len = mc.max_position_embeddings;
+  o.server.max_model_len = mc.max_model_len();
 
   std::vector<std::unique_ptr<EngineService>> services;
   for (size_t r = 0; r < replicas->size(); ++r) {
-    configs[r].max_model_len = mc.max_position_embeddings;
+    configs[r].max_model_len = mc.max_model_len();
     configs[r].tensor_parallel_peers = (*replicas)[r].peers();
     (*replicas)[r].backend->PinThread();  // the engine's device memory on its own device
     services.push_back(std::make_unique<EngineService>(*(*replicas)[r].model, configs[r], static_cast<size_t>(o.max_queued)));

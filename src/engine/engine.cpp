@@ -25,7 +25,12 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 
 // max_model_len and num_blocks as the engine runs them (0 means: from the model, from the budget).
 EngineConfig Resolve(const Model& model, EngineConfig c) {
-  if (c.max_model_len <= 0) c.max_model_len = model.config().max_position_embeddings;
+  // A RoPE variant that changes its table for longer sequences (dynamic, longrope) bounds it.
+  const auto& layers = model.config().layers;
+  const bool rope_bound = std::any_of(layers.begin(), layers.end(), [](const LayerSpec& l) { return l.rope.position_limit > 0; });
+  if (c.max_model_len <= 0 || (rope_bound && c.max_model_len > model.config().max_model_len())) {
+    c.max_model_len = model.config().max_model_len();
+  }
   if (c.num_blocks <= 0) {
     const DType dtype = model.backend().compute_dtype();
     // An EAGLE-3 draft keeps its own KV at every slot of the target's: a block costs both.

@@ -24,7 +24,7 @@ struct EngineConfig {
   size_t kv_cache_bytes = 1ull << 30;  // per device (per rank under tensor parallelism)
   std::vector<int> capture_layers;     // ascending unique layer ids; empty: no capture
   DType capture_dtype = DType::kBF16;
-  int max_model_len = 0;               // 0: the model's max_position_embeddings
+  int max_model_len = 0;               // 0 (or more): the model's ModelConfig::max_model_len()
   // Reuse the KV and captured hidden states of cached prompt blocks (see BlockManager).
   bool enable_prefix_caching = true;
   // Decode steps replay recorded CUDA graphs (RunnerConfig::graphs); false: vLLM's --enforce-eager.

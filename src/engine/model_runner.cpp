@@ -51,7 +51,7 @@ ModelRunner::ModelRunner(Model& model, RunnerConfig config)
   if (config_.mtp != nullptr) {
     for (const LayerSpec& layer : config_.mtp->config().text.layers) draft_has_moe_ = draft_has_moe_ || layer.moe;
   }
-  if (config_.max_model_len <= 0) config_.max_model_len = model.config().max_position_embeddings;
+  if (config_.max_model_len <= 0) config_.max_model_len = model.config().max_model_len();
   max_blocks_per_seq_ = (config_.max_model_len + config_.block_size - 1) / config_.block_size;
   config_.max_graph_batch = BucketFor(std::max(1, config_.max_graph_batch));
   if (config_.eagle3 != nullptr) {

@@ -37,6 +37,11 @@ const char* HfDefaults(Arch arch) {
         "num_attention_heads": 32, "num_key_value_heads": null, "head_dim": null, "hidden_act": "silu",
         "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "eos_token_id": 2, "tie_word_embeddings": false,
         "attention_bias": false, "mlp_bias": false})";
+    case Arch::kMistral:  // MistralConfig: Llama's modules without biases, a sliding window by default
+      return R"({"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": null, "hidden_act": "silu",
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "eos_token_id": 2, "tie_word_embeddings": false,
+        "sliding_window": 4096})";
     case Arch::kQwen2:
       return R"({"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
         "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": null, "hidden_act": "silu",
@@ -77,7 +82,7 @@ const char* HfDefaults(Arch arch) {
 const json& HfDefaultsJson(Arch arch) {
   static const std::map<Arch, json> kParsed = [] {
     std::map<Arch, json> m;
-    for (Arch a : {Arch::kLlama, Arch::kQwen2, Arch::kQwen3, Arch::kQwen3Moe, Arch::kGemma3, Arch::kGemma4})
+    for (Arch a : {Arch::kLlama, Arch::kMistral, Arch::kQwen2, Arch::kQwen3, Arch::kQwen3Moe, Arch::kGemma3, Arch::kGemma4})
       m[a] = json::parse(HfDefaults(a));
     return m;
   }();
@@ -136,6 +141,7 @@ struct ArchName {
 
 constexpr ArchName kArchs[] = {
     {"LlamaForCausalLM", Arch::kLlama, false, {"llama", nullptr}},
+    {"MistralForCausalLM", Arch::kMistral, false, {"mistral", nullptr}},
     {"Qwen2ForCausalLM", Arch::kQwen2, false, {"qwen2", nullptr}},
     {"Qwen3ForCausalLM", Arch::kQwen3, false, {"qwen3", nullptr}},
     {"Qwen3MoeForCausalLM", Arch::kQwen3Moe, false, {"qwen3_moe", nullptr}},
@@ -178,6 +184,82 @@ float TorchInvFreq(double theta, int k, int dims) {
   return 1.0f / std::pow(static_cast<float>(theta), static_cast<float>(k) / static_cast<float>(dims));
 }
 
+
+// yarn (_compute_yarn_parameters): factor is required; the attention factor is the
+// dict's, else from mscale/mscale_all_dim when both are non-zero, else 0.1 ln(factor) + 1.
+Status ParseYarn(const Fields& p, RopeSpec& rope, std::optional<double> attention_factor) {
+  rope.type = RopeSpec::Type::kYarn;
+  HSX_ASSIGN_OR_RETURN(rope.factor, p.Positive("factor"));
+  // transformers takes `get(...) or default`: absent, null and 0 all mean the default.
+  for (auto [key, value] : {std::pair{"beta_fast", &rope.beta_fast}, std::pair{"beta_slow", &rope.beta_slow}}) {
+    HSX_ASSIGN_OR_RETURN(const auto given, p.OptionalNumber(key));
+    if (given && !std::isfinite(*given)) return p.Fail(key, "must be a finite number");
+    if (given && *given != 0) *value = *given;
+  }
+  if (rope.beta_fast <= 0 || rope.beta_slow <= 0) {
+    return p.Fail("beta_fast", "beta_fast and beta_slow must be > 0 (the ramp takes their logarithms)");
+  }
+  HSX_ASSIGN_OR_RETURN(rope.truncate, p.Bool("truncate", true));
+  HSX_ASSIGN_OR_RETURN(const auto mscale, p.OptionalNumber("mscale"));
+  HSX_ASSIGN_OR_RETURN(const auto mscale_all_dim, p.OptionalNumber("mscale_all_dim"));
+  for (const auto& [key, v] : {std::pair{"mscale", mscale}, std::pair{"mscale_all_dim", mscale_all_dim}}) {
+    if (v && !std::isfinite(*v)) return p.Fail(key, "must be a finite number");
+  }
+  const auto get_mscale = [&](double m) { return rope.factor <= 1 ? 1.0 : 0.1 * m * std::log(rope.factor) + 1.0; };
+  if (attention_factor) {
+    rope.attention_factor = *attention_factor;
+  } else if (mscale.value_or(0) != 0 && mscale_all_dim.value_or(0) != 0) {
+    rope.attention_factor = get_mscale(*mscale) / get_mscale(*mscale_all_dim);
+  } else {
+    rope.attention_factor = get_mscale(1.0);
+  }
+  if (!(std::isfinite(rope.attention_factor) && rope.attention_factor > 0)) {
+    return p.Fail("mscale", "the attention factor it gives is not a finite number > 0");
+  }
+  return {};
+}
+
+// A list of finite numbers > 0 (longrope's per-frequency divisors).
+Result<std::vector<double>> PositiveList(const Fields& p, const std::string& key) {
+  const json* v = p.Get(key);
+  if (v == nullptr || v->is_null()) return p.Fail(key, "missing (expected a list of numbers)");
+  if (!v->is_array()) return p.Fail(key, "is " + std::string(v->type_name()) + ", expected a list of numbers");
+  std::vector<double> out;
+  for (const json& e : *v) {
+    if (!e.is_number() || !(std::isfinite(e.get<double>()) && e.get<double>() > 0)) {
+      return p.Fail(key, "entries must be finite numbers > 0");
+    }
+    out.push_back(e.get<double>());
+  }
+  return out;
+}
+
+// longrope (_compute_longrope_parameters): frequencies divided by short_factor for
+// sequences up to original_max_position_embeddings tokens, by long_factor beyond (a
+// per-call switch on the batch's longest sequence, which hsx does not run: it limits
+// sequences to original_max_position_embeddings). Attention factor: the dict's, else
+// sqrt(1 + ln(factor) / ln(original)), factor defaulting to max_pos / original.
+Status ParseLongrope(const Fields& p, RopeSpec& rope, std::optional<double> attention_factor, int max_pos) {
+  rope.type = RopeSpec::Type::kLongrope;
+  HSX_ASSIGN_OR_RETURN(rope.short_factor, PositiveList(p, "short_factor"));
+  HSX_ASSIGN_OR_RETURN(rope.long_factor, PositiveList(p, "long_factor"));
+  const double orig = rope.original_max_position_embeddings;
+  if (orig < 1) return p.Fail("original_max_position_embeddings", "must be at least 1 for longrope");
+  rope.factor = max_pos / orig;
+  if (p.Has("factor")) {
+    HSX_ASSIGN_OR_RETURN(rope.factor, p.Positive("factor"));
+  }
+  if (attention_factor) {
+    rope.attention_factor = *attention_factor;
+  } else {
+    rope.attention_factor = rope.factor <= 1.0 ? 1.0 : std::sqrt(1 + std::log(rope.factor) / std::log(orig));
+  }
+  if (!(std::isfinite(rope.attention_factor) && rope.attention_factor > 0)) {
+    return p.Fail("original_max_position_embeddings", "the attention factor it gives is not a finite number > 0");
+  }
+  rope.position_limit = static_cast<int64_t>(std::min(std::floor(orig), static_cast<double>(kMaxPositions)));
+  return {};
+}
 
 // One rope parameter dict after transformers' standardization, checked and typed.
 // `inherited_theta` is the base the dict falls back to (a 4.x top-level rope_theta or the
@@ -240,15 +322,56 @@ Result<RopeSpec> ParseRopeDict(const json& d, const std::string& where, std::opt
     if (p.Has("factor")) {
       HSX_ASSIGN_OR_RETURN(rope.factor, p.Positive("factor"));
     }
+  } else if (type == "yarn" || type == "longrope") {
+    // transformers' standardize_rope_params fills original_max_position_embeddings from
+    // max_position_embeddings when the dict lacks it.
+    rope.original_max_position_embeddings = max_position_embeddings;
+    if (p.Has("original_max_position_embeddings")) {
+      HSX_ASSIGN_OR_RETURN(rope.original_max_position_embeddings, p.Positive("original_max_position_embeddings"));
+    }
+    HSX_ASSIGN_OR_RETURN(const auto attention_factor, p.OptionalNumber("attention_factor"));
+    if (attention_factor && !(std::isfinite(*attention_factor) && *attention_factor > 0)) {
+      return p.Fail("attention_factor", "must be null or a finite number > 0");
+    }
+    if (type == "yarn") {
+      HSX_RETURN_IF_ERROR(ParseYarn(p, rope, attention_factor));
+    } else {
+      HSX_RETURN_IF_ERROR(ParseLongrope(p, rope, attention_factor, max_position_embeddings));
+    }
+  } else if (type == "dynamic") {
+    // Dynamic NTK: transformers computes the frequencies for max_position_embeddings
+    // tokens and recomputes them, per forward call, from the longest sequence of the
+    // batch once that is longer (keys already cached keep their old rotation). That is a
+    // function of the batch and its history, not of a token's position, so hsx runs
+    // sequences up to max_position_embeddings only, where the table is fixed.
+    rope.type = RopeSpec::Type::kDynamic;
+    HSX_ASSIGN_OR_RETURN(rope.factor, p.Positive("factor"));
+    rope.dynamic_seq_len = max_position_embeddings;
+    rope.position_limit = max_position_embeddings;
   } else {
     return p.Fail(p.Has("rope_type") ? "rope_type" : "type",
-                  "RoPE type '" + type + "' is not supported (supported: default, linear, llama3, proportional)");
+                  "RoPE type '" + type + "' is not supported (supported: default, linear, llama3, proportional, yarn, "
+                  "dynamic, longrope)");
   }
   HSX_RETURN_IF_ERROR(p.CheckAllRead());
   return rope;
 }
 
 constexpr const char* kLayerTypeNames[] = {"full_attention", "sliding_attention"};
+
+// yarn, dynamic and longrope only in one dict for every layer: in a dict per layer type
+// transformers' yarn reads `truncate` from the outer dict, and its runtime updates keep
+// per-type state hsx has not checked against it.
+Status SingleDictOnly(const Fields& f, const std::map<std::string, RopeSpec>& ropes) {
+  for (const auto& [t, r] : ropes) {
+    using T = RopeSpec::Type;
+    if (r.type == T::kYarn || r.type == T::kDynamic || r.type == T::kLongrope) {
+      return f.Fail("rope_parameters", "layer type '" + t + "': yarn, dynamic and longrope RoPE are supported only "
+                                       "in one dict for all layers, not keyed by layer type");
+    }
+  }
+  return {};
+}
 
 // The rope parameter dict per layer type, resolved as transformers 5.x's
 // convert_rope_params_to_dict and standardize_rope_params do for this architecture.
@@ -268,6 +391,7 @@ Result<std::map<std::string, RopeSpec>> ResolveRope(const Fields& f, Arch arch, 
       if (!rp->contains(t) || (*rp)[t].is_null()) return f.Fail("rope_parameters", "no entry for layer type '" + t + "'");
       HSX_ASSIGN_OR_RETURN(out[t], ParseRopeDict((*rp)[t], src + "rope_parameters." + t, std::nullopt, std::nullopt, max_pos));
     }
+    HSX_RETURN_IF_ERROR(SingleDictOnly(f, out));
     return out;
   }
 
@@ -302,6 +426,7 @@ Result<std::map<std::string, RopeSpec>> ResolveRope(const Fields& f, Arch arch, 
     const std::string full_where = src + (scaling ? "rope_parameters.full_attention (with rope_scaling)" : "rope_parameters.full_attention");
     HSX_ASSIGN_OR_RETURN(out["full_attention"], ParseRopeDict(rp["full_attention"], full_where, top_theta.value_or(1e6), std::nullopt, max_pos));
     HSX_ASSIGN_OR_RETURN(out["sliding_attention"], ParseRopeDict(rp["sliding_attention"], src + "rope_parameters.sliding_attention", local_base, std::nullopt, max_pos));
+    HSX_RETURN_IF_ERROR(SingleDictOnly(f, out));
     return out;
   }
 
@@ -322,6 +447,7 @@ Result<std::map<std::string, RopeSpec>> ResolveRope(const Fields& f, Arch arch, 
     const std::string where = src + (scaling ? "rope_scaling" : "rope_parameters") + (nested ? "." + t : "");
     HSX_ASSIGN_OR_RETURN(out[t], ParseRopeDict(d, where, top_theta.value_or(10000.0), top_partial, max_pos));
   }
+  if (nested) HSX_RETURN_IF_ERROR(SingleDictOnly(f, out));
   return out;
 }
 
@@ -368,9 +494,9 @@ Result<std::vector<std::string>> LayerTypes(const Fields& f, const ModelConfig& 
     }
     return types;
   }
-  // Llama and Qwen3-MoE have no layer types: transformers gives every layer full
-  // attention (Qwen3-MoE: the sliding window, when enabled, applies to all of them).
-  const std::string all = c.arch == Arch::kQwen3Moe && qwen_sliding ? "sliding_attention" : "full_attention";
+  // Llama, Mistral and Qwen3-MoE have no layer types: transformers gives every layer full
+  // attention (Mistral, Qwen3-MoE: the sliding window, when enabled, applies to all of them).
+  const std::string all = (c.arch == Arch::kQwen3Moe || c.arch == Arch::kMistral) && qwen_sliding ? "sliding_attention" : "full_attention";
   if (!types.empty() && std::any_of(types.begin(), types.end(), [&](const std::string& t) { return t != all; })) {
     return f.Fail("layer_types", "transformers ignores it for this architecture (every layer is " + all + ")");
   }
@@ -456,6 +582,24 @@ Status ParseLayers(const Fields& f, ModelConfig& c, bool qwen_sliding) {
       return f.Fail("partial_rotary_factor", "layer " + key + ": " + std::to_string(rotary) + " rotary dimensions of a " +
                                                  std::to_string(l.head_dim) + "-wide head (need a positive even number)");
     }
+    using RT = RopeSpec::Type;
+    if ((l.rope.type == RT::kYarn || l.rope.type == RT::kDynamic || l.rope.type == RT::kLongrope) && rotary != l.head_dim) {
+      // transformers' Llama-family attention multiplies the whole head by cos/sin: a
+      // shorter table does not broadcast there.
+      return f.Fail("partial_rotary_factor", "layer " + key + ": yarn, dynamic and longrope RoPE rotate the whole head here "
+                                                             "(transformers cannot run a partial table for this architecture)");
+    }
+    if (l.rope.type == RT::kDynamic && rotary <= 2) {
+      return f.Fail("head_dim", "layer " + key + ": dynamic RoPE needs more than 2 rotary dimensions (its exponent divides by dim - 2)");
+    }
+    if (l.rope.type == RT::kLongrope) {
+      for (const auto& [name, list] : {std::pair{"short_factor", &l.rope.short_factor}, std::pair{"long_factor", &l.rope.long_factor}}) {
+        if (static_cast<int>(list->size()) != rotary / 2) {
+          return f.Fail("rope_parameters", "layer " + key + ": longrope " + name + " has " + std::to_string(list->size()) +
+                                               " entries, expected one per frequency (" + std::to_string(rotary / 2) + ")");
+        }
+      }
+    }
     int rotary_dims = 0;
     for (float inv : RopeInverseFrequencies(l.rope, l.head_dim, &rotary_dims)) {
       if (!std::isfinite(inv)) {
@@ -512,9 +656,44 @@ std::vector<float> RopeInverseFrequencies(const RopeSpec& rope, int head_dim, in
   const int dims = static_cast<int>(head_dim * rope.partial_rotary_factor);
   // Scaled variants in f32, operation by operation as transformers' torch code runs them.
   const float factor = static_cast<float>(rope.factor);
+  double theta = rope.theta;
+  if (rope.type == RopeSpec::Type::kDynamic) {
+    // base * ((factor * seq_len / max_pos) - (factor - 1)) ** (dim / (dim - 2)), in Python
+    // doubles, for seq_len = max_pos: 1 up to rounding.
+    const double len = rope.dynamic_seq_len;
+    theta = rope.theta * std::pow(rope.factor * len / len - (rope.factor - 1), static_cast<double>(dims) / (dims - 2));
+  }
+  // yarn's ramp: the correction range in Python doubles, the ramp itself in f32.
+  double ramp_low = 0, ramp_high = 0;
+  if (rope.type == RopeSpec::Type::kYarn) {
+    const auto correction_dim = [&](double rotations) {
+      return dims * std::log(rope.original_max_position_embeddings / (rotations * 2 * M_PI)) / (2 * std::log(rope.theta));
+    };
+    ramp_low = correction_dim(rope.beta_fast);
+    ramp_high = correction_dim(rope.beta_slow);
+    if (rope.truncate) {
+      ramp_low = std::floor(ramp_low);
+      ramp_high = std::ceil(ramp_high);
+    }
+    ramp_low = std::max(ramp_low, 0.0);
+    ramp_high = std::min(ramp_high, static_cast<double>(dims - 1));
+    if (ramp_low == ramp_high) ramp_high += 0.001;  // transformers' guard against a zero-width ramp
+  }
   for (int i = 0; i < dims / 2; ++i) {
-    float f = TorchInvFreq(rope.theta, 2 * i, dims);
-    if (rope.type == RopeSpec::Type::kLinear) {
+    float f = TorchInvFreq(theta, 2 * i, dims);
+    if (rope.type == RopeSpec::Type::kYarn) {
+      const float pos_freq = std::pow(static_cast<float>(rope.theta), static_cast<float>(2 * i) / static_cast<float>(dims));
+      const float extrapolation = 1.0f / pos_freq;
+      const float interpolation = 1.0f / (factor * pos_freq);
+      const float ramp = std::clamp((static_cast<float>(i) - static_cast<float>(ramp_low)) /
+                                        static_cast<float>(ramp_high - ramp_low), 0.0f, 1.0f);
+      const float extrapolation_factor = 1.0f - ramp;
+      f = interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+    } else if (rope.type == RopeSpec::Type::kLongrope) {
+      // 1 / (ext_factors * base ** (2i / dim)), the factors as f32.
+      const float pos_freq = std::pow(static_cast<float>(rope.theta), static_cast<float>(2 * i) / static_cast<float>(dims));
+      f = 1.0f / (static_cast<float>(rope.short_factor[i]) * pos_freq);
+    } else if (rope.type == RopeSpec::Type::kLinear) {
       f /= factor;
     } else if (rope.type == RopeSpec::Type::kLlama3) {
       const double old_len = rope.original_max_position_embeddings;
@@ -542,8 +721,19 @@ int ModelConfig::num_kv_layers() const {
 }
 
 float ModelConfig::attention_scale(int layer) const {
-  if (attn_scale > 0.0f) return attn_scale;
-  return 1.0f / std::sqrt(static_cast<float>(layers[layer].head_dim));
+  const float scale = attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(layers[layer].head_dim));
+  // transformers multiplies cos and sin by the RoPE attention factor, so both q and k:
+  // their dot product, and nothing else the layer computes, scales by its square.
+  const float factor = static_cast<float>(layers[layer].rope.attention_factor);
+  return factor == 1.0f ? scale : scale * (factor * factor);
+}
+
+int ModelConfig::max_model_len() const {
+  int64_t limit = max_position_embeddings;
+  for (const LayerSpec& l : layers) {
+    if (l.rope.position_limit > 0) limit = std::min(limit, l.rope.position_limit);
+  }
+  return static_cast<int>(limit);
 }
 
 Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source_name) {
@@ -641,7 +831,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     HSX_ASSIGN_OR_RETURN(bool attention_bias, f.Bool("attention_bias"));
     if (attention_bias) return f.Fail("attention_bias", "projection biases are not supported for this architecture");
   }
-  if (c.arch == Arch::kLlama) {
+  if (c.arch == Arch::kLlama || c.arch == Arch::kMistral) {  // Mistral's MLP has no bias whatever the flag
     HSX_ASSIGN_OR_RETURN(bool mlp_bias, f.Bool("mlp_bias"));
     if (mlp_bias) return f.Fail("mlp_bias", "MLP biases are not supported");
   }
@@ -688,6 +878,11 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     HSX_ASSIGN_OR_RETURN(c.per_layer_input_size, f.Int("hidden_size_per_layer_input", 0, kMaxSize));
     // Without per-layer inputs the table may be empty (Gemma 4 assistants set both to 0).
     HSX_ASSIGN_OR_RETURN(c.per_layer_vocab_size, f.Int("vocab_size_per_layer_input", c.per_layer_input_size > 0 ? 1 : 0));
+  } else if (c.arch == Arch::kMistral) {
+    // Mistral: every layer slides when sliding_window is set (not null; 4096 if omitted).
+    HSX_ASSIGN_OR_RETURN(auto window, f.OptionalInt("sliding_window", 1, kMaxPositions));
+    qwen_sliding = window.has_value();
+    c.sliding_window = static_cast<int>(window.value_or(0));
   } else {
     // Qwen: the window exists only with use_sliding_window (transformers sets it to None
     // otherwise). Llama has no sliding window.

@@ -2,6 +2,7 @@
 // per layer. Architectures differ here, in data, far more than in code.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -11,15 +12,30 @@
 
 namespace hsx {
 
-enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kGemma3, kGemma4 };
+enum class Arch { kLlama, kMistral, kQwen2, kQwen3, kQwen3Moe, kGemma3, kGemma4 };
 
 struct RopeSpec {
-  enum class Type { kDefault, kLinear, kLlama3, kProportional } type = Type::kDefault;
+  enum class Type { kDefault, kLinear, kLlama3, kProportional, kYarn, kDynamic, kLongrope } type = Type::kDefault;
   double theta = 10000.0;
   double partial_rotary_factor = 1.0;
   // linear: frequencies divided by factor; llama3: frequency-dependent scaling.
   double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   double original_max_position_embeddings = 8192;
+  // yarn: the ramp between interpolated and extrapolated frequencies.
+  double beta_fast = 32.0, beta_slow = 1.0;
+  bool truncate = true;
+  // dynamic: the length the frequencies are computed for (max_position_embeddings;
+  // transformers recomputes them only past it, which hsx does not run: position_limit).
+  double dynamic_seq_len = 0;
+  // longrope: per-frequency divisors; the short ones apply up to
+  // original_max_position_embeddings tokens (hsx runs no longer sequences).
+  std::vector<double> short_factor, long_factor;
+  // transformers multiplies cos and sin by it (yarn, longrope), so q.k by its square:
+  // hsx folds that square into the softmax scale (ModelConfig::attention_scale).
+  double attention_factor = 1.0;
+  // The longest sequence whose positions this table rotates as transformers does
+  // (dynamic and longrope switch tables past it); 0: no limit.
+  int64_t position_limit = 0;
 };
 
 struct LayerSpec {
@@ -71,7 +87,11 @@ struct ModelConfig {
   std::vector<LayerSpec> layers;
 
   int num_kv_layers() const;  // layers that own a KV cache (kv_source == self)
+  // The softmax scale, with the RoPE attention factor's square folded in.
   float attention_scale(int layer) const;
+  // The longest sequence hsx runs: max_position_embeddings, or less where a RoPE variant
+  // would change its frequencies for longer ones (RopeSpec::position_limit).
+  int max_model_len() const;
 };
 
 // Rotary frequencies for one layer, as transformers computes them; rotary_dims receives
