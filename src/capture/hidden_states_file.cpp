@@ -1,5 +1,11 @@
 #include "capture/hidden_states_file.h"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
 #include "tensor/safetensors.h"
 
 namespace hsx {
@@ -22,6 +28,23 @@ Status WriteHiddenStatesTo(const std::string& path, const Sequence& seq) {
   for (int64_t i = 0; i < t; ++i) ids.data<int64_t>()[i] = seq.tokens()[i];
   return WriteSafetensors(path, {{"hidden_states", seq.hidden_states}, {"token_ids", ids}})
       .with_context("request '" + seq.id() + "'");
+}
+
+Status WriteNewHiddenStatesTo(const std::string& path, const Sequence& seq) {
+  // The temp file's name has WriteFileAtomic's pattern, so a dead writer's leftover is
+  // removed as stale like theirs.
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  HSX_RETURN_IF_ERROR(WriteHiddenStatesTo(tmp, seq));
+  // link(2), unlike rename(2), fails with EEXIST rather than replace what is there.
+  const int linked = ::link(tmp.c_str(), path.c_str());
+  const int err = errno;
+  ::unlink(tmp.c_str());
+  if (linked != 0) {
+    return Error(path + ": " + (err == EEXIST ? "another writer created this file first" : std::strerror(err)))
+        .with_context("request '" + seq.id() + "'");
+  }
+  return {};
 }
 
 Result<std::string> WriteHiddenStatesFile(const std::string& dir, const Sequence& seq) {

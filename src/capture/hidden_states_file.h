@@ -17,5 +17,8 @@ Status ValidateRequestId(const std::string& id);
 Result<std::string> WriteHiddenStatesFile(const std::string& dir, const Sequence& seq);
 // Writes the same content to an exact path.
 Status WriteHiddenStatesTo(const std::string& path, const Sequence& seq);
+// The same, but never replaces a file already at `path` (one another process made after
+// the name was checked): an error instead.
+Status WriteNewHiddenStatesTo(const std::string& path, const Sequence& seq);
 
 }  // namespace hsx

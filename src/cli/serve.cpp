@@ -193,6 +193,8 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--max-num-batched-tokens", o->max_num_batched_tokens);
   app->add_option("--max-num-seqs", o->max_num_seqs);
   app->add_option("--max-queued-requests", o->max_queued, "Beyond this, requests get 503 with Retry-After");
+  app->add_option("--max-n", o->server.max_n, "Most choices (n) one request may ask for; more is a 400 (default 128)")
+      ->check(CLI::Range(1, 1 << 20));
   app->add_option("--kv-cache-gib", o->kv_cache_gib);
   app->add_option("--http-threads", o->server.http_threads,
                   "Client connections served at once (an idle keep-alive connection holds one)")

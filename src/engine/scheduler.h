@@ -1,11 +1,23 @@
 // Decides what each step computes: FCFS under a token budget. Running sequences go
 // first (decodes and the rest of chunked prefills), then waiting ones are admitted; a
 // prompt longer than the budget is spread over steps (chunked prefill). When KV blocks
-// run out the newest running sequence is preempted and later recomputed.
+// run out a running sequence is preempted and later recomputed: the newest of the group
+// holding the most.
+//
+// Fair between groups (a request's n choices are one group): admission first takes
+// waiting sequences whose group holds fewer than its share of the sequence slots
+// (max_num_seqs / groups present), then the rest, each pass in queue order; and when a
+// sequence of a group holding nothing could not be admitted (no slot or no blocks), the
+// next step preempts one sequence of the group holding the most, if it holds more than
+// its share. So a request arriving behind a large one runs within a few steps instead of
+// after all of it. Sequences of single-choice requests are each their own group, so
+// among them this is plain FCFS.
 #pragma once
 
 #include <deque>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/block_manager.h"
@@ -41,13 +53,23 @@ class Scheduler {
   uint64_t num_preemptions() const { return preemptions_; }
 
  private:
-  void Preempt();  // the newest running sequence goes back to the front of the queue
+  // running_[index] goes back to the front of the queue, its blocks released.
+  void Preempt(size_t index);
+  // The running sequence at or after `from` to preempt: of those whose group holds the most
+  // running sequences, the newest (running_.back() when every group holds as many).
+  size_t Victim(size_t from) const;
+  int Held(const Sequence& seq) const;
 
   SchedulerConfig config_;
   BlockManager& blocks_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   uint64_t preemptions_ = 0;
+  // Running sequences per group; groups holding none are absent.
+  std::map<std::string, int, std::less<>> held_;
+  // Set when a sequence whose group held nothing could not be admitted for want of a
+  // slot or blocks: the next step makes room by preempting the largest group's newest.
+  bool starved_ = false;
 };
 
 }  // namespace hsx

@@ -29,6 +29,10 @@ struct Request {
   // Called on the engine's thread with each generated token (streaming, stop strings);
   // true ends the sequence after this token.
   std::function<bool(int32_t)> on_token;
+  // The client request this is one choice of (a completion's n choices share one); the
+  // scheduler shares sequence slots between groups, so one large request cannot starve
+  // the others. Empty: a group of its own.
+  std::string group;
 };
 
 class Sequence {
@@ -39,6 +43,7 @@ class Sequence {
         seed_(request_.sampling.seed ? *request_.sampling.seed : RandomSeed()) {}
 
   const std::string& id() const { return request_.id; }
+  const std::string& group() const { return request_.group.empty() ? request_.id : request_.group; }
   const Request& request() const { return request_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int num_tokens() const { return static_cast<int>(tokens_.size()); }

@@ -161,12 +161,7 @@ std::optional<RequestError> ReadPrompt(const json& p, const std::string& what, c
     if (limits.tokenizer == nullptr) return fail("text prompts need the model's tokenizer.json; send token ids");
     out.text = p.get<std::string>();
     out.is_text = true;
-    // Text this long cannot be max_model_len tokens or fewer: refuse before tokenizing it.
-    if (limits.max_prompt_bytes > 0 && static_cast<int64_t>(out.text.size()) > limits.max_prompt_bytes) {
-      return fail("the text is " + std::to_string(out.text.size()) + " bytes, more than " +
-                  std::to_string(limits.max_prompt_bytes) + " bytes can hold in max_model_len " +
-                  std::to_string(limits.max_model_len) + " tokens");
-    }
+    if (auto too_long = TextTooLong(out.text.size(), limits)) return fail(*too_long);
     auto ids = limits.tokenizer->Encode(out.text, add_special_tokens);
     if (!ids.ok()) return fail(ids.status().message());
     out.ids = std::move(ids).value();
@@ -201,6 +196,13 @@ std::optional<std::string> CheckFileName(const std::string& name) {
     if (c == '/') return "must be a file name inside the shared storage path, without '/'";
     if (c < 0x20 || c == 0x7f) return "must not contain control characters (NUL included)";
   }
+  // Names of the directory's own bookkeeping: another file's lock, a writer's temp file
+  // (removed as stale), extract's manifests.
+  if (name.ends_with(".lock")) return "must not end in '.lock' (the names of the files' locks)";
+  if (name.find(".tmp.") != std::string::npos) return "must not contain '.tmp.' (the names of temporary files)";
+  if (name.starts_with("manifest.") && name.ends_with(".jsonl")) {
+    return "must not be a manifest's name (manifest.jsonl, manifest.shard-*.jsonl)";
+  }
   return std::nullopt;
 }
 
@@ -216,6 +218,12 @@ std::string Shortened(const std::string& text, size_t max_bytes) {
   size_t end = max_bytes;
   while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;  // not inside a character
   return text.substr(0, end) + "...";
+}
+
+std::optional<std::string> TextTooLong(size_t bytes, const CompletionLimits& limits) {
+  if (limits.max_prompt_bytes <= 0 || static_cast<int64_t>(bytes) <= limits.max_prompt_bytes) return std::nullopt;
+  return "the text is " + std::to_string(bytes) + " bytes, more than " + std::to_string(limits.max_prompt_bytes) +
+         " bytes can hold in max_model_len " + std::to_string(limits.max_model_len) + " tokens";
 }
 
 int64_t MaxPromptBytes(const Tokenizer& tokenizer, int max_model_len) {
@@ -243,6 +251,10 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
   r.include_stop_str_in_output = f.Bool("include_stop_str_in_output").value_or(false);
   r.add_special_tokens = f.Bool("add_special_tokens").value_or(true);
   r.n = static_cast<int>(f.Int("n", 1, INT32_MAX).value_or(1));
+  if (limits.max_n > 0 && r.n > limits.max_n) {  // n sequences each hold a slot and KV blocks
+    return RequestError{400, "'n' is " + std::to_string(r.n) + "; this server takes at most " +
+                                 std::to_string(limits.max_n) + " choices per prompt (--max-n)", "n"};
+  }
   if (auto best_of = f.Int("best_of", 1, INT32_MAX); best_of && *best_of != r.n) {
     return RequestError{400, "'best_of' other than n is not supported by hsx", "best_of"};
   }

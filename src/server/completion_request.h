@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -26,6 +27,7 @@ struct CompletionLimits {
   bool extract = false;                  // hidden states are stored
   bool allow_custom_path = false;        // kv_transfer_params.hidden_states_path may name the file
   size_t max_choices = 0;                // prompts x n the server can queue at once
+  int max_n = 0;                         // choices per prompt (--max-n); 0: no cap
 };
 
 struct RequestError {
@@ -71,6 +73,10 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const nlohm
 // becomes "A"). Tokenizers that delete text (a Strip or Replace-with-nothing normalizer)
 // or fuse unknown characters into one token could beat this bound.
 int64_t MaxPromptBytes(const Tokenizer& tokenizer, int max_model_len);
+
+// Why text of `bytes` bytes is refused before it is tokenized (it cannot fit
+// max_model_len tokens: more than limits.max_prompt_bytes), or nullopt.
+std::optional<std::string> TextTooLong(size_t bytes, const CompletionLimits& limits);
 
 // Whether a JSON value is an integer token id in [0, vocab) (2^40 must not wrap into range).
 bool IsTokenId(const nlohmann::json& value, int vocab);

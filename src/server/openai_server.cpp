@@ -126,6 +126,7 @@ OpenAiServer::OpenAiServer(ServerConfig config, EngineReplicas& engine, const To
   limits_.extract = !config_.storage_dir.empty();
   limits_.allow_custom_path = config_.allow_custom_path;
   limits_.max_choices = engine_.max_queued();
+  limits_.max_n = config_.max_n;
   Routes();
 }
 
@@ -229,7 +230,10 @@ void OpenAiServer::Routes() {
     if (!absent && !add_special->is_boolean()) {
       return ReplyError(res, 400, "'add_special_tokens' must be true or false", "add_special_tokens");
     }
-    auto ids = tokenizer_->Encode(body["prompt"].get<std::string>(), absent || add_special->get<bool>());
+    const std::string& prompt = body["prompt"].get_ref<const std::string&>();
+    // As for completions: text that cannot fit max_model_len is not tokenized (it costs memory in proportion).
+    if (auto too_long = TextTooLong(prompt.size(), limits_)) return ReplyError(res, 400, "'prompt': " + *too_long, "prompt");
+    auto ids = tokenizer_->Encode(prompt, absent || add_special->get<bool>());
     if (!ids.ok()) return ReplyError(res, 400, ids.status().message(), "prompt");
     ReplyJson(res, {{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", config_.max_model_len}});
   });
@@ -238,6 +242,10 @@ void OpenAiServer::Routes() {
     if (tokenizer_ == nullptr) return ReplyError(res, 400, "this model has no tokenizer.json");
     if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
       return ReplyError(res, 400, "expected a JSON object with a list field 'tokens'", "tokens");
+    }
+    if (config_.max_model_len > 0 && body["tokens"].size() > static_cast<size_t>(config_.max_model_len)) {  // no sequence is longer
+      return ReplyError(res, 400, "'tokens' has " + std::to_string(body["tokens"].size()) + " ids, more than max_model_len (" +
+                                      std::to_string(config_.max_model_len) + ")", "tokens");
     }
     std::vector<int32_t> ids;
     for (const auto& t : body["tokens"]) {
@@ -285,16 +293,27 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
   const std::string id = NewRequestId(c.chat ? "chatcmpl-" : "cmpl-");
   std::vector<Request> requests;
   std::vector<std::string> paths;
+  std::vector<SaveNames::Claim> claims;  // each file's name, held until it is written
   for (size_t p = 0; p < c.prompts.size(); ++p) {
     for (int j = 0; j < c.n; ++j) {
       Request r = EngineRequest(c, p, j, id + "-" + std::to_string(requests.size()));
+      r.group = id;  // the n choices share the scheduler as one request
       if (Status s = engine_.Validate(r); !s.ok()) return ReplyError(res, 400, s.message(), "prompt");
       const std::string name = c.hidden_states_name.empty() ? r.id + ".safetensors" : c.hidden_states_name;
       paths.push_back(extract ? config_.storage_dir + "/" + name : "");
+      if (extract) {
+        auto claim = save_names_.ClaimName(config_.storage_dir, name);
+        if (const auto* taken = std::get_if<std::string>(&claim)) {
+          return ReplyError(res, 409, "'kv_transfer_params.hidden_states_path' " + *taken, "kv_transfer_params");
+        }
+        claims.push_back(std::get<SaveNames::Claim>(std::move(claim)));
+      } else {
+        claims.emplace_back();
+      }
       requests.push_back(std::move(r));
     }
   }
-  if (c.stream) return Stream(std::move(requests[0]), paths[0], c, req, res);
+  if (c.stream) return Stream(std::move(requests[0]), paths[0], claims[0], c, req, res);
 
   // Each choice finishes through its own promise. Its text is built from its tokens
   // once it is done, or, with stop strings, on the engine thread as they arrive (a stop
@@ -309,9 +328,9 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
     auto promise = std::make_shared<std::promise<Completion>>();
     futures.push_back(promise->get_future());
     texts.push_back(std::move(text));
-    submits.emplace_back(std::move(requests[i]), [this, promise, path = paths[i]](const Status& status,
-                                                                                   std::unique_ptr<Sequence> seq) {
-      promise->set_value(Finish(status, std::move(seq), path));
+    submits.emplace_back(std::move(requests[i]), [this, promise, path = paths[i], claim = claims[i]](
+                                                     const Status& status, std::unique_ptr<Sequence> seq) {
+      promise->set_value(Finish(status, std::move(seq), path, claim));
     });
   }
   if (!engine_.SubmitAll(std::move(submits))) {
@@ -446,7 +465,7 @@ nlohmann::json OpenAiServer::LogprobsJson(const std::vector<int32_t>& generated,
 // A finished request: with extraction on, lock its file (before the response names it)
 // and queue the write, which releases the lock when the file is complete.
 OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_ptr<Sequence> seq,
-                                              const std::string& path) {
+                                              const std::string& path, SaveNames::Claim claim) {
   Completion c{status, std::move(seq), path, !status.ok() && cut_short_};  // failed by StopNow: not the client's fault
   if (!c.status.ok() || path.empty()) return c;
   std::shared_ptr<FileLock> lock;
@@ -458,13 +477,14 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
   std::shared_ptr<Sequence> shared(c.seq.release());
   auto written = std::make_shared<std::promise<Status>>();
   c.written = written->get_future().share();
-  writers_->Submit([this, shared, lock, path, written]() mutable {
+  writers_->Submit([this, shared, lock, path, written, claim]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
-    Status status = WriteHiddenStatesTo(path, *shared);
+    Status status = WriteNewHiddenStatesTo(path, *shared);
     write_micros_ += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
     ++(status.ok() ? files_written_ : file_errors_);
     if (!status.ok()) std::fprintf(stderr, "hsx serve: error: %s\n", status.message().c_str());
     lock.reset();  // the file is complete (or absent): readers may go ahead
+    claim.reset();  // the name is now the file's on disk, or free
     written->set_value(std::move(status));
   });
   c.seq = std::make_unique<Sequence>(*shared);  // the response needs only its tokens
@@ -479,7 +499,7 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
 // while there is nothing to write (a long prefill, tokens held for their logprobs), the
 // watch on its socket says so. `req` outlives the content provider (cpp-httplib writes
 // the response before its process_request returns).
-void OpenAiServer::Stream(Request request, const std::string& path, const CompletionRequest& c,
+void OpenAiServer::Stream(Request request, const std::string& path, SaveNames::Claim claim, const CompletionRequest& c,
                           const httplib::Request& req, httplib::Response& res) {
   struct State {
     std::mutex mu;
@@ -515,9 +535,9 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
     ++state->decoded;
     return state->text->Add(token);
   };
-  const bool accepted = engine_.Submit(std::move(request), [this, state, path](const Status& status,
-                                                                              std::unique_ptr<Sequence> seq) {
-    Completion done = Finish(status, std::move(seq), path);
+  const bool accepted = engine_.Submit(std::move(request), [this, state, path, claim](const Status& status,
+                                                                                     std::unique_ptr<Sequence> seq) {
+    Completion done = Finish(status, std::move(seq), path, claim);
     std::lock_guard<std::mutex> lock(state->mu);
     if (done.seq) state->logprobs = done.seq->logprobs;
     state->result = std::move(done);

@@ -14,6 +14,7 @@
 #include "server/completion_request.h"
 #include "server/completion_text.h"
 #include "server/engine_replicas.h"
+#include "server/save_names.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -47,6 +48,9 @@ struct ServerConfig {
   int max_incoming_bodies = 0;
   // Larger request bodies get 413 (a 4096-token prompt as JSON ids is ~25 KB).
   size_t max_body_bytes = 32u << 20;
+  // Choices one request may ask for (n); OpenAI's own cap. Its sequences run as one
+  // group that the scheduler shares slots with others.
+  int max_n = 128;
 };
 
 class OpenAiServer {
@@ -75,12 +79,12 @@ class OpenAiServer {
     bool server_error = false;  // the request was fine; the server could not store its output
     std::shared_future<Status> written;  // the file's write, when there is one
   };
-  Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& path);
+  Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& path, SaveNames::Claim claim);
   nlohmann::json LogprobsJson(const std::vector<int32_t>& generated, const std::vector<Sequence::TokenLogprobs>& logprobs,
                               size_t first, size_t end, int64_t text_offset, bool chat) const;
   void Complete(const CompletionRequest& c, const httplib::Request& req, httplib::Response& res);
-  void Stream(Request request, const std::string& path, const CompletionRequest& c, const httplib::Request& req,
-              httplib::Response& res);
+  void Stream(Request request, const std::string& path, SaveNames::Claim claim, const CompletionRequest& c,
+              const httplib::Request& req, httplib::Response& res);
   Request EngineRequest(const CompletionRequest& c, size_t p, int j, std::string id) const;
   static CompletionText::Options TextOptions(const CompletionRequest& c, const Request& r);
   std::string PromptText(const CompletionRequest::Prompt& prompt) const;
@@ -95,6 +99,7 @@ class OpenAiServer {
   CompletionLimits limits_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<WriterPool> writers_;
+  SaveNames save_names_;  // the storage directory's names in use
   std::atomic<bool> cut_short_{false};
   std::atomic<uint64_t> http_requests_{0}, files_written_{0}, file_errors_{0};
   std::atomic<uint64_t> write_micros_{0};

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 
 #include "tokenizer/json_fields.h"
 #include "tokenizer/unicode.h"
@@ -51,101 +52,95 @@ std::string MapBytesToAlphabet(std::string_view text) {
   return mapped;
 }
 
-std::string ReplaceSpans(const std::string& text, const std::vector<Span>& spans,
-                         const std::string& content) {
-  std::string replaced;
-  replaced.reserve(text.size());
-  size_t copied = 0;
-  for (const Span& span : spans) {
-    replaced.append(text, copied, span.begin - copied);
-    replaced += content;
-    copied = span.end;
+// Calls `match` with each occurrence of `literal` in `text`, left to right, without overlaps.
+template <typename F>
+void ForEachLiteral(std::string_view text, std::string_view literal, F&& match) {
+  for (size_t at = text.find(literal); at != std::string_view::npos; at = text.find(literal, at + literal.size())) {
+    match(Span{at, at + literal.size()});
   }
-  replaced.append(text, copied, std::string::npos);
-  return replaced;
 }
 
-std::vector<Span> FindLiteral(std::string_view text, std::string_view literal) {
-  std::vector<Span> spans;
-  for (size_t at = text.find(literal); at != std::string_view::npos;
-       at = text.find(literal, at + literal.size())) {
-    spans.push_back({at, at + literal.size()});
-  }
-  return spans;
-}
+// Cuts `size` bytes at matches given one at a time, left to right, like HF's
+// NormalizedString::split: gaps and matches alternate, `behavior` decides what becomes of
+// the matches, empty parts are dropped. Each kept part goes to `emit` as soon as no later
+// match can change it, so no list of matches or parts is ever built: a text's pieces cost
+// memory one at a time, not all at once (a list of them cost ~40x the text).
+class PartCutter {
+ public:
+  PartCutter(size_t size, bool invert, SplitBehavior behavior, std::function<Status(Span)> emit)
+      : size_(size), invert_(invert), behavior_(behavior), emit_(std::move(emit)) {}
 
-// The kept parts of `size` bytes cut at `matches`, like HF's NormalizedString::split: gaps and
-// matches alternate, `behavior` decides what becomes of the matches, empty parts are dropped.
-std::vector<Span> CutAtMatches(size_t size, const std::vector<Span>& matches, bool invert,
-                               SplitBehavior behavior) {
-  struct Part {
-    Span span;
-    bool is_match;
-  };
-  std::vector<Part> parts;
-  parts.reserve(matches.size() * 2 + 1);
-  size_t previous_end = 0;
-  for (const Span& match : matches) {
-    if (previous_end != match.begin) parts.push_back({{previous_end, match.begin}, invert});
-    parts.push_back({match, !invert});
-    previous_end = match.end;
+  void Match(Span match) {
+    if (previous_end_ != match.begin) Part({previous_end_, match.begin}, invert_);
+    Part(match, !invert_);
+    previous_end_ = match.end;
   }
-  if (previous_end != size) parts.push_back({{previous_end, size}, invert});
+  // The part after the last match and any part still held; the first error of `emit`.
+  Status Finish() {
+    if (previous_end_ != size_) Part({previous_end_, size_}, invert_);
+    Flush();
+    return std::move(status_);
+  }
 
-  std::vector<Span> kept;
-  kept.reserve(parts.size());
-  bool previous_match = false;
-  switch (behavior) {
-    case SplitBehavior::kIsolated:
-      for (const Part& part : parts) kept.push_back(part.span);
-      break;
-    case SplitBehavior::kRemoved:
-      for (const Part& part : parts) {
-        if (!part.is_match) kept.push_back(part.span);
-      }
-      break;
-    case SplitBehavior::kContiguous:
-      for (const Part& part : parts) {
-        if (part.is_match == previous_match && !kept.empty()) {
-          kept.back().end = part.span.end;
+ private:
+  void Part(Span span, bool is_match) {
+    switch (behavior_) {
+      case SplitBehavior::kIsolated:
+        Emit(span);
+        break;
+      case SplitBehavior::kRemoved:
+        if (!is_match) Emit(span);
+        break;
+      case SplitBehavior::kContiguous:  // runs of matches, and of gaps, become one part
+        if (held_ && is_match == previous_match_) {
+          pending_.end = span.end;
         } else {
-          kept.push_back(part.span);
+          Hold(span);
         }
-        previous_match = part.is_match;
-      }
-      break;
-    case SplitBehavior::kMergedWithPrevious:
-      for (const Part& part : parts) {
-        if (part.is_match && !previous_match && !kept.empty()) {
-          kept.back().end = part.span.end;
+        break;
+      case SplitBehavior::kMergedWithPrevious:  // a match joins the gap before it
+        if (held_ && is_match && !previous_match_) {
+          pending_.end = span.end;
         } else {
-          kept.push_back(part.span);
+          Hold(span);
         }
-        previous_match = part.is_match;
-      }
-      break;
-    case SplitBehavior::kMergedWithNext:
-      for (auto part = parts.rbegin(); part != parts.rend(); ++part) {
-        if (part->is_match && !previous_match && !kept.empty()) {
-          kept.back().begin = part->span.begin;
+        break;
+      case SplitBehavior::kMergedWithNext:  // a match joins the gap after it
+        if (is_match) {
+          Hold(span);
+        } else if (held_ && previous_match_) {
+          pending_.end = span.end;
+          Flush();
         } else {
-          kept.push_back(part->span);
+          Emit(span);
         }
-        previous_match = part->is_match;
-      }
-      std::reverse(kept.begin(), kept.end());
-      break;
+        break;
+    }
+    previous_match_ = is_match;
   }
-  std::erase_if(kept, [](const Span& span) { return span.begin == span.end; });
-  return kept;
-}
+  void Hold(Span span) {
+    Flush();
+    pending_ = span;
+    held_ = true;
+  }
+  void Flush() {
+    if (held_) Emit(pending_);
+    held_ = false;
+  }
+  void Emit(Span span) {
+    if (span.begin != span.end && status_.ok()) status_ = emit_(span);
+  }
 
-void EmitParts(const Piece& piece, const std::vector<Span>& spans, std::vector<Piece>* out) {
-  for (const Span& span : spans) {
-    out->push_back({piece.text.substr(span.begin, span.end - span.begin),
-                    piece.starts_text && span.begin == 0});
-  }
-}
+  size_t size_;
+  bool invert_;
+  SplitBehavior behavior_;
+  std::function<Status(Span)> emit_;
+  size_t previous_end_ = 0;
+  bool previous_match_ = false;
+  bool held_ = false;
+  Span pending_{0, 0};
+  Status status_;
+};
 
 // tokenizer.json patterns: {"String": "literal"} or {"Regex": "pattern"}.
 Result<Regex> ParsePattern(const json& config, const std::string& where) {
@@ -278,12 +273,11 @@ Result<Regex> Regex::Compile(const std::string& pattern, bool literal) {
   return Regex(std::shared_ptr<pcre2_code>(code, pcre2_code_free));
 }
 
-Result<std::vector<Span>> Regex::FindAll(std::string_view text) const {
+Status Regex::ForEachMatch(std::string_view text, const std::function<void(Span)>& match) const {
   std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match_data(
       pcre2_match_data_create_from_pattern(code_.get(), nullptr), pcre2_match_data_free);
   if (match_data == nullptr) return Error("regex: out of memory");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  std::vector<Span> matches;
   size_t search_from = 0;
   std::optional<size_t> previous_end;
   while (search_from <= text.size()) {
@@ -296,16 +290,22 @@ Result<std::vector<Span>> Regex::FindAll(std::string_view text) const {
       return Error(std::string("regex match failed: ") + reinterpret_cast<const char*>(message));
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match_data.get());
-    Span match{ovector[0], ovector[1]};
-    if (match.begin == match.end && previous_end == match.end) {
+    Span found{ovector[0], ovector[1]};
+    if (found.begin == found.end && previous_end == found.end) {
       if (search_from == text.size()) break;
       search_from += Utf8CharLength(text[search_from]);
       continue;
     }
-    matches.push_back(match);
-    search_from = match.end;
-    previous_end = match.end;
+    match(found);
+    search_from = found.end;
+    previous_end = found.end;
   }
+  return Status();
+}
+
+Result<std::vector<Span>> Regex::FindAll(std::string_view text) const {
+  std::vector<Span> matches;
+  HSX_RETURN_IF_ERROR(ForEachMatch(text, [&](Span m) { matches.push_back(m); }));
   return matches;
 }
 
@@ -378,8 +378,18 @@ Result<std::string> TextNormalizer::Apply(std::string text) const {
       text.assign(reinterpret_cast<const char*>(normalized), static_cast<size_t>(length));
       std::free(normalized);
     } else if (const auto* replace = std::get_if<Replace>(&step)) {
-      HSX_ASSIGN_OR_RETURN(std::vector<Span> matches, replace->pattern.FindAll(text));
-      if (!matches.empty()) text = ReplaceSpans(text, matches, replace->content);
+      std::string replaced;
+      size_t copied = 0;
+      HSX_RETURN_IF_ERROR(replace->pattern.ForEachMatch(text, [&](Span m) {
+        if (copied == 0 && replaced.empty()) replaced.reserve(text.size());
+        replaced.append(text, copied, m.begin - copied);
+        replaced += replace->content;
+        copied = m.end;
+      }));
+      if (copied > 0 || !replaced.empty()) {
+        replaced.append(text, copied, std::string::npos);
+        text = std::move(replaced);
+      }
     } else if (const auto* prepend = std::get_if<Prepend>(&step)) {
       if (!text.empty()) text.insert(0, prepend->prefix);
     } else if (std::holds_alternative<Lowercase>(step)) {
@@ -492,12 +502,29 @@ Status PreTokenizer::AddSteps(const json& config, const std::string& where,
   return Status();
 }
 
-Status PreTokenizer::ApplyStep(const Step& step, Piece piece, std::vector<Piece>* out) {
-  if (const auto* char_split = std::get_if<CharSplit>(&step)) {
-    std::vector<Span> matches;
-    for (size_t at = 0; at < piece.text.size();) {
-      const char32_t c = CharAt(piece.text, at);
-      const size_t length = Utf8CharLength(piece.text[at]);
+Status PreTokenizer::Apply(std::string_view text, bool starts_text, const PieceSink& emit) const {
+  return ApplyFrom(0, text, starts_text, emit);
+}
+
+// Step `step` cuts `text`, and each part goes through the steps after it before the next
+// part is cut: depth first, so what is held at once is one part per step.
+Status PreTokenizer::ApplyFrom(size_t step, std::string_view text, bool starts_text, const PieceSink& emit) const {
+  if (step == steps_.size()) {
+    emit(text);
+    return Status();
+  }
+  const Step& s = steps_[step];
+  // The parts of `whole` (text, or text as this step rewrote it) at `behavior`, each on to the next step.
+  auto cutter = [&](std::string_view whole, bool invert, SplitBehavior behavior) {
+    return PartCutter(whole.size(), invert, behavior, [this, step, whole, starts_text, &emit](Span part) {
+      return ApplyFrom(step + 1, whole.substr(part.begin, part.end - part.begin), starts_text && part.begin == 0, emit);
+    });
+  };
+  if (const auto* char_split = std::get_if<CharSplit>(&s)) {
+    PartCutter parts = cutter(text, false, char_split->behavior);
+    for (size_t at = 0; at < text.size();) {
+      const char32_t c = CharAt(text, at);
+      const size_t length = Utf8CharLength(text[at]);
       bool match = false;
       switch (char_split->char_class) {
         case CharClass::kWhitespace: match = IsWhitespace(c); break;
@@ -505,55 +532,49 @@ Status PreTokenizer::ApplyStep(const Step& step, Piece piece, std::vector<Piece>
         case CharClass::kNumeric: match = IsNumeric(c); break;
         case CharClass::kDelimiter: match = c == char_split->delimiter; break;
       }
-      if (match) matches.push_back({at, at + length});
+      if (match) parts.Match({at, at + length});
       at += length;
     }
-    EmitParts(piece, CutAtMatches(piece.text.size(), matches, false, char_split->behavior), out);
-  } else if (const auto* split = std::get_if<Split>(&step)) {
-    HSX_ASSIGN_OR_RETURN(std::vector<Span> matches, split->pattern.FindAll(piece.text));
-    EmitParts(piece, CutAtMatches(piece.text.size(), matches, split->invert, split->behavior), out);
-  } else if (const auto* byte_level = std::get_if<ByteLevel>(&step)) {
-    if (byte_level->add_prefix_space && piece.text.front() != ' ') piece.text.insert(0, 1, ' ');
-    std::vector<Span> parts = {{0, piece.text.size()}};
-    if (byte_level->gpt2_pattern) {
-      HSX_ASSIGN_OR_RETURN(std::vector<Span> matches,
-                           byte_level->gpt2_pattern->FindAll(piece.text));
-      parts = CutAtMatches(piece.text.size(), matches, false, SplitBehavior::kIsolated);
+    return parts.Finish();
+  }
+  if (const auto* split = std::get_if<Split>(&s)) {
+    PartCutter parts = cutter(text, split->invert, split->behavior);
+    HSX_RETURN_IF_ERROR(split->pattern.ForEachMatch(text, [&](Span m) { parts.Match(m); }));
+    return parts.Finish();
+  }
+  if (const auto* byte_level = std::get_if<ByteLevel>(&s)) {
+    std::string prefixed;
+    if (byte_level->add_prefix_space && text.front() != ' ') {
+      prefixed = " " + std::string(text);
+      text = prefixed;
     }
-    for (const Span& part : parts) {
-      out->push_back({MapBytesToAlphabet(
-                          std::string_view(piece.text).substr(part.begin, part.end - part.begin)),
-                      piece.starts_text && part.begin == 0});
-    }
-  } else if (const auto* metaspace = std::get_if<Metaspace>(&step)) {
-    const std::string& replacement = metaspace->replacement;
-    std::string text = ReplaceSpans(piece.text, FindLiteral(piece.text, " "), replacement);
-    bool prepend = metaspace->prepend_scheme == PrependScheme::kAlways ||
-                   (metaspace->prepend_scheme == PrependScheme::kFirst && piece.starts_text);
-    if (prepend && !text.starts_with(replacement)) text.insert(0, replacement);
-    Piece replaced{std::move(text), piece.starts_text};
-    if (!metaspace->split) {
-      out->push_back(std::move(replaced));
+    auto mapped = [&](Span part) {
+      return ApplyFrom(step + 1, MapBytesToAlphabet(text.substr(part.begin, part.end - part.begin)),
+                       starts_text && part.begin == 0, emit);
+    };
+    if (!byte_level->gpt2_pattern) return mapped({0, text.size()});
+    PartCutter parts(text.size(), false, SplitBehavior::kIsolated, mapped);
+    HSX_RETURN_IF_ERROR(byte_level->gpt2_pattern->ForEachMatch(text, [&](Span m) { parts.Match(m); }));
+    return parts.Finish();
+  }
+  const auto& metaspace = std::get<Metaspace>(s);
+  const std::string& replacement = metaspace.replacement;
+  std::string replaced;
+  replaced.reserve(text.size());
+  for (char c : text) {
+    if (c == ' ') {
+      replaced += replacement;
     } else {
-      std::vector<Span> matches = FindLiteral(replaced.text, replacement);
-      EmitParts(replaced,
-                CutAtMatches(replaced.text.size(), matches, false, SplitBehavior::kMergedWithNext),
-                out);
+      replaced += c;
     }
   }
-  return Status();
-}
-
-Result<std::vector<Piece>> PreTokenizer::Apply(std::string text, bool starts_text) const {
-  std::vector<Piece> pieces;
-  pieces.push_back({std::move(text), starts_text});
-  for (const Step& step : steps_) {
-    std::vector<Piece> next;
-    next.reserve(pieces.size());
-    for (Piece& piece : pieces) HSX_RETURN_IF_ERROR(ApplyStep(step, std::move(piece), &next));
-    pieces = std::move(next);
-  }
-  return pieces;
+  const bool prepend = metaspace.prepend_scheme == PrependScheme::kAlways ||
+                       (metaspace.prepend_scheme == PrependScheme::kFirst && starts_text);
+  if (prepend && !replaced.starts_with(replacement)) replaced.insert(0, replacement);
+  if (!metaspace.split) return ApplyFrom(step + 1, replaced, starts_text, emit);
+  PartCutter parts = cutter(replaced, false, SplitBehavior::kMergedWithNext);
+  ForEachLiteral(replaced, replacement, [&](Span m) { parts.Match(m); });
+  return parts.Finish();
 }
 
 }  // namespace hsx

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -36,6 +37,8 @@ class Regex {
   // Non-overlapping matches from left to right. An empty match right where the previous match
   // ended is skipped, as HF's Oniguruma find_iter does. `text` must be valid UTF-8.
   Result<std::vector<Span>> FindAll(std::string_view text) const;
+  // The same matches, each handed to `match` as it is found (no list of them is built).
+  Status ForEachMatch(std::string_view text, const std::function<void(Span)>& match) const;
 
  private:
   explicit Regex(std::shared_ptr<pcre2_code> code) : code_(std::move(code)) {}
@@ -79,13 +82,6 @@ class TextNormalizer {
   std::vector<Step> steps_;
 };
 
-// A piece of text that BPE encodes on its own. `starts_text`: it begins where the input text
-// begins, which Metaspace's prepend_scheme "first" asks about.
-struct Piece {
-  std::string text;
-  bool starts_text;
-};
-
 // How a split keeps the matched delimiters (HF's SplitDelimiterBehavior).
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
@@ -94,8 +90,13 @@ enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWith
 class PreTokenizer {
  public:
   static Result<PreTokenizer> FromJson(const nlohmann::json& config, const std::string& where);
-  // Cuts one normalized, non-empty stretch of text into pieces; none of them is empty.
-  Result<std::vector<Piece>> Apply(std::string text, bool starts_text) const;
+  // Receives each piece (never empty) in order; the view lasts only for the call.
+  using PieceSink = std::function<void(std::string_view piece)>;
+  // Cuts one normalized, non-empty stretch of text into the pieces BPE encodes on its own,
+  // handing each to `emit` as it is cut, so memory follows the longest piece rather than
+  // the number of pieces. `starts_text`: it begins where the input text begins, which
+  // Metaspace's prepend_scheme "first" asks about.
+  Status Apply(std::string_view text, bool starts_text, const PieceSink& emit) const;
 
  private:
   struct Split {
@@ -124,7 +125,7 @@ class PreTokenizer {
   using Step = std::variant<Split, ByteLevel, Metaspace, CharSplit>;
   static Status AddSteps(const nlohmann::json& config, const std::string& where,
                          std::vector<Step>* steps);
-  static Status ApplyStep(const Step& step, Piece piece, std::vector<Piece>* out);
+  Status ApplyFrom(size_t step, std::string_view text, bool starts_text, const PieceSink& emit) const;
   std::vector<Step> steps_;
 };
 

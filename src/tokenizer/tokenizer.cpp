@@ -309,10 +309,10 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
         ids.push_back(part.token->id);
         continue;
       }
-      Result<std::vector<Piece>> pieces = impl.pre_tokenizer.Apply(
-          normalized->substr(part.begin, part.end - part.begin), raw.begin == 0 && part.begin == 0);
-      if (!pieces.ok()) return pieces.status().with_context("Encode");
-      for (const Piece& piece : *pieces) impl.model.Encode(piece.text, &ids);
+      Status encoded = impl.pre_tokenizer.Apply(
+          std::string_view(*normalized).substr(part.begin, part.end - part.begin), raw.begin == 0 && part.begin == 0,
+          [&](std::string_view piece) { impl.model.Encode(piece, &ids); });
+      if (!encoded.ok()) return encoded.with_context("Encode");
     }
   }
   if (add_special_tokens) return impl.post_processor.Apply(std::move(ids));

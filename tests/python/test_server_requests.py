@@ -9,12 +9,13 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import openai
 import pytest
 
-from conftest import Server, read_safetensors, text_model
+from conftest import TEXT_MODEL_LEN, Server, read_safetensors, text_model
 
 
 def post(url, body, headers=None, timeout=60):
@@ -178,7 +179,10 @@ def test_stops_are_bounded_because_the_engine_checks_them_every_token(server, te
 # 10. A custom hidden_states_path is one plain file name inside the storage directory.
 
 @pytest.mark.parametrize("name", ["", ".", "./", "..", "a/b", "../x", "/etc/passwd", "x\x00y", "x\ny", "x\x7f",
-                                  "n" * 300])
+                                  "n" * 300,
+                                  # the directory's own bookkeeping: locks, writers' temp files, manifests
+                                  "x.safetensors.lock", "x.lock", "x.safetensors.tmp.123.0", "a.tmp.b",
+                                  "manifest.jsonl", "manifest.shard-00001-of-00004.jsonl"])
 def test_bad_custom_paths_are_400_without_leaking_the_storage_path(custom_server, name):
     parent = set(os.listdir(custom_server.storage.parent))
     code, err = complete(custom_server, {"prompt": [1], "max_tokens": 1,
@@ -198,6 +202,40 @@ def test_a_plain_custom_name_is_written_in_the_storage_directory(custom_server):
     assert "a custom hidden_states_path names one file" in assert_400(
         custom_server, {"prompt": [1], "n": 2, "kv_transfer_params": {"hidden_states_path": "two"}},
         "kv_transfer_params")
+
+
+def test_concurrent_requests_for_one_custom_name_get_one_file(custom_server):
+    """Exactly one of 16 requests naming one file wins; the others get 409, and the file
+    holds the winner's prompt (all 16 used to get 200, 15 of them with another's file)."""
+    prompts = [[10 + k, 2, 3] for k in range(16)]
+
+    def send(prompt):
+        return complete(custom_server, {"prompt": prompt, "max_tokens": 1,
+                                        "kv_transfer_params": {"hidden_states_path": "same"}})
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(send, prompts))
+    winners = [p for p, (code, _) in zip(prompts, results) if code == 200]
+    assert len(winners) == 1, [code for code, _ in results]
+    for code, err in results:
+        if code != 200:
+            assert code == 409 and err["error"]["param"] == "kv_transfer_params", err
+            assert "'same'" in err["error"]["message"] and str(custom_server.storage) not in err["error"]["message"]
+    path = str(custom_server.storage / "same")
+    assert read_file_when_complete(path)["token_ids"].tolist() == winners[0]
+
+
+def test_a_custom_name_of_an_existing_file_is_409_and_the_file_stays(custom_server):
+    status, body = complete(custom_server, {"prompt": [1, 2], "max_tokens": 1})
+    assert status == 200, body
+    earlier = body["kv_transfer_params"]["hidden_states_path"]  # cmpl-<uuid>-0.safetensors
+    before = read_file_when_complete(earlier)["token_ids"].tolist()
+    code, err = complete(custom_server, {"prompt": [3, 4, 5], "max_tokens": 1,
+                                         "kv_transfer_params": {"hidden_states_path": os.path.basename(earlier)}})
+    assert code == 409 and err["error"]["param"] == "kv_transfer_params", err
+    assert "existing file" in err["error"]["message"], err
+    assert read_file_when_complete(earlier)["token_ids"].tolist() == before == [1, 2]
+    assert_up(custom_server)
 
 
 # 11. Token ids outside [0, vocab) are a 400 that names the id.
@@ -462,6 +500,22 @@ def test_a_chunked_body_over_the_cap_is_413(custom_server):
     assert_up(custom_server)
 
 
+def test_tokenize_and_detokenize_are_capped_as_completions_are(text_server):
+    """/tokenize took any text (a 30 MB prompt: 8 s and 1.27 GB); now the completions' bound."""
+    limit = 4 * 64 * TEXT_MODEL_LEN  # 4 x the longest vocabulary string (64 bytes) x max_model_len
+    code, err = post(text_server.url + "/tokenize", {"prompt": "w" * (limit + 1)})
+    assert code == 400 and err["error"]["param"] == "prompt", err
+    assert f"{limit + 1} bytes, more than {limit} bytes" in err["error"]["message"], err
+    code, err = post(text_server.url + "/detokenize", {"tokens": [5] * (TEXT_MODEL_LEN + 1)})
+    assert code == 400 and err["error"]["param"] == "tokens", err
+    assert str(TEXT_MODEL_LEN) in err["error"]["message"], err
+    # Within the bounds both still answer.
+    code, body = post(text_server.url + "/tokenize", {"prompt": "word " * 1000})
+    assert code == 200 and body["count"] > 256, body
+    code, body = post(text_server.url + "/detokenize", {"tokens": body["tokens"][:TEXT_MODEL_LEN]})
+    assert code == 200 and body["prompt"].startswith("word word"), body
+
+
 def test_text_that_cannot_fit_is_refused_before_tokenizing(text_server):
     message = assert_400(text_server, {"prompt": "word " * 2000000, "max_tokens": 1}, "prompt")
     assert "bytes" in message and "10000000" in message, message
@@ -510,3 +564,49 @@ def test_add_special_tokens_false_leaves_out_the_bos(bos_server):
                                               "add_special_tokens")
     code, err = post(bos_server.url + "/tokenize", {"prompt": text, "add_special_tokens": 0})
     assert code == 400 and err["error"]["param"] == "add_special_tokens", err
+
+
+# 15. One request cannot take the server: n is capped (--max-n), and its choices share
+# the sequence slots with later requests instead of holding them all until they finish.
+
+@pytest.fixture(scope="module")
+def fair_server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("fair-serve"), "--max-num-seqs", "4", "--max-n", "64")
+    yield s
+    s.stop()
+
+
+def metric(server, name):
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    raise KeyError(name)
+
+
+def test_n_beyond_max_n_is_400(server, fair_server):
+    message = assert_400(server, {"prompt": [1], "n": 129, "max_tokens": 1}, "n")
+    assert "at most 128" in message and "--max-n" in message, message
+    assert "at most 64" in assert_400(fair_server, {"prompt": [1], "n": 65, "max_tokens": 1}, "n")
+
+
+def test_a_large_n_request_does_not_starve_a_later_one(fair_server):
+    """32 choices x 100 tokens on 4 slots: a 1-token request sent after it used to wait
+    until all of them had finished; now it runs within a few steps."""
+    big = {"prompt": [1, 2, 3], "n": 32, "max_tokens": 100, "ignore_eos": True, "temperature": 0}
+    finished = 'hsx_requests_total{status="finished"}'
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(post, fair_server.url + "/v1/completions", big, None, 600)
+        deadline = time.time() + 60
+        while metric(fair_server, "hsx_running_requests") < 32 and not future.done() and time.time() < deadline:
+            time.sleep(0.01)
+        before = metric(fair_server, finished)
+        start = time.time()
+        status, body = complete(fair_server, {"prompt": [4, 5], "max_tokens": 1})
+        waited = time.time() - start
+        big_done_first = metric(fair_server, finished) - before - 1
+        status_big, body_big = future.result(timeout=600)
+    assert status == 200 and status_big == 200, (body, body_big)
+    assert len(body_big["choices"]) == 32
+    assert big_done_first < 16, f"{big_done_first:.0f} of the 32 choices finished before the small request"
+    assert waited < 60  # anti-hang only
