@@ -9,7 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "capture/shard_spec.h"
+#include "model/config_fields.h"
 #include "model/gguf_config.h"
+#include "model/gguf_file.h"
 #include "model/gguf_tokenizer.h"
 #include "util/json.h"
 
@@ -34,6 +36,10 @@ void ModelOptions::RegisterExecutionFlags(CLI::App& app) {
                  "fp8: the decoder layers' projections as FP8 E4M3 with per-channel scales, quantized at load, and "
                  "activations quantized per token (embeddings, norms, LM head and attention stay unquantized)")
       ->check(CLI::IsMember({"fp8"}));
+  app.add_option("--allow-unknown-config-field", allow_unknown_config_fields,
+                 "Proceed past this unknown config.json field (repeatable) with a warning, instead of refusing the "
+                 "model; hsx does not implement it, so results may differ from the reference")
+      ->each([](const std::string& name) { config::AllowUnknownConfigField(name); });
   app.add_option("--tensor-parallel-size", tensor_parallel_size,
                  "Split the model over N ranks (Megatron-style): N GPUs from --device's index on (NCCL), or N "
                  "threads on the cpu")

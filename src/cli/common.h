@@ -31,9 +31,10 @@ struct ModelOptions {
   bool enforce_eager = false;        // no CUDA graphs (vLLM's flag)
   std::string quantization;          // "" or fp8 (vLLM's flag)
   int tensor_parallel_size = 1;      // ranks: cpu threads, or GPUs from --device's index on
+  std::vector<std::string> allow_unknown_config_fields;  // passed over with a warning (config_fields.h)
   void Register(CLI::App& app);
   // The execution flags (--batch-invariant, --enforce-eager, --quantization,
-  // --tensor-parallel-size), which serve shares (it names the model positionally).
+  // --tensor-parallel-size, --allow-unknown-config-field), which serve shares (it names the model positionally).
   void RegisterExecutionFlags(CLI::App& app);
 };
 
