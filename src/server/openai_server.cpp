@@ -380,7 +380,7 @@ Request OpenAiServer::EngineRequest(const CompletionRequest& c, size_t p, int j,
 }
 
 CompletionText::Options OpenAiServer::TextOptions(const CompletionRequest& c, const Request& r) {
-  return {c.stop, c.include_stop_str_in_output, c.min_tokens, r.stop_token_ids};
+  return {c.stop, c.include_stop_str_in_output, c.min_tokens, r.stop_token_ids, c.skip_special_tokens};
 }
 
 // What echo prepends: the prompt as sent, or its token ids decoded.
