@@ -343,8 +343,10 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
                                     ? LogprobsJson(out, r.seq->logprobs, 0, out.size(), 0, c.chat) : json()},
                    {"finish_reason", r.seq->stopped() ? "stop" : "length"}};
     if (c.chat) choice["message"] = {{"role", "assistant"}, {"content", choice["text"]}}, choice.erase("text");
+    // vLLM's places: a completion choice carries its prompt's ids, a chat response (one
+    // prompt) carries them at the top level.
     if (c.return_token_ids) {
-      choice["prompt_token_ids"] = prompt.ids;
+      if (!c.chat) choice["prompt_token_ids"] = prompt.ids;
       choice["token_ids"] = out;
     }
     if (extract) {
@@ -359,6 +361,7 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
                    {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
                               {"total_tokens", prompt_tokens + completion_tokens}}}};
   if (extract) response["kv_transfer_params"] = {{"hidden_states_path", first_path}};
+  if (c.chat && c.return_token_ids) response["prompt_token_ids"] = c.prompts[0].ids;
   ReplyJson(res, response);
 }
 
@@ -527,6 +530,7 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
   const bool logprobs = c.sampling.logprobs >= 0;
   const bool chat = c.chat;
   const int64_t prompt_tokens = static_cast<int64_t>(c.prompts[0].ids.size());
+  const std::vector<int32_t> prompt_ids = return_token_ids ? c.prompts[0].ids : std::vector<int32_t>();
   auto client = std::make_shared<ClientWatch>(req);
   res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
     try {
@@ -575,11 +579,21 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
           choice["delta"] = state->echoed ? json{{"content", delta}} : json{{"role", "assistant"}, {"content", delta}};
           choice.erase("text");
         }
+        // vLLM sends the prompt's ids once, with the first chunk: at a chat chunk's top
+        // level, in a completion chunk's choice.
+        const bool first = !state->echoed;
         if (return_token_ids) {
           choice["token_ids"] = std::vector<int32_t>(state->tokens.begin() + static_cast<int64_t>(state->sent_tokens),
                                                      state->tokens.begin() + static_cast<int64_t>(ready_tokens));
+          if (first && !chat) choice["prompt_token_ids"] = prompt_ids;
         }
-        out += chunk(json::array({std::move(choice)}));
+        std::string text_chunk = chunk(json::array({std::move(choice)}));
+        if (first && chat && return_token_ids) {
+          json body = json::parse(text_chunk.substr(6));
+          body["prompt_token_ids"] = prompt_ids;
+          text_chunk = "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+        }
+        out += text_chunk;
         state->sent_tokens = ready_tokens;
         state->sent_text = ready;
         state->sent_chars += CharCount(delta);
@@ -596,7 +610,6 @@ void OpenAiServer::Stream(Request request, const std::string& path, const Comple
         json last = {{"index", 0}, {"text", ""}, {"logprobs", nullptr},
                      {"finish_reason", result.seq->stopped() ? "stop" : "length"}};
         if (chat) last["delta"] = json::object(), last.erase("text");
-        if (return_token_ids) last["prompt_token_ids"] = result.seq->request().prompt;
         json body = json::parse(chunk(json::array({std::move(last)})).substr(6));
         if (!result.hidden_states_path.empty()) body["kv_transfer_params"] = {{"hidden_states_path", result.hidden_states_path}};
         out += "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
