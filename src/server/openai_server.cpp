@@ -17,6 +17,7 @@
 #include "server/chat_request.h"
 #include "server/http_server.h"
 #include "server/peer_socket.h"
+#include "server/render_request.h"
 #include "util/json.h"
 
 namespace hsx {
@@ -211,8 +212,9 @@ void OpenAiServer::Routes() {
     res.set_content(Metrics(), "text/plain; version=0.0.4");
   });
 
-  post_json("/tokenize", [this](const httplib::Request&, httplib::Response& res, const json& body, const std::string&) {
+  post_json("/tokenize", [this](const httplib::Request&, httplib::Response& res, const json& body, const std::string& text) {
     if (tokenizer_ == nullptr) return ReplyError(res, 400, "this model has no tokenizer.json");
+    if (body.is_object() && body.contains("messages")) return Render(res, text, TokenizeMessages);
     if (!body.is_object() || !body.contains("prompt") || !body["prompt"].is_string()) {
       return ReplyError(res, 400, "expected a JSON object with a string field 'prompt'", "prompt");
     }
@@ -245,6 +247,14 @@ void OpenAiServer::Routes() {
     ReplyJson(res, {{"prompt", *text}});
   });
 
+  // vLLM's render endpoints (server/render_request): the token ids a request would run.
+  post_json("/v1/chat/completions/render", [this](const httplib::Request&, httplib::Response& res, const json&,
+                                                  const std::string& text) { Render(res, text, RenderChatRequest); });
+  post_json("/v1/completions/render", [this](const httplib::Request&, httplib::Response& res, const json& body,
+                                             const std::string&) {
+    Reply(res, RenderCompletionRequest(body, {&limits_, chat_template_, chat_template_error_}));
+  });
+
   post_json("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const json& body, const std::string&) {
     auto parsed = ParseCompletionRequest(body, limits_);
     if (const auto* e = std::get_if<RequestError>(&parsed)) return ReplyError(res, e->status, e->message, e->param);
@@ -262,6 +272,20 @@ void OpenAiServer::Routes() {
     if (const auto* e = std::get_if<RequestError>(&parsed)) return ReplyError(res, e->status, e->message, e->param);
     Complete(std::get<CompletionRequest>(parsed), req, res);
   });
+}
+
+// A render's answer or its error.
+void OpenAiServer::Reply(httplib::Response& res, const std::variant<json, RequestError>& result) {
+  if (const auto* e = std::get_if<RequestError>(&result)) return ReplyError(res, e->status, e->message, e->param);
+  ReplyJson(res, std::get<json>(result));
+}
+
+// A chat-shaped render (messages through the template), given the body with its keys in order.
+void OpenAiServer::Render(httplib::Response& res, const std::string& text, RenderFunction render) {
+  auto body = ParseJson(text, "the request body");  // parsed once already: cannot fail
+  auto ordered = ParseOrderedJson(text, "the request body");
+  if (!body.ok() || !ordered.ok()) return ReplyError(res, 400, "the request body is not JSON");
+  Reply(res, render(*body, *ordered, {&limits_, chat_template_, chat_template_error_}));
 }
 
 // A checked request (completions or chat) run to its answer, streamed or whole.
