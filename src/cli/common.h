@@ -48,6 +48,9 @@ std::string QuantizationLabel(const ModelOptions& options, const ModelConfig& co
 // DIR/tokenizer.json when it exists, a .gguf file's tokenizer.ggml.* when it has them;
 // nullopt otherwise (and for named configs).
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model);
+// The model's chat template: a directory's (ChatTemplate::Load), or a .gguf file's
+// tokenizer.chat_template with its bos/eos/unk/pad token texts; nullopt when there is none.
+Result<std::optional<ChatTemplate>> LoadChatTemplate(const std::string& model);
 
 // What a command that runs the model needs: the backend --device names, the model on it,
 // and the tokenizer and chat template when the model directory has them. Members die model
