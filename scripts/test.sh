@@ -18,6 +18,9 @@ python3 -m pip install --quiet --disable-pip-version-check openai pytest numpy
 # apply_chat_template (which needs jinja2).
 python3 -m pip install --quiet --disable-pip-version-check tokenizers transformers gguf safetensors "jinja2>=3.1.6"
 python3 -m pip install --quiet --disable-pip-version-check --no-deps speculators
+# speculators' own HTTP clients, which its --no-deps install leaves out: httpx (prepare-data's
+# render client) and aiohttp (regenerate-responses' chat poster). Both are small, pure clients.
+python3 -m pip install --quiet --disable-pip-version-check httpx aiohttp
 HSX_BINARY="$PWD/build/src/hsx" python3 -m pytest tests/python -q
 # Sanitizers cover the host code; the CUDA backend is compiled (and its tests skip
 # without a GPU) in the first build.

@@ -19,9 +19,12 @@ Result<std::string> RenderLine(const ChatTemplate& chat, const nlohmann::ordered
 
 int RunChatTemplate(const std::string& model, const std::string& input) {
   const char* cmd = "chat-template";
-  auto loaded = ChatTemplate::Load(model);
+  auto loaded = LoadChatTemplate(model);
   if (!loaded.ok()) return Fail(cmd, loaded.status());
-  if (!*loaded) return Fail(cmd, Error(model + ": no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)"));
+  if (!*loaded) {
+    return Fail(cmd, Error(model + ": no chat template (no chat_template.jinja, no chat_template in "
+                                   "tokenizer_config.json or the GGUF file)"));
+  }
   return RunJsonLines(cmd, input, /*error_lines=*/true,
                       [&](const std::string& text, const std::string& where) -> Result<std::string> {
                         HSX_ASSIGN_OR_RETURN(nlohmann::ordered_json parsed, ParseOrderedJson(text, where));

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
 
 namespace hsx::cli {
 
@@ -18,5 +20,10 @@ void RegisterBench(CLI::App& root);
 void RegisterServe(CLI::App& root);
 void RegisterManifest(CLI::App& root);
 void RegisterChatTemplate(CLI::App& root);
+
+// `hsx serve`'s arguments with vLLM's flag spellings made hsx's: a flag's name may use
+// underscores for its dashes (--kv_transfer_config, --max_num_seqs=8), as vLLM's parser
+// accepts. Other commands' arguments are returned as they are.
+std::vector<std::string> NormalizeServeFlags(int argc, char** argv);
 
 }  // namespace hsx::cli

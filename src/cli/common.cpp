@@ -9,7 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "capture/shard_spec.h"
+#include "model/config_fields.h"
 #include "model/gguf_config.h"
+#include "model/gguf_file.h"
 #include "model/gguf_tokenizer.h"
 #include "util/json.h"
 
@@ -34,6 +36,10 @@ void ModelOptions::RegisterExecutionFlags(CLI::App& app) {
                  "fp8: the decoder layers' projections as FP8 E4M3 with per-channel scales, quantized at load, and "
                  "activations quantized per token (embeddings, norms, LM head and attention stay unquantized)")
       ->check(CLI::IsMember({"fp8"}));
+  app.add_option("--allow-unknown-config-field", allow_unknown_config_fields,
+                 "Proceed past this unknown config.json field (repeatable) with a warning, instead of refusing the "
+                 "model; hsx does not implement it, so results may differ from the reference")
+      ->each([](const std::string& name) { config::AllowUnknownConfigField(name); });
   app.add_option("--tensor-parallel-size", tensor_parallel_size,
                  "Split the model over N ranks (Megatron-style): N GPUs from --device's index on (NCCL), or N "
                  "threads on the cpu")
@@ -117,11 +123,39 @@ static Status LoadRanks(const ModelOptions& options, LoadedModel& loaded) {
   return Status();
 }
 
-// The tokenizer and chat template of the model's directory into `loaded`; a template hsx
-// cannot read is kept as the error chat requests will get.
+// A GGUF file's own chat template (tokenizer.chat_template), with the special tokens
+// transformers' GGUF conversion gives tokenizer_config.json: the texts of
+// tokenizer.ggml.tokens at the bos/eos/unk/padding ids. nullopt when the file has none.
+static Result<std::optional<ChatTemplate>> LoadGgufChatTemplate(const std::string& path) {
+  HSX_ASSIGN_OR_RETURN(const GgufFile file, GgufFile::Open(path));
+  if (!file.Find("tokenizer.chat_template")) return std::optional<ChatTemplate>();
+  HSX_ASSIGN_OR_RETURN(std::string source, file.String("tokenizer.chat_template"));
+  tmpl::ValueDict special_tokens;
+  if (file.Find("tokenizer.ggml.tokens")) {
+    HSX_ASSIGN_OR_RETURN(const std::vector<GgufValue>* tokens, file.Array("tokenizer.ggml.tokens", GgufType::kString));
+    for (auto [name, key] : {std::pair{"bos_token", "tokenizer.ggml.bos_token_id"},
+                             std::pair{"eos_token", "tokenizer.ggml.eos_token_id"},
+                             std::pair{"unk_token", "tokenizer.ggml.unknown_token_id"},
+                             std::pair{"pad_token", "tokenizer.ggml.padding_token_id"}}) {
+      if (!file.Find(key)) continue;
+      HSX_ASSIGN_OR_RETURN(const uint64_t id, file.Unsigned(key));
+      if (id < tokens->size()) special_tokens.emplace_back(name, tmpl::Value((*tokens)[id].s));
+    }
+  }
+  auto created = ChatTemplate::Create(source, std::move(special_tokens));
+  if (!created.ok()) return created.status().with_context(path + ": tokenizer.chat_template");
+  return std::optional<ChatTemplate>(std::move(created).value());
+}
+
+Result<std::optional<ChatTemplate>> LoadChatTemplate(const std::string& model) {
+  return IsGgufPath(model) ? LoadGgufChatTemplate(model) : ChatTemplate::Load(model);
+}
+
+// The tokenizer and chat template of the model's directory (or GGUF file) into `loaded`; a
+// template hsx cannot read is kept as the error chat requests will get.
 static Status LoadTokenizerAndTemplate(const std::string& model, LoadedModel& loaded) {
   HSX_ASSIGN_OR_RETURN(loaded.tokenizer, LoadTokenizerIfPresent(model));
-  auto chat_template = ChatTemplate::Load(model);
+  auto chat_template = LoadChatTemplate(model);
   if (chat_template.ok()) loaded.chat_template = std::move(chat_template).value();
   else loaded.chat_template_error = chat_template.status();
   return Status();
@@ -260,7 +294,8 @@ Result<std::vector<int32_t>> PromptReader::RenderMessages(const std::string& tex
   const ChatTemplate* chat = loaded_->chat_template_or_null();
   if (chat == nullptr) {
     if (!loaded_->chat_template_error.ok()) return loaded_->chat_template_error;
-    return Error("has 'messages' but the model has no chat template (chat_template.jinja or tokenizer_config.json)");
+    return Error("has 'messages' but the model has no chat template (chat_template.jinja, tokenizer_config.json or "
+                 "a GGUF file's tokenizer.chat_template)");
   }
   if (tokenizer_ == nullptr) return Error("has 'messages' but the model has no tokenizer.json");
   HSX_ASSIGN_OR_RETURN(nlohmann::ordered_json line, ParseOrderedJson(text, "the line"));

@@ -31,9 +31,10 @@ struct ModelOptions {
   bool enforce_eager = false;        // no CUDA graphs (vLLM's flag)
   std::string quantization;          // "" or fp8 (vLLM's flag)
   int tensor_parallel_size = 1;      // ranks: cpu threads, or GPUs from --device's index on
+  std::vector<std::string> allow_unknown_config_fields;  // passed over with a warning (config_fields.h)
   void Register(CLI::App& app);
   // The execution flags (--batch-invariant, --enforce-eager, --quantization,
-  // --tensor-parallel-size), which serve shares (it names the model positionally).
+  // --tensor-parallel-size, --allow-unknown-config-field), which serve shares (it names the model positionally).
   void RegisterExecutionFlags(CLI::App& app);
 };
 
@@ -47,6 +48,9 @@ std::string QuantizationLabel(const ModelOptions& options, const ModelConfig& co
 // DIR/tokenizer.json when it exists, a .gguf file's tokenizer.ggml.* when it has them;
 // nullopt otherwise (and for named configs).
 Result<std::optional<Tokenizer>> LoadTokenizerIfPresent(const std::string& model);
+// The model's chat template: a directory's (ChatTemplate::Load), or a .gguf file's
+// tokenizer.chat_template with its bos/eos/unk/pad token texts; nullopt when there is none.
+Result<std::optional<ChatTemplate>> LoadChatTemplate(const std::string& model);
 
 // What a command that runs the model needs: the backend --device names, the model on it,
 // and the tokenizer and chat template when the model directory has them. Members die model

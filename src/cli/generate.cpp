@@ -17,6 +17,7 @@ struct GenerateOptions {
   std::string input;
   int max_tokens = 16;
   bool ignore_eos = false;
+  bool skip_special_tokens = true;  // the text leaves out special tokens (vLLM's default)
   double kv_cache_gib = 1.0;
   std::string speculative_config;  // vLLM's JSON: ngram or eagle3
   int data_parallel_size = 1;
@@ -67,7 +68,7 @@ int RunGenerate(const GenerateOptions& o) {
       }
       nlohmann::json out = {{"id", seq->id()}, {"token_ids", seq->generated()}};
       if (tok != nullptr) {
-        auto text = tok->Decode(seq->generated());
+        auto text = tok->Decode(seq->generated(), o.skip_special_tokens);
         if (text.ok()) out["text"] = *text;
       }
       std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -94,6 +95,8 @@ void RegisterGenerate(CLI::App& root) {
   app->add_option("--input", o->input, "JSONL: {\"id\", \"token_ids\"} or {\"id\", \"prompt\"} per line")->required();
   app->add_option("--max-tokens", o->max_tokens, "New tokens per request")->check(CLI::NonNegativeNumber);
   app->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-sequence tokens");
+  app->add_flag("--skip-special-tokens,!--no-skip-special-tokens", o->skip_special_tokens,
+                "The output text leaves out special tokens (<|im_end|>, ...), as vLLM's default (token_ids keep them)");
   app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");
   AddDataParallelOption(*app, o->data_parallel_size);
   app->add_option("--speculative-config", o->speculative_config,

@@ -12,6 +12,9 @@ int main(int argc, char** argv) {
   hsx::cli::RegisterServe(app);
   hsx::cli::RegisterManifest(app);
   hsx::cli::RegisterChatTemplate(app);
-  CLI11_PARSE(app, argc, argv);
+  std::vector<std::string> args = hsx::cli::NormalizeServeFlags(argc, argv);
+  std::vector<char*> normalized;
+  for (std::string& arg : args) normalized.push_back(arg.data());
+  CLI11_PARSE(app, static_cast<int>(normalized.size()), normalized.data());
   return hsx::cli::ExitCode();
 }

@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -171,7 +172,31 @@ int RunServe(ServeOptions o) {
   return cut_short ? 1 : 0;
 }
 
+// vLLM's flags that shape only its Python front end (API server processes, renderer
+// workers, uvicorn, request logging), which hsx's one C++ process has no use for:
+// accepted, so vLLM command lines (speculators' launch_vllm.py writes --api-server-count and
+// --renderer-num-workers) run unchanged, and named in a note. Valued, then bare flags.
+constexpr const char* kFrontEndOptions[] = {"--api-server-count", "--renderer-num-workers", "--uvicorn-log-level",
+                                            "--max-log-len", "--allowed-origins", "--allowed-methods",
+                                            "--allowed-headers", "--root-path", "--middleware"};
+constexpr const char* kFrontEndFlags[] = {"--disable-log-requests", "--enable-log-requests", "--disable-log-stats",
+                                          "--disable-uvicorn-access-log", "--disable-fastapi-docs",
+                                          "--enable-server-load-tracking", "--disable-frontend-multiprocessing"};
+
 }  // namespace
+
+std::vector<std::string> NormalizeServeFlags(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  if (argc < 2 || args[1] != "serve") return args;
+  for (size_t i = 2; i < args.size(); ++i) {
+    std::string& arg = args[i];
+    if (arg == "--") break;  // what follows is positional
+    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) continue;
+    const size_t end = std::min(arg.find('='), arg.size());
+    std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');
+  }
+  return args;
+}
 
 void RegisterServe(CLI::App& root) {
   auto o = std::make_shared<ServeOptions>();
@@ -218,7 +243,22 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--max-body-bytes", o->server.max_body_bytes, "Larger request bodies get 413 (default 32 MiB)")
       ->check(CLI::Range(size_t{1}, size_t{1} << 40));
   app->add_flag("!--no-enable-prefix-caching", o->prefix_caching);
-  app->callback([o] { ExitCode() = RunServe(*o); });
+  auto ignored = std::make_shared<std::vector<std::string>>();
+  for (const char* name : kFrontEndOptions) {
+    app->add_option_function<std::string>(name, [ignored, name](const std::string&) { ignored->push_back(name); },
+                                          "vLLM front-end option: accepted and ignored");
+  }
+  for (const char* name : kFrontEndFlags) {
+    app->add_flag_function(name, [ignored, name](int64_t) { ignored->push_back(name); },
+                           "vLLM front-end flag: accepted and ignored");
+  }
+  app->callback([o, ignored] {
+    for (const std::string& name : *ignored) {
+      std::fprintf(stderr, "hsx serve: note: ignoring %s (a vLLM front-end setting; hsx serves from one process)\n",
+                   name.c_str());
+    }
+    ExitCode() = RunServe(*o);
+  });
 }
 
 }  // namespace hsx::cli

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -116,6 +117,24 @@ const std::set<std::string>& config::IgnoredFields() {
       "_sliding_window_pattern",
   };
   return kIgnored;
+}
+
+namespace {
+std::set<std::string>& AllowedUnknown() {
+  static std::set<std::string> names;
+  return names;
+}
+}  // namespace
+
+void config::AllowUnknownConfigField(const std::string& name) { AllowedUnknown().insert(name); }
+
+const std::set<std::string>& config::AllowedUnknownConfigFields() { return AllowedUnknown(); }
+
+void config::WarnAllowedUnknownField(const std::string& source, const std::string& key) {
+  std::fprintf(stderr,
+               "hsx: warning: %s: field '%s' is not implemented by hsx and may change the model's computation; "
+               "proceeding as --allow-unknown-config-field asks\n",
+               source.c_str(), key.c_str());
 }
 
 namespace {

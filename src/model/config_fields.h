@@ -28,6 +28,14 @@ constexpr int64_t kMaxLayers = 4096;  // per-layer specs are allocated up front
 // computation, and a silently wrong hidden state is worse than an error.
 const std::set<std::string>& IgnoredFields();
 
+// Unknown fields a user let through by name (--allow-unknown-config-field): each is passed over
+// with a warning on stderr naming the file and the field, instead of refused. Set before
+// configs are read (the command line's parse); read by every config reader.
+void AllowUnknownConfigField(const std::string& name);
+const std::set<std::string>& AllowedUnknownConfigFields();
+// Passes over an allowed unknown field: logs it. Defined with the setter.
+void WarnAllowedUnknownField(const std::string& source, const std::string& key);
+
 // Whether the JSON integer v lies in [lo, hi] (unsigned values above INT64_MAX included).
 inline bool IntInRange(const json& v, int64_t lo, int64_t hi) {
   if (v.is_number_unsigned()) {
@@ -128,11 +136,20 @@ class Fields {
   }
 
   // Refuses the fields of config.json that nothing read and that are not known not to matter.
+  // Keys with a leading underscore are Hugging Face's bookkeeping (transformers writes
+  // _name_or_path, _commit_hash, _model_name_or_path when it converts a GGUF, ...; it keeps
+  // them out of the model's arguments) and are passed over.
   Status CheckAllRead(const std::set<std::string>& also_ignored = {}) const {
     for (const auto& [key, value] : j_.items()) {
       if (read_.count(key) || IgnoredFields().count(key) || also_ignored.count(key)) continue;
+      if (!key.empty() && key[0] == '_') continue;
+      if (AllowedUnknownConfigFields().count(key)) {
+        WarnAllowedUnknownField(source_, key);
+        continue;
+      }
       return Fail(key, "not supported: hsx does not implement it and cannot rule out that it changes the "
-                       "model's computation (see docs/model-semantics.md)");
+                       "model's computation (see docs/model-semantics.md; --allow-unknown-config-field " +
+                       key + " proceeds anyway)");
     }
     return {};
   }

@@ -19,7 +19,7 @@ std::variant<CompletionRequest, RequestError> ParseChatRequest(const json& body,
   }
   if (chat == nullptr) {
     return BadRequest("this model has no chat template (no chat_template.jinja, no chat_template in "
-                      "tokenizer_config.json); use /v1/completions",
+                      "tokenizer_config.json or the GGUF file); use /v1/completions",
                       "messages");
   }
   if (limits.tokenizer == nullptr) return BadRequest("this model has no tokenizer.json to tokenize messages with", "messages");

@@ -98,8 +98,9 @@ const std::set<std::string>& KnownFields() {
       "kv_transfer_params", "use_beam_search", "min_p", "repetition_penalty", "length_penalty", "allowed_token_ids",
       "prompt_logprobs", "truncate_prompt_tokens", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
       "response_format", "logits_processors", "prompt_embeds", "priority", "add_special_tokens",
+      "skip_special_tokens", "spaces_between_special_tokens",
       // vLLM's extras that do not change what hsx computes
-      "request_id", "cache_salt", "skip_special_tokens", "spaces_between_special_tokens",
+      "request_id", "cache_salt",
       "return_tokens_as_token_ids", "guided_decoding_backend", "guided_whitespace_pattern", "vllm_xargs"};
   return kKnown;
 }
@@ -246,6 +247,8 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
   // Scalars first (cheap), then prompts (tokenization).
   r.stream = f.Bool("stream").value_or(false);
   r.echo = f.Bool("echo").value_or(false);
+  r.skip_special_tokens = f.Bool("skip_special_tokens").value_or(true);
+  r.spaces_between_special_tokens = f.Bool("spaces_between_special_tokens").value_or(true);
   r.return_token_ids = f.Bool("return_token_ids").value_or(false);
   r.ignore_eos = f.Bool("ignore_eos").value_or(false);
   r.include_stop_str_in_output = f.Bool("include_stop_str_in_output").value_or(false);

@@ -51,6 +51,11 @@ struct CompletionRequest {
   bool return_token_ids = false;
   bool ignore_eos = false;
   bool add_special_tokens = true;  // text prompts get the tokenizer's BOS/EOS, as in vLLM
+  // vLLM's detokenization: the text leaves out special tokens (<|im_end|>, ...) by default.
+  // spaces_between_special_tokens is read and checked but, as in vLLM with a fast
+  // (tokenizer.json) tokenizer, changes nothing: the tokenizer's decoder places every space.
+  bool skip_special_tokens = true;
+  bool spaces_between_special_tokens = true;
   int min_tokens = 0;
   std::vector<std::string> stop;
   bool include_stop_str_in_output = false;

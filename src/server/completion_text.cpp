@@ -35,7 +35,8 @@ bool CompletionText::Add(int32_t token) {
   ids_.push_back(token);
   auto window = [&](size_t end) {
     return tokenizer_->Decode(std::vector<int32_t>(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_),
-                                                   ids_.begin() + static_cast<std::ptrdiff_t>(end)));
+                                                   ids_.begin() + static_cast<std::ptrdiff_t>(end)),
+                             options_.skip_special_tokens);
   };
   auto before = window(read_);
   auto now = window(ids_.size());
@@ -54,9 +55,10 @@ bool CompletionText::Add(int32_t token) {
 void CompletionText::Finish() {
   if (!stopped_ && tokenizer_ != nullptr && read_ < ids_.size()) {
     auto before = tokenizer_->Decode(std::vector<int32_t>(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_),
-                                                          ids_.begin() + static_cast<std::ptrdiff_t>(read_)));
+                                                          ids_.begin() + static_cast<std::ptrdiff_t>(read_)),
+                                          options_.skip_special_tokens);
     auto now = tokenizer_->Decode(
-        std::vector<int32_t>(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_), ids_.end()));
+        std::vector<int32_t>(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_), ids_.end()), options_.skip_special_tokens);
     if (before.ok() && now.ok() && now->size() > before->size()) Append(now->substr(before->size()));
     read_ = ids_.size();
   }

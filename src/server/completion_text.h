@@ -21,6 +21,7 @@ class CompletionText {
     bool include_stop_str = false;
     int min_tokens = 0;                   // stop strings count only after this many tokens
     std::vector<int32_t> stop_token_ids;  // their text is left out, as vLLM leaves it out
+    bool skip_special_tokens = false;     // decode(skip_special_tokens): special tokens add no text
   };
   // `tokenizer` null: the text stays empty. The prompt's last tokens give the first
   // generated ones their context (a leading space survives).

@@ -17,6 +17,7 @@
 #include "server/chat_request.h"
 #include "server/http_server.h"
 #include "server/peer_socket.h"
+#include "server/render_request.h"
 #include "util/json.h"
 
 namespace hsx {
@@ -219,8 +220,9 @@ void OpenAiServer::Routes() {
     res.set_content(Metrics(), "text/plain; version=0.0.4");
   });
 
-  post_json("/tokenize", [this](const httplib::Request&, httplib::Response& res, const json& body, const std::string&) {
+  post_json("/tokenize", [this](const httplib::Request&, httplib::Response& res, const json& body, const std::string& text) {
     if (tokenizer_ == nullptr) return ReplyError(res, 400, "this model has no tokenizer.json");
+    if (body.is_object() && body.contains("messages")) return Render(res, text, TokenizeMessages);
     if (!body.is_object() || !body.contains("prompt") || !body["prompt"].is_string()) {
       return ReplyError(res, 400, "expected a JSON object with a string field 'prompt'", "prompt");
     }
@@ -260,6 +262,14 @@ void OpenAiServer::Routes() {
     ReplyJson(res, {{"prompt", *text}});
   });
 
+  // vLLM's render endpoints (server/render_request): the token ids a request would run.
+  post_json("/v1/chat/completions/render", [this](const httplib::Request&, httplib::Response& res, const json&,
+                                                  const std::string& text) { Render(res, text, RenderChatRequest); });
+  post_json("/v1/completions/render", [this](const httplib::Request&, httplib::Response& res, const json& body,
+                                             const std::string&) {
+    Reply(res, RenderCompletionRequest(body, {&limits_, chat_template_, chat_template_error_}));
+  });
+
   post_json("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const json& body, const std::string&) {
     auto parsed = ParseCompletionRequest(body, limits_);
     if (const auto* e = std::get_if<RequestError>(&parsed)) return ReplyError(res, e->status, e->message, e->param);
@@ -277,6 +287,20 @@ void OpenAiServer::Routes() {
     if (const auto* e = std::get_if<RequestError>(&parsed)) return ReplyError(res, e->status, e->message, e->param);
     Complete(std::get<CompletionRequest>(parsed), req, res);
   });
+}
+
+// A render's answer or its error.
+void OpenAiServer::Reply(httplib::Response& res, const std::variant<json, RequestError>& result) {
+  if (const auto* e = std::get_if<RequestError>(&result)) return ReplyError(res, e->status, e->message, e->param);
+  ReplyJson(res, std::get<json>(result));
+}
+
+// A chat-shaped render (messages through the template), given the body with its keys in order.
+void OpenAiServer::Render(httplib::Response& res, const std::string& text, RenderFunction render) {
+  auto body = ParseJson(text, "the request body");  // parsed once already: cannot fail
+  auto ordered = ParseOrderedJson(text, "the request body");
+  if (!body.ok() || !ordered.ok()) return ReplyError(res, 400, "the request body is not JSON");
+  Reply(res, render(*body, *ordered, {&limits_, chat_template_, chat_template_error_}));
 }
 
 // A checked request (completions or chat) run to its answer, streamed or whole.
@@ -369,8 +393,10 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
                                     ? LogprobsJson(out, r.seq->logprobs, 0, out.size(), 0, c.chat) : json()},
                    {"finish_reason", r.seq->stopped() ? "stop" : "length"}};
     if (c.chat) choice["message"] = {{"role", "assistant"}, {"content", choice["text"]}}, choice.erase("text");
+    // vLLM's places: a completion choice carries its prompt's ids, a chat response (one
+    // prompt) carries them at the top level.
     if (c.return_token_ids) {
-      choice["prompt_token_ids"] = prompt.ids;
+      if (!c.chat) choice["prompt_token_ids"] = prompt.ids;
       choice["token_ids"] = out;
     }
     if (extract) {
@@ -385,6 +411,7 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
                    {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
                               {"total_tokens", prompt_tokens + completion_tokens}}}};
   if (extract) response["kv_transfer_params"] = {{"hidden_states_path", first_path}};
+  if (c.chat && c.return_token_ids) response["prompt_token_ids"] = c.prompts[0].ids;
   ReplyJson(res, response);
 }
 
@@ -406,7 +433,7 @@ Request OpenAiServer::EngineRequest(const CompletionRequest& c, size_t p, int j,
 }
 
 CompletionText::Options OpenAiServer::TextOptions(const CompletionRequest& c, const Request& r) {
-  return {c.stop, c.include_stop_str_in_output, c.min_tokens, r.stop_token_ids};
+  return {c.stop, c.include_stop_str_in_output, c.min_tokens, r.stop_token_ids, c.skip_special_tokens};
 }
 
 // What echo prepends: the prompt as sent, or its token ids decoded.
@@ -554,6 +581,7 @@ void OpenAiServer::Stream(Request request, const std::string& path, SaveNames::C
   const bool logprobs = c.sampling.logprobs >= 0;
   const bool chat = c.chat;
   const int64_t prompt_tokens = static_cast<int64_t>(c.prompts[0].ids.size());
+  const std::vector<int32_t> prompt_ids = return_token_ids ? c.prompts[0].ids : std::vector<int32_t>();
   auto client = std::make_shared<ClientWatch>(req);
   res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
     try {
@@ -602,11 +630,21 @@ void OpenAiServer::Stream(Request request, const std::string& path, SaveNames::C
           choice["delta"] = state->echoed ? json{{"content", delta}} : json{{"role", "assistant"}, {"content", delta}};
           choice.erase("text");
         }
+        // vLLM sends the prompt's ids once, with the first chunk: at a chat chunk's top
+        // level, in a completion chunk's choice.
+        const bool first = !state->echoed;
         if (return_token_ids) {
           choice["token_ids"] = std::vector<int32_t>(state->tokens.begin() + static_cast<int64_t>(state->sent_tokens),
                                                      state->tokens.begin() + static_cast<int64_t>(ready_tokens));
+          if (first && !chat) choice["prompt_token_ids"] = prompt_ids;
         }
-        out += chunk(json::array({std::move(choice)}));
+        std::string text_chunk = chunk(json::array({std::move(choice)}));
+        if (first && chat && return_token_ids) {
+          json body = json::parse(text_chunk.substr(6));
+          body["prompt_token_ids"] = prompt_ids;
+          text_chunk = "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+        }
+        out += text_chunk;
         state->sent_tokens = ready_tokens;
         state->sent_text = ready;
         state->sent_chars += CharCount(delta);
@@ -623,7 +661,6 @@ void OpenAiServer::Stream(Request request, const std::string& path, SaveNames::C
         json last = {{"index", 0}, {"text", ""}, {"logprobs", nullptr},
                      {"finish_reason", result.seq->stopped() ? "stop" : "length"}};
         if (chat) last["delta"] = json::object(), last.erase("text");
-        if (return_token_ids) last["prompt_token_ids"] = result.seq->request().prompt;
         json body = json::parse(chunk(json::array({std::move(last)})).substr(6));
         if (!result.hidden_states_path.empty()) body["kv_transfer_params"] = {{"hidden_states_path", result.hidden_states_path}};
         out += "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";

@@ -1,6 +1,7 @@
 // The OpenAI-style HTTP front end of hsx serve, shaped like vLLM's server so existing
 // clients work unchanged: /v1/completions and /v1/chat/completions (with vLLM's hidden-state
-// extraction through kv_transfer_params), /v1/models, /health, /metrics, /tokenize, /detokenize.
+// extraction through kv_transfer_params), their /render forms, /v1/models, /health, /metrics,
+// /tokenize (a prompt or chat messages), /detokenize.
 #pragma once
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include "server/completion_text.h"
 #include "server/engine_replicas.h"
 #include "server/save_names.h"
+#include "server/render_request.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -83,6 +85,10 @@ class OpenAiServer {
   nlohmann::json LogprobsJson(const std::vector<int32_t>& generated, const std::vector<Sequence::TokenLogprobs>& logprobs,
                               size_t first, size_t end, int64_t text_offset, bool chat) const;
   void Complete(const CompletionRequest& c, const httplib::Request& req, httplib::Response& res);
+  using RenderFunction = std::variant<nlohmann::json, RequestError> (*)(const nlohmann::json&, const nlohmann::ordered_json&,
+                                                                         const RenderContext&);
+  void Render(httplib::Response& res, const std::string& text, RenderFunction render);
+  static void Reply(httplib::Response& res, const std::variant<nlohmann::json, RequestError>& result);
   void Stream(Request request, const std::string& path, SaveNames::Claim claim, const CompletionRequest& c,
               const httplib::Request& req, httplib::Response& res);
   Request EngineRequest(const CompletionRequest& c, size_t p, int j, std::string id) const;

@@ -16,8 +16,8 @@ namespace hsx {
 
 // The chat template source of a model directory, as transformers 5 resolves it:
 // chat_template.jinja, else tokenizer_config.json's "chat_template" (a string, or a list of
-// {"name", "template"} from which "default" is taken); nullopt when there is none. Other
-// sources (a GGUF's tokenizer.chat_template) belong here.
+// {"name", "template"} from which "default" is taken); nullopt when there is none. A GGUF
+// file's tokenizer.chat_template is read by the CLI's loader (cli/common.cpp).
 Result<std::optional<std::string>> FindChatTemplate(const std::string& model_dir);
 
 struct ChatOptions {

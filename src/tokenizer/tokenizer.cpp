@@ -33,6 +33,7 @@ struct AddedToken {
   bool lstrip = false;       // takes the whitespace before it
   bool rstrip = false;       // takes the whitespace after it
   bool normalized = false;   // matched in normalized text rather than in the raw input
+  bool special = false;      // left out by decode(skip_special_tokens=True)
 };
 
 // Finds added tokens like HF's leftmost-longest Aho-Corasick: of the tokens starting at the
@@ -126,6 +127,7 @@ struct Tokenizer::Impl {
   AddedTokenMatcher normalized_matcher;  // tokens with normalized: true
   std::unordered_map<std::string, int32_t> added_id_of_content;
   std::vector<const std::string*> text_of_id;  // added tokens over the model's vocabulary
+  std::vector<bool> special_of_id;             // ids of added tokens marked "special"
 
   static Result<std::shared_ptr<const Impl>> FromJson(const nlohmann::json& config);
 
@@ -166,8 +168,8 @@ Result<AddedToken> ParseAddedToken(const json& entry, const std::string& where,
   HSX_ASSIGN_OR_RETURN(token.single_word, jf::Bool(entry, "single_word", where, false));
   HSX_ASSIGN_OR_RETURN(token.lstrip, jf::Bool(entry, "lstrip", where, false));
   HSX_ASSIGN_OR_RETURN(token.rstrip, jf::Bool(entry, "rstrip", where, false));
-  HSX_ASSIGN_OR_RETURN(bool special, jf::Bool(entry, "special", where, false));
-  HSX_ASSIGN_OR_RETURN(token.normalized, jf::Bool(entry, "normalized", where, !special));
+  HSX_ASSIGN_OR_RETURN(token.special, jf::Bool(entry, "special", where, false));
+  HSX_ASSIGN_OR_RETURN(token.normalized, jf::Bool(entry, "normalized", where, !token.special));
   token.text = token.content;
   if (token.normalized) {
     Result<std::string> normalized = normalizer.Apply(token.content);
@@ -240,6 +242,10 @@ Result<std::shared_ptr<const Tokenizer::Impl>> Tokenizer::Impl::FromJson(const j
     (token.normalized ? impl->normalized_matcher : impl->raw_matcher)
         .Add(token.text, static_cast<int32_t>(i));
     impl->text_of_id[token.id] = &token.text;
+  }
+  impl->special_of_id.assign(id_limit, false);
+  for (const AddedToken& token : impl->added_tokens) {
+    if (token.special) impl->special_of_id[token.id] = true;
   }
 
   // transformers 5 takes the special tokens from here alone: with a tokenizer.json present it
@@ -319,7 +325,7 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
   return ids;
 }
 
-Result<std::string> Tokenizer::Decode(const std::vector<int32_t>& ids) const {
+Result<std::string> Tokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
@@ -327,6 +333,7 @@ Result<std::string> Tokenizer::Decode(const std::vector<int32_t>& ids) const {
       return Error("Decode: token id " + std::to_string(id) +
                    " is out of range; the vocabulary has " + std::to_string(vocab_size()) + " ids");
     }
+    if (skip_special_tokens && impl_->special_of_id[id]) continue;
     const std::string* token = impl_->text_of_id[id];
     if (token == nullptr) return Error("Decode: token id " + std::to_string(id) + " has no token");
     tokens.push_back(*token);
@@ -335,6 +342,10 @@ Result<std::string> Tokenizer::Decode(const std::vector<int32_t>& ids) const {
 }
 
 int Tokenizer::vocab_size() const { return static_cast<int>(impl_->text_of_id.size()); }
+
+bool Tokenizer::IsSpecial(int32_t id) const {
+  return id >= 0 && id < vocab_size() && impl_->special_of_id[id];
+}
 
 std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
   auto added = impl_->added_id_of_content.find(std::string(token));

@@ -32,8 +32,12 @@ class Tokenizer {
   // default. Text the chat template already rendered with its BOS wants false. Errors on
   // invalid UTF-8.
   Result<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens = true) const;
-  // HF's decode(ids, skip_special_tokens=False). Errors on an id without a token.
-  Result<std::string> Decode(const std::vector<int32_t>& ids) const;
+  // HF's decode(ids, skip_special_tokens): with it, added tokens marked "special" (<|im_end|>,
+  // <|endoftext|>, ...) are left out, as tokenizers' Rust decode leaves them out. Errors on an
+  // id without a token.
+  Result<std::string> Decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
+  // Whether `id` is an added token marked "special" (what skip_special_tokens leaves out).
+  bool IsSpecial(int32_t id) const;
 
   // One past the largest id of the vocabulary and the added tokens: the embedding rows needed.
   int vocab_size() const;

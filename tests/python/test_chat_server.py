@@ -57,7 +57,8 @@ def test_chat_prompt_is_transformers_apply_chat_template(chat_server):
     expected = hf_prompt_ids(chat_server.model_dir, MESSAGES)
     assert expected[0] == 0 and expected[1] != 0  # one BOS, from the template
     choice = reply.choices[0]
-    assert choice.model_extra["prompt_token_ids"] == expected
+    assert reply.model_extra["prompt_token_ids"] == expected  # at the top level, as vLLM puts it
+    assert "prompt_token_ids" not in choice.model_extra
     assert reply.usage.prompt_tokens == len(expected)
     assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-")
     assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")

@@ -113,7 +113,7 @@ def run_client(server, job, openai_client):
             model="qwen3-fixture", prompt=job["prompts"][0], max_tokens=job["max_tokens"], stream=True, temperature=0,
             extra_body={"return_token_ids": True, "ignore_eos": True}))
         tokens = [t for c in chunks for t in (getattr(c.choices[0], "token_ids", None) or [])]
-        outs = [{"prompt_token_ids": chunks[-1].choices[0].prompt_token_ids, "token_ids": tokens,
+        outs = [{"prompt_token_ids": chunks[0].choices[0].prompt_token_ids, "token_ids": tokens,  # the first chunk's
                  "path": chunks[-1].kv_transfer_params["hidden_states_path"]}]
     else:
         prompt = job["prompts"][0] if len(job["prompts"]) == 1 else job["prompts"]
