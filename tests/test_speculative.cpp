@@ -5,7 +5,11 @@
 // difference is the engine's; and the speculative config's errors name their field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
+#include <numeric>
+#include <random>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
@@ -235,6 +239,91 @@ TEST(Eagle3EngineTest, PrefixCacheHitRestoresTheDraftsKv) {
       EXPECT_EQ(engine.prefix_cache_hit_rate(), hit / 46.0) << variant << " hit " << hit;
       const EngineConfig& reference = forced ? speculative : plain;
       EXPECT_EQ(tokens.at("second"), RunAlone(**model, reference, second, 12).tokens.at("alone")) << variant << " hit " << hit;
+    }
+  }
+}
+
+// EAGLE-3 decode on the CPU without copying the context: once the prompt has run, no step
+// of a round (verification of K + 1 rows, the draft's first pass and chained steps) copies
+// keys out of the paged cache, whatever the context's length. Copying every key and value
+// of the context per KV head, layer and step (attention's gather for prefill) made a
+// never-accepted round cost several plain decode steps and grow with the context. The
+// default (not batch-invariant) backend: the one `hsx serve` and `generate` run.
+TEST(Eagle3EngineTest, DecodeCopiesNoContextOutOfTheKvCache) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(model.ok());
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/qwen3_default"), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  std::mt19937 rng(7);
+  for (int prompt_len : {64, 1500}) {
+    EngineConfig config;
+    config.scheduler.max_num_batched_tokens = 2048;  // the prompt in one step
+    config.eagle3 = {draft->get(), 3};
+    Engine engine(**model, config);
+    Request r;
+    r.id = "long";
+    for (int i = 0; i < prompt_len; ++i) r.prompt.push_back(3 + static_cast<int32_t>(rng() % 500));
+    r.max_new_tokens = 12;
+    ASSERT_TRUE(engine.Add(std::move(r)).ok());
+    engine.Step();  // the prompt, the draft's first pass over it and the first round
+    const int64_t after_prompt = backend.gathered_keys();
+    EXPECT_GT(after_prompt, 0);  // prefill does gather (the counter counts)
+    uint64_t decode_steps = 0;
+    for (; engine.has_work(); ++decode_steps) engine.Step();
+    EXPECT_GT(decode_steps, 0u);
+    EXPECT_GT(engine.stats().num_draft_tokens, 0u);
+    EXPECT_EQ(backend.gathered_keys() - after_prompt, 0)
+        << "keys copied out of the KV cache by " << decode_steps << " decode steps at a " << prompt_len
+        << "-token context";
+  }
+}
+
+// Verification rows in default mode: a step of few queries a sequence reads the cache in
+// place, each row over its own keys, so a verification step's K + 1 rows get exactly the
+// bits each would get as a decode step alone, and agree with the row-wise reference.
+TEST(Eagle3EngineTest, VerificationRowsGetDecodeRowsBits) {
+  CpuBackend backend, reference(/*batch_invariant=*/true);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  constexpr int kBlock = 16, kCtx = 700;
+  struct Case { int64_t d; int window; float softcap; int64_t heads, kv_heads; };
+  for (const Case& c : std::vector<Case>{{16, 0, 0, 4, 2}, {64, 100, 0, 8, 2}, {20, 0, 30, 4, 4}, {256, 0, 0, 2, 1}}) {
+    std::vector<int32_t> table((kCtx + kBlock - 1) / kBlock);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    auto random = [&](Shape shape) {
+      Tensor t = Tensor::Host(DType::kF32, std::move(shape));
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
+      return t;
+    };
+    const int64_t slots = static_cast<int64_t>(table.size()) * kBlock;
+    const Tensor kc = random({slots, c.kv_heads, c.d}), vc = random({slots, c.kv_heads, c.d});
+    constexpr int kRows = 4;  // K = 3 drafts and the last known token
+    const Tensor q = random({kRows, c.heads, c.d});
+    AttentionParams params;
+    params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    params.sliding_window = c.window;
+    params.softcap = c.softcap;
+    params.block_size = kBlock;
+    auto attend = [&](Backend& b, const Tensor& rows, int q_len, int ctx_len) {
+      Tensor out = Tensor::Host(DType::kF32, rows.shape());
+      b.Attention(rows, kc, vc, MakeAttentionBatch(b, {SequenceSlice{0, q_len, ctx_len, table}}), params, out);
+      return out;
+    };
+    const Tensor verified = attend(backend, q, kRows, kCtx), expected = attend(reference, q, kRows, kCtx);
+    const int64_t row_floats = c.heads * c.d;
+    for (int i = 0; i < kRows; ++i) {
+      Tensor one = Tensor::Host(DType::kF32, {1, c.heads, c.d});
+      std::copy_n(q.data<float>() + i * row_floats, row_floats, one.data<float>());
+      const Tensor alone = attend(backend, one, 1, kCtx - kRows + 1 + i);
+      const float* row = verified.data<float>() + i * row_floats;
+      EXPECT_TRUE(std::equal(alone.data<float>(), alone.data<float>() + row_floats, row))
+          << "row " << i << " d=" << c.d << " window=" << c.window;
+      for (int64_t j = 0; j < row_floats; ++j) {
+        ASSERT_NEAR(verified.data<float>()[i * row_floats + j], expected.data<float>()[i * row_floats + j], 1e-5f)
+            << "row " << i << " d=" << c.d << " window=" << c.window << " softcap=" << c.softcap;
+      }
     }
   }
 }

@@ -2,10 +2,13 @@
 gets the same tokens with EAGLE-3 or n-gram drafts as without (--batch-invariant makes a
 row's logits independent of how many tokens its step verifies, so equality is exact), and
 /metrics counts drafts under vLLM's names."""
+import concurrent.futures
 import json
 import re
+import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 import openai
@@ -75,3 +78,67 @@ def test_streamed_greedy_tokens_are_the_plain_servers(tmp_path, spec):
     finally:
         plain.stop()
         speculative.stop()
+
+
+QWEN3 = ROOT / "tests" / "data" / "models" / "qwen3"
+QWEN3_DRAFT = ROOT / "tests" / "data" / "eagle3" / "qwen3_default"  # random weights: never accepted
+
+
+def post_completion(url, body):
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_sigterm_drain_lets_long_eagle3_generations_finish(tmp_path):
+    """SIGTERM with 16 long EAGLE-3 generations in flight on the CPU (a draft never accepted, so
+    each token costs a whole round, over contexts of ~2k tokens): every one finishes with its whole
+    answer within the 30 s drain, and the server exits 0. Decode attention used to copy the whole
+    context out of the KV cache per layer and step, so a round cost several plain steps and grew
+    with the context: the drain ran out, 500s and exit 1."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    spec = {"method": "eagle3", "model": str(QWEN3_DRAFT), "num_speculative_tokens": 3}
+    with open(tmp_path / "server.log", "w") as log:
+        proc = subprocess.Popen([HSX, "serve", str(QWEN3), "--port", str(port), "--served-model-name", "m",
+                                 "--speculative-config", json.dumps(spec), "--drain-timeout", "30"],
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            for _ in range(300):
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            n, prompt_len, max_tokens = 16, 1800, 600
+            prompts = [[3 + (k * 31 + i * 17) % 500 for i in range(prompt_len)] for k in range(n)]
+            with concurrent.futures.ThreadPoolExecutor(n) as pool:
+                answers = [pool.submit(post_completion, url, {"model": "m", "prompt": p, "max_tokens": max_tokens,
+                                                              "temperature": 0, "ignore_eos": True,
+                                                              "return_token_ids": True}) for p in prompts]
+                deadline = time.time() + 120
+                while time.time() < deadline:  # until every prompt has been taken in
+                    metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+                    taken = re.search(r"^hsx_prompt_tokens_total (\S+)$", metrics, re.M)
+                    if taken and float(taken.group(1)) >= n * prompt_len:
+                        break
+                    time.sleep(0.05)
+                started = time.time()
+                proc.send_signal(signal.SIGTERM)
+                results = [a.result(timeout=300) for a in answers]
+            code = proc.wait(timeout=300)
+            print(f"drained {n} EAGLE-3 generations in {time.time() - started:.1f} s")
+            for status, body in results:
+                assert status == 200, body
+                choice = body["choices"][0]
+                assert choice["finish_reason"] == "length", choice
+                assert len(choice["token_ids"]) == max_tokens
+            assert code == 0, (tmp_path / "server.log").read_text()[-2000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

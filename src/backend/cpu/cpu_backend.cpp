@@ -45,6 +45,62 @@ void ForEach(int64_t n, F&& f, int64_t cost = 1) {
   Pool().ParallelFor(n, f);
 }
 
+// Eight floats in one vector register (GCC's and Clang's vector extension): the attention
+// loops below say how they vectorize rather than leave it to the vectorizer, which turned a
+// loop over keys into gathers.
+using Float8 = float __attribute__((vector_size(32)));
+Float8 Load8(const float* p) {
+  Float8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+float Sum8(Float8 v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+
+float Dot(const float* a, const float* b, int64_t n) {
+  Float8 part = {};
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) part += Load8(a + c) * Load8(b + c);
+  float s = Sum8(part);
+  for (; c < n; ++c) s += a[c] * b[c];
+  return s;
+}
+
+// row[i] = exp(row[i] - mx) over [0, n), returning their sum (eight lanes, then a fixed tree): Cephes'
+// expf (range reduction by ln 2, a degree-6 polynomial; within 1 ulp of libm's) in a loop the
+// compiler vectorizes, where a libm call per score was most of a decode step's softmax.
+float ExpShiftedSum(float* row, int64_t n, float mx) {
+  constexpr float kLog2e = 1.44269504088896341f, kC1 = 0.693359375f, kC2 = -2.12194440e-4f;
+  constexpr float kRound = 12582912.0f;      // 1.5 * 2^23: adding it rounds to an integer
+  constexpr uint32_t kFloorBits = 0xC2AE0000u;  // -87.0f: exp is under 2^-125 there, as good as 0
+  for (int64_t i = 0; i < n; ++i) {
+    const float shifted = row[i] - mx;
+    // max(shifted, -87) on the bits (shifted <= 0): a float compare would keep the loop scalar.
+    uint32_t bits;
+    std::memcpy(&bits, &shifted, 4);
+    bits = std::min(bits, kFloorBits);
+    float x;
+    std::memcpy(&x, &bits, 4);
+    const float k = (x * kLog2e + kRound) - kRound;
+    const float r = x - k * kC1 - k * kC2;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const int32_t exponent = (static_cast<int32_t>(k) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &exponent, 4);
+    row[i] = (p * r * r + r + 1.0f) * scale + (shifted - shifted);  // the last term keeps a NaN
+  }
+  Float8 part = {};  // eight partial sums
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) part += Load8(row + i);
+  float sum = Sum8(part);
+  for (; i < n; ++i) sum += row[i];
+  return sum;
+}
+
 // out [rows, cols] = act(gate) * up, gate's and up's rows `stride` floats apart (a fused
 // gate/up output, or an expert's separate products).
 void Gate(const float* gate, const float* up, int64_t rows, int64_t cols, int64_t stride, Activation act, float* out) {
@@ -293,6 +349,9 @@ void CpuBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, 
 void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                            const AttentionParams& params, Tensor& out) {
   if (batch_invariant_) return RowwiseAttention(q, k_cache, v_cache, batch, params, out);
+  bool few_queries = true;
+  for (const SequenceSlice& seq : batch.seqs) few_queries = few_queries && seq.q_len <= kFewQueries;
+  if (few_queries) return FewQueryAttention(q, k_cache, v_cache, batch, params, out);
   const std::vector<SequenceSlice>& seqs = batch.seqs;
   const int64_t num_heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = k_cache.size(1), dv = v_cache.size(2);
@@ -306,6 +365,7 @@ void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor&
     keys.resize(static_cast<size_t>(n_keys * d));
     values.resize(static_cast<size_t>(n_keys * dv));
     for (int64_t g = 0; g < kv_heads; ++g) {
+      gathered_keys_ += n_keys;
       Pool().ParallelFor(n_keys, [&](int64_t b, int64_t e) {
         for (int64_t j = b; j < e; ++j) {
           const int64_t p = key_lo + j;
@@ -349,6 +409,78 @@ void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor&
       }
     }
   }
+}
+
+// Decode, verification and draft steps (a few queries a sequence): the gather above would
+// copy every key and value of the context out of the cache per KV head, layer and step, and
+// wake the pool per head and row, which made such steps cost several times a decode step's
+// attention per query (an EAGLE-3 round runs K + 1 verification rows and K draft steps).
+// Here one pool task per (sequence, KV head) serves its query heads' rows, reading keys and
+// values in place in the paged cache. Each row runs over its own keys alone, starting at
+// its first, so its bits do not depend on the other rows of its step: a verification row
+// gets the decode row's.
+void CpuBackend::FewQueryAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                   const AttentionBatch& batch, const AttentionParams& params, Tensor& out) const {
+  const std::vector<SequenceSlice>& seqs = batch.seqs;
+  const int64_t num_heads = q.size(1), d = q.size(2);
+  const int64_t kv_heads = k_cache.size(1), dv = v_cache.size(2);
+  const int64_t group = num_heads / kv_heads, window = params.sliding_window;
+  int64_t work = 0;
+  for (const SequenceSlice& seq : seqs) work += int64_t{seq.q_len} * seq.ctx_len * num_heads * (d + dv);
+  const int64_t items = static_cast<int64_t>(seqs.size()) * kv_heads;
+  ForEach(items, [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    std::vector<int64_t> key_rows;
+    for (int64_t item = b; item < e; ++item) {
+      const SequenceSlice& seq = seqs[item / kv_heads];
+      const int64_t g = item % kv_heads;
+      const int64_t first_pos = seq.ctx_len - seq.q_len;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+      const int64_t n = seq.ctx_len - lo, nq = seq.q_len * group;
+      key_rows.resize(static_cast<size_t>(n));  // each position's row (slot, KV head) in the cache
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t p = lo + j;
+        key_rows[j] = (static_cast<int64_t>(seq.block_table[p / params.block_size]) * params.block_size +
+                       p % params.block_size) * kv_heads + g;
+      }
+      scores.resize(static_cast<size_t>(n));
+      // Query v is row v / group of the sequence, head g * group + v % group.
+      for (int64_t v = 0; v < nq; ++v) {
+        const int64_t at = (seq.q_start + v / group) * num_heads + g * group + v % group;
+        const float* qv = q.data<float>() + at * d;
+        float* o = out.data<float>() + at * dv;
+        const int64_t pos = first_pos + v / group;
+        const int64_t first = (window > 0 ? std::max<int64_t>(lo, pos - window + 1) : lo) - lo, last = pos - lo;
+        float* row = scores.data();
+        float mx = -INFINITY;
+        for (int64_t j = first; j <= last; ++j) {
+          float x = Dot(qv, k_cache.data<float>() + key_rows[j] * d, d) * params.scale;
+          if (params.softcap > 0.0f) x = params.softcap * std::tanh(x / params.softcap);
+          row[j] = x;
+          mx = std::max(mx, x);
+        }
+        const float inv = 1.0f / ExpShiftedSum(row + first, last + 1 - first, mx);
+        // o = inv * sum_j row[j] v_j, eight output columns at a time in a register.
+        int64_t c0 = 0;
+        for (; c0 + 8 <= dv; c0 += 8) {
+          const float* vc = v_cache.data<float>() + c0;
+          Float8 acc[4] = {};  // four chains of adds in flight, not one
+          int64_t j = first;
+          for (; j + 4 <= last + 1; j += 4) {
+            for (int u = 0; u < 4; ++u) acc[u] += row[j + u] * Load8(vc + key_rows[j + u] * dv);
+          }
+          for (; j <= last; ++j) acc[0] += row[j] * Load8(vc + key_rows[j] * dv);
+          acc[0] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) * inv;
+          std::memcpy(o + c0, &acc[0], sizeof acc[0]);
+        }
+        for (; c0 < dv; ++c0) {
+          float acc = 0.0f;
+          for (int64_t j = first; j <= last; ++j) acc += row[j] * v_cache.data<float>()[key_rows[j] * dv + c0];
+          o[c0] = acc * inv;
+        }
+      }
+    }
+  }, work / std::max<int64_t>(1, items));
 }
 
 // Batch-invariant attention: each (query row, head) runs over exactly the keys it sees, in

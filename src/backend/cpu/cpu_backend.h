@@ -39,6 +39,9 @@ class CpuBackend final : public Backend {
   void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                  const AttentionParams& params, Tensor& out) override;
   void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) override;
+  // Keys (with their values) copied out of the paged cache into scratch so far: what an
+  // attention step costs beyond its arithmetic; steps of few queries copy none.
+  int64_t gathered_keys() const { return gathered_keys_; }
   void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) override;
   void WriteColumns(const Tensor& x, int64_t begin, Tensor& out) override;
   void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k, bool renormalize,
@@ -60,7 +63,14 @@ class CpuBackend final : public Backend {
   void RowwiseAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                         const AttentionParams& params, Tensor& out) const;
 
+  void FewQueryAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
+                         const AttentionParams& params, Tensor& out) const;
+
+  // Queries a sequence up to which attention reads the cache in place: a verification
+  // step's K + 1 for K <= 7 (CUDA's split-KV kernel takes up to 8 too).
+  static constexpr int kFewQueries = 8;
   bool batch_invariant_;
+  int64_t gathered_keys_ = 0;
 };
 
 }  // namespace hsx
