@@ -70,7 +70,6 @@ struct ModelConfig {
 
   std::vector<LayerSpec> layers;
 
-  int num_kv_layers() const;  // layers that own a KV cache (kv_source == self)
   float attention_scale(int layer) const;
 };
 
