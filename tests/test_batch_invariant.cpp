@@ -3,12 +3,12 @@
 // after a prefix-cache hit, or chunked by a small token budget. Compared byte for byte on
 // the CPU and, where there is one, on the GPU (skipped elsewhere), op by op (Linear rows
 // against m, attention rows against their batch and chunking) and end to end. Each check
-// has a negative control that shows what the default mode changes.
+// has a negative control: the same comparison, with one input value changed in the runs
+// compared against the reference, must see every case differ.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -39,14 +39,11 @@ void ExpectNone(const Differences& differing, const std::string& device) {
   for (const std::string& name : *differing) ADD_FAILURE() << name << ": differs";
 }
 
-// The negative controls: without the mode some cases differ, so the tests compare something
-// the batch can change. Skipped where the default path is invariant already.
-void ReportSome(const Differences& differing, const std::string& device) {
+// The negative controls: with one input value changed, all `compared` cases must differ.
+void ExpectAll(const Differences& differing, size_t compared, const std::string& device) {
   if (!differing) GTEST_SKIP() << "no " << device << " device";
-  if (differing->empty()) GTEST_SKIP() << "the default mode is batch-invariant here on this machine";
-  std::string names;
-  for (const std::string& n : *differing) names += " [" + n + "]";
-  std::printf("default mode differs in %zu cases:%s\n", differing->size(), names.c_str());
+  EXPECT_GT(compared, 0u);
+  EXPECT_EQ(differing->size(), compared) << "a changed input went unseen in some cases";
 }
 
 // Random values that bf16 holds exactly, on the backend in its compute dtype.
@@ -60,6 +57,17 @@ Tensor Random(Backend& b, Shape shape, std::mt19937& rng, float scale = 1.0f) {
   return b.Upload(h);
 }
 
+// `t` with the value at flat `offset` increased by 1, as a new tensor on the backend.
+Tensor WithOneValueChanged(Backend& b, const Tensor& t, int64_t offset) {
+  Tensor host = b.Download(t);
+  const size_t bytes = DTypeSize(host.dtype());
+  float v = 0.0f;
+  ConvertToF32(host.dtype(), host.data<char>() + offset * bytes, &v, 1);
+  v += 1.0f;
+  ConvertFromF32(&v, host.dtype(), host.data<char>() + offset * bytes, 1);
+  return b.Upload(host);
+}
+
 // Bytes of rows [row, row + count) of a tensor on the host.
 std::vector<char> RowBytes(const Tensor& host, int64_t row, int64_t count) {
   const size_t row_bytes = host.nbytes() / static_cast<size_t>(host.size(0));
@@ -67,8 +75,11 @@ std::vector<char> RowBytes(const Tensor& host, int64_t row, int64_t count) {
   return {p, p + count * row_bytes};
 }
 
-// Linear's rows computed in calls of different m against the same rows of the largest call.
-Differences LinearDifferences(const std::string& device, bool batch_invariant) {
+// Linear's rows computed in calls of different m against the same rows of the largest call;
+// *compared counts the comparisons. With change_one_value, the calls of m rows use a weight
+// with one value changed, so every comparison must differ.
+Differences LinearDifferences(const std::string& device, bool batch_invariant, bool change_one_value = false,
+                              size_t* compared = nullptr) {
   auto b = MakeOrNull(device, batch_invariant);
   if (!b) return std::nullopt;
   std::mt19937 rng(1);
@@ -88,6 +99,7 @@ Differences LinearDifferences(const std::string& device, bool batch_invariant) {
     Tensor y_all = b->Empty(b->compute_dtype(), {max_m, n});
     b->Linear(x, w, nullptr, y_all);
     const Tensor all = b->Download(y_all);
+    const Tensor w_calls = change_one_value ? WithOneValueChanged(*b, w, 0) : w;
     for (int64_t m : ms) {
       for (int64_t first : {int64_t{0}, int64_t{13}}) {
         if (first + m > max_m) continue;
@@ -95,7 +107,8 @@ Differences LinearDifferences(const std::string& device, bool batch_invariant) {
         std::vector<int32_t> rows(static_cast<size_t>(m));
         std::iota(rows.begin(), rows.end(), static_cast<int32_t>(first));
         b->GatherRows(x, rows, xm);
-        b->Linear(xm, w, nullptr, ym);
+        b->Linear(xm, w_calls, nullptr, ym);
+        if (compared != nullptr) ++*compared;
         if (RowBytes(b->Download(ym), 0, m) != RowBytes(all, first, m))
           differing.push_back("n=" + std::to_string(n) + " k=" + std::to_string(k) + " m=" + std::to_string(m) +
                               " from row " + std::to_string(first));
@@ -106,8 +119,11 @@ Differences LinearDifferences(const std::string& device, bool batch_invariant) {
 }
 
 // One sequence's queries (positions 400..699 of a 700-token context) computed alone, in
-// chunks (one of a single token) and among other sequences, against the rows alone.
-Differences AttentionDifferences(const std::string& device, bool batch_invariant) {
+// chunks (one of a single token) and among other sequences, against the rows alone;
+// *compared counts the comparisons. With change_one_value, the runs compared use a value
+// cache with the last position's first value changed, so every comparison must differ.
+Differences AttentionDifferences(const std::string& device, bool batch_invariant, bool change_one_value = false,
+                                 size_t* compared = nullptr) {
   auto b = MakeOrNull(device, batch_invariant);
   if (!b) return std::nullopt;
   std::mt19937 rng(2);
@@ -129,6 +145,8 @@ Differences AttentionDifferences(const std::string& device, bool batch_invariant
       next += tables.back().size();
     }
     const auto [q_len, ctx] = seqs_q_ctx[0];
+    const int64_t last_slot = int64_t{tables[0][(ctx - 1) / kBlock]} * kBlock + (ctx - 1) % kBlock;
+    const Tensor vc_changed = change_one_value ? WithOneValueChanged(*b, vc, last_slot * c.kv_heads * c.d) : vc;
     const Tensor q_target = Random(*b, {q_len, c.heads, c.d}, rng);
     AttentionParams params;
     params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
@@ -138,7 +156,7 @@ Differences AttentionDifferences(const std::string& device, bool batch_invariant
 
     // Runs target rows [r0, r0 + rows), with company around them or alone; returns the
     // target rows' output bytes.
-    auto run = [&](int64_t r0, int64_t rows, bool with_company) {
+    auto run = [&](int64_t r0, int64_t rows, bool with_company, const Tensor& v) {
       std::vector<SequenceSlice> seqs;
       std::vector<int32_t> gather;  // the q_target row of each batch row (company: any)
       auto add = [&](int s, int64_t first_row, int64_t n, int64_t ctx_len) {
@@ -157,19 +175,20 @@ Differences AttentionDifferences(const std::string& device, bool batch_invariant
       Tensor q = b->Empty(b->compute_dtype(), {static_cast<int64_t>(gather.size()), c.heads, c.d});
       b->GatherRows(q_target, gather, q);
       Tensor out = b->Empty(b->compute_dtype(), q.shape());
-      b->Attention(q, kc, vc, MakeAttentionBatch(*b, seqs), params, out);
+      b->Attention(q, kc, v, MakeAttentionBatch(*b, seqs), params, out);
       return RowBytes(b->Download(out), target_start, rows);
     };
-    const std::vector<char> alone = run(0, q_len, false);
+    const std::vector<char> alone = run(0, q_len, false, vc);
     std::vector<char> pieces;
     for (auto [r0, rows] : std::vector<std::pair<int, int>>{{0, 37}, {37, 1}, {38, 100}, {138, 162}}) {
-      const std::vector<char> part = run(r0, rows, true);
+      const std::vector<char> part = run(r0, rows, true, vc_changed);
       pieces.insert(pieces.end(), part.begin(), part.end());
     }
     const std::string label = "d=" + std::to_string(c.d) + " window=" + std::to_string(c.window) +
                               " softcap=" + std::to_string(static_cast<int>(c.softcap)) +
                               " heads=" + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads);
-    if (run(0, q_len, true) != alone) differing.push_back("among other sequences, " + label);
+    if (compared != nullptr) *compared += 2;
+    if (run(0, q_len, true, vc_changed) != alone) differing.push_back("among other sequences, " + label);
     if (pieces != alone) differing.push_back("in chunks, " + label);
   }
   return differing;
@@ -178,13 +197,19 @@ Differences AttentionDifferences(const std::string& device, bool batch_invariant
 class BatchInvariantOps : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BatchInvariantOps, LinearRowsDoNotDependOnM) { ExpectNone(LinearDifferences(GetParam(), true), GetParam()); }
-TEST_P(BatchInvariantOps, DefaultModeLinearRowsDiffer) { ReportSome(LinearDifferences(GetParam(), false), GetParam()); }
+TEST_P(BatchInvariantOps, LinearComparisonSeesOneChangedWeight) {
+  size_t compared = 0;
+  const Differences differing = LinearDifferences(GetParam(), true, true, &compared);
+  ExpectAll(differing, compared, GetParam());
+}
 
 TEST_P(BatchInvariantOps, AttentionRowsDoNotDependOnBatchOrChunking) {
   ExpectNone(AttentionDifferences(GetParam(), true), GetParam());
 }
-TEST_P(BatchInvariantOps, DefaultModeAttentionRowsDiffer) {
-  ReportSome(AttentionDifferences(GetParam(), false), GetParam());
+TEST_P(BatchInvariantOps, AttentionComparisonSeesOneChangedValue) {
+  size_t compared = 0;
+  const Differences differing = AttentionDifferences(GetParam(), true, true, &compared);
+  ExpectAll(differing, compared, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, BatchInvariantOps, ::testing::Values("cpu", "cuda"),
@@ -301,18 +326,33 @@ TEST_P(BatchInvariantEngine, SamePromptSameBitsWhateverTheSchedule) {
   const Differences differing = EngineDifferences(device, model, true, &reference);
   ExpectNone(differing, device);
   if (!differing) return;
-  // The comparison is not vacuous: the states are not all zero, and one flipped bit shows.
   ASSERT_FALSE(reference.hidden.empty());
   EXPECT_TRUE(std::any_of(reference.hidden.begin(), reference.hidden.end(), [](char c) { return c != 0; }));
-  std::vector<char> flipped = reference.hidden;
-  flipped[(flipped.size() / 2) & ~size_t{3}] ^= 1;  // one ulp of one value (little-endian)
-  EXPECT_FALSE(flipped == reference.hidden);
   EXPECT_EQ(reference.tokens.size(), 4u);
 }
 
-TEST_P(BatchInvariantEngine, DefaultModeDiffers) {
-  const auto& [device, model] = GetParam();
-  ReportSome(EngineDifferences(device, model, false), device);
+// The negative control: the prompt with its last token changed, run alone, gives the same
+// bits at every earlier position (attention is causal) and other bits at the last, so the
+// byte comparison above sees a change of one token.
+TEST_P(BatchInvariantEngine, ComparisonSeesAChangedLastToken) {
+  const auto& [device, model_name] = GetParam();
+  auto b = MakeOrNull(device, true);
+  if (!b) GTEST_SKIP() << "no " << device << " device";
+  auto model = Model::Load(test::ModelDir(model_name), *b);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const int vocab = (*model)->config().vocab_size;
+  std::mt19937 rng(11);
+  const std::vector<int32_t> prompt = RandomTokens(rng, 213, vocab);
+  std::vector<int32_t> changed = prompt;
+  changed.back() = prompt.back() + 1 < vocab ? prompt.back() + 1 : 3;
+  const Scenario alone = Scenarios(prompt, vocab)[0];
+  const PromptRun a = RunPrompt(**model, prompt, alone), c = RunPrompt(**model, changed, alone);
+  ASSERT_EQ(a.hidden.size(), c.hidden.size());
+  ASSERT_EQ(a.hidden.size() % prompt.size(), 0u);
+  const size_t last_row = a.hidden.size() - a.hidden.size() / prompt.size();
+  EXPECT_TRUE(std::equal(a.hidden.begin(), a.hidden.begin() + last_row, c.hidden.begin())) << "earlier positions changed";
+  EXPECT_FALSE(std::equal(a.hidden.begin() + last_row, a.hidden.end(), c.hidden.begin() + last_row))
+      << "the changed last token went unseen";
 }
 
 // Through the binary: extract's files (bytes, header included) under three schedules, and

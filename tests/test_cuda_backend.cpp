@@ -345,6 +345,7 @@ TEST(CudaKernelTest, ProgrammaticGemvLaunchesWaitForTheirInput) {
 TEST(CudaKernelTest, GatedLinearMatchesCpuAndTheUnfusedPath) {
   auto gpu = Gpu();
   REQUIRE_GPU(gpu);
+  auto unfused_gpu = GpuWith("HSX_GATED_GEMV", "0");
   CpuBackend cpu;
   std::mt19937 rng(15);
   const int64_t rows = cuda::kGemvMaxRows + 1;
@@ -352,6 +353,7 @@ TEST(CudaKernelTest, GatedLinearMatchesCpuAndTheUnfusedPath) {
   for (const GemvShape& s : std::vector<GemvShape>{{12288, 4096}, {1001, 4096}, {3, 8}, {37, 200}, {777, 2056}}) {
     const Tensor gate_up = DeviceWeight(*gpu, 2 * s.n, s.k, 400 + s.n + s.k);
     const Tensor gate_up_host = gpu->Download(gate_up);
+    const Tensor gate_up_off = unfused_gpu->Upload(gate_up_host);
     for (const int64_t big : {rows, int64_t{128}, int64_t{300}}) {
       const Tensor x = RandomHost({big, s.k}, rng);
       const Tensor xg = gpu->Upload(ToBf16(x));
@@ -378,6 +380,12 @@ TEST(CudaKernelTest, GatedLinearMatchesCpuAndTheUnfusedPath) {
           const Tensor a = gpu->Download(fused), b = gpu->Download(unfused);
           EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0)
               << "fused and unfused differ: m=" << m << " n=" << s.n << " k=" << s.k;
+          // HSX_GATED_GEMV=0, the comparison runs' switch, takes the unfused path: the same bits.
+          Tensor switched = Poisoned(*unfused_gpu, DType::kBF16, {m, s.n});
+          unfused_gpu->GatedLinear(unfused_gpu->Upload(ToBf16(x)).Rows(0, m), gate_up_off, act, switched);
+          const Tensor c = unfused_gpu->Download(switched);
+          EXPECT_EQ(std::memcmp(a.raw(), c.raw(), a.nbytes()), 0)
+              << "HSX_GATED_GEMV=0 differs: m=" << m << " n=" << s.n << " k=" << s.k;
         }
       }
     }
@@ -1048,6 +1056,23 @@ TEST(CudaKernelTest, DecodeAttentionAgreesWithPrefillKernels) {
     EXPECT_LE(WorstHeadError(split, old, c.d), 2e-2)
         << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap << " heads=" << c.heads << "/"
         << c.kv_heads;
+  }
+}
+
+// Verification steps (2-8 queries a sequence) run the split-KV kernel; HSX_VERIFY_ATTENTION=0
+// sends them to the prefill kernels for comparison. Both paths match the CPU, so an A/B
+// run with the switch compares two right answers.
+TEST(CudaKernelTest, VerificationStepsMatchTheCpuOnEitherAttentionPath) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  auto prefill_kernels = GpuWith("HSX_VERIFY_ATTENTION", "0");
+  std::mt19937 rng(17);
+  constexpr int kBlock = 16;
+  for (const int64_t d : {64, 128, 256}) {
+    const DecodeStep step = MakeDecodeStep({3, 8191, 64, 2000, 777}, 16, 4, d, kBlock, rng, {2, 8, 5, 4, 3});
+    const AttentionParams params = DecodeParams(d, 0, 0, kBlock);
+    ExpectDecodeMatchesCpu(*gpu, step, params, "split-KV, d=" + std::to_string(d));
+    ExpectDecodeMatchesCpu(*prefill_kernels, step, params, "HSX_VERIFY_ATTENTION=0, d=" + std::to_string(d));
   }
 }
 

@@ -272,8 +272,9 @@ TEST_F(LoaderFuzzTest, Eagle3DraftMutationsLoadOrFail) {
     const Eagle3Config& c = (*draft)->config();
     CheckFinite(c.decoder);
     for (int id : c.aux_layer_ids) EXPECT_TRUE(id >= 0 && id <= target.config().num_layers) << id;
-    for (int32_t i = 0; i < static_cast<int32_t>((*draft)->weights().d2t.size()); ++i) {
-      const int32_t t = (*draft)->ToTargetId(i);
+    const std::vector<int32_t>& d2t = (*draft)->weights().d2t;
+    for (int32_t i = 0; i < static_cast<int32_t>(d2t.size()); ++i) {
+      const int64_t t = int64_t{i} + d2t[i];  // a draft id's target id
       ASSERT_TRUE(t >= 0 && t < target.config().vocab_size) << "draft id " << i << " -> " << t;
     }
     if (HasFatalFailure()) return;

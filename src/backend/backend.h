@@ -42,6 +42,11 @@ struct SequenceSlice {
   std::vector<int32_t> block_table;
 };
 
+// Token `pos`'s KV slot under `block_table`, in 64 bits: blocks x block size outgrows int32.
+inline int64_t SlotOf(const std::vector<int32_t>& block_table, int64_t pos, int64_t block_size) {
+  return static_cast<int64_t>(block_table[static_cast<size_t>(pos / block_size)]) * block_size + pos % block_size;
+}
+
 // A packed batch's sequences for attention: the host copy for the CPU backend, and the
 // same on the device (built once per forward by MakeAttentionBatch).
 struct AttentionBatch {

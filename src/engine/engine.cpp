@@ -144,7 +144,7 @@ ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const
     for (int p = seq->num_computed; p < slice.ctx_len; ++p) {
       batch.token_ids.push_back(seq->token_at(p));
       batch.positions.push_back(p);
-      batch.slot_mapping.push_back(seq->block_table[p / bs] * bs + p % bs);
+      batch.slot_mapping.push_back(static_cast<int32_t>(SlotOf(seq->block_table, p, bs)));
     }
     if (SamplesAfter(*seq, n)) {  // the last known token's row, and each draft's
       for (int r = n - 1 - static_cast<int>(seq->drafts.size()); r < n; ++r) batch.logit_rows.push_back(slice.q_start + r);
@@ -213,7 +213,7 @@ std::unique_ptr<Engine::PendingCapture> Engine::TrackCapture(const std::vector<S
     for (int i = 0; i < n; ++i) {
       const int64_t pos = seq->num_computed + i;
       step->rows.push_back(
-          {seq, pos, static_cast<int64_t>(seq->block_table[pos / bs]) * bs + pos % bs, seq->preemptions});
+          {seq, pos, SlotOf(seq->block_table, pos, bs), seq->preemptions});
     }
   }
   step->copy = std::move(copy);
@@ -262,7 +262,7 @@ void Engine::CopyCachedRows(Sequence& seq) {
   const int bs = config_.block_size;
   const size_t row_bytes = seq.hidden_states.nbytes() / static_cast<size_t>(seq.hidden_states.size(0));
   for (int pos = 0; pos < cached; ++pos) {
-    const int64_t slot = static_cast<int64_t>(seq.block_table[pos / bs]) * bs + pos % bs;
+    const int64_t slot = SlotOf(seq.block_table, pos, bs);
     std::memcpy(seq.hidden_states.data<char>() + pos * row_bytes, capture_cache_.data<char>() + slot * row_bytes,
                 row_bytes);
   }

@@ -85,9 +85,6 @@ class Engine {
   int num_free_blocks() const { return blocks_.num_free_blocks(); }
   int num_blocks() const { return blocks_.num_blocks(); }
   bool has_work() const { return scheduler_.has_work() || pending_ != nullptr || !aborted_.empty(); }
-  size_t num_unfinished() const {
-    return scheduler_.num_waiting() + scheduler_.num_running() + (pending_ ? pending_->finishing.size() : 0);
-  }
   uint64_t num_preemptions() const { return scheduler_.num_preemptions(); }
   // Prompt tokens served from cached blocks, over prompt tokens looked up.
   double prefix_cache_hit_rate() const {

@@ -477,7 +477,7 @@ std::vector<DeviceBatch> ModelRunner::StageChainedSteps(const std::vector<DraftR
       // Padding: token at position 0, storing no KV.
       const int32_t pos = i < n ? requests[i].position + s : 0;
       positions[i] = pos;
-      slots[i] = i < n ? requests[i].block_table[pos / bs] * bs + pos % bs : -1;
+      slots[i] = i < n ? static_cast<int32_t>(SlotOf(requests[i].block_table, pos, bs)) : -1;
       std::copy_n(std::array<int32_t, 4>{i, 1, pos + 1, static_cast<int32_t>(i * stride)}.begin(), 4, info + 4 * i);
       if (!fixed) seqs[s].push_back({i, 1, pos + 1, requests[i].block_table});
     }

@@ -733,12 +733,6 @@ std::vector<float> RopeInverseFrequencies(const RopeSpec& rope, int head_dim, in
   return inv_freq;
 }
 
-int ModelConfig::num_kv_layers() const {
-  int n = 0;
-  for (int i = 0; i < num_layers; ++i) n += layers[i].kv_source == i;
-  return n;
-}
-
 float ModelConfig::attention_scale(int layer) const {
   const float scale = attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(layers[layer].head_dim));
   // transformers multiplies cos and sin by the RoPE attention factor, so both q and k:

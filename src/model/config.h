@@ -86,7 +86,6 @@ struct ModelConfig {
 
   std::vector<LayerSpec> layers;
 
-  int num_kv_layers() const;  // layers that own a KV cache (kv_source == self)
   // The softmax scale, with the RoPE attention factor's square folded in.
   float attention_scale(int layer) const;
   // The longest sequence hsx runs: max_position_embeddings, or less where a RoPE variant

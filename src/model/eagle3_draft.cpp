@@ -242,10 +242,6 @@ Eagle3Output Eagle3Draft::Forward(const DeviceBatch& batch, const Tensor& hidden
   return out;
 }
 
-int32_t Eagle3Draft::ToTargetId(int32_t draft_id) const {
-  return weights_.d2t.empty() ? draft_id : draft_id + weights_.d2t[draft_id];
-}
-
 void Eagle3Draft::GreedyTargetTokens(const Tensor& logits, Tensor& tokens) {
   backend_.GreedyTokens(logits, d2t_.defined() ? &d2t_ : nullptr, tokens);
 }

@@ -68,8 +68,6 @@ class Eagle3Draft {
   // sequence ends): those it slices rather than gathers.
   Eagle3Output Forward(const DeviceBatch& batch, const Tensor& hidden, KVCache& cache);
 
-  // A draft-vocabulary id as a target id (i + d2t[i]).
-  int32_t ToTargetId(int32_t draft_id) const;
   // Greedy drafts: each row's highest logit (lowest id on ties), as target ids, into
   // tokens int32 [R] on the device (a graph can record it); or to the host.
   void GreedyTargetTokens(const Tensor& logits, Tensor& tokens);

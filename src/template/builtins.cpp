@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "template/lexer.h"
-#include "template/utf8_text.h"
-#include "tokenizer/utf8.h"
+#include "template/str_case.h"
+#include "util/utf8.h"
 
 namespace hsx::tmpl {
 namespace {
@@ -35,7 +35,7 @@ bool InChars(char32_t c, const Value& chars) {
   if (chars.is_undefined() || chars.is_none()) return IsPythonSpace(c);
   const std::string& set = StringArg(chars, "strip's argument");
   for (size_t i = 0; i < set.size(); i += Utf8CharLength(set[i])) {
-    if (DecodeAt(set, i) == c) return true;
+    if (DecodeUtf8At(set, i) == c) return true;
   }
   return false;
 }
@@ -45,10 +45,10 @@ std::string Strip(const std::string& s, const Value& chars, bool left, bool righ
   size_t begin = 0;
   size_t end = offsets.size() - 1;
   if (left) {
-    while (begin < end && InChars(DecodeAt(s, offsets[begin]), chars)) ++begin;
+    while (begin < end && InChars(DecodeUtf8At(s, offsets[begin]), chars)) ++begin;
   }
   if (right) {
-    while (end > begin && InChars(DecodeAt(s, offsets[end - 1]), chars)) --end;
+    while (end > begin && InChars(DecodeUtf8At(s, offsets[end - 1]), chars)) --end;
   }
   return s.substr(offsets[begin], offsets[end] - offsets[begin]);
 }
@@ -91,7 +91,7 @@ Value Split(const std::string& s, const Value& sep_value, int64_t maxsplit, Budg
     // Runs of whitespace separate; leading and trailing whitespace gives no empty parts.
     size_t i = 0;
     while (i < s.size()) {
-      while (i < s.size() && IsPythonSpace(DecodeAt(s, i))) i += Utf8CharLength(s[i]);
+      while (i < s.size() && IsPythonSpace(DecodeUtf8At(s, i))) i += Utf8CharLength(s[i]);
       if (i >= s.size()) break;
       if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) {
         std::string rest = s.substr(i);
@@ -99,7 +99,7 @@ Value Split(const std::string& s, const Value& sep_value, int64_t maxsplit, Budg
         break;
       }
       size_t j = i;
-      while (j < s.size() && !IsPythonSpace(DecodeAt(s, j))) j += Utf8CharLength(s[j]);
+      while (j < s.size() && !IsPythonSpace(DecodeUtf8At(s, j))) j += Utf8CharLength(s[j]);
       parts.push_back(Value(s.substr(i, j - i)));
       i = j;
     }
@@ -183,7 +183,7 @@ Value StringMethod(const std::string& s, const std::string& name, const CallArgs
   if (name == "isdigit" || name == "isspace" || name == "isalpha") {
     if (s.empty()) return Value(false);
     for (size_t i = 0; i < s.size(); i += Utf8CharLength(s[i])) {
-      const char32_t c = DecodeAt(s, i);
+      const char32_t c = DecodeUtf8At(s, i);
       const bool ok = name == "isdigit" ? (c >= '0' && c <= '9') : name == "isspace" ? IsPythonSpace(c) : ((c | 32) >= 'a' && (c | 32) <= 'z');
       if (!ok) return Value(false);
     }

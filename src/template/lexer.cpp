@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "template/utf8_text.h"
 #include "template/value.h"
-#include "tokenizer/utf8.h"
+#include "util/utf8.h"
 
 namespace hsx::tmpl {
 
@@ -144,7 +143,7 @@ class Lexer {
 
   static bool AllSpace(const std::string& text, size_t from) {
     for (size_t i = from; i < text.size(); i += Utf8CharLength(text[i])) {
-      if (!IsPythonSpace(DecodeAt(text, i))) return false;
+      if (!IsPythonSpace(DecodeUtf8At(text, i))) return false;
     }
     return true;
   }
@@ -154,7 +153,7 @@ class Lexer {
     while (end > 0) {
       size_t start = end - 1;
       while (start > 0 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
-      if (!IsPythonSpace(DecodeAt(text, start))) break;
+      if (!IsPythonSpace(DecodeUtf8At(text, start))) break;
       end = start;
     }
     return text.substr(0, end);
@@ -164,7 +163,7 @@ class Lexer {
   size_t AfterClose(size_t close_end, char sign, bool trims) {
     size_t pos = close_end;
     if (sign == '-') {
-      while (pos < src_.size() && IsPythonSpace(DecodeAt(src_, pos))) {
+      while (pos < src_.size() && IsPythonSpace(DecodeUtf8At(src_, pos))) {
         if (src_[pos] == '\n') ++line_;
         pos += Utf8CharLength(src_[pos]);
       }
@@ -187,7 +186,7 @@ class Lexer {
   // Tokens of a {{ }} or {% %} body up to its closing tag; returns the position after it.
   size_t LexExpression(size_t pos, char closer, int open_line) {
     while (true) {
-      while (pos < src_.size() && IsPythonSpace(DecodeAt(src_, pos))) {
+      while (pos < src_.size() && IsPythonSpace(DecodeUtf8At(src_, pos))) {
         if (src_[pos] == '\n') ++line_;
         pos += Utf8CharLength(src_[pos]);
       }

@@ -6,7 +6,7 @@
 #include <queue>
 
 #include "tokenizer/json_fields.h"
-#include "tokenizer/utf8.h"
+#include "util/utf8.h"
 
 namespace hsx {
 namespace {

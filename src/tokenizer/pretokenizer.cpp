@@ -8,18 +8,12 @@
 
 #include "tokenizer/json_fields.h"
 #include "tokenizer/unicode.h"
-#include "tokenizer/utf8.h"
+#include "util/utf8.h"
 
 namespace hsx {
 namespace {
 
 using nlohmann::json;
-
-std::string EncodeUtf8(char32_t c) {
-  utf8proc_uint8_t buffer[4];
-  utf8proc_ssize_t length = utf8proc_encode_char(static_cast<utf8proc_int32_t>(c), buffer);
-  return std::string(reinterpret_cast<const char*>(buffer), static_cast<size_t>(length));
-}
 
 struct ByteLevelAlphabet {
   std::array<std::string, 256> char_of_byte;
@@ -36,7 +30,7 @@ const ByteLevelAlphabet& Alphabet() {
       bool printable =
           (byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE;
       char32_t c = printable ? static_cast<char32_t>(byte) : next_substitute++;
-      a.char_of_byte[byte] = EncodeUtf8(c);
+      AppendUtf8(a.char_of_byte[byte], c);
       a.byte_of_char[c] = static_cast<int16_t>(byte);
     }
     return a;
@@ -308,8 +302,6 @@ Result<std::vector<Span>> Regex::FindAll(std::string_view text) const {
   HSX_RETURN_IF_ERROR(ForEachMatch(text, [&](Span m) { matches.push_back(m); }));
   return matches;
 }
-
-const std::array<std::string, 256>& ByteLevelCharOfByte() { return Alphabet().char_of_byte; }
 
 std::optional<uint8_t> ByteLevelByteOfChar(char32_t c) {
   const auto& byte_of_char = Alphabet().byte_of_char;

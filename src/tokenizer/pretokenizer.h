@@ -45,9 +45,8 @@ class Regex {
   std::shared_ptr<pcre2_code> code_;
 };
 
-// GPT-2's byte-level alphabet: every byte as a printable character, so that any text becomes
-// vocabulary symbols with no spaces or control characters in them.
-const std::array<std::string, 256>& ByteLevelCharOfByte();  // UTF-8 of the character
+// GPT-2's byte-level alphabet maps every byte to a printable character, so that any text
+// becomes vocabulary symbols with no spaces or control characters in them; this is its inverse.
 std::optional<uint8_t> ByteLevelByteOfChar(char32_t c);
 
 // HF's tokenizer.json "normalizer": NFC/NFD/NFKC/NFKD, Lowercase, Strip, StripAccents, Replace,

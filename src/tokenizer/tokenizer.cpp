@@ -15,7 +15,7 @@
 #include "tokenizer/post_processor.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/unicode.h"
-#include "tokenizer/utf8.h"
+#include "util/utf8.h"
 #include "util/json.h"
 
 namespace hsx {

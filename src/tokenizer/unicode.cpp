@@ -2,7 +2,7 @@
 
 #include <utf8proc.h>
 
-#include "tokenizer/utf8.h"
+#include "util/utf8.h"
 
 namespace hsx {
 

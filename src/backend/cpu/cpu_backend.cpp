@@ -369,7 +369,7 @@ void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor&
       Pool().ParallelFor(n_keys, [&](int64_t b, int64_t e) {
         for (int64_t j = b; j < e; ++j) {
           const int64_t p = key_lo + j;
-          const int64_t slot = static_cast<int64_t>(seq.block_table[p / params.block_size]) * params.block_size + p % params.block_size;
+          const int64_t slot = SlotOf(seq.block_table, p, params.block_size);
           std::memcpy(&keys[j * d], k_cache.data<float>() + (slot * kv_heads + g) * d, d * 4);
           std::memcpy(&values[j * dv], v_cache.data<float>() + (slot * kv_heads + g) * dv, dv * 4);
         }
@@ -440,8 +440,7 @@ void CpuBackend::FewQueryAttention(const Tensor& q, const Tensor& k_cache, const
       key_rows.resize(static_cast<size_t>(n));  // each position's row (slot, KV head) in the cache
       for (int64_t j = 0; j < n; ++j) {
         const int64_t p = lo + j;
-        key_rows[j] = (static_cast<int64_t>(seq.block_table[p / params.block_size]) * params.block_size +
-                       p % params.block_size) * kv_heads + g;
+        key_rows[j] = SlotOf(seq.block_table, p, params.block_size) * kv_heads + g;
       }
       scores.resize(static_cast<size_t>(n));
       // Query v is row v / group of the sequence, head g * group + v % group.
@@ -494,9 +493,7 @@ void CpuBackend::RowwiseAttention(const Tensor& q, const Tensor& k_cache, const 
   const int64_t group = num_heads / kv_heads, window = params.sliding_window;
   for (const SequenceSlice& seq : batch.seqs) {
     const int64_t first_pos = seq.ctx_len - seq.q_len;
-    auto slot = [&](int64_t p) {
-      return static_cast<int64_t>(seq.block_table[p / params.block_size]) * params.block_size + p % params.block_size;
-    };
+    auto slot = [&](int64_t p) { return SlotOf(seq.block_table, p, params.block_size); };
     Pool().ParallelFor(seq.q_len * num_heads, [&](int64_t b, int64_t e) {
       std::vector<float> scores;
       for (int64_t item = b; item < e; ++item) {

@@ -448,13 +448,6 @@ __global__ void WriteColumnsKernel(const bf16* x, int64_t width, int64_t begin, 
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) out[blockIdx.x * cols + begin + i] = x[blockIdx.x * width + i];
 }
 
-__global__ void ScatterAddWeightedKernel(const bf16* y, const int32_t* rows, const float* weights, int64_t hidden,
-                                         float* out) {
-  const float w = weights[blockIdx.x];
-  float* o = out + int64_t(rows[blockIdx.x]) * hidden;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] += w * ToF(y[blockIdx.x * hidden + i]);
-}
-
 __global__ void MoeRouteKernel(const float* logits, int64_t tokens, int experts, int top_k, bool renormalize,
                                int32_t* ids, float* weights, int32_t* counts) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
@@ -690,13 +683,6 @@ void SliceColumns(const bf16* x, int64_t rows, int64_t cols, int64_t begin, int6
 void WriteColumns(const bf16* x, int64_t rows, int64_t width, int64_t begin, int64_t cols, bf16* out,
                   cudaStream_t stream) {
   if (rows > 0) WriteColumnsKernel<<<rows, 128, 0, stream>>>(x, width, begin, cols, out);
-}
-void ScatterAddWeighted(const bf16* y, const int32_t* rows, const float* weights, int64_t n, int64_t hidden,
-                        float* out_f32, cudaStream_t stream) {
-  if (n > 0) ScatterAddWeightedKernel<<<n, kThreads, 0, stream>>>(y, rows, weights, hidden, out_f32);
-}
-void ToBF16(const float* x, int64_t n, bf16* out, cudaStream_t stream) {
-  ToBF16Kernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, out);
 }
 void MoeRoute(const float* logits, int64_t tokens, int experts, int top_k, bool renormalize, int32_t* ids,
               float* weights, int32_t* counts, cudaStream_t stream) {

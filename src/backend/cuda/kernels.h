@@ -79,10 +79,6 @@ void SliceColumns(const bf16* x, int64_t rows, int64_t cols, int64_t begin, int6
 // out[:, begin : begin + width] = x for x [rows, width], out [rows, cols].
 void WriteColumns(const bf16* x, int64_t rows, int64_t width, int64_t begin, int64_t cols, bf16* out,
                   cudaStream_t stream);
-// out_f32[rows[i]] += weights[i] * y[i] for i < n; then ToBF16 writes the sum out.
-void ScatterAddWeighted(const bf16* y, const int32_t* rows, const float* weights, int64_t n, int64_t hidden,
-                        float* out_f32, cudaStream_t stream);
-void ToBF16(const float* x, int64_t n, bf16* out, cudaStream_t stream);
 
 // MoE routing, one warp per token: softmax over the experts (f32), top_k (ties to the
 // lower id), optional renormalization; counts[e] += tokens routed to e (zero it first).

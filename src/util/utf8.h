@@ -1,9 +1,11 @@
-// UTF-8 structure (not character properties, which come from utf8proc).
+// UTF-8 structure: lengths, validity, code points in and out (character properties come
+// from utf8proc).
 #pragma once
 
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace hsx {
 
@@ -22,5 +24,12 @@ size_t FindInvalidUtf8(std::string_view bytes);
 // Rust's String::from_utf8_lossy, which HF applies to decoded bytes: each maximal invalid
 // subsequence (a stray byte, or a character cut short) becomes one U+FFFD.
 std::string FromUtf8Lossy(std::string_view bytes);
+
+// The code point at byte `at` of valid UTF-8 (U+FFFD where it is not).
+char32_t DecodeUtf8At(std::string_view text, size_t at);
+void AppendUtf8(std::string& out, char32_t c);
+// Byte offsets where each code point starts, plus text.size() at the end.
+std::vector<size_t> CodePointOffsets(std::string_view text);
+size_t CodePointCount(std::string_view text);
 
 }  // namespace hsx

@@ -1,4 +1,6 @@
-#include "tokenizer/utf8.h"
+#include "util/utf8.h"
+
+#include <utf8proc.h>
 
 namespace hsx {
 namespace {
@@ -68,6 +70,32 @@ std::string FromUtf8Lossy(std::string_view bytes) {
     at += check.length;
   }
   return text;
+}
+
+char32_t DecodeUtf8At(std::string_view text, size_t at) {
+  utf8proc_int32_t c = 0;
+  utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + at),
+                   static_cast<utf8proc_ssize_t>(text.size() - at), &c);
+  return c < 0 ? U'\uFFFD' : static_cast<char32_t>(c);
+}
+
+void AppendUtf8(std::string& out, char32_t c) {
+  utf8proc_uint8_t buf[4];
+  const auto n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(c), buf);
+  out.append(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
+}
+
+std::vector<size_t> CodePointOffsets(std::string_view text) {
+  std::vector<size_t> offsets;
+  for (size_t i = 0; i < text.size(); i += Utf8CharLength(text[i])) offsets.push_back(i);
+  offsets.push_back(text.size());
+  return offsets;
+}
+
+size_t CodePointCount(std::string_view text) {
+  size_t n = 0;
+  for (size_t i = 0; i < text.size(); i += Utf8CharLength(text[i])) ++n;
+  return n;
 }
 
 }  // namespace hsx
