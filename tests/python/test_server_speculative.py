@@ -94,18 +94,18 @@ def post_completion(url, body):
         return e.code, e.read().decode()
 
 
-def test_sigterm_drain_lets_long_eagle3_generations_finish(tmp_path):
-    """SIGTERM with 16 long EAGLE-3 generations in flight on the CPU (a draft never accepted, so
-    each token costs a whole round, over contexts of ~2k tokens): every one finishes with its whole
-    answer within the 30 s drain, and the server exits 0. Decode attention used to copy the whole
-    context out of the KV cache per layer and step, so a round cost several plain steps and grew
-    with the context: the drain ran out, 500s and exit 1."""
+def test_sigterm_drain_lets_eagle3_generations_finish(tmp_path):
+    """SIGTERM with 16 EAGLE-3 generations in flight on the CPU (a draft never accepted, so each
+    token costs a whole round): the drain lets every one finish with its whole answer, and the
+    server exits 0. The deadline is generous: this checks the drain's behaviour under speculative
+    decoding, not its speed (DecodeCopiesNoContextOutOfTheKvCache guards the cost per round that
+    once made such a drain run out)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     spec = {"method": "eagle3", "model": str(QWEN3_DRAFT), "num_speculative_tokens": 3}
     with open(tmp_path / "server.log", "w") as log:
         proc = subprocess.Popen([HSX, "serve", str(QWEN3), "--port", str(port), "--served-model-name", "m",
-                                 "--speculative-config", json.dumps(spec), "--drain-timeout", "30"],
+                                 "--speculative-config", json.dumps(spec), "--drain-timeout", "120"],
                                 stdout=log, stderr=subprocess.STDOUT)
         try:
             for _ in range(300):
@@ -114,7 +114,7 @@ def test_sigterm_drain_lets_long_eagle3_generations_finish(tmp_path):
                     break
                 except OSError:
                     time.sleep(0.1)
-            n, prompt_len, max_tokens = 16, 1800, 600
+            n, prompt_len, max_tokens = 16, 1000, 120
             prompts = [[3 + (k * 31 + i * 17) % 500 for i in range(prompt_len)] for k in range(n)]
             with concurrent.futures.ThreadPoolExecutor(n) as pool:
                 answers = [pool.submit(post_completion, url, {"model": "m", "prompt": p, "max_tokens": max_tokens,
