@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -57,9 +58,12 @@ Tensor Random(Backend& b, Shape shape, std::mt19937& rng, float scale = 1.0f) {
   return b.Upload(h);
 }
 
-// `t` with the value at flat `offset` increased by 1, as a new tensor on the backend.
+// `t` with the value at flat `offset` increased by 1, as a new tensor on the backend (a copy:
+// the CPU backend's Download shares t's storage).
 Tensor WithOneValueChanged(Backend& b, const Tensor& t, int64_t offset) {
-  Tensor host = b.Download(t);
+  const Tensor downloaded = b.Download(t);
+  Tensor host = Tensor::Host(downloaded.dtype(), downloaded.shape());
+  std::memcpy(host.raw(), downloaded.raw(), downloaded.nbytes());
   const size_t bytes = DTypeSize(host.dtype());
   float v = 0.0f;
   ConvertToF32(host.dtype(), host.data<char>() + offset * bytes, &v, 1);

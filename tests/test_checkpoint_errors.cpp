@@ -41,9 +41,11 @@ TEST_F(CheckpointErrorTest, MissingAndIllTypedConfigFields) {
   EXPECT_CONTAINS(LoadError(), "divisible by num_key_value_heads (3)");
   EditConfig([](auto& j) {
     j["num_key_value_heads"] = 2;
-    j["rope_parameters"]["rope_type"] = "yarn";
+    j["rope_parameters"]["rope_type"] = "ntk_by_parts";
   });
-  EXPECT_CONTAINS(LoadError(), "rope_parameters: field 'rope_type': RoPE type 'yarn' is not supported");
+  EXPECT_CONTAINS(LoadError(), "rope_parameters: field 'rope_type': RoPE type 'ntk_by_parts' is not supported");
+  EditConfig([](auto& j) { j["rope_parameters"]["rope_type"] = "yarn"; });  // yarn needs its factor
+  EXPECT_CONTAINS(LoadError(), "rope_parameters: field 'factor': missing (expected a number)");
   std::ofstream(dir_ + "/config.json") << "{not json";
   EXPECT_CONTAINS(LoadError(), "config.json: invalid JSON");
 }
