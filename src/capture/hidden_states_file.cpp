@@ -2,11 +2,11 @@
 
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 
 #include "tensor/safetensors.h"
+#include "util/atomic_file.h"
 
 namespace hsx {
 
@@ -31,10 +31,8 @@ Status WriteHiddenStatesTo(const std::string& path, const Sequence& seq) {
 }
 
 Status WriteNewHiddenStatesTo(const std::string& path, const Sequence& seq) {
-  // The temp file's name has WriteFileAtomic's pattern, so a dead writer's leftover is
-  // removed as stale like theirs.
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  // Named as WriteFileAtomic's temp files are, so a dead writer's leftover is removed as stale.
+  const std::string tmp = TempFileName(path);
   HSX_RETURN_IF_ERROR(WriteHiddenStatesTo(tmp, seq));
   // link(2), unlike rename(2), fails with EEXIST rather than replace what is there.
   const int linked = ::link(tmp.c_str(), path.c_str());

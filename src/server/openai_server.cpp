@@ -222,7 +222,7 @@ void OpenAiServer::Routes() {
 
   post_json("/tokenize", [this](const httplib::Request&, httplib::Response& res, const json& body, const std::string& text) {
     if (tokenizer_ == nullptr) return ReplyError(res, 400, "this model has no tokenizer.json");
-    if (body.is_object() && body.contains("messages")) return Render(res, text, TokenizeMessages);
+    if (body.is_object() && body.contains("messages")) return Render(res, body, text, TokenizeMessages);
     if (!body.is_object() || !body.contains("prompt") || !body["prompt"].is_string()) {
       return ReplyError(res, 400, "expected a JSON object with a string field 'prompt'", "prompt");
     }
@@ -263,8 +263,8 @@ void OpenAiServer::Routes() {
   });
 
   // vLLM's render endpoints (server/render_request): the token ids a request would run.
-  post_json("/v1/chat/completions/render", [this](const httplib::Request&, httplib::Response& res, const json&,
-                                                  const std::string& text) { Render(res, text, RenderChatRequest); });
+  post_json("/v1/chat/completions/render", [this](const httplib::Request&, httplib::Response& res, const json& body,
+                                                  const std::string& text) { Render(res, body, text, RenderChatRequest); });
   post_json("/v1/completions/render", [this](const httplib::Request&, httplib::Response& res, const json& body,
                                              const std::string&) {
     Reply(res, RenderCompletionRequest(body, {&limits_, chat_template_, chat_template_error_}));
@@ -295,12 +295,12 @@ void OpenAiServer::Reply(httplib::Response& res, const std::variant<json, Reques
   ReplyJson(res, std::get<json>(result));
 }
 
-// A chat-shaped render (messages through the template), given the body with its keys in order.
-void OpenAiServer::Render(httplib::Response& res, const std::string& text, RenderFunction render) {
-  auto body = ParseJson(text, "the request body");  // parsed once already: cannot fail
-  auto ordered = ParseOrderedJson(text, "the request body");
-  if (!body.ok() || !ordered.ok()) return ReplyError(res, 400, "the request body is not JSON");
-  Reply(res, render(*body, *ordered, {&limits_, chat_template_, chat_template_error_}));
+// A chat-shaped render (messages through the template): the body, and its text parsed again
+// with its keys in order, as the template sees them.
+void OpenAiServer::Render(httplib::Response& res, const json& body, const std::string& text, RenderFunction render) {
+  auto ordered = ParseOrderedJson(text, "the request body");  // parsed once already: cannot fail
+  if (!ordered.ok()) return ReplyError(res, 400, "the request body is not JSON");
+  Reply(res, render(body, *ordered, {&limits_, chat_template_, chat_template_error_}));
 }
 
 // A checked request (completions or chat) run to its answer, streamed or whole.

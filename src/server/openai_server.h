@@ -87,7 +87,7 @@ class OpenAiServer {
   void Complete(const CompletionRequest& c, const httplib::Request& req, httplib::Response& res);
   using RenderFunction = std::variant<nlohmann::json, RequestError> (*)(const nlohmann::json&, const nlohmann::ordered_json&,
                                                                          const RenderContext&);
-  void Render(httplib::Response& res, const std::string& text, RenderFunction render);
+  void Render(httplib::Response& res, const nlohmann::json& body, const std::string& text, RenderFunction render);
   static void Reply(httplib::Response& res, const std::variant<nlohmann::json, RequestError>& result);
   void Stream(Request request, const std::string& path, SaveNames::Claim claim, const CompletionRequest& c,
               const httplib::Request& req, httplib::Response& res);

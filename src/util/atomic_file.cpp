@@ -72,10 +72,14 @@ const std::string& TempFileHost() {
   return host;
 }
 
-Status WriteFileAtomic(const std::string& path, const std::vector<std::string_view>& parts) {
+std::string TempFileName(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + std::string(kTempInfix) + TempFileHost() + "." + std::to_string(::getpid()) + "." +
-                          std::to_string(counter++);
+  return path + std::string(kTempInfix) + TempFileHost() + "." + std::to_string(::getpid()) + "." +
+         std::to_string(counter++);
+}
+
+Status WriteFileAtomic(const std::string& path, const std::vector<std::string_view>& parts) {
+  const std::string tmp = TempFileName(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Error(OsError(path, "cannot create", errno));
   Status status;

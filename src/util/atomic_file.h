@@ -17,6 +17,11 @@ namespace hsx {
 // directory that other hosts share).
 Status WriteFileAtomic(const std::string& path, const std::vector<std::string_view>& parts);
 
+// A fresh temp file name beside `path`, "<path>.tmp.<host>.<pid>.<n>", as WriteFileAtomic
+// uses; a writer that places its file some other way names its temp file with it too, so
+// RemoveStaleTempFiles knows a dead writer's leftover.
+std::string TempFileName(const std::string& path);
+
 // This host's name as temp file names carry it: gethostname with every character but
 // letters, digits, '_' and '-' made '-' (a '.' would split the name's fields).
 const std::string& TempFileHost();
