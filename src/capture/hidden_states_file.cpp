@@ -1,12 +1,6 @@
 #include "capture/hidden_states_file.h"
 
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
-#include "tensor/safetensors.h"
-#include "util/atomic_file.h"
+#include "capture/fp8_states.h"
 
 namespace hsx {
 
@@ -22,34 +16,20 @@ Status ValidateRequestId(const std::string& id) {
   return {};
 }
 
-Status WriteHiddenStatesTo(const std::string& path, const Sequence& seq) {
-  const int64_t t = seq.hidden_states.size(0);  // the prompt, plus fed-back outputs with include_output_tokens
+std::vector<NamedTensor> HiddenStatesFileTensors(const CaptureRecord& record, StatesFormat format) {
+  const int64_t t = static_cast<int64_t>(record.token_ids.size());
   Tensor ids = Tensor::Host(DType::kI64, {t});
-  for (int64_t i = 0; i < t; ++i) ids.data<int64_t>()[i] = seq.tokens()[i];
-  return WriteSafetensors(path, {{"hidden_states", seq.hidden_states}, {"token_ids", ids}})
-      .with_context("request '" + seq.id() + "'");
-}
-
-Status WriteNewHiddenStatesTo(const std::string& path, const Sequence& seq) {
-  // Named as WriteFileAtomic's temp files are, so a dead writer's leftover is removed as stale.
-  const std::string tmp = TempFileName(path);
-  HSX_RETURN_IF_ERROR(WriteHiddenStatesTo(tmp, seq));
-  // link(2), unlike rename(2), fails with EEXIST rather than replace what is there.
-  const int linked = ::link(tmp.c_str(), path.c_str());
-  const int err = errno;
-  ::unlink(tmp.c_str());
-  if (linked != 0) {
-    return Error(path + ": " + (err == EEXIST ? "another writer created this file first" : std::strerror(err)))
-        .with_context("request '" + seq.id() + "'");
+  for (int64_t i = 0; i < t; ++i) ids.data<int64_t>()[i] = record.token_ids[static_cast<size_t>(i)];
+  std::vector<NamedTensor> tensors;
+  if (format == StatesFormat::kFp8) {
+    Fp8States fp8 = QuantizeStatesFp8(record.hidden_states);
+    tensors = {{"hidden_states", std::move(fp8.values)}, {"hidden_states_scales", std::move(fp8.scales)}};
+  } else {
+    tensors = {{"hidden_states", record.hidden_states}};
   }
-  return {};
-}
-
-Result<std::string> WriteHiddenStatesFile(const std::string& dir, const Sequence& seq) {
-  HSX_RETURN_IF_ERROR(ValidateRequestId(seq.id()));
-  const std::string path = dir + "/" + seq.id() + ".safetensors";
-  HSX_RETURN_IF_ERROR(WriteHiddenStatesTo(path, seq));
-  return path;
+  tensors.emplace_back("token_ids", std::move(ids));
+  for (const auto& extra : record.extras) tensors.push_back(extra);
+  return tensors;
 }
 
 }  // namespace hsx

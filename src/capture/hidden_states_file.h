@@ -1,24 +1,24 @@
-// The per-request output file, in vLLM's hidden-state extraction format:
-// hidden_states [T, L, H] (layers in ascending id order) and token_ids [T] int64, the
-// tokens of those rows: the prompt, plus the fed-back outputs with include_output_tokens.
+// The per-request file, in vLLM's hidden-state extraction format: hidden_states [T, L, H]
+// (layers in ascending id order) and token_ids [T] int64, the tokens of those rows (the
+// prompt, plus the fed-back outputs with include_output_tokens). In hs-connectors' FP8
+// form, hidden_states is F8_E4M3 with hidden_states_scales f32 [T, 1, 1] beside it.
 #pragma once
 
 #include <string>
+#include <vector>
 
-#include "engine/sequence.h"
+#include "capture/capture_sink.h"
 #include "util/status.h"
 
 namespace hsx {
 
+enum class StatesFormat { kAsCaptured, kFp8 };
+
 // Request ids name files, so they must stay a plain file name inside the output dir.
 Status ValidateRequestId(const std::string& id);
 
-// Writes <dir>/<id>.safetensors atomically; returns its path.
-Result<std::string> WriteHiddenStatesFile(const std::string& dir, const Sequence& seq);
-// Writes the same content to an exact path.
-Status WriteHiddenStatesTo(const std::string& path, const Sequence& seq);
-// The same, but never replaces a file already at `path` (one another process made after
-// the name was checked): an error instead.
-Status WriteNewHiddenStatesTo(const std::string& path, const Sequence& seq);
+// The file's tensors in the order they are written: the states, their scales (FP8),
+// token_ids, then the record's extras.
+std::vector<NamedTensor> HiddenStatesFileTensors(const CaptureRecord& record, StatesFormat format);
 
 }  // namespace hsx

@@ -41,8 +41,11 @@ Result<Manifest> Manifest::Open(const std::string& path) {
   return m;
 }
 
-Result<std::string> Manifest::Append(const std::string& id, const std::string& file, int64_t num_tokens) const {
-  std::string line = nlohmann::json{{"id", id}, {"path", file}, {"num_tokens", num_tokens}}.dump();
+Result<std::string> Manifest::Append(const std::string& id, const std::string& file, int64_t num_tokens,
+                                     const nlohmann::json& transfer_params) const {
+  nlohmann::json entry{{"id", id}, {"path", file}, {"num_tokens", num_tokens}};
+  if (!transfer_params.is_null()) entry["kv_transfer_params"] = transfer_params;
+  std::string line = entry.dump();
   HSX_RETURN_IF_ERROR(AppendLine(path_, line));
   return line;
 }

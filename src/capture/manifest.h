@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -25,7 +26,10 @@ class Manifest {
   const std::vector<std::string>& warnings() const { return warnings_; }
   // Appends the line for a complete file and returns it; a failed append leaves the
   // manifest as it was. Callers serialize appends.
-  Result<std::string> Append(const std::string& id, const std::string& file, int64_t num_tokens) const;
+  // `transfer_params`: a store sink's kv_transfer_params (what a reader needs to fetch the
+  // object at `file`, then its key), listed when not null.
+  Result<std::string> Append(const std::string& id, const std::string& file, int64_t num_tokens,
+                             const nlohmann::json& transfer_params = nullptr) const;
 
  private:
   std::string path_;

@@ -15,6 +15,8 @@
 #include <unordered_set>
 
 #include "capture/hidden_states_file.h"
+#include "capture/kv_transfer_config.h"
+#include "capture/safetensors_sink.h"
 #include "capture/manifest.h"
 #include "capture/shard_manifests.h"
 #include "capture/shard_spec.h"
@@ -22,6 +24,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/extract.h"
+#include "engine/capture_record.h"
 #include "engine/engine.h"
 #include "engine/replica_router.h"
 #include "util/atomic_file.h"
@@ -86,9 +89,28 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   if (Status s = PrepareOutputDir(o.output); !s.ok()) return {Fail(cmd, s)};
   // Absolute paths in the manifest, as vLLM reports them, so readers need not know our cwd.
   const std::string out_dir = std::filesystem::absolute(o.output).lexically_normal().string();
+  // Where the states go: files in the output directory, or the sink --kv-transfer-config names.
+  std::unique_ptr<CaptureSink> sink;
+  std::string connector;
+  if (o.kv_transfer_config.empty()) {
+    sink = std::make_unique<SafetensorsSink>(SafetensorsSink::Options{.dir = out_dir});
+  } else {
+    auto kv = ParseKvTransferConfig(o.kv_transfer_config, "--kv-transfer-config", out_dir);
+    if (!kv.ok()) return {Fail(cmd, kv.status())};
+    if (kv->writes_files() && kv->storage_dir != out_dir) {
+      return {Fail(cmd, Error("--kv-transfer-config: shared_storage_path " + kv->storage_dir + " is not --output " +
+                              out_dir + ", where extract keeps its files and manifest (leave it out)"))};
+    }
+    kv->use_lock = false;  // the manifest line, appended once a file is complete, is extract's signal
+    auto made = MakeCaptureSink(*kv, /*exclusive_names=*/false);
+    if (!made.ok()) return {Fail(cmd, made.status().with_context("--kv-transfer-config"))};
+    sink = std::move(made).value();
+    connector = nlohmann::json::parse(o.kv_transfer_config).value("kv_connector", "");
+  }
   if (shard->sharded()) {
-    const nlohmann::json settings{{"model", o.model.model}, {"load_format", o.model.load_format}, {"layers", *layers},
-                                  {"dtype", std::string(DTypeName(dtype))}};
+    nlohmann::json settings{{"model", o.model.model}, {"load_format", o.model.load_format}, {"layers", *layers},
+                            {"dtype", std::string(DTypeName(dtype))}};
+    if (!connector.empty() && connector != "ExampleHiddenStatesConnector") settings["kv_connector"] = connector;
     if (Status s = WriteOrCheckShardConfig(out_dir, *shard, settings); !s.ok()) return {Fail(cmd, s)};
     if (Status s = SetShardDone(out_dir, *shard, false); !s.ok()) return {Fail(cmd, s)};
   }
@@ -240,9 +262,14 @@ ExtractResult RunExtract(const ExtractOptions& o) {
               ++left_unwritten;  // for the resumed run
               return;
             }
-            auto path = WriteHiddenStatesFile(out_dir, *seq);
+            auto receipt = sink->Put(CaptureRecordOf(*seq));
             std::lock_guard<std::mutex> lock(out_mu);
-            Result<std::string> out_line = path.ok() ? manifest->Append(seq->id(), *path, seq->prompt_len()) : path.status();
+            Result<std::string> out_line =
+                receipt.ok() ? manifest->Append(seq->id(), receipt->location, seq->prompt_len(),
+                                                receipt->transfer_params.contains("hidden_states_path")
+                                                    ? nlohmann::json(nullptr)
+                                                    : receipt->transfer_params)
+                             : receipt.status();
             if (!out_line.ok()) return write_failed(out_line.status());
             consecutive_write_failures = 0;
             if (!o.quiet) std::printf("%s\n", out_line->c_str());
@@ -351,6 +378,9 @@ void RegisterExtract(CLI::App& root) {
   app->add_option("--input", o->input, "JSONL: {\"id\", \"token_ids\"} or {\"id\", \"prompt\"} per line")->required();
   app->add_option("--output", o->output, "Output directory: <id>.safetensors and manifest.jsonl")->required();
   app->add_option("--dtype", o->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's dtype)");
+  app->add_option("--kv-transfer-config", o->kv_transfer_config,
+                  "vLLM's JSON naming the sink: ExampleHiddenStatesConnector (the default), FP8HiddenStatesConnector "
+                  "(hs-connectors' FP8 files) or MooncakeHiddenStatesConnector; files go to --output");
   app->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Token budget per forward step");
   app->add_option("--max-num-seqs", o->max_num_seqs, "Sequences per step at most");
   app->add_option("--kv-cache-gib", o->kv_cache_gib, "KV cache size in GiB");

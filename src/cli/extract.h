@@ -11,6 +11,8 @@ struct ExtractOptions {
   ModelOptions model;
   std::string layers, input, output, dtype;
   std::string shard;  // "i/n"; empty: the launcher's environment, else the whole input
+  // vLLM's JSON naming the sink (capture/kv_transfer_config.h); empty: bf16/f32 files in output.
+  std::string kv_transfer_config;
   int max_num_batched_tokens = 8192;
   int max_num_seqs = 256;
   double kv_cache_gib = 2.0;

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "capture/hidden_states_file.h"
+#include "capture/kv_transfer_config.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "server/openai_server.h"
@@ -31,30 +31,6 @@ struct ServeOptions {
   double drain_timeout = 30;  // seconds
   bool prefix_caching = true;
 };
-
-// --speculative-config '{"method": "extract_hidden_states", ..., "draft_model_config":
-//   {"hf_config": {"eagle_aux_hidden_state_layer_ids": [..]}}}' -> capture layer ids.
-Status ParseKvTransferConfig(const std::string& text, ServerConfig& server) {
-  const auto j = nlohmann::json::parse(text, nullptr, false);
-  const std::string where = "--kv-transfer-config: ";
-  if (j.is_discarded() || !j.is_object()) return Error(where + "not a JSON object");
-  if (j.value("kv_connector", "") != "ExampleHiddenStatesConnector") {
-    return Error(where + "kv_connector must be \"ExampleHiddenStatesConnector\"");
-  }
-  const auto extra = j.value("kv_connector_extra_config", nlohmann::json::object());
-  if (!extra.contains("shared_storage_path") || !extra["shared_storage_path"].is_string()) {
-    return Error(where + "kv_connector_extra_config.shared_storage_path (a directory) is required");
-  }
-  server.storage_dir = std::filesystem::absolute(extra["shared_storage_path"].get<std::string>()).lexically_normal().string();
-  server.writer_threads = extra.value("num_writer_threads", 8);
-  server.use_lock = extra.value("use_synchronization_lock", true);
-  std::error_code ec;
-  std::filesystem::create_directories(server.storage_dir, ec);
-  if (!std::filesystem::is_directory(server.storage_dir)) {
-    return Error(where + "shared_storage_path " + server.storage_dir + " cannot be created");
-  }
-  return {};
-}
 
 // Temp files of this host's writers that died between write and rename (a serve killed
 // with -9); those of live writers and of other hosts sharing the storage stay. A file
@@ -119,11 +95,24 @@ int RunServe(ServeOptions o) {
     auto method = ApplySpeculativeConfig(o.speculative_config, /*extracts=*/true, (*replicas)[r], configs[r]);
     if (!method.ok()) return Fail(cmd, method.status());
   }
+  std::unique_ptr<CaptureSink> sink;
   if (!o.kv_transfer_config.empty()) {
-    if (Status s = ParseKvTransferConfig(o.kv_transfer_config, o.server); !s.ok()) return Fail(cmd, s);
-    RemoveDeadWritersTempFiles(o.server.storage_dir);
+    auto kv = ParseKvTransferConfig(o.kv_transfer_config);
+    if (!kv.ok()) return Fail(cmd, kv.status());
+    if (o.server.allow_custom_path && !kv->writes_files()) {
+      return Fail(cmd, Error("--allow-custom-save-path names files: the kv connector writes none"));
+    }
+    auto made = MakeCaptureSink(*kv, /*exclusive_names=*/true);
+    if (!made.ok()) return Fail(cmd, made.status().with_context("--kv-transfer-config"));
+    sink = std::move(made).value();
+    o.server.sink = sink.get();
+    o.server.writer_threads = kv->writer_threads;
+    if (kv->writes_files()) {
+      o.server.storage_dir = kv->storage_dir;
+      RemoveDeadWritersTempFiles(o.server.storage_dir);
+    }
   }
-  if (configs[0].capture_layers.empty() != o.server.storage_dir.empty()) {
+  if (configs[0].capture_layers.empty() != (sink == nullptr)) {
     return Fail(cmd, Error("hidden-state extraction needs both --speculative-config and --kv-transfer-config"));
   }
   if (o.server.model_name.empty()) o.server.model_name = o.model.model;
@@ -160,7 +149,7 @@ int RunServe(ServeOptions o) {
   });
   g_serving = true;  // from here a signal goes to the waiter (Stop before Run makes Run return at once)
   std::fprintf(stderr, "hsx serve: %s on http://%s:%d%s\n", o.server.model_name.c_str(), o.server.host.c_str(),
-               o.server.port, o.server.storage_dir.empty() ? "" : (", hidden states to " + o.server.storage_dir).c_str());
+               o.server.port, sink ? (", hidden states to " + sink->Describe()).c_str() : "");
   const Status run = server.Run();
   run_ended = true;
   const char byte = 0;
@@ -212,7 +201,7 @@ void RegisterServe(CLI::App& root) {
   app->add_option("--api-key", o->server.api_key, "Require 'Authorization: Bearer KEY'");
   app->add_option("--served-model-name", o->server.model_name);
   app->add_option("--speculative-config", o->speculative_config, "vLLM's JSON; method extract_hidden_states (with --kv-transfer-config), ngram, eagle3 or mtp");
-  app->add_option("--kv-transfer-config", o->kv_transfer_config, "vLLM's JSON; ExampleHiddenStatesConnector");
+  app->add_option("--kv-transfer-config", o->kv_transfer_config, "vLLM's JSON; ExampleHiddenStatesConnector, FP8HiddenStatesConnector or MooncakeHiddenStatesConnector");
   app->add_flag("--allow-custom-save-path", o->server.allow_custom_path,
                 "Let requests name kv_transfer_params.hidden_states_path (inside shared_storage_path)");
   app->add_option("--max-num-batched-tokens", o->max_num_batched_tokens);

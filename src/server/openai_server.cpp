@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "capture/file_lock.h"
-#include "capture/hidden_states_file.h"
+#include "engine/capture_record.h"
 #include "server/chat_request.h"
 #include "server/http_server.h"
 #include "server/peer_socket.h"
@@ -118,14 +118,14 @@ OpenAiServer::OpenAiServer(ServerConfig config, EngineReplicas& engine, const To
                              .read_seconds = config_.read_timeout,
                              .body_seconds = config_.body_timeout,
                              .max_incoming_bodies = static_cast<size_t>(std::max(0, config_.max_incoming_bodies))})) {
-  if (!config_.storage_dir.empty()) writers_ = std::make_unique<WriterPool>(config_.writer_threads, 64);
+  if (config_.sink != nullptr) writers_ = std::make_unique<WriterPool>(config_.writer_threads, 64);
   limits_.model_name = config_.model_name;
   limits_.max_model_len = config_.max_model_len;
   limits_.vocab_size = engine_.model_config().vocab_size;
   limits_.tokenizer = tokenizer_;
   limits_.max_prompt_bytes = tokenizer_ ? MaxPromptBytes(*tokenizer_, config_.max_model_len) : 0;
-  limits_.extract = !config_.storage_dir.empty();
-  limits_.allow_custom_path = config_.allow_custom_path;
+  limits_.extract = config_.sink != nullptr;
+  limits_.allow_custom_path = config_.allow_custom_path && !config_.storage_dir.empty();
   limits_.max_choices = engine_.max_queued();
   limits_.max_n = config_.max_n;
   Routes();
@@ -313,19 +313,19 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
 
   // One engine request per choice, all checked before any is submitted, so a bad one
   // fails the request before anything runs or is written.
-  const bool extract = !config_.storage_dir.empty();
+  const bool extract = config_.sink != nullptr;
   const std::string id = NewRequestId(c.chat ? "chatcmpl-" : "cmpl-");
   std::vector<Request> requests;
-  std::vector<std::string> paths;
+  std::vector<std::string> names;        // each record's place in the sink
   std::vector<SaveNames::Claim> claims;  // each file's name, held until it is written
   for (size_t p = 0; p < c.prompts.size(); ++p) {
     for (int j = 0; j < c.n; ++j) {
       Request r = EngineRequest(c, p, j, id + "-" + std::to_string(requests.size()));
       r.group = id;  // the n choices share the scheduler as one request
       if (Status s = engine_.Validate(r); !s.ok()) return ReplyError(res, 400, s.message(), "prompt");
-      const std::string name = c.hidden_states_name.empty() ? r.id + ".safetensors" : c.hidden_states_name;
-      paths.push_back(extract ? config_.storage_dir + "/" + name : "");
-      if (extract) {
+      names.push_back(c.hidden_states_name);
+      if (extract && !config_.storage_dir.empty()) {
+        const std::string name = c.hidden_states_name.empty() ? r.id + ".safetensors" : c.hidden_states_name;
         auto claim = save_names_.ClaimName(config_.storage_dir, name);
         if (const auto* taken = std::get_if<std::string>(&claim)) {
           return ReplyError(res, 409, "'kv_transfer_params.hidden_states_path' " + *taken, "kv_transfer_params");
@@ -337,7 +337,7 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
       requests.push_back(std::move(r));
     }
   }
-  if (c.stream) return Stream(std::move(requests[0]), paths[0], claims[0], c, req, res);
+  if (c.stream) return Stream(std::move(requests[0]), names[0], claims[0], c, req, res);
 
   // Each choice finishes through its own promise. Its text is built from its tokens
   // once it is done, or, with stop strings, on the engine thread as they arrive (a stop
@@ -352,9 +352,9 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
     auto promise = std::make_shared<std::promise<Completion>>();
     futures.push_back(promise->get_future());
     texts.push_back(std::move(text));
-    submits.emplace_back(std::move(requests[i]), [this, promise, path = paths[i], claim = claims[i]](
+    submits.emplace_back(std::move(requests[i]), [this, promise, name = names[i], claim = claims[i]](
                                                      const Status& status, std::unique_ptr<Sequence> seq) {
-      promise->set_value(Finish(status, std::move(seq), path, claim));
+      promise->set_value(Finish(status, std::move(seq), name, claim));
     });
   }
   if (!engine_.SubmitAll(std::move(submits))) {
@@ -377,12 +377,12 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
   json choices = json::array();
   int64_t prompt_tokens = 0, completion_tokens = 0;
   for (const auto& p : c.prompts) prompt_tokens += static_cast<int64_t>(p.ids.size());
-  std::string first_path;
+  json first_transfer;
   for (size_t i = 0; i < futures.size(); ++i) {
     Completion r = futures[i].get();
     if (!r.status.ok()) return ReplyError(res, r.server_error ? 500 : 400, r.status.message(), r.server_error ? "" : "prompt");
-    // The answer waits for the file, so a write that fails (a full disk) fails the request.
-    if (r.written.valid() && !r.written.get().ok()) return ReplyError(res, 500, r.written.get().message());
+    // The answer waits for the states' put, so one that fails (a full disk) fails the request.
+    if (r.written.valid() && !r.written.get().ok()) return ReplyError(res, 500, r.written.get().status().message());
     const std::vector<int32_t> out = r.seq->generated();
     if (!stop_strings)
       for (int32_t token : out) texts[i]->Add(token);
@@ -399,9 +399,9 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
       if (!c.chat) choice["prompt_token_ids"] = prompt.ids;
       choice["token_ids"] = out;
     }
-    if (extract) {
-      choice["kv_transfer_params"] = {{"hidden_states_path", r.hidden_states_path}};
-      if (first_path.empty()) first_path = r.hidden_states_path;
+    if (r.written.valid()) {
+      choice["kv_transfer_params"] = r.written.get()->transfer_params;
+      if (first_transfer.is_null()) first_transfer = choice["kv_transfer_params"];
     }
     completion_tokens += static_cast<int64_t>(out.size());
     choices.push_back(std::move(choice));
@@ -410,7 +410,7 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
                    {"choices", choices},
                    {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
                               {"total_tokens", prompt_tokens + completion_tokens}}}};
-  if (extract) response["kv_transfer_params"] = {{"hidden_states_path", first_path}};
+  if (extract) response["kv_transfer_params"] = first_transfer;
   if (c.chat && c.return_token_ids) response["prompt_token_ids"] = c.prompts[0].ids;
   ReplyJson(res, response);
 }
@@ -423,7 +423,7 @@ Request OpenAiServer::EngineRequest(const CompletionRequest& c, size_t p, int j,
   r.prompt = c.prompts[p].ids;
   r.max_new_tokens = c.prompts[p].max_tokens;
   r.min_new_tokens = c.min_tokens;
-  r.capture = !config_.storage_dir.empty();
+  r.capture = config_.sink != nullptr;
   r.include_output_tokens = c.include_output_tokens;
   r.sampling = c.sampling;
   if (r.sampling.seed) r.sampling.seed = *r.sampling.seed + static_cast<uint64_t>(j);
@@ -489,30 +489,29 @@ nlohmann::json OpenAiServer::LogprobsJson(const std::vector<int32_t>& generated,
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
-// A finished request: with extraction on, lock its file (before the response names it)
-// and queue the write, which releases the lock when the file is complete.
+// A finished request: with extraction on, queue the put of its states (the sink owns its
+// protocol: a file and its lock, a store), which the response waits for. A request that
+// failed after admission is reported to the sink, whose readers may be waiting for it.
 OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_ptr<Sequence> seq,
-                                              const std::string& path, SaveNames::Claim claim) {
-  Completion c{status, std::move(seq), path, !status.ok() && cut_short_};  // failed by StopNow: not the client's fault
-  if (!c.status.ok() || path.empty()) return c;
-  std::shared_ptr<FileLock> lock;
-  if (config_.use_lock) {
-    auto acquired = FileLock::Acquire(path + ".lock");
-    if (!acquired.ok()) return {acquired.status(), nullptr, "", true};
-    lock = std::move(acquired).value();
+                                              const std::string& name, SaveNames::Claim claim) {
+  Completion c{status, std::move(seq), !status.ok() && cut_short_};  // failed by StopNow: not the client's fault
+  if (config_.sink == nullptr || c.seq == nullptr) return c;
+  std::shared_ptr<const Sequence> shared(c.seq.release());
+  if (!c.status.ok()) {
+    writers_->Submit([this, shared, name, why = c.status] { config_.sink->PutFailure(CaptureRecordOf(*shared, name), why); });
+    c.seq = std::make_unique<Sequence>(*shared);
+    return c;
   }
-  std::shared_ptr<Sequence> shared(c.seq.release());
-  auto written = std::make_shared<std::promise<Status>>();
+  auto written = std::make_shared<std::promise<Result<CaptureReceipt>>>();
   c.written = written->get_future().share();
-  writers_->Submit([this, shared, lock, path, written, claim]() mutable {
+  writers_->Submit([this, shared, name, written, claim]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
-    Status status = WriteNewHiddenStatesTo(path, *shared);
+    Result<CaptureReceipt> receipt = config_.sink->Put(CaptureRecordOf(*shared, name, config_.capture_metadata));
     write_micros_ += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
-    ++(status.ok() ? files_written_ : file_errors_);
-    if (!status.ok()) std::fprintf(stderr, "hsx serve: error: %s\n", status.message().c_str());
-    lock.reset();  // the file is complete (or absent): readers may go ahead
+    ++(receipt.ok() ? records_written_ : record_errors_);
+    if (!receipt.ok()) std::fprintf(stderr, "hsx serve: error: %s\n", receipt.status().message().c_str());
     claim.reset();  // the name is now the file's on disk, or free
-    written->set_value(std::move(status));
+    written->set_value(std::move(receipt));
   });
   c.seq = std::make_unique<Sequence>(*shared);  // the response needs only its tokens
   return c;
@@ -526,7 +525,7 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
 // while there is nothing to write (a long prefill, tokens held for their logprobs), the
 // watch on its socket says so. `req` outlives the content provider (cpp-httplib writes
 // the response before its process_request returns).
-void OpenAiServer::Stream(Request request, const std::string& path, SaveNames::Claim claim, const CompletionRequest& c,
+void OpenAiServer::Stream(Request request, const std::string& name, SaveNames::Claim claim, const CompletionRequest& c,
                           const httplib::Request& req, httplib::Response& res) {
   struct State {
     std::mutex mu;
@@ -562,9 +561,9 @@ void OpenAiServer::Stream(Request request, const std::string& path, SaveNames::C
     ++state->decoded;
     return state->text->Add(token);
   };
-  const bool accepted = engine_.Submit(std::move(request), [this, state, path, claim](const Status& status,
+  const bool accepted = engine_.Submit(std::move(request), [this, state, name, claim](const Status& status,
                                                                                      std::unique_ptr<Sequence> seq) {
-    Completion done = Finish(status, std::move(seq), path, claim);
+    Completion done = Finish(status, std::move(seq), name, claim);
     std::lock_guard<std::mutex> lock(state->mu);
     if (done.seq) state->logprobs = done.seq->logprobs;
     state->result = std::move(done);
@@ -651,7 +650,7 @@ void OpenAiServer::Stream(Request request, const std::string& path, SaveNames::C
         state->echoed = true;
       }
       if (failed) {
-        const Status& failure = write_failed ? result.written.get() : result.status;
+        const Status& failure = write_failed ? result.written.get().status() : result.status;
         const int code = write_failed || result.server_error ? 500 : 400;
         out += "data: " +
                json{{"error", {{"message", failure.message()}, {"code", code}}}}.dump(
@@ -662,7 +661,7 @@ void OpenAiServer::Stream(Request request, const std::string& path, SaveNames::C
                      {"finish_reason", result.seq->stopped() ? "stop" : "length"}};
         if (chat) last["delta"] = json::object(), last.erase("text");
         json body = json::parse(chunk(json::array({std::move(last)})).substr(6));
-        if (!result.hidden_states_path.empty()) body["kv_transfer_params"] = {{"hidden_states_path", result.hidden_states_path}};
+        if (result.written.valid()) body["kv_transfer_params"] = result.written.get()->transfer_params;
         out += "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
         if (include_usage) {
           const int64_t generated = result.seq->num_generated();
@@ -730,8 +729,8 @@ std::string OpenAiServer::Metrics() const {
     out << "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"" << i << "\"} "
         << e.num_accepted_tokens_per_pos[i] << "\n";
   }
-  metric("hsx_hidden_state_files_total", "counter", "Hidden-state files written", static_cast<double>(files_written_.load()));
-  metric("hsx_hidden_state_file_errors_total", "counter", "Hidden-state files that failed", static_cast<double>(file_errors_.load()));
+  metric("hsx_hidden_state_files_total", "counter", "Requests' hidden states stored (files, or store objects)", static_cast<double>(records_written_.load()));
+  metric("hsx_hidden_state_file_errors_total", "counter", "Requests' hidden states that failed to store", static_cast<double>(record_errors_.load()));
   metric("hsx_hidden_state_write_seconds_total", "counter", "Time spent writing hidden-state files",
          static_cast<double>(write_micros_.load()) / 1e6);
   return out.str();

@@ -6,11 +6,13 @@
 
 #include <atomic>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "capture/capture_sink.h"
 #include "capture/writer_pool.h"
 #include "server/completion_request.h"
 #include "server/completion_text.h"
@@ -35,11 +37,16 @@ struct ServerConfig {
   std::string api_key;     // empty: no authentication
   std::string model_name;  // what /v1/models lists and requests may name
   int max_model_len = 0;
-  // Hidden-state extraction (vLLM's ExampleHiddenStatesConnector); off when storage_dir is empty.
+  // Hidden-state extraction (vLLM's extract_hidden_states with a kv connector): finished
+  // requests go to `sink`; off when it is null.
+  CaptureSink* sink = nullptr;
+  // The file sinks' directory, where clients may name files (allow_custom_path); empty
+  // for a store.
   std::string storage_dir;
   int writer_threads = 8;
-  bool use_lock = true;
   bool allow_custom_path = false;
+  // Every record's layer contract (safetensors __metadata__).
+  std::map<std::string, std::string> capture_metadata;
   // Connections served at once (each holds a thread while open, idle keep-alive ones too).
   int http_threads = 512;
   double header_timeout = 10;  // seconds for a request's line and headers, as a whole
@@ -77,11 +84,11 @@ class OpenAiServer {
   struct Completion {
     Status status;
     std::unique_ptr<Sequence> seq;
-    std::string hidden_states_path;
     bool server_error = false;  // the request was fine; the server could not store its output
-    std::shared_future<Status> written;  // the file's write, when there is one
+    std::shared_future<Result<CaptureReceipt>> written;  // its states' put, when extracting
   };
-  Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& path, SaveNames::Claim claim);
+  // name: the record's place in the sink (a file name in storage_dir; empty: the sink's rule).
+  Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& name, SaveNames::Claim claim);
   nlohmann::json LogprobsJson(const std::vector<int32_t>& generated, const std::vector<Sequence::TokenLogprobs>& logprobs,
                               size_t first, size_t end, int64_t text_offset, bool chat) const;
   void Complete(const CompletionRequest& c, const httplib::Request& req, httplib::Response& res);
@@ -89,7 +96,7 @@ class OpenAiServer {
                                                                          const RenderContext&);
   void Render(httplib::Response& res, const nlohmann::json& body, const std::string& text, RenderFunction render);
   static void Reply(httplib::Response& res, const std::variant<nlohmann::json, RequestError>& result);
-  void Stream(Request request, const std::string& path, SaveNames::Claim claim, const CompletionRequest& c,
+  void Stream(Request request, const std::string& name, SaveNames::Claim claim, const CompletionRequest& c,
               const httplib::Request& req, httplib::Response& res);
   Request EngineRequest(const CompletionRequest& c, size_t p, int j, std::string id) const;
   static CompletionText::Options TextOptions(const CompletionRequest& c, const Request& r);
@@ -107,7 +114,7 @@ class OpenAiServer {
   std::unique_ptr<WriterPool> writers_;
   SaveNames save_names_;  // the storage directory's names in use
   std::atomic<bool> cut_short_{false};
-  std::atomic<uint64_t> http_requests_{0}, files_written_{0}, file_errors_{0};
+  std::atomic<uint64_t> http_requests_{0}, records_written_{0}, record_errors_{0};
   std::atomic<uint64_t> write_micros_{0};
 };
 
