@@ -11,6 +11,8 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 # The server against real clients: openai, and speculators' data-generation client
 # (installed without its heavy dependencies; only its openai-based client module is used).
 python3 -m pip install --quiet --disable-pip-version-check openai pytest numpy
+# ml_dtypes (JAX's numpy dtypes): the E4M3 rounding reference for hs-connectors' FP8 files.
+python3 -m pip install --quiet --disable-pip-version-check ml_dtypes
 # The tokenizer against Hugging Face: tokenizers (the reference), transformers and gguf (the
 # reference encode, and the conversion of real models' GGUF tokenizers); gguf is also the
 # reference for GGUF reading and dequantization, safetensors writes the converted GGUF

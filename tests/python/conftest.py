@@ -34,7 +34,8 @@ def free_port():
 
 
 class Server:
-    def __init__(self, tmp, *extra, storage=None, model=MODEL):
+    def __init__(self, tmp, *extra, storage=None, model=MODEL, connector=None):
+        """connector: fields that replace the ExampleHiddenStatesConnector's (kv_connector, module path)."""
         self.port = free_port()
         self.storage = storage or tmp / "hidden_states"
         self.url = f"http://127.0.0.1:{self.port}"
@@ -43,6 +44,7 @@ class Server:
         kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
               "kv_connector_extra_config": {"shared_storage_path": str(self.storage), "num_writer_threads": 4,
                                             "use_synchronization_lock": True}}
+        kv.update(connector or {})
         self.log = open(tmp / "server.log", "w")
         self.proc = subprocess.Popen(
             [HSX, "serve", str(model), "--port", str(self.port), "--served-model-name", "qwen3-fixture",
