@@ -20,6 +20,7 @@ void RegisterBench(CLI::App& root);
 void RegisterServe(CLI::App& root);
 void RegisterManifest(CLI::App& root);
 void RegisterChatTemplate(CLI::App& root);
+void RegisterVerifyStates(CLI::App& root);
 
 // `hsx serve`'s arguments with vLLM's flag spellings made hsx's: a flag's name may use
 // underscores for its dashes (--kv_transfer_config, --max_num_seqs=8), as vLLM's parser

@@ -8,11 +8,14 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "capture/layer_contract.h"
 #include "capture/shard_spec.h"
 #include "model/config_fields.h"
+#include "model/config_fingerprint.h"
 #include "model/gguf_config.h"
 #include "model/gguf_file.h"
 #include "model/gguf_tokenizer.h"
+#include "tokenizer/tokenizer_fingerprint.h"
 #include "util/json.h"
 
 namespace hsx::cli {
@@ -44,6 +47,16 @@ void ModelOptions::RegisterExecutionFlags(CLI::App& app) {
                  "Split the model over N ranks (Megatron-style): N GPUs from --device's index on (NCCL), or N "
                  "threads on the cpu")
       ->check(CLI::Range(1, 64));
+}
+
+Result<std::map<std::string, std::string>> LayerContractMetadata(const ModelOptions& options, const LoadedModel& loaded,
+                                                                 const std::vector<int>& layer_ids, DType dtype) {
+  LayerContract contract;
+  contract.layer_ids = layer_ids;
+  HSX_ASSIGN_OR_RETURN(contract.model_config_hash, ModelConfigFingerprint(options.model));
+  if (loaded.tokenizer) contract.tokenizer_hash = TokenizerFingerprint(*loaded.tokenizer);
+  contract.dtype = std::string(DTypeName(dtype));
+  return contract.ToMetadata();
 }
 
 Result<ModelConfig> LoadConfig(const ModelOptions& options) {
@@ -153,7 +166,7 @@ Result<std::optional<ChatTemplate>> LoadChatTemplate(const std::string& model) {
 
 // The tokenizer and chat template of the model's directory (or GGUF file) into `loaded`; a
 // template hsx cannot read is kept as the error chat requests will get.
-static Status LoadTokenizerAndTemplate(const std::string& model, LoadedModel& loaded) {
+Status LoadTokenizerAndTemplate(const std::string& model, LoadedModel& loaded) {
   HSX_ASSIGN_OR_RETURN(loaded.tokenizer, LoadTokenizerIfPresent(model));
   auto chat_template = LoadChatTemplate(model);
   if (chat_template.ok()) loaded.chat_template = std::move(chat_template).value();

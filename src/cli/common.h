@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -77,6 +78,12 @@ struct LoadedModel {
   const ChatTemplate* chat_template_or_null() const { return chat_template ? &*chat_template : nullptr; }
 };
 Result<LoadedModel> LoadModelAndTokenizer(const ModelOptions& options);
+// The tokenizer (if any) and chat template of --model into `loaded`, no weights.
+Status LoadTokenizerAndTemplate(const std::string& model, LoadedModel& loaded);
+
+// The layer contract of the states a run captures (capture/layer_contract.h), as __metadata__.
+Result<std::map<std::string, std::string>> LayerContractMetadata(const ModelOptions& options, const LoadedModel& loaded,
+                                                                 const std::vector<int>& layer_ids, DType dtype);
 
 // --data-parallel-size M: the device of each of M replicas. cpu: M CPU replicas; cuda:N:
 // cuda:N..N+M-1; cuda without an index: from the launcher's local rank (LOCAL_RANK,

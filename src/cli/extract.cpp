@@ -89,6 +89,8 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   if (Status s = PrepareOutputDir(o.output); !s.ok()) return {Fail(cmd, s)};
   // Absolute paths in the manifest, as vLLM reports them, so readers need not know our cwd.
   const std::string out_dir = std::filesystem::absolute(o.output).lexically_normal().string();
+  auto contract = LayerContractMetadata(o.model, loaded, *layers, dtype);
+  if (!contract.ok()) return {Fail(cmd, contract.status())};
   // Where the states go: files in the output directory, or the sink --kv-transfer-config names.
   std::unique_ptr<CaptureSink> sink;
   std::string connector;
@@ -262,7 +264,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
               ++left_unwritten;  // for the resumed run
               return;
             }
-            auto receipt = sink->Put(CaptureRecordOf(*seq));
+            auto receipt = sink->Put(CaptureRecordOf(*seq, "", *contract));
             std::lock_guard<std::mutex> lock(out_mu);
             Result<std::string> out_line =
                 receipt.ok() ? manifest->Append(seq->id(), receipt->location, seq->prompt_len(),

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   hsx::cli::RegisterServe(app);
   hsx::cli::RegisterManifest(app);
   hsx::cli::RegisterChatTemplate(app);
+  hsx::cli::RegisterVerifyStates(app);
   std::vector<std::string> args = hsx::cli::NormalizeServeFlags(argc, argv);
   std::vector<char*> normalized;
   for (std::string& arg : args) normalized.push_back(arg.data());

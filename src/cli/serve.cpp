@@ -106,6 +106,9 @@ int RunServe(ServeOptions o) {
     if (!made.ok()) return Fail(cmd, made.status().with_context("--kv-transfer-config"));
     sink = std::move(made).value();
     o.server.sink = sink.get();
+    auto contract = LayerContractMetadata(o.model, loaded, configs[0].capture_layers, ec.capture_dtype);
+    if (!contract.ok()) return Fail(cmd, contract.status());
+    o.server.capture_metadata = std::move(contract).value();
     o.server.writer_threads = kv->writer_threads;
     if (kv->writes_files()) {
       o.server.storage_dir = kv->storage_dir;

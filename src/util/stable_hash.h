@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <string_view>
 
 namespace hsx {
@@ -20,6 +22,13 @@ inline uint64_t StableHash(std::string_view bytes) {
   h *= 0xc4ceb9fe1a85ec53ull;
   h ^= h >> 33;
   return h;
+}
+
+// StableHash as 16 lower-case hex digits: the fingerprints files carry (layer contracts).
+inline std::string StableHashHex(std::string_view bytes) {
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(StableHash(bytes)));
+  return out;
 }
 
 }  // namespace hsx
