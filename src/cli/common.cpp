@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "capture/layer_contract.h"
+#include "template/render_boundary_mask.h"
 #include "capture/shard_spec.h"
 #include "model/config_fields.h"
 #include "model/config_fingerprint.h"
@@ -302,8 +303,9 @@ int64_t PromptReader::CountLines(const std::string& path) {
   return n;
 }
 
-// A line's messages (read again with keys in order: templates print them so) as token ids.
-Result<std::vector<int32_t>> PromptReader::RenderMessages(const std::string& text) const {
+// A line's messages (read again with keys in order: templates print them so) as token ids,
+// and their loss mask when asked for.
+Status PromptReader::RenderMessages(const std::string& text, PromptLine& p) const {
   const ChatTemplate* chat = loaded_->chat_template_or_null();
   if (chat == nullptr) {
     if (!loaded_->chat_template_error.ok()) return loaded_->chat_template_error;
@@ -316,7 +318,11 @@ Result<std::vector<int32_t>> PromptReader::RenderMessages(const std::string& tex
   HSX_ASSIGN_OR_RETURN(std::string prompt, chat->Render(line["messages"], options));
   auto ids = tokenizer_->Encode(prompt, /*add_special_tokens=*/false);
   if (!ids.ok()) return ids.status().with_context("the rendered messages");
-  return ids;
+  p.token_ids = std::move(ids).value();
+  if (loss_masks_) {
+    HSX_ASSIGN_OR_RETURN(p.loss_mask, RenderBoundaryLossMask(*chat, *tokenizer_, line["messages"], options, p.token_ids));
+  }
+  return {};
 }
 
 std::optional<PromptLine> PromptReader::Next() {
@@ -357,9 +363,7 @@ std::optional<PromptLine> PromptReader::Next() {
       if (!ids.ok()) return fail("field 'prompt': " + ids.status().message());
       p.token_ids = std::move(ids).value();
     } else if (j.contains("messages")) {
-      auto ids = RenderMessages(text);
-      if (!ids.ok()) return fail(ids.status().message());
-      p.token_ids = std::move(ids).value();
+      if (Status s = RenderMessages(text, p); !s.ok()) return fail(s.message());
     } else {
       return fail("expected field 'token_ids' (list of integers), 'prompt' (string) or 'messages' (list)");
     }

@@ -113,6 +113,9 @@ struct PromptLine {
   int line = 0;
   std::string id;
   std::vector<int32_t> token_ids;
+  // A messages line's loss mask by the render-boundary rule (cli/render_boundary_mask.h),
+  // when the reader makes them; empty for other lines.
+  std::vector<uint8_t> loss_mask;
   Status error;  // this line alone failed; the rest goes on
 };
 
@@ -129,15 +132,18 @@ class PromptReader {
   std::optional<PromptLine> Next();
   // Non-blank lines in the file (a quick first pass, for progress and ETA).
   static int64_t CountLines(const std::string& path);
+  // Give messages lines their loss masks (extract).
+  void MakeLossMasks() { loss_masks_ = true; }
 
  private:
-  Result<std::vector<int32_t>> RenderMessages(const std::string& text) const;
+  Status RenderMessages(const std::string& text, PromptLine& p) const;
   std::string path_;
   std::unique_ptr<std::ifstream> in_;
   const Tokenizer* tokenizer_ = nullptr;
   Filter keep_;
   const LoadedModel* loaded_ = nullptr;
   bool add_generation_prompt_ = false;
+  bool loss_masks_ = false;
   int line_ = 0;
 };
 

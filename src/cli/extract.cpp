@@ -86,6 +86,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   auto reader = PromptReader::Open(o.input, loaded, /*add_generation_prompt=*/false,
                                    [&](int line, const std::string& id) { return shard->Owns(line, id); });
   if (!reader.ok()) return {Fail(cmd, reader.status())};
+  reader->MakeLossMasks();  // messages lines' files carry loss_mask [T]
   if (Status s = PrepareOutputDir(o.output); !s.ok()) return {Fail(cmd, s)};
   // Absolute paths in the manifest, as vLLM reports them, so readers need not know our cwd.
   const std::string out_dir = std::filesystem::absolute(o.output).lexically_normal().string();
@@ -168,8 +169,14 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   };
   // The reader hands requests to the replicas; each replica's thread adds them to its
   // engine and steps it. Everything below dispatch_mu is shared between them.
+  // A request on its way to a replica, with its input line and loss mask (messages lines).
+  struct Item {
+    Request request;
+    int line = 0;
+    std::vector<uint8_t> loss_mask;
+  };
   struct Replica {
-    std::deque<std::pair<Request, int>> inbox;  // with its input line
+    std::deque<Item> inbox;
     int64_t inbox_tokens = 0;                   // the inbox's prompt tokens
     size_t outstanding = 0;                     // handed to it and not yet finished
     int64_t requests = 0;
@@ -214,8 +221,8 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     auto run_replica = [&](size_t r) {
       Engine& engine = *engines[r];
       (*replicas)[r].backend->PinThread();
-      std::unordered_map<std::string, int> lines;  // id -> input line, of its unfinished requests
-      std::vector<std::pair<Request, int>> arrived;
+      std::unordered_map<std::string, Item> lines;  // id -> its item (the request moved out), while unfinished
+      std::vector<Item> arrived;
       // The first step waits for a step's worth of prompt tokens (or a full inbox, or the end
       // of the input): stepping on the first few requests the reader hands over makes a short
       // step and one step more in all, and waiting for more keeps the GPU idle while the reader
@@ -239,32 +246,40 @@ ExtractResult RunExtract(const ExtractOptions& o) {
           work[r].inbox.clear();
           work[r].inbox_tokens = 0;
         }
-        for (auto& [request, line] : arrived) {
-          const std::string id = request.id;
-          if (Status s = engine.Add(std::move(request)); !s.ok()) {
-            report(Error(o.input + ":" + std::to_string(line) + ": " + s.message()));
+        for (Item& item : arrived) {
+          const std::string id = item.request.id;
+          if (Status s = engine.Add(std::move(item.request)); !s.ok()) {
+            report(Error(o.input + ":" + std::to_string(item.line) + ": " + s.message()));
             finished();
           } else {
-            lines[id] = line;
+            lines[id] = std::move(item);
           }
         }
         arrived.clear();
         if (!engine.has_work()) continue;
         for (auto& done : engine.Step()) {
-          const int line = lines[done->id()];
-          lines.erase(done->id());
+          auto node = lines.extract(done->id());
+          const int line = node.empty() ? 0 : node.mapped().line;
           finished();
           if (!done->error.ok()) {
             report(Error(o.input + ":" + std::to_string(line) + ": " + done->error.message()));
             continue;
           }
           std::shared_ptr<Sequence> seq(std::move(done));
-          writers.Submit([&, seq] {
+          auto mask = std::make_shared<std::vector<uint8_t>>(node.empty() ? std::vector<uint8_t>{}
+                                                                             : std::move(node.mapped().loss_mask));
+          writers.Submit([&, seq, mask] {
             if (stopping) {
               ++left_unwritten;  // for the resumed run
               return;
             }
-            auto receipt = sink->Put(CaptureRecordOf(*seq, "", *contract));
+            CaptureRecord record = CaptureRecordOf(*seq, "", *contract);
+            if (!mask->empty()) {
+              Tensor loss_mask = Tensor::Host(DType::kI64, {static_cast<int64_t>(mask->size())});
+              std::copy(mask->begin(), mask->end(), loss_mask.data<int64_t>());
+              record.extras.emplace_back("loss_mask", std::move(loss_mask));
+            }
+            auto receipt = sink->Put(record);
             std::lock_guard<std::mutex> lock(out_mu);
             Result<std::string> out_line =
                 receipt.ok() ? manifest->Append(seq->id(), receipt->location, seq->prompt_len(),
@@ -326,7 +341,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
       ++work[r].outstanding;
       ++work[r].requests;
       work[r].inbox_tokens += static_cast<int64_t>(p->token_ids.size());
-      work[r].inbox.emplace_back(Request{p->id, std::move(p->token_ids), 0}, p->line);
+      work[r].inbox.push_back({Request{p->id, std::move(p->token_ids), 0}, p->line, std::move(p->loss_mask)});
       dispatch_cv.notify_all();
     }
     {

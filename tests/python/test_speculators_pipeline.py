@@ -319,3 +319,38 @@ def test_generate_cli_text_skips_special_tokens(pipeline_server, tmp_path):
     assert any(i in pipeline_server.special for i in ids), ids
     assert outs[False]["text"] == pipeline_server.tokenizer.decode(ids, skip_special_tokens=True)
     assert outs[True]["text"] == pipeline_server.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def test_extract_messages_lines_carry_the_render_boundary_loss_mask(pipeline_server, tmp_path):
+    """`hsx extract` on messages lines writes loss_mask [T]: 1 exactly on the tokens
+    prepare-data supervises for each assistant turn (the tokens past the boundary between
+    speculators' two renders of that turn, through render_conversation against the
+    server), 0 elsewhere; a token_ids line gets none."""
+    render = load_speculators("data_generation/render_client.py", "speculators_render_client")
+    conversations = {"multi": CONVERSATION, "single": MESSAGES + [{"role": "assistant", "content": "Hello."}],
+                     "trailing_user": CONVERSATION[:4]}
+    lines = tmp_path / "in.jsonl"
+    lines.write_text("".join(json.dumps({"id": k, "messages": v}) + "\n" for k, v in conversations.items()) +
+                     json.dumps({"id": "ids", "token_ids": [11, 12, 13]}) + "\n")
+    out = tmp_path / "out"
+    run = subprocess.run([HSX, "extract", "--model", str(pipeline_server.model_dir), "--load-format", "dummy",
+                          "--layers", ",".join(map(str, LAYERS)), "--input", str(lines), "--output", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    for name, conversation in conversations.items():
+        states = read_safetensors(out / f"{name}.safetensors")
+        full = render.render_conversation(pipeline_server.url, conversation, add_generation_prompt=False)
+        assert states["token_ids"].tolist() == full
+        expected = [0] * len(full)
+        for j, turn in enumerate(conversation):
+            if turn["role"] != "assistant" or j == 0:
+                continue
+            prompt_ids = render.render_conversation(pipeline_server.url, conversation[:j], add_generation_prompt=True)
+            turn_ids = render.render_conversation(pipeline_server.url, conversation[:j + 1], add_generation_prompt=False)
+            assert turn_ids[:len(prompt_ids)] == prompt_ids and full[:len(turn_ids)] == turn_ids
+            expected[len(prompt_ids):len(turn_ids)] = [1] * (len(turn_ids) - len(prompt_ids))
+        assert states["loss_mask"].tolist() == expected, name
+        supervised = [t for t, m in zip(full, expected) if m]
+        text = pipeline_server.tokenizer.decode(supervised, skip_special_tokens=False)
+        assert text == "".join(t["content"] + "<|im_end|>\n" for t in conversation[1:] if t["role"] == "assistant")
+    assert "loss_mask" not in read_safetensors(out / "ids.safetensors")
