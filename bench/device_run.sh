@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape and its MFU;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
@@ -34,6 +34,8 @@
 #   attention = the Hopper prefill attention kernel alone at 16k, 4k and 1k contexts, TFLOP/s,
 #   with the SM clock and power sampled beside it (bench/attention_bench.cu);
 #   fp8 = the Qwen3-8B extraction bench in bf16 and with --quantization fp8;
+#   fp8states = that bench writing bf16 files and hs-connectors' FP8 files, alternating, twice,
+#   then tests/python/test_fp8_states.py with hs-connectors' FP8Transfer (its wheel in .whl);
 #   tp = (2 GPUs) the TP tests, extraction at TP=1, TP=2 and DP=2, decode at TP=1 and TP=2;
 #   scale = (4 or 8 GPUs) issue 14's runs: DP over every GPU, Llama-3.1-70B at TP=4 and 8
 #   (extraction; decode at batch 1, TP=8), Qwen3-30B-A3B at TP=1 and 4, the bf16 matmul peak
@@ -149,6 +151,15 @@ fi
 if [ "$what" = fp8 ]; then  # --quantization fp8 against bf16, the Qwen3-8B extraction bench of `bench`
   { qwen3_8b_bench; qwen3_8b_bench --quantization fp8; } 2>"$OUT/fp8.err" | tee "$OUT/fp8.jsonl"
   tail -3 "$OUT/fp8.err"
+fi
+if [ "$what" = fp8states ]; then  # hs-connectors' FP8 files against bf16 files, alternating, twice; then
+  # hs-connectors' own FP8Transfer reading hsx's FP8 files (its wheel carried in .whl, torch is here)
+  fp8='{"kv_connector": "FP8HiddenStatesConnector"}'
+  for round in 1 2; do qwen3_8b_bench; qwen3_8b_bench --kv-transfer-config "$fp8"; done 2>"$OUT/fp8states.err" |
+    grep extract_tokens_per_s | tee "$OUT/fp8states.jsonl"
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  HSX_BINARY="$here/.devbin/hsx" python3 -m pytest -q -p no:cacheprovider tests/python/test_fp8_states.py 2>&1 |
+    tee "$OUT/fp8states_pytest.log" | tail -5
 fi
 if [ "$what" = tp ]; then  # nvidia-h200-x2: tensor and data parallelism beside one GPU, one call
   HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='*TensorParallel*' 2>&1 | tee "$OUT/tp_tests.log" |

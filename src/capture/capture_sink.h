@@ -29,6 +29,7 @@ struct CaptureRecord {
 struct CaptureReceipt {
   std::string location;            // the file's path, or the store's key
   nlohmann::json transfer_params;  // kv_transfer_params, as the reader of this sink expects them
+  uint64_t bytes = 0;              // what the record takes in the sink (a file's size)
 };
 
 class CaptureSink {

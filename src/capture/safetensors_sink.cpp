@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "capture/file_lock.h"
@@ -42,7 +43,9 @@ Result<CaptureReceipt> SafetensorsSink::Put(const CaptureRecord& record) {
   Status written = options_.exclusive ? WriteNewSafetensors(path, tensors, record.metadata)
                                       : WriteSafetensors(path, tensors, record.metadata);
   if (!written.ok()) return written.with_context(context);
-  return CaptureReceipt{path, {{"hidden_states_path", path}}};  // the lock goes: readers may go ahead
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  return CaptureReceipt{path, {{"hidden_states_path", path}}, ec ? 0 : size};  // the lock goes: readers may go ahead
 }
 
 std::string SafetensorsSink::Describe() const {

@@ -108,7 +108,9 @@ int RunBench(BenchOptions o) {
         {"tokens", total_tokens}, {"seconds", seconds}, {"layers", o.extract.layers}, {"device", o.extract.model.device},
         {"peak_device_gib", run.peak_device_bytes / double(1ull << 30)}, {"flops_per_token", flops_per_token},
         {"prefix_caching", o.extract.prefix_caching}, {"data_parallel_size", o.extract.data_parallel_size},
-        {"quantization", QuantizationLabel(o.extract.model, c)}});
+        {"quantization", QuantizationLabel(o.extract.model, c)},
+        {"sink", o.extract.kv_transfer_config.empty() ? "files" : nlohmann::json::parse(o.extract.kv_transfer_config).value("kv_connector", "")},
+        {"bytes_per_token", run.tokens > 0 ? static_cast<double>(run.bytes) / static_cast<double>(run.tokens) : 0.0}});
   if (o.extract.model.device != "cpu") return 0;  // the device run reports its own ceilings (bench/)
   // The MLP's and the attention projections' shapes at one step's rows.
   const int64_t m = std::min<int64_t>(o.extract.max_num_batched_tokens, total_tokens), h = c.hidden_size;
@@ -146,6 +148,8 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--max-num-seqs", o->extract.max_num_seqs);
   app->add_option("--kv-cache-gib", o->extract.kv_cache_gib);
   app->add_option("--writer-threads", o->extract.writer_threads, "File writer threads");
+  app->add_option("--kv-transfer-config", o->extract.kv_transfer_config,
+                  "The sink, as extract takes it (e.g. {\"kv_connector\": \"FP8HiddenStatesConnector\"})");
   AddDataParallelOption(*app, o->extract.data_parallel_size);
   app->add_flag("!--no-enable-prefix-caching", o->extract.prefix_caching, "Measure without prefix caching");
   app->add_option("--dir", o->extract.output,

@@ -162,6 +162,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
 
   const auto start = std::chrono::steady_clock::now();
   std::atomic<int64_t> written{0}, failed{0}, tokens_done{0}, left_unwritten{0}, write_failures{0};
+  std::atomic<uint64_t> bytes_written{0};
   std::mutex out_mu;
   auto report = [&](const Status& s) {
     std::lock_guard<std::mutex> lock(out_mu);
@@ -292,6 +293,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
             if (!o.quiet) std::printf("%s\n", out_line->c_str());
             ++written;
             tokens_done += seq->prompt_len();
+            bytes_written += receipt->bytes;
           });
         }
         std::lock_guard<std::mutex> lock(out_mu);
@@ -383,7 +385,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     engines[r].reset();
   }
   return {failed > 0 || stopping ? 1 : 0, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-          written.load(), tokens_done.load(), peak};
+          written.load(), tokens_done.load(), bytes_written.load(), peak};
 }
 
 void RegisterExtract(CLI::App& root) {
