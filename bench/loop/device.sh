@@ -51,6 +51,10 @@ if [ ! -f "$W/done.wheels" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$stage"/whl/*.whl &&
     touch "$W/done.wheels" || { log "wheel install failed"; exit 5; }
 fi
+# datasets 4.4.1 imports torchvision.io.VideoReader, which the device's torchvision 0.26 no
+# longer has, whenever torchvision is loaded: skip that video passthrough (text only here).
+sed -i 's/if config.TORCHVISION_AVAILABLE and "torchvision" in sys.modules:/if False:  # hsx loop: no VideoReader in torchvision 0.26/' \
+  /tmp/site/datasets/formatting/torch_formatter.py
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 [ -x "$W/.devbin/hsx" ] || tar xJf "$stage/hsx.txz" -C "$W"
 export LD_LIBRARY_PATH="$W/.devbin:${LD_LIBRARY_PATH:-}"
@@ -85,7 +89,7 @@ train() {  # train STATES_DIR DATASET_DIR SAVE_DIR: speculators' own training co
   python3 -m speculators.train --speculator-type eagle3 --verifier-name-or-path "$W/hf" \
     --data-path "$2" --hidden-states-path "$1" --target-layer-ids 2 15 27 \
     --draft-vocab-size 32000 --epochs "$EPOCHS" --total-seq-len 8192 --train-data-ratio 0.98 \
-    --num-workers 8 --save-path "$3" --log-dir "$W/logs" --seed 0
+    --num-workers 8 --save-path "$3" --log-dir "$W/logs" --seed 0 --loss-implementation eager
 }
 serve() {  # serve LABEL [SPEC JSON] [RUNS]
   python3 "$scripts/serve_bench.py" --hsx "$hsx" --model "$model" --prompts "$W/data/heldout.prompts.jsonl" \

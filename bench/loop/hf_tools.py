@@ -21,6 +21,10 @@ def convert(gguf, out):
     path = pathlib.Path(gguf)
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.bfloat16)
+    # Dequantized at load: save plain bf16 weights, without the GGUF "quantization" marker
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.save_pretrained(out)
     tok.save_pretrained(out)
     print(json.dumps({"converted": out, "params": sum(p.numel() for p in model.parameters()),

@@ -3,6 +3,7 @@ decode, acceptance, the hsx/HF acceptance ratio, and how many greedy outputs equ
 decode's. Usage: python3 summarize.py OUT"""
 import json
 import os
+import re
 import sys
 
 
@@ -36,6 +37,29 @@ def main(out):
     if accept.get("eagle3_hsx") and accept.get("eagle3_hf"):
         print(json.dumps({"metric": "acceptance_length_hsx_over_hf", "value": round(accept["eagle3_hsx"] / accept["eagle3_hf"], 4),
                           "hsx": accept["eagle3_hsx"], "hf": accept["eagle3_hf"]}))
+    # speculators' own validation (the same held-back rows for every draft trained on the full set):
+    # full_acc_k = all draft tokens up to position k right, so 1 + sum(full_acc) is the acceptance
+    # length teacher forcing predicts
+    val = {}
+    for name in ("hsx", "hf", "small"):
+        p = os.path.join(out, f"train_{name}.log")
+        if not os.path.exists(p):
+            continue
+        text = open(p).read().replace("\r", "\n")
+        acc = {}
+        for k, v in re.findall(r"val/full_acc_(\d+)_epoch=([0-9.]+)", text):
+            acc[int(k)] = float(v)  # the last epoch's values win
+        loss = re.findall(r"val/loss_epoch=([0-9.]+)", text)
+        if acc:
+            val[name] = 1 + sum(acc.values())
+            print(json.dumps({"metric": "val_full_acc_per_position", "draft": name, "value": [acc[k] for k in sorted(acc)],
+                              "implied_acceptance_length": round(val[name], 4), "val_loss": float(loss[-1]) if loss else None}))
+    if val.get("hsx") and val.get("hf"):
+        print(json.dumps({"metric": "val_acceptance_length_hsx_over_hf", "value": round(val["hsx"] / val["hf"], 4)}))
+    p1 = load_outputs(os.path.join(out, "outputs", "plain_c1.jsonl"))
+    p32 = load_outputs(os.path.join(out, "outputs", "plain_c32.jsonl"))
+    if p1 and p32:  # how far plain decode itself depends on the batch (bf16, no --batch-invariant)
+        print(f"plain decode, batch 1 against batch 32: {sum(1 for k in p1 if p32.get(k) == p1[k])}/{len(p1)} outputs equal")
     for name in ("exact", "compare"):
         p = os.path.join(out, f"{name}.log")
         if os.path.exists(p):
