@@ -315,6 +315,13 @@ Status PromptReader::RenderMessages(const std::string& text, PromptLine& p) cons
   if (tokenizer_ == nullptr) return Error("has 'messages' but the model has no tokenizer.json");
   HSX_ASSIGN_OR_RETURN(nlohmann::ordered_json line, ParseOrderedJson(text, "the line"));
   HSX_ASSIGN_OR_RETURN(ChatOptions options, ReadChatOptions(line, add_generation_prompt_));
+  if (regenerate_) {
+    HSX_ASSIGN_OR_RETURN(ConversationRegeneration regeneration,
+                         ConversationRegeneration::Create(*chat, *tokenizer_, line["messages"], options, stop_token_ids_));
+    p.regeneration = std::make_shared<ConversationRegeneration>(std::move(regeneration));
+    p.token_ids = p.regeneration->prompt();
+    return {};
+  }
   HSX_ASSIGN_OR_RETURN(std::string prompt, chat->Render(line["messages"], options));
   auto ids = tokenizer_->Encode(prompt, /*add_special_tokens=*/false);
   if (!ids.ok()) return ids.status().with_context("the rendered messages");
@@ -347,6 +354,7 @@ std::optional<PromptLine> PromptReader::Next() {
     else if (j["id"].is_number_integer()) p.id = std::to_string(j["id"].get<int64_t>());
     else return fail("field 'id' must be a string or an integer");
     if (keep_ && !keep_(p.line, p.id)) continue;
+    if (regenerate_ && !j.contains("messages")) return fail("--regenerate answers 'messages' lines; this line has none");
     if (j.contains("token_ids")) {
       const auto& ids = j["token_ids"];
       if (!ids.is_array()) return fail("field 'token_ids' must be a list of integers");

@@ -20,6 +20,7 @@
 #include "model/mtp_drafter.h"
 #include "model/model.h"
 #include "template/chat_template.h"
+#include "template/conversation_regeneration.h"
 #include "tokenizer/tokenizer.h"
 
 namespace hsx::cli {
@@ -116,6 +117,9 @@ struct PromptLine {
   // A messages line's loss mask by the render-boundary rule (cli/render_boundary_mask.h),
   // when the reader makes them; empty for other lines.
   std::vector<uint8_t> loss_mask;
+  // A messages line read for regeneration (MakeRegenerations): token_ids is its first
+  // turn's prompt, and this drives the turns that follow.
+  std::shared_ptr<ConversationRegeneration> regeneration;
   Status error;  // this line alone failed; the rest goes on
 };
 
@@ -134,6 +138,12 @@ class PromptReader {
   static int64_t CountLines(const std::string& path);
   // Give messages lines their loss masks (extract).
   void MakeLossMasks() { loss_masks_ = true; }
+  // Read messages lines for regeneration (extract --regenerate): the target answers each
+  // assistant turn anew; `stop_token_ids` end an answer. Other lines fail.
+  void MakeRegenerations(std::vector<int32_t> stop_token_ids) {
+    regenerate_ = true;
+    stop_token_ids_ = std::move(stop_token_ids);
+  }
 
  private:
   Status RenderMessages(const std::string& text, PromptLine& p) const;
@@ -144,6 +154,8 @@ class PromptReader {
   const LoadedModel* loaded_ = nullptr;
   bool add_generation_prompt_ = false;
   bool loss_masks_ = false;
+  bool regenerate_ = false;
+  std::vector<int32_t> stop_token_ids_;
   int line_ = 0;
 };
 

@@ -28,6 +28,7 @@
 #include "engine/engine.h"
 #include "engine/replica_router.h"
 #include "util/atomic_file.h"
+#include "util/stable_hash.h"
 
 namespace hsx::cli {
 namespace {
@@ -65,6 +66,26 @@ Status PrepareOutputDir(const std::string& dir) {
   return {};
 }
 
+// A regenerated conversation's request: its first answer's prompt, sampled as the flags
+// say, every row captured, and its turns driven by `regeneration`. An answer is cut to
+// fit max_model_len; a conversation that cannot go on ends at the answer before.
+void RegenerationRequest(Request& request, std::shared_ptr<ConversationRegeneration> regeneration,
+                         const ExtractOptions::Regenerate& flags, int max_model_len, std::vector<int32_t> stop_token_ids) {
+  request.max_new_tokens = std::max(0, std::min(flags.max_tokens, max_model_len - static_cast<int>(request.prompt.size())));
+  request.include_output_tokens = true;
+  request.stop_token_ids = std::move(stop_token_ids);
+  request.sampling.temperature = flags.temperature;
+  request.sampling.top_p = flags.top_p;
+  if (flags.seed) request.sampling.seed = *flags.seed + StableHash(request.id);
+  request.next_turn = [regeneration, flags, max_model_len](const Sequence& seq) -> std::optional<Request::Turn> {
+    auto next = regeneration->TurnEnded(seq.tokens(), seq.turn_start());
+    if (!next) return std::nullopt;
+    const int room = max_model_len - seq.num_tokens() - static_cast<int>(next->known.size());
+    if (room < (next->generate ? 1 : 0)) return std::nullopt;  // no room for what follows: it ends here
+    return Request::Turn{std::move(next->known), next->generate ? std::min(flags.max_tokens, room) : 0};
+  };
+}
+
 }  // namespace
 
 ExtractResult RunExtract(const ExtractOptions& o) {
@@ -87,6 +108,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
                                    [&](int line, const std::string& id) { return shard->Owns(line, id); });
   if (!reader.ok()) return {Fail(cmd, reader.status())};
   reader->MakeLossMasks();  // messages lines' files carry loss_mask [T]
+  if (o.regenerate.on) reader->MakeRegenerations(config.eos_token_ids);
   if (Status s = PrepareOutputDir(o.output); !s.ok()) return {Fail(cmd, s)};
   // Absolute paths in the manifest, as vLLM reports them, so readers need not know our cwd.
   const std::string out_dir = std::filesystem::absolute(o.output).lexically_normal().string();
@@ -160,6 +182,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     while (engine.has_work()) engine.Step();
   }
 
+  const int max_model_len = engines.front()->config().max_model_len;
   const auto start = std::chrono::steady_clock::now();
   std::atomic<int64_t> written{0}, failed{0}, tokens_done{0}, left_unwritten{0}, write_failures{0};
   std::atomic<uint64_t> bytes_written{0};
@@ -175,6 +198,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     Request request;
     int line = 0;
     std::vector<uint8_t> loss_mask;
+    std::shared_ptr<ConversationRegeneration> regeneration;
   };
   struct Replica {
     std::deque<Item> inbox;
@@ -269,6 +293,17 @@ ExtractResult RunExtract(const ExtractOptions& o) {
           std::shared_ptr<Sequence> seq(std::move(done));
           auto mask = std::make_shared<std::vector<uint8_t>>(node.empty() ? std::vector<uint8_t>{}
                                                                              : std::move(node.mapped().loss_mask));
+          if (!node.empty() && node.mapped().regeneration) {
+            const ConversationRegeneration& regeneration = *node.mapped().regeneration;
+            if (!regeneration.error().ok()) {
+              report(Error(o.input + ":" + std::to_string(line) + ": " + regeneration.error().message()));
+              continue;
+            }
+            mask->assign(static_cast<size_t>(seq->num_tokens()), 0);  // 1 on the answers the target generated
+            for (const auto& [begin, end] : regeneration.generated_spans()) {
+              std::fill(mask->begin() + begin, mask->begin() + std::min(end, seq->num_tokens()), 1);
+            }
+          }
           writers.Submit([&, seq, mask] {
             if (stopping) {
               ++left_unwritten;  // for the resumed run
@@ -276,6 +311,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
             }
             CaptureRecord record = CaptureRecordOf(*seq, "", *contract);
             if (!mask->empty()) {
+              mask->resize(record.token_ids.size());  // the rows that ran: a cut-short conversation lacks its last
               Tensor loss_mask = Tensor::Host(DType::kI64, {static_cast<int64_t>(mask->size())});
               std::copy(mask->begin(), mask->end(), loss_mask.data<int64_t>());
               record.extras.emplace_back("loss_mask", std::move(loss_mask));
@@ -283,7 +319,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
             auto receipt = sink->Put(record);
             std::lock_guard<std::mutex> lock(out_mu);
             Result<std::string> out_line =
-                receipt.ok() ? manifest->Append(seq->id(), receipt->location, seq->prompt_len(),
+                receipt.ok() ? manifest->Append(seq->id(), receipt->location, static_cast<int64_t>(record.token_ids.size()),
                                                 receipt->transfer_params.contains("hidden_states_path")
                                                     ? nlohmann::json(nullptr)
                                                     : receipt->transfer_params)
@@ -292,7 +328,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
             consecutive_write_failures = 0;
             if (!o.quiet) std::printf("%s\n", out_line->c_str());
             ++written;
-            tokens_done += seq->prompt_len();
+            tokens_done += static_cast<int64_t>(record.token_ids.size());
             bytes_written += receipt->bytes;
           });
         }
@@ -343,7 +379,15 @@ ExtractResult RunExtract(const ExtractOptions& o) {
       ++work[r].outstanding;
       ++work[r].requests;
       work[r].inbox_tokens += static_cast<int64_t>(p->token_ids.size());
-      work[r].inbox.push_back({Request{p->id, std::move(p->token_ids), 0}, p->line, std::move(p->loss_mask)});
+      Request request{p->id, std::move(p->token_ids), 0};
+      if (p->regeneration) {
+        if (static_cast<int>(request.prompt.size()) >= max_model_len) {
+          report(Error(where + "the first answer's prompt fills max_model_len " + std::to_string(max_model_len)));
+          continue;
+        }
+        RegenerationRequest(request, p->regeneration, o.regenerate, max_model_len, config.eos_token_ids);
+      }
+      work[r].inbox.push_back({std::move(request), p->line, std::move(p->loss_mask), std::move(p->regeneration)});
       dispatch_cv.notify_all();
     }
     {
@@ -397,6 +441,16 @@ void RegisterExtract(CLI::App& root) {
   app->add_option("--input", o->input, "JSONL: {\"id\", \"token_ids\"} or {\"id\", \"prompt\"} per line")->required();
   app->add_option("--output", o->output, "Output directory: <id>.safetensors and manifest.jsonl")->required();
   app->add_option("--dtype", o->dtype, "float32 | bfloat16 | float16 (default: the checkpoint's dtype)");
+  app->add_flag("--regenerate", o->regenerate.on,
+                "One pass over messages lines: the target answers each assistant turn anew (as speculators' "
+                "regenerate-responses), and the file holds the whole regenerated conversation's states with "
+                "loss_mask 1 on the answers");
+  app->add_option("--max-tokens", o->regenerate.max_tokens, "--regenerate: tokens per answer at most")
+      ->check(CLI::Range(1, 1 << 24));
+  app->add_option("--temperature", o->regenerate.temperature, "--regenerate: sampling temperature (0: greedy)")
+      ->check(CLI::Range(0.0, 100.0));
+  app->add_option("--top-p", o->regenerate.top_p, "--regenerate: nucleus sampling")->check(CLI::Range(0.0, 1.0));
+  app->add_option("--seed", o->regenerate.seed, "--regenerate: each line samples with this plus a hash of its id");
   app->add_option("--kv-transfer-config", o->kv_transfer_config,
                   "vLLM's JSON naming the sink: ExampleHiddenStatesConnector (the default), FP8HiddenStatesConnector "
                   "(hs-connectors' FP8 files) or MooncakeHiddenStatesConnector; files go to --output");

@@ -1,6 +1,7 @@
 // hsx extract, callable from other commands (bench runs the very same path).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "cli/common.h"
@@ -21,6 +22,15 @@ struct ExtractOptions {
   int writer_queue = 16;
   int max_write_failures = 8;  // in a row, then stop (a full disk stops at the first)
   bool prefix_caching = true;
+  // One pass: the target answers every assistant turn of each messages line anew, and the
+  // file holds the states of the whole regenerated conversation, loss_mask 1 on the answers.
+  struct Regenerate {
+    bool on = false;
+    int max_tokens = 2048;  // per answer
+    float temperature = 1.0f;
+    float top_p = 1.0f;
+    std::optional<uint64_t> seed;  // each line draws with seed + a hash of its id; none: random
+  } regenerate;
   bool quiet = false;  // no per-file lines on stdout, no summary
   // One untimed step of max_num_batched_tokens throwaway tokens first, so that kernel
   // loading and GEMM plans for full steps stay out of the timed run (benchmarks).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -287,7 +288,7 @@ SamplingBatch Engine::SamplingRows(const std::vector<ScheduledChunk>& chunks, st
     if (!SamplesAfter(*seq, n)) continue;
     sampling.push_back(seq);
     // min_tokens: stop tokens cannot be drawn before then.
-    const bool hold_stops = seq->num_generated() < seq->request().min_new_tokens;
+    const bool hold_stops = seq->turn_generated() < seq->request().min_new_tokens;
     rows.rows.push_back(
         MakeSamplingRow(*seq, hold_stops ? seq->request().stop_token_ids : std::vector<int32_t>{}, rows.adjust));
     rows.max_logprobs = std::max(rows.max_logprobs, rows.rows.back().num_logprobs);
@@ -306,7 +307,7 @@ VerificationBatch Engine::VerificationRows(const std::vector<ScheduledChunk>& ch
     batch.num_drafts.push_back(static_cast<int32_t>(drafts.size()));
     batch.drafts.insert(batch.drafts.end(), drafts.begin(), drafts.end());
     for (size_t j = 0; j <= drafts.size(); ++j) {  // row j: the token after the first j drafts
-      const bool hold_stops = seq->num_generated() + static_cast<int>(j) < seq->request().min_new_tokens;
+      const bool hold_stops = seq->turn_generated() + static_cast<int>(j) < seq->request().min_new_tokens;
       batch.sampling.rows.push_back(
           MakeSamplingRowAfter(*seq, std::span<const int32_t>(drafts.data(), j),
                                hold_stops ? seq->request().stop_token_ids : std::vector<int32_t>{}, batch.sampling.adjust));
@@ -331,7 +332,40 @@ bool Engine::AcceptToken(Sequence& seq, const SampledTokens& tokens, size_t row,
   const auto& stops = seq.request().stop_token_ids;
   const bool stop_string = seq.request().on_token && seq.request().on_token(token);
   if (stop_string || std::find(stops.begin(), stops.end(), token) != stops.end()) seq.Stop();
+  if (!seq.wants_more_tokens() && seq.request().next_turn && seq.error.ok()) {
+    if (std::optional<Request::Turn> turn = seq.request().next_turn(seq)) {
+      BeginTurn(seq, *turn);
+      return false;  // drafts still to accept this step were the ended turn's
+    }
+  }
   return seq.wants_more_tokens();
+}
+
+// A turn's known continuation, checked as a request is (Validate), and room for its rows.
+void Engine::BeginTurn(Sequence& seq, const Request::Turn& turn) {
+  const std::string who = "request '" + seq.id() + "'";
+  for (int32_t t : turn.known) {
+    if (t < 0 || t >= model_.config().vocab_size) {
+      seq.error = Error(who + ": the next turn's token id " + std::to_string(t) + " is outside the vocabulary");
+      return seq.Stop();
+    }
+  }
+  const int64_t total = static_cast<int64_t>(seq.num_tokens()) + static_cast<int64_t>(turn.known.size()) +
+                        std::max(0, turn.max_new_tokens);
+  if (turn.max_new_tokens < 0 || total > config_.max_model_len ||
+      BlockManager::BlocksFor(static_cast<int>(std::min<int64_t>(total, INT32_MAX)), config_.block_size) > blocks_.num_blocks()) {
+    seq.error = Error(who + ": the next turn (" + std::to_string(turn.known.size()) + " known + " +
+                      std::to_string(turn.max_new_tokens) + " new tokens) takes the conversation to " +
+                      std::to_string(total) + " tokens, past max_model_len " + std::to_string(config_.max_model_len) +
+                      " or the KV cache");
+    return seq.Stop();
+  }
+  seq.BeginTurn(turn);
+  if (seq.hidden_states.defined() && seq.hidden_states.size(0) < total) {
+    Tensor grown = Tensor::Host(seq.hidden_states.dtype(), {total, seq.hidden_states.size(1), seq.hidden_states.size(2)});
+    std::memcpy(grown.raw(), seq.hidden_states.raw(), seq.hidden_states.nbytes());
+    seq.hidden_states = std::move(grown);
+  }
 }
 
 // Appends each sampling sequence's token (and its logprobs), and stops the sequences that
@@ -371,7 +405,7 @@ std::vector<int32_t> Engine::AcceptVerified(const std::vector<Sequence*>& sampli
 
 int Engine::DraftRoom(const Sequence& seq, int k) const {
   if (!seq.wants_more_tokens() || seq.num_tokens() - seq.num_computed != 1) return 0;
-  return std::max(0, std::min(k, seq.request().max_new_tokens - seq.num_generated() - 1));
+  return std::max(0, std::min(k, seq.turn_max_new_tokens() - seq.turn_generated() - 1));
 }
 
 // Drafts for each sequence that decodes next step: prompt lookup, or the EAGLE-3 draft.
@@ -515,7 +549,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   // Retire.
   for (const auto& [seq, n] : chunks) {
     if (!capture) Commit(*seq, seq->num_computed);  // no rows to wait for
-    if (seq->num_computed >= seq->prompt_len() && !seq->wants_more_tokens()) {
+    if (seq->num_computed >= seq->must_compute() && !seq->wants_more_tokens()) {
       // A finished sequence keeps its blocks until this step's captured rows are stored.
       std::unique_ptr<Sequence> done = scheduler_.Detach(seq);
       if (capture) {

@@ -108,6 +108,8 @@ class Engine {
   // Appends seq's token from row `row` of `tokens` (with its logprobs) and applies the stop
   // rules; false once seq wants no more tokens.
   bool AcceptToken(Sequence& seq, const SampledTokens& tokens, size_t row, int max_logprobs);
+  // Starts seq's next turn (Request::next_turn), or fails it naming why it cannot.
+  void BeginTurn(Sequence& seq, const Request::Turn& turn);
   void Accept(const std::vector<Sequence*>& sampling, const SamplingBatch& rows, const SampledTokens& sampled);
   // Returns, per sequence, the logit row its last emitted token came from.
   std::vector<int32_t> AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +15,8 @@
 #include "util/status.h"
 
 namespace hsx {
+
+class Sequence;
 
 struct Request {
   std::string id;
@@ -33,6 +36,16 @@ struct Request {
   // scheduler shares sequence slots between groups, so one large request cannot starve
   // the others. Empty: a group of its own.
   std::string group;
+  // Several turns in one sequence (one-pass regenerate-and-extract): when a turn's
+  // generation ends (a stop token or string, or its max_new_tokens), next_turn is asked on
+  // the engine thread for the known tokens that follow (the end of the turn, the next
+  // message, the generation prompt) and how many to generate after them. The sequence goes
+  // on where it is, nothing run twice; nullopt ends it as usual.
+  struct Turn {
+    std::vector<int32_t> known;
+    int max_new_tokens = 0;  // 0: a last turn of known tokens only, each of which runs (the last too)
+  };
+  std::function<std::optional<Turn>(const Sequence&)> next_turn;
 };
 
 class Sequence {
@@ -40,6 +53,8 @@ class Sequence {
   explicit Sequence(Request request)
       : request_(std::move(request)),
         tokens_(request_.prompt),
+        turn_start_(static_cast<int>(request_.prompt.size())),
+        turn_max_new_tokens_(request_.max_new_tokens),
         seed_(request_.sampling.seed ? *request_.sampling.seed : RandomSeed()) {}
 
   const std::string& id() const { return request_.id; }
@@ -73,10 +88,27 @@ class Sequence {
     return prompt_len() + (request_.include_output_tokens ? std::max<int64_t>(0, request_.max_new_tokens - 1) : 0);
   }
   int num_capture_rows() const {
+    if (all_known_run_) return num_tokens();
     return request_.include_output_tokens ? std::max(prompt_len(), num_tokens() - 1) : prompt_len();
   }
 
-  bool wants_more_tokens() const { return !stopped_ && num_generated() < request_.max_new_tokens; }
+  // The current turn (Request::next_turn; a single-turn request has one): where its
+  // generated tokens begin and how many it has.
+  int turn_start() const { return turn_start_; }
+  int turn_generated() const { return num_tokens() - turn_start_; }
+  int turn_max_new_tokens() const { return turn_max_new_tokens_; }
+  bool wants_more_tokens() const { return !stopped_ && turn_generated() < turn_max_new_tokens_; }
+  // Tokens that have run before the sequence may end: the prompt's, or after a last turn
+  // of known tokens only, every token.
+  int must_compute() const { return all_known_run_ ? num_tokens() : prompt_len(); }
+  // Appends a finished turn's known continuation and starts the next turn.
+  void BeginTurn(const Request::Turn& turn) {
+    tokens_.insert(tokens_.end(), turn.known.begin(), turn.known.end());
+    turn_start_ = num_tokens();
+    turn_max_new_tokens_ = turn.max_new_tokens;
+    all_known_run_ = turn.max_new_tokens == 0;
+    stopped_ = false;
+  }
   void Append(int32_t token) { tokens_.push_back(token); }
   void Stop() { stopped_ = true; }
   // Ended by a stop token or string rather than by reaching max_new_tokens.
@@ -99,6 +131,9 @@ class Sequence {
  private:
   Request request_;
   std::vector<int32_t> tokens_;
+  int turn_start_;
+  int turn_max_new_tokens_;
+  bool all_known_run_ = false;
   bool stopped_ = false;
   uint64_t seed_;
   static uint64_t RandomSeed() {
