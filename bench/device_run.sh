@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|regen|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape and its MFU;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
@@ -36,6 +36,7 @@
 #   fp8 = the Qwen3-8B extraction bench in bf16 and with --quantization fp8;
 #   fp8states = that bench writing bf16 files and hs-connectors' FP8 files, alternating, twice,
 #   then tests/python/test_fp8_states.py with hs-connectors' FP8Transfer (its wheel in .whl);
+#   regen = bench/regenerate_bench.py: extract --regenerate against generate then extract;
 #   tp = (2 GPUs) the TP tests, extraction at TP=1, TP=2 and DP=2, decode at TP=1 and TP=2;
 #   scale = (4 or 8 GPUs) issue 14's runs: DP over every GPU, Llama-3.1-70B at TP=4 and 8
 #   (extraction; decode at batch 1, TP=8), Qwen3-30B-A3B at TP=1 and 4, the bf16 matmul peak
@@ -160,6 +161,9 @@ if [ "$what" = fp8states ]; then  # hs-connectors' FP8 files against bf16 files,
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
   HSX_BINARY="$here/.devbin/hsx" python3 -m pytest -q -p no:cacheprovider tests/python/test_fp8_states.py 2>&1 |
     tee "$OUT/fp8states_pytest.log" | tail -5
+fi
+if [ "$what" = regen ]; then  # one-pass regenerate-and-extract against generate then extract (issue 35)
+  python3 bench/regenerate_bench.py .devbin/hsx "${REGEN_N:-256}" "${REGEN_MAX_TOKENS:-256}" 2>&1 | tee "$OUT/regen.jsonl"
 fi
 if [ "$what" = tp ]; then  # nvidia-h200-x2: tensor and data parallelism beside one GPU, one call
   HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='*TensorParallel*' 2>&1 | tee "$OUT/tp_tests.log" |

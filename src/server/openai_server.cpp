@@ -498,7 +498,10 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
   if (config_.sink == nullptr || c.seq == nullptr) return c;
   std::shared_ptr<const Sequence> shared(c.seq.release());
   if (!c.status.ok()) {
-    writers_->Submit([this, shared, name, why = c.status] { config_.sink->PutFailure(CaptureRecordOf(*shared, name), why); });
+    // A cancelled request's client is gone: nobody waits for its states.
+    if (!shared->aborted) {
+      writers_->Submit([this, shared, name, why = c.status] { config_.sink->PutFailure(CaptureRecordOf(*shared, name), why); });
+    }
     c.seq = std::make_unique<Sequence>(*shared);
     return c;
   }
