@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <functional>
 
 namespace hsx {
@@ -34,8 +35,8 @@ Eagle3Drafter::Eagle3Drafter(Eagle3Draft& draft, int k, const DrafterContext& co
 // the accepted drafts) and whose next token is known, each fed that token, so the draft's KV
 // follows the target's (also for a sequence that just finished: its blocks may be cached); a
 // sequence that decodes next also gets K - 1 more slots for the chained steps.
-void Eagle3Drafter::Propose(const DraftStep& step) {
-  const int k = num_speculative_tokens();
+void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
+  const int k = std::max(1, RoundLength());  // 1 when none drafts: the first pass alone
   const ForwardBatch& batch = step.batch;
   ForwardBatch first;
   std::vector<int32_t> step_rows;
@@ -47,7 +48,7 @@ void Eagle3Drafter::Propose(const DraftStep& step) {
     const int start = batch.positions[ran.q_start];
     const int end = std::min({seq->num_computed, seq->num_tokens() - 1, start + ran.q_len});
     if (end <= start || (!seq->wants_more_tokens() && !enable_prefix_caching_)) continue;
-    int room = DraftRoom(*seq, k);
+    int room = Room(*seq);
     // The chained steps write the draft's KV up to position num_computed + k - 2.
     if (room > 0 && !blocks_.Reserve(*seq, seq->num_computed + k - 1)) room = 0;  // no KV room: plain decode
     SequenceSlice slice;
@@ -68,7 +69,12 @@ void Eagle3Drafter::Propose(const DraftStep& step) {
     }
     first.seqs.push_back(std::move(slice));
   }
+  const auto start = std::chrono::steady_clock::now();
   const auto drafts = Round(first, step_rows, requests, k);
+  if (!requests.empty()) {
+    ObserveRound(static_cast<int>(requests.size()), k,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   for (size_t i = 0; i < drafting.size(); ++i) {
     auto& [seq, room] = drafting[i];
     seq->drafts.assign(drafts[i].begin(), drafts[i].begin() + std::min<size_t>(room, drafts[i].size()));
@@ -80,13 +86,13 @@ MtpAssistantDrafter::MtpAssistantDrafter(MtpDrafter& drafter, int k, const Draft
 
 // The drafter's round for each sequence that decodes next: its queries sit at p, the last
 // position with KV (whose final-normed hidden starts the round), over the target's KV 0..p.
-void MtpAssistantDrafter::Propose(const DraftStep& step) {
-  const int k = num_speculative_tokens();
+void MtpAssistantDrafter::ProposeDrafts(const DraftStep& step) {
+  const int k = RoundLength();
   MtpDraftBatch batch;
   std::vector<int32_t> hidden_rows;
   std::vector<std::pair<Sequence*, int>> drafting;  // with its room
   for (const auto& [seq, row] : step.sampled) {
-    const int room = DraftRoom(*seq, k);
+    const int room = Room(*seq);
     if (room == 0) continue;
     SequenceSlice slice;
     slice.q_start = static_cast<int32_t>(batch.tokens.size());
@@ -98,7 +104,12 @@ void MtpAssistantDrafter::Propose(const DraftStep& step) {
     hidden_rows.push_back(row);
     drafting.emplace_back(seq, room);
   }
+  const auto start = std::chrono::steady_clock::now();
   const auto drafts = Round(batch, hidden_rows, k);
+  if (!drafting.empty()) {
+    ObserveRound(static_cast<int>(drafting.size()), k,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   for (size_t i = 0; i < drafting.size(); ++i) {
     auto& [seq, room] = drafting[i];
     seq->drafts.assign(drafts[i].begin(), drafts[i].begin() + room);

@@ -71,7 +71,6 @@ class DeviceDrafter : public Drafter {
 class Eagle3Drafter : public DeviceDrafter {
  public:
   Eagle3Drafter(Eagle3Draft& draft, int k, const DrafterContext& context);
-  void Propose(const DraftStep& step) override;
 
   // The round: the draft's first pass (first_pass: the step's computed positions whose KV
   // stays, each fed the token after it; step_rows: each row's row in the step, whose aux
@@ -79,6 +78,9 @@ class Eagle3Drafter : public DeviceDrafter {
   // num_drafts - 1 chained steps; returns each request's greedy drafts (target ids).
   std::vector<std::vector<int32_t>> Round(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
                                           const std::vector<DraftRequest>& requests, int num_drafts);
+
+ protected:
+  void ProposeDrafts(const DraftStep& step) override;
 
  private:
   // EAGLE-3's first pass on the round's graph: the rows per sequence it pads to, or 0 if
@@ -107,13 +109,15 @@ class Eagle3Drafter : public DeviceDrafter {
 class MtpAssistantDrafter : public DeviceDrafter {
  public:
   MtpAssistantDrafter(MtpDrafter& drafter, int k, const DrafterContext& context);
-  void Propose(const DraftStep& step) override;
 
   // For each request of `batch` (one row each: the token just emitted at the constant
   // position p, ctx_len p + 1), num_drafts drafter steps fed first the final-normed hidden
   // of the step's logit row hidden_rows[r], then their own; returns greedy drafts.
   std::vector<std::vector<int32_t>> Round(const MtpDraftBatch& batch, const std::vector<int32_t>& hidden_rows,
                                           int num_drafts);
+
+ protected:
+  void ProposeDrafts(const DraftStep& step) override;
 
  private:
   MtpDrafter& drafter_;

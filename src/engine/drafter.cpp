@@ -13,9 +13,60 @@ int Drafter::DraftRoom(const Sequence& seq, int k) {
   return std::max(0, std::min(k, seq.request().max_new_tokens - seq.num_generated() - 1));
 }
 
-void NgramDrafter::Propose(const DraftStep& step) {
+void Drafter::EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected) {
+  config.k_max = k_;
+  policy_.emplace(config);
+  injected_ = injected != nullptr;
+  cost_ = injected_ ? injected : &measured_;
+}
+
+void Drafter::Accept(const std::vector<DraftOutcome>& outcomes) {
+  if (!policy_) return;
+  for (const DraftOutcome& o : outcomes) policy_->Record(o.seq->draft_history, o.proposed, o.accepted);
+}
+
+void Drafter::Propose(const DraftStep& step) {
+  if (policy_) Plan(step);
+  ProposeDrafts(step);
+}
+
+int Drafter::Room(const Sequence& seq) const {
+  const int room = DraftRoom(seq, k_);
+  if (!policy_) return room;
+  auto it = planned_.find(&seq);
+  return it == planned_.end() ? 0 : std::min(room, it->second);
+}
+
+void Drafter::ObserveRound(int seqs, int k, double seconds) {
+  if (policy_ && !injected_) measured_.ObserveDraft(seqs, k, seconds);
+}
+
+// The step just run is measured (a decode or verification step: prefill rows cost
+// otherwise), then every sequence that decodes next gets its K; those that may draft
+// none still add their row.
+void Drafter::Plan(const DraftStep& step) {
+  if (!injected_ && step.decode_only && step.rows > 0) measured_.ObserveTarget(step.rows, step.run_seconds);
+  std::vector<const Sequence*> seqs;
+  std::vector<int> rooms;
+  std::vector<double> acceptance;
   for (const auto& [seq, n] : step.chunks) {
-    const int room = DraftRoom(*seq, num_speculative_tokens());
+    if (!seq->wants_more_tokens() || seq->num_tokens() - seq->num_computed != 1) continue;
+    seqs.push_back(seq);
+    rooms.push_back(DraftRoom(*seq, k_));
+    acceptance.push_back(policy_->Acceptance(seq->draft_history));
+  }
+  const std::vector<int> ks = policy_->Choose(rooms, acceptance, *cost_);
+  planned_.clear();
+  round_k_ = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    planned_[seqs[i]] = ks[i];
+    round_k_ = std::max(round_k_, ks[i]);
+  }
+}
+
+void NgramDrafter::ProposeDrafts(const DraftStep& step) {
+  for (const auto& [seq, n] : step.chunks) {
+    const int room = Room(*seq);
     if (room == 0) continue;
     seq->drafts = proposer_.Propose(seq->tokens());
     if (static_cast<int>(seq->drafts.size()) > room) seq->drafts.resize(room);

@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "engine/block_manager.h"
+#include "engine/draft_length.h"
 #include "engine/model_runner.h"
 #include "engine/ngram_proposer.h"
 #include "engine/scheduler.h"
@@ -28,6 +30,11 @@ struct DraftStep {
   // The sequences that got tokens, with the logit row their last emitted token came from
   // (whose final-normed hidden an MTP round starts from).
   const std::vector<std::pair<Sequence*, int32_t>>& sampled;
+  // The run stage's host seconds, its rows, and whether every chunk was a decode or
+  // verification (one row and its drafts): what the adaptive cost model measures.
+  double run_seconds = 0;
+  int rows = 0;
+  bool decode_only = false;
 };
 
 // One sequence's verification in the step: drafts it proposed, how many were accepted.
@@ -43,10 +50,17 @@ class Drafter {
   virtual ~Drafter() = default;
 
   int num_speculative_tokens() const { return k_; }
-  // The verifications of the step (every sampling sequence, with or without drafts).
-  virtual void Accept(const std::vector<DraftOutcome>& outcomes) { (void)outcomes; }
-  // Sets seq->drafts for each sequence that decodes next step (at most its DraftRoom).
-  virtual void Propose(const DraftStep& step) = 0;
+  // The verifications of the step (every sampling sequence, with or without drafts): with
+  // adaptive draft lengths, each sequence's acceptance history.
+  void Accept(const std::vector<DraftOutcome>& outcomes);
+  // Sets seq->drafts for each sequence that decodes next step: at most its DraftRoom, and
+  // with adaptive draft lengths at most the K the policy chose for it this step.
+  void Propose(const DraftStep& step);
+  // "draft_length": "adaptive": K per request per step from its acceptance and the cost
+  // model, measured as steps run, or `injected` (fixed figures: tests).
+  void EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected);
+  bool adaptive() const { return policy_.has_value(); }
+  const DraftCostModel& cost_model() const { return *cost_; }
 
   // Draft rounds that replayed a graph, and of those EAGLE-3 rounds whose first pass was in it.
   virtual int64_t graph_replays() const { return 0; }
@@ -56,16 +70,34 @@ class Drafter {
   // How many drafts seq may take next step (0 if it does not decode next): its remaining
   // tokens less the one verification always emits, at most `k`.
   static int DraftRoom(const Sequence& seq, int k);
+  // What Propose does once the step's draft lengths are chosen.
+  virtual void ProposeDrafts(const DraftStep& step) = 0;
+  // seq's drafts this step: DraftRoom at K_max, or the policy's K for it.
+  int Room(const Sequence& seq) const;
+  // How many draft steps a round runs this step: K_max, or the largest K chosen.
+  int RoundLength() const { return policy_ ? round_k_ : k_; }
+  // A device round over `seqs` requests of k drafts took `seconds` (the cost model's).
+  void ObserveRound(int seqs, int k, double seconds);
 
  private:
+  void Plan(const DraftStep& step);
+
   int k_;
+  std::optional<DraftLengthPolicy> policy_;
+  DraftCostModel measured_;
+  const DraftCostModel* cost_ = &measured_;
+  bool injected_ = false;
+  std::unordered_map<const Sequence*, int> planned_;  // this step's K per decoding sequence
+  int round_k_ = 0;
 };
 
 // vLLM's "ngram" method: prompt lookup on the host.
 class NgramDrafter : public Drafter {
  public:
   NgramDrafter(NgramProposer proposer, int k) : Drafter(k), proposer_(std::move(proposer)) {}
-  void Propose(const DraftStep& step) override;
+
+ protected:
+  void ProposeDrafts(const DraftStep& step) override;
 
  private:
   NgramProposer proposer_;

@@ -68,6 +68,9 @@ Engine::Engine(Model& model, EngineConfig config)
       drafter_(MakeDrafter(config_.ngram, config_.eagle3.draft, config_.eagle3.num_speculative_tokens,
                            config_.mtp.drafter, config_.mtp.num_speculative_tokens,
                            {runner_, blocks_, config_.block_size, config_.enable_prefix_caching, config_.max_model_len})) {
+  if (drafter_ && config_.draft_length.adaptive) {
+    drafter_->EnableAdaptive(config_.draft_length.policy, config_.draft_length.cost_model);
+  }
   if (config_.enable_prefix_caching && !config_.capture_layers.empty()) {
     // Host pages are committed only as rows land in them.
     capture_cache_ = Tensor::Host(config_.capture_dtype,
@@ -384,8 +387,11 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   // Run: the forward and, on the device, one sampled token per sequence whose known tokens
   // this step completes.
   const ForwardBatch batch = BuildBatch(chunks);
-  bool verifying = false;
-  for (const auto& [seq, n] : chunks) verifying = verifying || !seq->drafts.empty();
+  bool verifying = false, decode_only = true;
+  for (const auto& [seq, n] : chunks) {
+    verifying = verifying || !seq->drafts.empty();
+    decode_only = decode_only && n == 1 + static_cast<int>(seq->drafts.size());
+  }
   std::vector<Sequence*> sampling;
   SamplingBatch rows;
   VerificationBatch verification;
@@ -403,6 +409,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   ++stats_.steps;
   stats_.tokens_computed += batch.token_ids.size();
   for (const auto& [seq, n] : chunks) seq->num_computed += n;
+  const double run_seconds = Seconds(stage_start, Clock::now());
   end_stage(EngineStats::kRun);
   // Accept.
   std::vector<std::pair<Sequence*, int32_t>> sampled;
@@ -422,7 +429,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   // with capture layers).
   if (drafter_ && config_.capture_layers.empty()) {
     drafter_->Accept(outcomes);
-    drafter_->Propose({batch, chunks, sampled});
+    drafter_->Propose({batch, chunks, sampled, run_seconds, static_cast<int>(batch.token_ids.size()), decode_only});
   }
   end_stage(EngineStats::kPropose);
   // Retire.

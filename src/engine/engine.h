@@ -44,6 +44,15 @@ struct EngineConfig {
     MtpDrafter* drafter = nullptr;
     int num_speculative_tokens = 0;
   } mtp;
+  // "draft_length" of --speculative-config: "fixed" (adaptive false) drafts K_max (the
+  // method's num_speculative_tokens, within each request's room) every step; "adaptive"
+  // chooses K in 0..K_max per request per step (engine/draft_length.h), from its acceptance
+  // and a cost model measured as steps run, or cost_model where given (tests).
+  struct DraftLength {
+    bool adaptive = false;
+    DraftLengthConfig policy;  // k_max comes from the method
+    const DraftCostModel* cost_model = nullptr;
+  } draft_length;
   // Tensor parallelism: ranks 1..N-1 of the engine's model (RunnerConfig::peer_ranks).
   std::vector<Model*> tensor_parallel_peers;
   // hsx bench --spec-bench-accept-rate: in [0, 1], each draft is accepted with this
