@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|regen|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|specadaptive|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|regen|tp|scale]
 #   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape and its MFU;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
@@ -25,6 +25,8 @@
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
 #   on the Gemma 4 fixture plain and with the MTP assistant; specbench = bench --decode on the
 #   Qwen3-8B shape plain, with a random EAGLE-3 draft (zero acceptance: the overhead) and n-gram;
+#   specadaptive = bench --decode at batch 1..128 on the Qwen3-8B shape plain and with
+#   "draft_length": "adaptive" (EAGLE-3 K=3 forced 0, K=4 forced 0.745, n-gram K=3);
 #   specab = specbench's batch-1 cases, K=3 forced 0 and K=4 forced 0.745, on the builds
 #   AB_BINS names in .devbin/, alternating, with plain decode before each round; twice;
 #   mtpbench = bench --decode on the gemma-4-31b shape plain, with a random Gemma 4 MTP assistant of
@@ -231,8 +233,22 @@ if [ "$what" = specbench ]; then  # the speculation machinery at the Qwen3-8B sh
     sb --speculative-config '{"method": "eagle3", "model": "/dev/shm/eagle3-qwen3-8b", "num_speculative_tokens": 3}' \
       --spec-bench-accept-rate 0
     sb --speculative-config '{"method": "eagle3", "model": "/dev/shm/eagle3-qwen3-8b", "num_speculative_tokens": 4}' \
+      --spec-bench-accept-rate 0.745
+    # The same with "draft_length": "adaptive" (K per request per step, num_speculative_tokens the most).
+    sb --speculative-config '{"method": "eagle3", "model": "/dev/shm/eagle3-qwen3-8b", "num_speculative_tokens": 3, "draft_length": "adaptive"}' \
+      --spec-bench-accept-rate 0
+    sb --speculative-config '{"method": "eagle3", "model": "/dev/shm/eagle3-qwen3-8b", "num_speculative_tokens": 4, "draft_length": "adaptive"}' \
       --spec-bench-accept-rate 0.745; } \
     | tee "$OUT/specbench.jsonl"
+fi
+if [ "$what" = specadaptive ]; then  # issue 36's goals: adaptive K at batch 1..128, zero and forced 0.745 acceptance, plain beside
+  python3 bench/make_dummy_eagle3.py /dev/shm/eagle3-qwen3-8b
+  sa() { .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 \
+           --new-tokens 256 --kv-cache-gib 40 --batch-sizes 1,2,4,8,16,32,64,128 "$@" 2>>"$OUT/specadaptive.err" | grep batch; }
+  e3() { echo "{\"method\": \"eagle3\", \"model\": \"/dev/shm/eagle3-qwen3-8b\", \"num_speculative_tokens\": $1, \"draft_length\": \"adaptive\"}"; }
+  { sa; sa --speculative-config "$(e3 3)" --spec-bench-accept-rate 0; sa --speculative-config "$(e3 4)" --spec-bench-accept-rate 0.745
+    sa --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "draft_length": "adaptive"}'; } \
+    | tee "$OUT/specadaptive.jsonl"
 fi
 if [ "$what" = mtpbench ]; then  # Gemma 4 MTP at the gemma-4-31b shape (the assistant's shape estimated), plain beside
   python3 bench/make_dummy_mtp.py /dev/shm/mtp-gemma-4-31b | tee "$OUT/mtpbench.jsonl"

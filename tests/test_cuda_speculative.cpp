@@ -49,8 +49,8 @@ Run Generate(Model& model, EngineConfig config, bool graphs, float temperature) 
   out.accepted = engine.stats().num_accepted_tokens;
   out.drafted = engine.stats().num_draft_tokens;
   out.verify_replays = engine.runner().verify_graph_replays();
-  out.draft_replays = engine.runner().draft_graph_replays();
-  out.first_pass_replays = engine.runner().first_pass_graph_replays();
+  out.draft_replays = engine.drafter() ? engine.drafter()->graph_replays() : 0;
+  out.first_pass_replays = engine.drafter() ? engine.drafter()->first_pass_graph_replays() : 0;
   return out;
 }
 

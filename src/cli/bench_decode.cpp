@@ -157,10 +157,11 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
     // Graph use over both runs: steps, verification steps, draft rounds (and of those, EAGLE-3
     // rounds whose first pass was in the graph) that replayed one.
     const ModelRunner& runner = engine.runner();
+    const Drafter* drafter = engine.drafter();
     result["graph_replays"] = {{"steps", runner.graph_replays()},
                                {"verification", runner.verify_graph_replays()},
-                               {"draft_rounds", runner.draft_graph_replays()},
-                               {"draft_first_passes", runner.first_pass_graph_replays()},
+                               {"draft_rounds", drafter ? drafter->graph_replays() : 0},
+                               {"draft_first_passes", drafter ? drafter->first_pass_graph_replays() : 0},
                                {"launch_ms_per_step", runner.graph_replays() > 0
                                                           ? 1e3 * runner.graph_launch_seconds() / runner.graph_replays()
                                                           : 0.0}};

@@ -279,6 +279,7 @@ Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text
     case SpeculativeConfig::Method::kNone:
       break;
   }
+  ec.draft_length.adaptive = spec.adaptive_draft_length;
   return spec.method;
 }
 

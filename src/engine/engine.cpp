@@ -65,14 +65,12 @@ Engine::Engine(Model& model, EngineConfig config)
       runner_(model, RunnerConfigFor(config_)),
       // A cached block holds the EAGLE-3 draft's KV too, made with the token after it.
       blocks_(runner_.num_blocks(), config_.block_size, config_.enable_prefix_caching, config_.eagle3.draft ? 1 : 0),
-      scheduler_(config_.scheduler, blocks_) {
-  if (config_.ngram.num_speculative_tokens > 0) {
-    auto proposer = NgramProposer::Create(config_.ngram, config_.max_model_len);
-    if (!proposer.ok()) {  // the CLI checked the config: this is a caller's bug
-      std::fprintf(stderr, "hsx: %s\n", proposer.status().message().c_str());
-      std::abort();
-    }
-    ngram_ = std::move(*proposer);
+      scheduler_(config_.scheduler, blocks_),
+      drafter_(MakeDrafter(config_.ngram, config_.eagle3.draft, config_.eagle3.num_speculative_tokens,
+                           config_.mtp.drafter, config_.mtp.num_speculative_tokens,
+                           {runner_, blocks_, config_.block_size, config_.enable_prefix_caching, config_.max_model_len})) {
+  if (drafter_ && config_.draft_length.adaptive) {
+    drafter_->EnableAdaptive(config_.draft_length.policy, config_.draft_length.cost_model);
   }
   if (config_.enable_prefix_caching && !config_.capture_layers.empty()) {
     // Host pages are committed only as rows land in them.
@@ -378,7 +376,7 @@ void Engine::Accept(const std::vector<Sequence*>& sampling, const SamplingBatch&
 // bonus token) until one stops it, and takes back the KV of rejected drafts: their slots
 // hold what later steps overwrite.
 std::vector<int32_t> Engine::AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
-                                            const VerifiedTokens& verified) {
+                                            const VerifiedTokens& verified, std::vector<DraftOutcome>& outcomes) {
   std::vector<int32_t> last_rows;
   size_t row = 0;
   for (size_t r = 0; r < sampling.size(); ++r) {
@@ -398,100 +396,10 @@ std::vector<int32_t> Engine::AcceptVerified(const std::vector<Sequence*>& sampli
     seq.num_computed = std::min(computed, seq.num_tokens());
     seq.drafts.clear();
     last_rows.push_back(static_cast<int32_t>(row + accepted));
+    outcomes.push_back({&seq, drafts, accepted});
     row += drafts + 1;
   }
   return last_rows;
-}
-
-int Engine::DraftRoom(const Sequence& seq, int k) const {
-  if (!seq.wants_more_tokens() || seq.num_tokens() - seq.num_computed != 1) return 0;
-  return std::max(0, std::min(k, seq.turn_max_new_tokens() - seq.turn_generated() - 1));
-}
-
-// Drafts for each sequence that decodes next step: prompt lookup, or the EAGLE-3 draft.
-void Engine::Propose(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks,
-                     const std::vector<std::pair<Sequence*, int32_t>>& sampled) {
-  if (!config_.capture_layers.empty()) return;
-  if (config_.eagle3.draft != nullptr) return ProposeEagle3(batch, chunks);
-  if (config_.mtp.drafter != nullptr) return ProposeMtp(sampled);
-  if (!ngram_) return;
-  for (const auto& [seq, n] : chunks) {
-    const int room = DraftRoom(*seq, config_.ngram.num_speculative_tokens);
-    if (room == 0) continue;
-    seq->drafts = ngram_->Propose(seq->tokens());
-    if (static_cast<int>(seq->drafts.size()) > room) seq->drafts.resize(room);
-  }
-}
-
-// The drafter's round for each sequence that decodes next: its queries sit at p, the last
-// position with KV (whose final-normed hidden starts the round), over the target's KV 0..p.
-void Engine::ProposeMtp(const std::vector<std::pair<Sequence*, int32_t>>& sampled) {
-  const int k = config_.mtp.num_speculative_tokens;
-  MtpDraftBatch batch;
-  std::vector<int32_t> hidden_rows;
-  std::vector<std::pair<Sequence*, int>> drafting;  // with its room
-  for (const auto& [seq, row] : sampled) {
-    const int room = DraftRoom(*seq, k);
-    if (room == 0) continue;
-    SequenceSlice slice;
-    slice.q_start = static_cast<int32_t>(batch.tokens.size());
-    slice.q_len = 1;
-    slice.ctx_len = seq->num_computed;  // p + 1
-    slice.block_table = seq->block_table;
-    batch.tokens.push_back(seq->tokens().back());
-    batch.seqs.push_back(std::move(slice));
-    hidden_rows.push_back(row);
-    drafting.emplace_back(seq, room);
-  }
-  const auto drafts = runner_.ProposeMtp(batch, hidden_rows, k);
-  for (size_t i = 0; i < drafting.size(); ++i) {
-    auto& [seq, room] = drafting[i];
-    seq->drafts.assign(drafts[i].begin(), drafts[i].begin() + room);
-  }
-}
-
-// The draft's first pass covers every position of the step whose KV stays (a chunk's, up to
-// the accepted drafts) and whose next token is known, each fed that token, so the draft's KV
-// follows the target's (also for a sequence that just finished: its blocks may be cached); a
-// sequence that decodes next also gets K - 1 more slots for the chained steps.
-void Engine::ProposeEagle3(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks) {
-  const int k = config_.eagle3.num_speculative_tokens;
-  ForwardBatch first;
-  std::vector<int32_t> step_rows;
-  std::vector<DraftRequest> requests;
-  std::vector<std::pair<Sequence*, int>> drafting;  // with its room
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    Sequence* seq = chunks[i].seq;
-    const SequenceSlice& ran = batch.seqs[i];
-    const int start = batch.positions[ran.q_start];
-    const int end = std::min({seq->num_computed, seq->num_tokens() - 1, start + ran.q_len});
-    if (end <= start || (!seq->wants_more_tokens() && !config_.enable_prefix_caching)) continue;
-    int room = DraftRoom(*seq, k);
-    // The chained steps write the draft's KV up to position num_computed + k - 2.
-    if (room > 0 && !blocks_.Reserve(*seq, seq->num_computed + k - 1)) room = 0;  // no KV room: plain decode
-    SequenceSlice slice;
-    slice.q_start = static_cast<int32_t>(first.token_ids.size());
-    slice.q_len = end - start;
-    slice.ctx_len = end;
-    slice.block_table = seq->block_table;
-    for (int p = start; p < end; ++p) {
-      first.token_ids.push_back(seq->tokens()[p + 1]);
-      first.positions.push_back(p);
-      first.slot_mapping.push_back(batch.slot_mapping[ran.q_start + p - start]);
-      step_rows.push_back(ran.q_start + p - start);
-    }
-    if (room > 0) {
-      first.logit_rows.push_back(slice.q_start + slice.q_len - 1);
-      requests.push_back({seq->num_computed, seq->block_table});
-      drafting.emplace_back(seq, room);
-    }
-    first.seqs.push_back(std::move(slice));
-  }
-  const auto drafts = runner_.ProposeEagle3(first, step_rows, requests, k);
-  for (size_t i = 0; i < drafting.size(); ++i) {
-    auto& [seq, room] = drafting[i];
-    seq->drafts.assign(drafts[i].begin(), drafts[i].begin() + std::min<size_t>(room, drafts[i].size()));
-  }
 }
 
 std::vector<std::unique_ptr<Sequence>> Engine::Step() {
@@ -513,8 +421,11 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   // Run: the forward and, on the device, one sampled token per sequence whose known tokens
   // this step completes.
   const ForwardBatch batch = BuildBatch(chunks);
-  bool verifying = false;
-  for (const auto& [seq, n] : chunks) verifying = verifying || !seq->drafts.empty();
+  bool verifying = false, decode_only = true;
+  for (const auto& [seq, n] : chunks) {
+    verifying = verifying || !seq->drafts.empty();
+    decode_only = decode_only && n == 1 + static_cast<int>(seq->drafts.size());
+  }
   std::vector<Sequence*> sampling;
   SamplingBatch rows;
   VerificationBatch verification;
@@ -532,19 +443,28 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   ++stats_.steps;
   stats_.tokens_computed += batch.token_ids.size();
   for (const auto& [seq, n] : chunks) seq->num_computed += n;
+  const double run_seconds = Seconds(stage_start, Clock::now());
   end_stage(EngineStats::kRun);
   // Accept.
   std::vector<std::pair<Sequence*, int32_t>> sampled;
+  std::vector<DraftOutcome> outcomes;
   if (verifying) {
-    const std::vector<int32_t> last_rows = AcceptVerified(sampling, verification, result.verified);
+    const std::vector<int32_t> last_rows = AcceptVerified(sampling, verification, result.verified, outcomes);
     for (size_t i = 0; i < sampling.size(); ++i) sampled.emplace_back(sampling[i], last_rows[i]);
   } else {
     Accept(sampling, rows, result.sampled);
-    for (size_t i = 0; i < sampling.size(); ++i) sampled.emplace_back(sampling[i], static_cast<int32_t>(i));
+    for (size_t i = 0; i < sampling.size(); ++i) {
+      sampled.emplace_back(sampling[i], static_cast<int32_t>(i));
+      outcomes.push_back({sampling[i], 0, 0});
+    }
   }
   end_stage(EngineStats::kAccept);
-  // Propose.
-  Propose(batch, chunks, sampled);
+  // Propose: the drafter hears how its drafts fared, then drafts for the next step (not
+  // with capture layers).
+  if (drafter_ && config_.capture_layers.empty()) {
+    drafter_->Accept(outcomes);
+    drafter_->Propose({batch, chunks, sampled, run_seconds, static_cast<int>(batch.token_ids.size()), decode_only});
+  }
   end_stage(EngineStats::kPropose);
   // Retire.
   for (const auto& [seq, n] : chunks) {

@@ -11,6 +11,7 @@
 
 #include "engine/block_manager.h"
 #include "engine/model_runner.h"
+#include "engine/drafter.h"
 #include "engine/ngram_proposer.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
@@ -43,6 +44,15 @@ struct EngineConfig {
     MtpDrafter* drafter = nullptr;
     int num_speculative_tokens = 0;
   } mtp;
+  // "draft_length" of --speculative-config: "fixed" (adaptive false) drafts K_max (the
+  // method's num_speculative_tokens, within each request's room) every step; "adaptive"
+  // chooses K in 0..K_max per request per step (engine/draft_length.h), from its acceptance
+  // and a cost model measured as steps run, or cost_model where given (tests).
+  struct DraftLength {
+    bool adaptive = false;
+    DraftLengthConfig policy;  // k_max comes from the method
+    const DraftCostModel* cost_model = nullptr;
+  } draft_length;
   // Tensor parallelism: ranks 1..N-1 of the engine's model (RunnerConfig::peer_ranks).
   std::vector<Model*> tensor_parallel_peers;
   // hsx bench --spec-bench-accept-rate: in [0, 1], each draft is accepted with this
@@ -95,11 +105,13 @@ class Engine {
   const EngineStats& stats() const { return stats_; }
   const Model& model() const { return model_; }
   const ModelRunner& runner() const { return runner_; }
+  const Drafter* drafter() const { return drafter_.get(); }  // null without drafts
 
  private:
   // The stages of a Step: schedule (the scheduler picks chunks, drafts included); run (the
   // runner computes them and samples, or verifies the drafts); accept (the emitted tokens
-  // are appended); propose (drafts for the next step); retire (the finished go).
+  // are appended); propose (the drafter's Accept and Propose: drafts for the next step);
+  // retire (the finished go).
   ForwardBatch BuildBatch(const std::vector<ScheduledChunk>& chunks) const;
   // The sampling rows of the chunks that sample, and those chunks' sequences, in order:
   // one row per sequence, or with drafts one per draft and one more (verification).
@@ -111,18 +123,10 @@ class Engine {
   // Starts seq's next turn (Request::next_turn), or fails it naming why it cannot.
   void BeginTurn(Sequence& seq, const Request::Turn& turn);
   void Accept(const std::vector<Sequence*>& sampling, const SamplingBatch& rows, const SampledTokens& sampled);
-  // Returns, per sequence, the logit row its last emitted token came from.
+  // Returns, per sequence, the logit row its last emitted token came from; adds each
+  // sequence's drafts and accepted drafts to outcomes.
   std::vector<int32_t> AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
-                                      const VerifiedTokens& verified);
-  // sampled: the sequences that got tokens this step, with the logit row their last token
-  // came from (whose final-normed hidden an MTP drafter starts from).
-  void Propose(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks,
-               const std::vector<std::pair<Sequence*, int32_t>>& sampled);
-  void ProposeMtp(const std::vector<std::pair<Sequence*, int32_t>>& sampled);
-  void ProposeEagle3(const ForwardBatch& batch, const std::vector<ScheduledChunk>& chunks);
-  // How many drafts seq may take next step (0 if it does not decode next): its remaining
-  // tokens less the one verification always emits, at most `k`.
-  int DraftRoom(const Sequence& seq, int k) const;
+                                      const VerifiedTokens& verified, std::vector<DraftOutcome>& outcomes);
   // A step whose captured rows are still being copied to the host.
   struct PendingCapture {
     struct Row {
@@ -153,7 +157,9 @@ class Engine {
   ModelRunner runner_;
   BlockManager blocks_;
   Scheduler scheduler_;
-  std::optional<NgramProposer> ngram_;
+  // The speculative config's drafter (draft state is its own), called once per step after
+  // accept; null without drafts.
+  std::unique_ptr<Drafter> drafter_;
   EngineStats stats_;
   // Prefix caching with capture: every computed prompt row, by KV slot, so sequences
   // that reuse cached blocks also get those blocks' hidden states. [slots, L, H].

@@ -34,27 +34,20 @@ struct RunnerConfig {
   // Decode steps (every row one token that samples) and verification steps (every
   // sequence K + 1 rows that all verify) replay a graph recorded per (batch-size bucket,
   // rows per sequence), where the backend can record (CUDA) and nothing is captured; so do
-  // the drafters' rounds (EAGLE-3's chained single-token steps, MTP's steps), per bucket.
+  // the drafters' rounds (draft_runner.h), per bucket.
   bool graphs = true;
   int max_graph_batch = 256;  // larger batches (in sequences) run without a graph
   // An EAGLE-3 draft: every step also captures its aux layers, kept on the device for
-  // ProposeEagle3 (not with capture_layers).
+  // the drafter's next round (step_aux; not with capture_layers).
   Eagle3Draft* eagle3 = nullptr;
-  // A Gemma 4 MTP drafter: the step's final-normed logit rows are kept for ProposeMtp.
+  // A Gemma 4 MTP drafter: the step's final-normed logit rows are kept for its next round
+  // (step_final_hidden).
   MtpDrafter* mtp = nullptr;
   // Tensor parallelism: ranks 1..N-1 of the model (the runner's model is rank 0), each on
   // its own backend. Every rank runs each forward on its own host thread, pinned to its
   // device; rank 0's thread is the caller's, and rank 0 alone samples and copies captured
   // rows home. Not with drafts or decode graphs.
   std::vector<Model*> peer_ranks;
-};
-
-// A sequence that drafts after the step: where its chained draft steps run (the position
-// of its last known token, the one with no KV yet) and its block table (with room for K - 1
-// more slots).
-struct DraftRequest {
-  int32_t position = 0;
-  std::vector<int32_t> block_table;
 };
 
 // One step's captured rows on their way to a pinned host buffer.
@@ -88,23 +81,39 @@ class ModelRunner {
   // Runs batch and verifies its drafts (speculative decoding): the logit rows are each
   // request's K + 1 rows, in the order of verification's requests.
   StepResult Verify(const ForwardBatch& batch, const VerificationBatch& verification);
-  // EAGLE-3 after a step: the draft's first pass (first_pass: the step's computed positions
-  // whose KV stays, each fed the token after it; step_rows: each row's row in the step, whose
-  // aux states it takes; its logit rows one per request, in order) writes the draft's KV,
-  // then num_drafts - 1 chained steps; returns each request's greedy drafts (target ids).
-  // MTP after a step: for each request of `batch` (one row each: the token just emitted at
-  // the constant position p, ctx_len p + 1), num_drafts drafter steps fed first the final-normed
-  // hidden of the step's logit row hidden_rows[r], then their own; returns greedy drafts.
-  std::vector<std::vector<int32_t>> ProposeMtp(const MtpDraftBatch& batch, const std::vector<int32_t>& hidden_rows,
-                                               int num_drafts);
-  std::vector<std::vector<int32_t>> ProposeEagle3(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
-                                                  const std::vector<DraftRequest>& requests, int num_drafts);
+  // What the last step left for a drafter, on the device until the next step: EAGLE-3's
+  // aux states [A, T, H] (RunnerConfig::eagle3), MTP's final-normed logit rows
+  // (RunnerConfig::mtp). Views into the graph pool after a replay: read them before the
+  // next replay.
+  const Tensor& step_aux() const { return aux_; }
+  const Tensor& step_final_hidden() const { return final_hidden_; }
+  KVCache& cache() { return cache_; }  // the target's (an MTP drafter attends to it)
+
+  // Graphs, shared with the drafters' rounds (draft_runner.h). Recorded batch sizes, as
+  // vLLM's: 1, 2, 4, then every multiple of 8.
+  static int BucketFor(int rows) {
+    if (rows <= 4) return rows <= 1 ? 1 : rows <= 2 ? 2 : 4;
+    return (rows + 7) / 8 * 8;
+  }
+  // Rows per sequence a graph may have: K + 1 for the speculative config's largest K (64).
+  static constexpr int kMaxGraphRowsPerSeq = 65;
+  // Whether steps may record and replay graphs (on, recordable, and no recording failed).
+  bool graphs_on() const { return config_.graphs && !graphs_failed_ && backend().can_record(); }
+  // A recording failed (said once): from now on every step and round runs eagerly.
+  void RecordingFailed() { graphs_failed_ = true; }
+  bool recording_failed() const { return graphs_failed_; }
+  int max_graph_batch() const { return config_.max_graph_batch; }  // a bucket
+  int64_t max_blocks_per_seq() const { return max_blocks_per_seq_; }
+  // The fixed inputs of one kind of graph (int32 words), staged through pinned memory.
+  struct GraphInputs {
+    Tensor device, staging;
+  };
+  // Fills `inputs` with batch (q rows per sequence) padded to `bucket` sequences; returns them.
+  DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& inputs);
 
   const RunnerConfig& config() const { return config_; }
   int64_t graph_replays() const { return graph_replays_; }  // decode and verification steps that replayed a graph
   int64_t verify_graph_replays() const { return verify_graph_replays_; }  // of which verification steps
-  int64_t draft_graph_replays() const { return draft_graph_replays_; }    // draft rounds that replayed one
-  int64_t first_pass_graph_replays() const { return first_pass_graph_replays_; }  // of which with EAGLE-3's first pass
   // Host seconds spent launching step graphs (the replay call alone): at batch 1 a step's
   // GPU idles for what this takes past the previous step's end.
   double graph_launch_seconds() const { return graph_launch_seconds_; }
@@ -116,12 +125,6 @@ class ModelRunner {
   // the same number of rows, each a logit row (decode: 1; verification: K + 1), or 0 if it
   // runs eagerly.
   int GraphBucket(const ForwardBatch& batch) const;
-  // The fixed inputs of one kind of graph (int32 words), staged through pinned memory.
-  struct GraphInputs {
-    Tensor device, staging;
-  };
-  // Fills `inputs` with batch (q rows per sequence) padded to `bucket` sequences; returns them.
-  DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& inputs);
   // A step on its graph: outputs of [bucket * q] rows (views into the graph pool on a replay).
   ForwardOutput GraphForward(const ForwardBatch& batch, int bucket);
   // The step's logits [T, V], on its graph if bucket > 0, else op by op (EagerLogits); keeps
@@ -131,33 +134,6 @@ class ModelRunner {
   Tensor EagerLogits(const ForwardBatch& batch, StepResult& result);
   // The layers a step captures: the EAGLE-3 draft's aux layers, or the extraction's.
   const std::vector<int>& StepCaptureLayers() const;
-  // Draft rounds (EAGLE-3's chained steps, MTP's steps) keep their drafts on the device,
-  // int32 [drafts, rows] (row r of step s at s * rows + r), and download them once.
-  // The bucket of a round over `sequences` whose longest block table has that many
-  // blocks, or 0: eager.
-  int DraftGraphBucket(int sequences, size_t longest_block_table) const;
-  // EAGLE-3's chained steps 1..steps of a round for `rows` rows (the requests, then padding
-  // rows that store no KV), staged in one upload, into the fixed inputs where `fixed`; step
-  // s reads its token ids from row s - 1 of tokens.
-  std::vector<DeviceBatch> StageChainedSteps(const std::vector<DraftRequest>& requests, int rows, int steps,
-                                             const Tensor& tokens, bool fixed);
-  // The fixed drafts every round graph writes (zeros at first: padding rows read them) and
-  // the fixed hidden input a round starts from ([max_graph_batch, width]).
-  Tensor DraftTokens();
-  Tensor DraftHidden(int64_t width);
-  // A round (its work reads fixed inputs and leaves its drafts in DraftTokens()) on the
-  // graph of its key: (bucket, the first pass's rows per sequence or 0 without it, drafts).
-  void DraftRound(const std::array<int, 3>& key, const std::function<void()>& round);
-  // EAGLE-3's first pass on the round's graph: the rows per sequence it pads to, or 0 if
-  // it runs eagerly.
-  int PaddedFirstPassRows(const ForwardBatch& first_pass, int num_drafts) const;
-  // Stages the padded first pass (bucket sequences of q rows, each ending with its logit
-  // row) into fixed inputs and gathers its aux states into a fixed [bucket q, A, H].
-  DeviceBatch StagePaddedFirstPass(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows, int bucket,
-                                   int q, int num_drafts, Tensor& aux,
-                                   const std::function<void(const std::vector<int32_t>&, Tensor&)>& gather_aux);
-  // tokens [drafts, rows] as each of the first `requests` rows' drafts, in one download.
-  std::vector<std::vector<int32_t>> DownloadDrafts(const Tensor& tokens, int rows, int requests, int drafts);
   struct StepTimes {
     double seconds = 0;
     int64_t steps = 0, rows = 0;
@@ -172,11 +148,9 @@ class ModelRunner {
   KVCache cache_;
   std::vector<std::unique_ptr<KVCache>> peer_caches_;  // each peer rank's share of the KV heads
   std::unique_ptr<ThreadPool> rank_threads_;           // one per rank, the caller's for rank 0
-  std::unique_ptr<KVCache> draft_cache_;  // EAGLE-3: the draft's KV at the target's slots
   Tensor aux_;                            // EAGLE-3: the last step's aux states [A, T, H]
   Tensor final_hidden_;                   // MTP: the last step's final-normed logit rows
   bool has_moe_ = false;  // MoE routing downloads expert counts: it cannot be recorded
-  bool draft_has_moe_ = false;  // the same for an MTP drafter's layers
   int64_t capture_runs_ = 0;
   Tensor host_buffers_[2];  // captured rows and flags alternate between two pinned buffers
 
@@ -192,15 +166,6 @@ class ModelRunner {
   double graph_launch_seconds_ = 0;
   bool graphs_failed_ = false;  // a recording failed (said once): every step runs eagerly
   int64_t max_blocks_per_seq_ = 0;
-  // Draft rounds on graphs, by DraftRound's key (a runner has one kind of drafter), their
-  // fixed inputs (MTP's steps and EAGLE-3's padded first passes by rows per sequence,
-  // EAGLE-3's chained steps), the aux states of a first pass, the hidden rows a round
-  // without one starts from, and the drafts they leave.
-  std::map<std::array<int, 3>, std::unique_ptr<DeviceGraph>> draft_graphs_;
-  std::map<int, GraphInputs> draft_inputs_;
-  GraphInputs chain_inputs_;
-  Tensor first_pass_aux_, draft_hidden_, draft_tokens_;
-  int64_t draft_graph_replays_ = 0, first_pass_graph_replays_ = 0;
 
   // HSX_PROFILE=1: steps synchronize; seconds and counts per kind of step.
   bool profile_ = std::getenv("HSX_PROFILE") != nullptr;

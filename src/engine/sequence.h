@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/draft_length.h"
 #include "engine/sampler.h"
 #include "tensor/tensor.h"
 #include "util/status.h"
@@ -71,6 +72,7 @@ class Sequence {
   // Speculative decoding: tokens proposed after the known ones, fed (and verified) with
   // the next step; cleared once verified or when the sequence is preempted.
   std::vector<int32_t> drafts;
+  DraftHistory draft_history;  // its drafts' acceptance, for adaptive draft lengths (the drafter's)
   // The token a step feeds at position p: a known one, or a draft past them.
   int32_t token_at(int p) const { return p < num_tokens() ? tokens_[p] : drafts[p - num_tokens()]; }
   int num_scheduled_tokens() const { return num_tokens() + static_cast<int>(drafts.size()); }

@@ -51,6 +51,14 @@ Result<std::vector<int>> AuxLayerIds(const nlohmann::json& j, int num_layers) {
   return layers;
 }
 
+// "draft_length": "adaptive" | "fixed" (absent: fixed).
+Result<bool> AdaptiveDraftLength(const nlohmann::json& j) {
+  if (!j.contains("draft_length")) return false;
+  const nlohmann::json& v = j["draft_length"];
+  if (v.is_string() && (v == "adaptive" || v == "fixed")) return v == "adaptive";
+  return Error(std::string(kWhere) + "\"draft_length\" must be \"adaptive\" or \"fixed\" (got " + v.dump() + ")");
+}
+
 }  // namespace
 
 Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int num_layers) {
@@ -69,7 +77,8 @@ Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int nu
   }
   if (method == "ngram") {
     HSX_RETURN_IF_ERROR(RefuseOtherFields(
-        j, {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}, method));
+        j, {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_length"}, method));
+    HSX_ASSIGN_OR_RETURN(config.adaptive_draft_length, AdaptiveDraftLength(j));
     config.method = SpeculativeConfig::Method::kNgram;
     HSX_ASSIGN_OR_RETURN(config.ngram.num_speculative_tokens, PositiveInt(j, "num_speculative_tokens"));
     // vLLM's defaults: both 5 when neither is given, else the one given for both.
@@ -92,7 +101,8 @@ Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int nu
     return config;
   }
   if (method == "eagle3" || method == "mtp") {
-    HSX_RETURN_IF_ERROR(RefuseOtherFields(j, {"method", "model", "num_speculative_tokens"}, method));
+    HSX_RETURN_IF_ERROR(RefuseOtherFields(j, {"method", "model", "num_speculative_tokens", "draft_length"}, method));
+    HSX_ASSIGN_OR_RETURN(config.adaptive_draft_length, AdaptiveDraftLength(j));
     config.method = method == "eagle3" ? SpeculativeConfig::Method::kEagle3 : SpeculativeConfig::Method::kMtp;
     if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty()) {
       return Error(std::string(kWhere) + "\"model\" (the draft's directory) is required");

@@ -6,6 +6,7 @@
 //   {"method": "eagle3", "model": DIR, "num_speculative_tokens": K}  (a speculators checkpoint;
 //      K defaults to the checkpoint's proposal length)
 //   {"method": "mtp", "model": DIR, "num_speculative_tokens": K}  (a Gemma 4 assistant)
+// ngram, eagle3 and mtp also take "draft_length": "adaptive" | "fixed" (engine/draft_length.h).
 // Fields a method does not take are refused by name, as are methods hsx does not run yet.
 #pragma once
 
@@ -24,6 +25,9 @@ struct SpeculativeConfig {
   NgramConfig ngram;                // ngram: its K and lookup lengths
   std::string model;                // eagle3, mtp: the draft's directory
   int num_speculative_tokens = 0;   // eagle3, mtp: K; 0 (eagle3 only): the checkpoint's own
+  // ngram, eagle3, mtp: "draft_length": "adaptive" (K in 0..num_speculative_tokens per
+  // request per step) or "fixed" (the default: K every step).
+  bool adaptive_draft_length = false;
 };
 
 // text: the flag's JSON; num_layers: the target's (layer ids range over [0, num_layers]).

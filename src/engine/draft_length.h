@@ -1,0 +1,84 @@
+// Draft length per request per step ("draft_length": "adaptive" in --speculative-config):
+// each decoding request gets K in 0..K_max from its running acceptance and a cost model of
+// the step at the current batch size. K = 0 makes it a plain decode row in the same batch.
+// Lossless: K only changes how many drafts are proposed; verification is unchanged.
+//
+// The choice maximizes the step's expected tokens per second. A request with per-draft
+// acceptance a and K drafts emits E(a, K) = 1 + a + ... + a^K tokens (drafts accepted in a
+// row, then one more); the step costs target(rows) + draft(drafting requests, max K), rows =
+// the batch's requests plus their drafts. The search: for m = the m requests of highest
+// acceptance and a common K = c (every (m, c), which escapes the draft round's fixed cost),
+// then each drafting request's K lowered while that pays. Ties go to fewer drafts, so equal
+// measurements give equal choices.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+namespace hsx {
+
+// What the step costs, in seconds: measured (Observe*) and interpolated, or injected.
+class DraftCostModel {
+ public:
+  // Until a kind of step is measured: a target step costs 1 whatever its rows, a draft
+  // round draft_step_ratio per draft step (a relative prior; any measurement replaces it).
+  explicit DraftCostModel(double draft_step_ratio = 0.1) : ratio_(draft_step_ratio) {}
+
+  // A target step of `rows` rows (decode and verification rows; no prefill) took seconds.
+  void ObserveTarget(int rows, double seconds);
+  // A draft round over `seqs` requests of k drafts took seconds.
+  void ObserveDraft(int seqs, int k, double seconds);
+  // Fixed figures (tests, or a start-up measurement): each replaces what was measured there.
+  void SetTarget(int rows, double seconds) { target_[rows] = seconds; }
+  void SetDraft(int seqs, int k, double seconds) { draft_[{seqs, k}] = seconds; }
+  // Observations move a figure this far toward the new one (1: replace).
+  void set_smoothing(double weight) { weight_ = weight; }
+
+  double TargetSeconds(int rows) const;
+  double DraftSeconds(int seqs, int k) const;  // 0 when k == 0 or seqs == 0
+
+ private:
+  double ratio_;
+  double weight_ = 0.2;
+  std::map<int, double> target_;                   // by rows
+  std::map<std::pair<int, int>, double> draft_;    // by (requests, k)
+};
+
+// A request's acceptance, as the policy keeps it (on its Sequence).
+struct DraftHistory {
+  double accepted = 0;   // discounted drafts accepted
+  double observed = 0;   // discounted drafts accepted + rejections (a geometric run's trials)
+  int idle_steps = 0;    // consecutive steps it decoded without drafts
+};
+
+struct DraftLengthConfig {
+  int k_max = 0;
+  double prior_acceptance = 0.6;  // a request's acceptance before it has drafted
+  double prior_weight = 2.0;      // in trials
+  double discount = 0.9;          // per verification: older outcomes weigh less
+  int probe_interval = 32;        // after this many steps without drafts, assume the prior again
+};
+
+class DraftLengthPolicy {
+ public:
+  explicit DraftLengthPolicy(DraftLengthConfig config) : config_(config) {}
+
+  // One verification of a request: `proposed` drafts, `accepted` of them.
+  void Record(DraftHistory& history, int proposed, int accepted) const;
+  // The estimated per-draft acceptance (with the prior; the prior again when probing).
+  double Acceptance(const DraftHistory& history) const;
+  // K per request for one step: rooms[i] is request i's most (0: it does not decode next),
+  // acceptance[i] its estimate. Non-decoding requests get 0 and cost nothing.
+  std::vector<int> Choose(const std::vector<int>& rooms, const std::vector<double>& acceptance,
+                          const DraftCostModel& cost) const;
+  // Expected tokens a request emits with k drafts at acceptance a.
+  static double ExpectedTokens(double a, int k);
+
+  const DraftLengthConfig& config() const { return config_; }
+
+ private:
+  DraftLengthConfig config_;
+};
+
+}  // namespace hsx

@@ -1,0 +1,401 @@
+#include "engine/draft_runner.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <functional>
+
+namespace hsx {
+
+DeviceDrafter::DeviceDrafter(int k, const DrafterContext& context, bool has_moe)
+    : Drafter(k),
+      runner_(context.runner),
+      blocks_(context.blocks),
+      block_size_(context.block_size),
+      enable_prefix_caching_(context.enable_prefix_caching),
+      has_moe_(has_moe) {}
+
+namespace {
+
+bool HasMoe(const MtpDrafter& drafter) {
+  for (const LayerSpec& layer : drafter.config().text.layers) {
+    if (layer.moe) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Eagle3Drafter::Eagle3Drafter(Eagle3Draft& draft, int k, const DrafterContext& context)
+    : DeviceDrafter(k, context, false),
+      draft_(draft),
+      cache_(draft.decoder(), context.runner.backend(), context.runner.num_blocks(), context.block_size) {}
+
+// The draft's first pass covers every position of the step whose KV stays (a chunk's, up to
+// the accepted drafts) and whose next token is known, each fed that token, so the draft's KV
+// follows the target's (also for a sequence that just finished: its blocks may be cached); a
+// sequence that decodes next also gets K - 1 more slots for the chained steps.
+void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
+  const int k = std::max(1, RoundLength());  // 1 when none drafts: the first pass alone
+  const ForwardBatch& batch = step.batch;
+  ForwardBatch first;
+  std::vector<int32_t> step_rows;
+  std::vector<DraftRequest> requests;
+  std::vector<std::pair<Sequence*, int>> drafting;  // with its room
+  for (size_t i = 0; i < step.chunks.size(); ++i) {
+    Sequence* seq = step.chunks[i].seq;
+    const SequenceSlice& ran = batch.seqs[i];
+    const int start = batch.positions[ran.q_start];
+    const int end = std::min({seq->num_computed, seq->num_tokens() - 1, start + ran.q_len});
+    if (end <= start || (!seq->wants_more_tokens() && !enable_prefix_caching_)) continue;
+    int room = Room(*seq);
+    // The chained steps write the draft's KV up to position num_computed + k - 2.
+    if (room > 0 && !blocks_.Reserve(*seq, seq->num_computed + k - 1)) room = 0;  // no KV room: plain decode
+    SequenceSlice slice;
+    slice.q_start = static_cast<int32_t>(first.token_ids.size());
+    slice.q_len = end - start;
+    slice.ctx_len = end;
+    slice.block_table = seq->block_table;
+    for (int p = start; p < end; ++p) {
+      first.token_ids.push_back(seq->tokens()[p + 1]);
+      first.positions.push_back(p);
+      first.slot_mapping.push_back(batch.slot_mapping[ran.q_start + p - start]);
+      step_rows.push_back(ran.q_start + p - start);
+    }
+    if (room > 0) {
+      first.logit_rows.push_back(slice.q_start + slice.q_len - 1);
+      requests.push_back({seq->num_computed, seq->block_table});
+      drafting.emplace_back(seq, room);
+    }
+    first.seqs.push_back(std::move(slice));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto drafts = Round(first, step_rows, requests, k);
+  if (!requests.empty()) {
+    ObserveRound(static_cast<int>(requests.size()), k,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    auto& [seq, room] = drafting[i];
+    seq->drafts.assign(drafts[i].begin(), drafts[i].begin() + std::min<size_t>(room, drafts[i].size()));
+  }
+}
+
+MtpAssistantDrafter::MtpAssistantDrafter(MtpDrafter& drafter, int k, const DrafterContext& context)
+    : DeviceDrafter(k, context, HasMoe(drafter)), drafter_(drafter) {}
+
+// The drafter's round for each sequence that decodes next: its queries sit at p, the last
+// position with KV (whose final-normed hidden starts the round), over the target's KV 0..p.
+void MtpAssistantDrafter::ProposeDrafts(const DraftStep& step) {
+  const int k = RoundLength();
+  MtpDraftBatch batch;
+  std::vector<int32_t> hidden_rows;
+  std::vector<std::pair<Sequence*, int>> drafting;  // with its room
+  for (const auto& [seq, row] : step.sampled) {
+    const int room = Room(*seq);
+    if (room == 0) continue;
+    SequenceSlice slice;
+    slice.q_start = static_cast<int32_t>(batch.tokens.size());
+    slice.q_len = 1;
+    slice.ctx_len = seq->num_computed;  // p + 1
+    slice.block_table = seq->block_table;
+    batch.tokens.push_back(seq->tokens().back());
+    batch.seqs.push_back(std::move(slice));
+    hidden_rows.push_back(row);
+    drafting.emplace_back(seq, room);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto drafts = Round(batch, hidden_rows, k);
+  if (!drafting.empty()) {
+    ObserveRound(static_cast<int>(drafting.size()), k,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    auto& [seq, room] = drafting[i];
+    seq->drafts.assign(drafts[i].begin(), drafts[i].begin() + room);
+  }
+}
+
+std::vector<std::vector<int32_t>> MtpAssistantDrafter::Round(const MtpDraftBatch& batch,
+                                                             const std::vector<int32_t>& hidden_rows, int num_drafts) {
+  Backend& backend = this->backend();
+  const Tensor& final_hidden = runner_.step_final_hidden();
+  const int n = static_cast<int>(batch.tokens.size());
+  if (n == 0) return std::vector<std::vector<int32_t>>();
+  // Every step of the round has the same inputs but the token: one row per sequence at its
+  // constant position p (ctx_len - 1), storing no KV.
+  ForwardBatch round;
+  size_t longest_table = 0;
+  for (int i = 0; i < n; ++i) {
+    round.token_ids.push_back(batch.tokens[i]);
+    round.positions.push_back(batch.seqs[i].ctx_len - 1);
+    round.slot_mapping.push_back(-1);
+    round.logit_rows.push_back(i);
+    round.seqs.push_back(batch.seqs[i]);
+    longest_table = std::max(longest_table, batch.seqs[i].block_table.size());
+  }
+  const int bucket = DraftGraphBucket(n, longest_table);
+  const int rows = bucket > 0 ? bucket : n;
+  const DeviceBatch in = bucket > 0 ? runner_.StageGraphInputs(round, bucket, 1, draft_inputs_[1]) : UploadBatch(backend, round);
+  const int64_t width = final_hidden.size(1);
+  Tensor tokens = bucket > 0 ? DraftTokens() : backend.Empty(DType::kI32, {int64_t{num_drafts} * n});
+  const Tensor hidden = bucket > 0 ? DraftHidden(width).Rows(0, bucket) : backend.Empty(final_hidden.dtype(), {n, width});
+  Tensor first_hidden = hidden.Rows(0, n);
+  backend.GatherRows(final_hidden, hidden_rows, first_hidden);
+  // Step s reads draft s - 1 (step 0 the emitted token) and the hidden the step before left.
+  auto steps = [&] {
+    Tensor h = hidden;
+    for (int s = 0; s < num_drafts; ++s) {
+      const Tensor ids = s == 0 ? in.token_ids : tokens.Rows(int64_t{s - 1} * rows, int64_t{s} * rows);
+      MtpDraftOutput out = drafter_.Step(ids, in.positions, in.attention, h, runner_.cache());
+      Tensor next = tokens.Rows(int64_t{s} * rows, int64_t{s + 1} * rows);
+      backend.GreedyTokens(out.logits, nullptr, next);
+      h = std::move(out.hidden);
+    }
+  };
+  if (bucket > 0) {
+    DraftRound({bucket, 0, num_drafts}, steps);
+  } else {
+    steps();
+  }
+  return DownloadDrafts(tokens, rows, n, num_drafts);
+}
+
+std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first_pass,
+                                                       const std::vector<int32_t>& step_rows,
+                                                       const std::vector<DraftRequest>& requests, int num_drafts) {
+  Eagle3Draft& draft = draft_;
+  Backend& backend = this->backend();
+  const Tensor& step_aux = runner_.step_aux();
+  if (first_pass.token_ids.empty()) return std::vector<std::vector<int32_t>>(requests.size());
+  const int n = static_cast<int>(requests.size());
+  size_t longest_table = 0;
+  for (const DraftRequest& r : requests) longest_table = std::max(longest_table, r.block_table.size());
+  int bucket = DraftGraphBucket(n, longest_table);
+  const int q = bucket > 0 ? PaddedFirstPassRows(first_pass, num_drafts) : 0;
+  if (q == 0 && num_drafts == 1) bucket = 0;  // the first pass alone, eagerly: nothing to record
+  const int rows = bucket > 0 ? bucket : n;
+  // Drafts stay on the device, step after step ([num_drafts, rows]); one download at the end.
+  Tensor tokens = bucket > 0 ? DraftTokens() : backend.Empty(DType::kI32, {int64_t{num_drafts} * n});
+  const int64_t layers = step_aux.size(0), total = step_aux.size(1), h = step_aux.size(2);
+  // The first pass's aux states, [R, A, H]: every aux layer's state of each of its rows.
+  auto gather_aux = [&](const std::vector<int32_t>& rows_of_step, Tensor& out) {
+    std::vector<int32_t> gather;
+    for (int32_t r : rows_of_step)
+      for (int64_t l = 0; l < layers; ++l) gather.push_back(static_cast<int32_t>(l * total + r));
+    backend.GatherRows(step_aux.View({layers * total, h}), gather, out);
+  };
+  DeviceBatch padded;  // the first pass on the graph (q > 0), and its aux states
+  Tensor padded_aux;
+  Tensor hidden;  // otherwise: the hidden rows the chained steps start from
+  if (q > 0) {
+    padded = StagePaddedFirstPass(first_pass, step_rows, bucket, q, num_drafts, padded_aux, gather_aux);
+  } else {
+    const int64_t first_rows = static_cast<int64_t>(step_rows.size());
+    Tensor aux = backend.Empty(step_aux.dtype(), {layers * first_rows, h});
+    gather_aux(step_rows, aux);
+    const Eagle3Output out =
+        draft.Forward(first_pass, draft.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
+    if (n == 0) return {};
+    Tensor first = tokens.Rows(0, n);
+    draft.GreedyTargetTokens(out.logits, first);
+    hidden = out.next_hidden;
+    if (bucket > 0) {
+      hidden = DraftHidden(draft.decoder().hidden_size).Rows(0, bucket);
+      Tensor dst = hidden.Rows(0, n);
+      backend.Copy(out.next_hidden, dst);
+    }
+  }
+  const std::vector<DeviceBatch> steps =
+      num_drafts > 1 ? StageChainedSteps(requests, rows, num_drafts - 1, tokens, bucket > 0) : std::vector<DeviceBatch>();
+  // [the first pass, then] step s: each request's draft s - 1 at the position after, fed the
+  // hidden it left.
+  auto round = [&] {
+    Tensor in = hidden;
+    if (q > 0) {
+      Eagle3Output out = draft.Forward(padded, draft.CombineHiddenStates(padded_aux), cache_);
+      Tensor first = tokens.Rows(0, rows);
+      draft.GreedyTargetTokens(out.logits, first);
+      in = std::move(out.next_hidden);
+    }
+    for (int s = 1; s < num_drafts; ++s) {
+      Eagle3Output step = draft.Forward(steps[s - 1], in, cache_);
+      Tensor next = tokens.Rows(int64_t{s} * rows, int64_t{s + 1} * rows);
+      draft.GreedyTargetTokens(step.logits, next);
+      in = std::move(step.next_hidden);
+    }
+  };
+  if (bucket > 0) {
+    DraftRound({bucket, q, num_drafts}, round);
+  } else {
+    round();
+  }
+  return DownloadDrafts(tokens, rows, n, num_drafts);
+}
+
+// A first pass fits a graph when every sequence in it drafts (its logit row its last) and
+// runs at most num_drafts + 1 rows (a verification step's), with at least as many positions
+// before its end as the widest: each is padded at its front to that width (q) with rows at
+// the positions before, which store no KV, so its last row stays the block's last.
+int Eagle3Drafter::PaddedFirstPassRows(const ForwardBatch& first_pass, int num_drafts) const {
+  const size_t seqs = first_pass.seqs.size();
+  if (first_pass.logit_rows.size() != seqs) return 0;
+  int q = 1;
+  for (const SequenceSlice& s : first_pass.seqs) q = std::max(q, s.q_len);
+  if (q > num_drafts + 1 || q > ModelRunner::kMaxGraphRowsPerSeq) return 0;
+  for (size_t i = 0; i < seqs; ++i) {
+    const SequenceSlice& s = first_pass.seqs[i];
+    if (s.q_len < 1 || s.ctx_len < q || first_pass.logit_rows[i] != s.q_start + s.q_len - 1) return 0;
+  }
+  return q;
+}
+
+DeviceBatch Eagle3Drafter::StagePaddedFirstPass(
+    const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows, int bucket, int q, int num_drafts, Tensor& aux,
+    const std::function<void(const std::vector<int32_t>&, Tensor&)>& gather_aux) {
+  ForwardBatch padded;
+  std::vector<int32_t> rows_of_step;  // each padded row's row in the step (padding: its sequence's first)
+  for (const SequenceSlice& s : first_pass.seqs) {
+    const int pad = q - s.q_len;
+    for (int j = 0; j < q; ++j) {
+      const int32_t row = s.q_start + std::max(0, j - pad);
+      padded.token_ids.push_back(first_pass.token_ids[row]);
+      padded.positions.push_back(s.ctx_len - q + j);
+      padded.slot_mapping.push_back(j < pad ? -1 : first_pass.slot_mapping[row]);
+      rows_of_step.push_back(step_rows[row]);
+    }
+    SequenceSlice slice = s;
+    slice.q_start = static_cast<int32_t>(padded.seqs.size()) * q;
+    slice.q_len = q;
+    padded.seqs.push_back(std::move(slice));
+  }
+  rows_of_step.resize(static_cast<size_t>(bucket) * q, rows_of_step.front());  // padding sequences
+  DeviceBatch inputs = runner_.StageGraphInputs(padded, bucket, q, draft_inputs_[q]);
+  inputs.logit_rows.clear();
+  for (int i = 1; i <= bucket; ++i) inputs.logit_rows.push_back(i * q - 1);
+  const Tensor& step_aux = runner_.step_aux();
+  const int64_t layers = step_aux.size(0), h = step_aux.size(2);
+  if (!first_pass_aux_.defined() || first_pass_aux_.numel() < layers * bucket * q * h) {
+    // Sized for the largest bucket and a verification step's rows (num_drafts + 1), once per
+    // runner in practice; graphs recorded on a smaller one go with it.
+    draft_graphs_.clear();
+    first_pass_aux_ = backend().Empty(step_aux.dtype(), {layers * runner_.max_graph_batch() * (num_drafts + 1) * h});
+  }
+  aux = first_pass_aux_.Rows(0, layers * bucket * q * h).View({layers * bucket * q, h});
+  gather_aux(rows_of_step, aux);
+  aux = aux.View({int64_t{bucket} * q, layers, h});
+  return inputs;
+}
+
+// Layout, in int32 words, for S steps of R rows: per step positions [R], slots [R] and
+// sequence info [R, 4], then the block tables (one per row at a stride, shared by the steps).
+std::vector<DeviceBatch> Eagle3Drafter::StageChainedSteps(const std::vector<DraftRequest>& requests, int rows, int steps,
+                                                        const Tensor& tokens, bool fixed) {
+  Backend& backend = this->backend();
+  const int n = static_cast<int>(requests.size()), bs = block_size_;
+  int64_t stride = 1;
+  for (const DraftRequest& r : requests) stride = std::max<int64_t>(stride, r.block_table.size());
+  const int64_t per_step = 6 * int64_t{rows}, words = steps * per_step + rows * stride;
+  if (fixed && !chain_inputs_.device.defined()) {
+    const int64_t most = ModelRunner::kMaxGraphRowsPerSeq * 6 * runner_.max_graph_batch() +
+                         runner_.max_graph_batch() * runner_.max_blocks_per_seq();
+    chain_inputs_.device = backend.Empty(DType::kI32, {most});
+    chain_inputs_.staging = backend.HostBuffer(DType::kI32, {most});
+  }
+  Tensor host = fixed ? chain_inputs_.staging.Rows(0, words) : Tensor::Host(DType::kI32, {words});
+  int32_t* staged = host.data<int32_t>();
+  int32_t* tables = staged + steps * per_step;
+  std::fill_n(tables, rows * stride, 0);  // padding rows attend to the first slot of block 0
+  for (int i = 0; i < n; ++i) std::copy(requests[i].block_table.begin(), requests[i].block_table.end(), tables + i * stride);
+  std::vector<std::vector<SequenceSlice>> seqs(steps);  // the host copies eager attention reads
+  for (int s = 0; s < steps; ++s) {
+    int32_t *positions = staged + s * per_step, *slots = positions + rows, *info = slots + rows;
+    for (int i = 0; i < rows; ++i) {
+      // Padding: token at position 0, storing no KV.
+      const int32_t pos = i < n ? requests[i].position + s : 0;
+      positions[i] = pos;
+      slots[i] = i < n ? static_cast<int32_t>(SlotOf(requests[i].block_table, pos, bs)) : -1;
+      std::copy_n(std::array<int32_t, 4>{i, 1, pos + 1, static_cast<int32_t>(i * stride)}.begin(), 4, info + 4 * i);
+      if (!fixed) seqs[s].push_back({i, 1, pos + 1, requests[i].block_table});
+    }
+  }
+  Tensor device;
+  if (fixed) {
+    device = chain_inputs_.device.Rows(0, words);
+    backend.UploadTo(host, device);
+  } else {
+    device = backend.Upload(host);
+  }
+  std::vector<DeviceBatch> batches(steps);
+  for (int s = 0; s < steps; ++s) {
+    DeviceBatch& b = batches[s];
+    const int64_t at = s * per_step;
+    b.token_ids = tokens.Rows(int64_t{s} * rows, int64_t{s + 1} * rows);
+    b.positions = device.Rows(at, at + rows);
+    b.slot_mapping = device.Rows(at + rows, at + 2 * rows);
+    b.attention.seq_info = device.Rows(at + 2 * rows, at + 6 * rows).View({rows, 4});
+    b.attention.block_tables = device.Rows(steps * per_step, words);
+    b.attention.max_q_len = 1;
+    if (!fixed) {  // a graph gets no host copy: kernels that schedule from one would bake it in
+      b.attention.seq_info_host.assign(staged + at + 2 * rows, staged + at + 6 * rows);
+      b.attention.seqs = std::move(seqs[s]);
+    }
+    for (int i = 0; i < rows; ++i) b.logit_rows.push_back(i);  // every row, in order: no gather
+  }
+  return batches;
+}
+
+int DeviceDrafter::DraftGraphBucket(int sequences, size_t longest_block_table) const {
+  if (!runner_.graphs_on() || has_moe_ || sequences == 0 || sequences > runner_.max_graph_batch() ||
+      static_cast<int64_t>(longest_block_table) > runner_.max_blocks_per_seq()) {
+    return 0;
+  }
+  return ModelRunner::BucketFor(sequences);
+}
+
+Tensor DeviceDrafter::DraftTokens() {
+  if (!draft_tokens_.defined()) {
+    // Zeros: padding rows' token ids are read before any step writes them.
+    draft_tokens_ = backend().Upload(Tensor::Host(DType::kI32, {ModelRunner::kMaxGraphRowsPerSeq * runner_.max_graph_batch()}));
+  }
+  return draft_tokens_;
+}
+
+Tensor DeviceDrafter::DraftHidden(int64_t width) {
+  if (!draft_hidden_.defined()) {
+    draft_hidden_ = backend().Empty(backend().compute_dtype(), {runner_.max_graph_batch(), width});
+  }
+  return draft_hidden_;
+}
+
+// As GraphForward: replayed where its key has a graph, else run on the fixed inputs
+// (its GEMMs tune) and recorded for the next round.
+void DeviceDrafter::DraftRound(const std::array<int, 3>& key, const std::function<void()>& round) {
+  if (auto it = draft_graphs_.find(key); it != draft_graphs_.end()) {
+    it->second->Replay();
+    ++draft_graph_replays_;
+    first_pass_graph_replays_ += key[1] > 0;
+    return;
+  }
+  round();
+  if (runner_.recording_failed()) return;
+  std::unique_ptr<DeviceGraph> graph = backend().Record(round);
+  if (!graph) {
+    runner_.RecordingFailed();
+    return;
+  }
+  draft_graphs_.emplace(key, std::move(graph));
+}
+
+std::vector<std::vector<int32_t>> DeviceDrafter::DownloadDrafts(const Tensor& tokens, int rows, int requests,
+                                                                int drafts) {
+  const Tensor host = backend().Download(tokens.Rows(0, int64_t{drafts} * rows));
+  const int32_t* words = host.data<int32_t>();
+  std::vector<std::vector<int32_t>> out(requests);
+  for (int i = 0; i < requests; ++i) {
+    for (int s = 0; s < drafts; ++s) out[i].push_back(words[int64_t{s} * rows + i]);
+  }
+  return out;
+}
+
+}  // namespace hsx

@@ -1,0 +1,126 @@
+// The drafters whose rounds run on the device, and those rounds' CUDA graphs: an EAGLE-3
+// draft (its first pass over the step's kept positions, then K - 1 chained single-token
+// steps, on its own KV cache at the target's slots) and a Gemma 4 MTP assistant (K steps
+// at the constant position p over the target's KV). Each owns its draft state; the
+// target's step outputs it reads (aux states, final-normed rows) come from the runner.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "engine/drafter.h"
+#include "model/eagle3_draft.h"
+#include "model/kv_cache.h"
+#include "model/mtp_drafter.h"
+
+namespace hsx {
+
+// A sequence that drafts after the step: where its chained draft steps run (the position
+// of its last known token, the one with no KV yet) and its block table (with room for K - 1
+// more slots).
+struct DraftRequest {
+  int32_t position = 0;
+  std::vector<int32_t> block_table;
+};
+
+// What both device drafters share: rounds on graphs, per (bucket, first-pass rows, K).
+class DeviceDrafter : public Drafter {
+ public:
+  DeviceDrafter(int k, const DrafterContext& context, bool has_moe);
+  int64_t graph_replays() const override { return draft_graph_replays_; }
+  int64_t first_pass_graph_replays() const override { return first_pass_graph_replays_; }
+
+ protected:
+  Backend& backend() const { return runner_.backend(); }
+  // Draft rounds (EAGLE-3's chained steps, MTP's steps) keep their drafts on the device,
+  // int32 [drafts, rows] (row r of step s at s * rows + r), and download them once.
+  // The bucket of a round over `sequences` whose longest block table has that many
+  // blocks, or 0: eager.
+  int DraftGraphBucket(int sequences, size_t longest_block_table) const;
+  // The fixed drafts every round graph writes (zeros at first: padding rows read them) and
+  // the fixed hidden input a round starts from ([max_graph_batch, width]).
+  Tensor DraftTokens();
+  Tensor DraftHidden(int64_t width);
+  // A round (its work reads fixed inputs and leaves its drafts in DraftTokens()) on the
+  // graph of its key: (bucket, the first pass's rows per sequence or 0 without it, drafts).
+  void DraftRound(const std::array<int, 3>& key, const std::function<void()>& round);
+  // tokens [drafts, rows] as each of the first `requests` rows' drafts, in one download.
+  std::vector<std::vector<int32_t>> DownloadDrafts(const Tensor& tokens, int rows, int requests, int drafts);
+
+  ModelRunner& runner_;
+  BlockManager& blocks_;
+  int block_size_;
+  bool enable_prefix_caching_;
+  bool has_moe_;  // MoE routing downloads expert counts: a round cannot be recorded
+  // Draft rounds on graphs, by DraftRound's key (a drafter has one kind of round), their
+  // fixed inputs (MTP's steps and EAGLE-3's padded first passes by rows per sequence,
+  // EAGLE-3's chained steps), the aux states of a first pass, the hidden rows a round
+  // without one starts from, and the drafts they leave.
+  std::map<std::array<int, 3>, std::unique_ptr<DeviceGraph>> draft_graphs_;
+  std::map<int, ModelRunner::GraphInputs> draft_inputs_;
+  Tensor draft_hidden_, draft_tokens_;
+  int64_t draft_graph_replays_ = 0, first_pass_graph_replays_ = 0;
+};
+
+// vLLM's "eagle3" method: the draft's first pass covers every position of the step whose
+// KV stays, fed the token after it, so the draft's KV follows the target's; a sequence
+// that decodes next gets K - 1 more slots for the chained steps.
+class Eagle3Drafter : public DeviceDrafter {
+ public:
+  Eagle3Drafter(Eagle3Draft& draft, int k, const DrafterContext& context);
+
+  // The round: the draft's first pass (first_pass: the step's computed positions whose KV
+  // stays, each fed the token after it; step_rows: each row's row in the step, whose aux
+  // states it takes; its logit rows one per request, in order) writes the draft's KV, then
+  // num_drafts - 1 chained steps; returns each request's greedy drafts (target ids).
+  std::vector<std::vector<int32_t>> Round(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
+                                          const std::vector<DraftRequest>& requests, int num_drafts);
+
+ protected:
+  void ProposeDrafts(const DraftStep& step) override;
+
+ private:
+  // EAGLE-3's first pass on the round's graph: the rows per sequence it pads to, or 0 if
+  // it runs eagerly.
+  int PaddedFirstPassRows(const ForwardBatch& first_pass, int num_drafts) const;
+  // Stages the padded first pass (bucket sequences of q rows, each ending with its logit
+  // row) into fixed inputs and gathers its aux states into a fixed [bucket q, A, H].
+  DeviceBatch StagePaddedFirstPass(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows, int bucket,
+                                   int q, int num_drafts, Tensor& aux,
+                                   const std::function<void(const std::vector<int32_t>&, Tensor&)>& gather_aux);
+  // EAGLE-3's chained steps 1..steps of a round for `rows` rows (the requests, then padding
+  // rows that store no KV), staged in one upload, into the fixed inputs where `fixed`; step
+  // s reads its token ids from row s - 1 of tokens.
+  std::vector<DeviceBatch> StageChainedSteps(const std::vector<DraftRequest>& requests, int rows, int steps,
+                                             const Tensor& tokens, bool fixed);
+
+  Eagle3Draft& draft_;
+  KVCache cache_;  // the draft's KV at the target's slots
+  ModelRunner::GraphInputs chain_inputs_;
+  Tensor first_pass_aux_;
+};
+
+// The "mtp" method with a Gemma 4 assistant: no draft KV; each round starts from the step's
+// final-normed hidden of the row that emitted the sequence's last token, that token, and
+// queries at p, the last position with KV, over the target's cache.
+class MtpAssistantDrafter : public DeviceDrafter {
+ public:
+  MtpAssistantDrafter(MtpDrafter& drafter, int k, const DrafterContext& context);
+
+  // For each request of `batch` (one row each: the token just emitted at the constant
+  // position p, ctx_len p + 1), num_drafts drafter steps fed first the final-normed hidden
+  // of the step's logit row hidden_rows[r], then their own; returns greedy drafts.
+  std::vector<std::vector<int32_t>> Round(const MtpDraftBatch& batch, const std::vector<int32_t>& hidden_rows,
+                                          int num_drafts);
+
+ protected:
+  void ProposeDrafts(const DraftStep& step) override;
+
+ private:
+  MtpDrafter& drafter_;
+};
+
+}  // namespace hsx

@@ -1,0 +1,89 @@
+#include "engine/drafter.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "engine/draft_runner.h"
+
+namespace hsx {
+
+int Drafter::DraftRoom(const Sequence& seq, int k) {
+  if (!seq.wants_more_tokens() || seq.num_tokens() - seq.num_computed != 1) return 0;
+  return std::max(0, std::min(k, seq.turn_max_new_tokens() - seq.turn_generated() - 1));
+}
+
+void Drafter::EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected) {
+  config.k_max = k_;
+  policy_.emplace(config);
+  injected_ = injected != nullptr;
+  cost_ = injected_ ? injected : &measured_;
+}
+
+void Drafter::Accept(const std::vector<DraftOutcome>& outcomes) {
+  if (!policy_) return;
+  for (const DraftOutcome& o : outcomes) policy_->Record(o.seq->draft_history, o.proposed, o.accepted);
+}
+
+void Drafter::Propose(const DraftStep& step) {
+  if (policy_) Plan(step);
+  ProposeDrafts(step);
+}
+
+int Drafter::Room(const Sequence& seq) const {
+  const int room = DraftRoom(seq, k_);
+  if (!policy_) return room;
+  auto it = planned_.find(&seq);
+  return it == planned_.end() ? 0 : std::min(room, it->second);
+}
+
+void Drafter::ObserveRound(int seqs, int k, double seconds) {
+  if (policy_ && !injected_) measured_.ObserveDraft(seqs, k, seconds);
+}
+
+// The step just run is measured (a decode or verification step: prefill rows cost
+// otherwise), then every sequence that decodes next gets its K; those that may draft
+// none still add their row.
+void Drafter::Plan(const DraftStep& step) {
+  if (!injected_ && step.decode_only && step.rows > 0) measured_.ObserveTarget(step.rows, step.run_seconds);
+  std::vector<const Sequence*> seqs;
+  std::vector<int> rooms;
+  std::vector<double> acceptance;
+  for (const auto& [seq, n] : step.chunks) {
+    if (!seq->wants_more_tokens() || seq->num_tokens() - seq->num_computed != 1) continue;
+    seqs.push_back(seq);
+    rooms.push_back(DraftRoom(*seq, k_));
+    acceptance.push_back(policy_->Acceptance(seq->draft_history));
+  }
+  const std::vector<int> ks = policy_->Choose(rooms, acceptance, *cost_);
+  planned_.clear();
+  round_k_ = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    planned_[seqs[i]] = ks[i];
+    round_k_ = std::max(round_k_, ks[i]);
+  }
+}
+
+void NgramDrafter::ProposeDrafts(const DraftStep& step) {
+  for (const auto& [seq, n] : step.chunks) {
+    const int room = Room(*seq);
+    if (room == 0) continue;
+    seq->drafts = proposer_.Propose(seq->tokens());
+    if (static_cast<int>(seq->drafts.size()) > room) seq->drafts.resize(room);
+  }
+}
+
+std::unique_ptr<Drafter> MakeDrafter(const NgramConfig& ngram, Eagle3Draft* eagle3, int eagle3_k, MtpDrafter* mtp,
+                                     int mtp_k, const DrafterContext& context) {
+  if (eagle3 != nullptr) return std::make_unique<Eagle3Drafter>(*eagle3, eagle3_k, context);
+  if (mtp != nullptr) return std::make_unique<MtpAssistantDrafter>(*mtp, mtp_k, context);
+  if (ngram.num_speculative_tokens <= 0) return nullptr;
+  auto proposer = NgramProposer::Create(ngram, context.max_model_len);
+  if (!proposer.ok()) {  // the CLI checked the config: this is a caller's bug
+    std::fprintf(stderr, "hsx: %s\n", proposer.status().message().c_str());
+    std::abort();
+  }
+  return std::make_unique<NgramDrafter>(std::move(*proposer), ngram.num_speculative_tokens);
+}
+
+}  // namespace hsx

@@ -1,0 +1,120 @@
+// Speculative decoding's drafting side, one class per method (vLLM v1's proposers): prompt
+// lookup (NgramDrafter, here), an EAGLE-3 draft and a Gemma 4 MTP assistant (draft_runner.h,
+// whose rounds run on the device). The engine calls each once per step, after accept:
+// Accept with what verification did to the drafts it proposed, then Propose, which sets the
+// drafts of every sequence that decodes next. A drafter owns its state (draft KV cache,
+// draft graphs and their fixed inputs, per-request history); what it reads of the target
+// step (EAGLE-3's aux states, MTP's final-normed rows, the target's KV) the runner keeps
+// until the next step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/draft_length.h"
+#include "engine/model_runner.h"
+#include "engine/ngram_proposer.h"
+#include "engine/scheduler.h"
+
+namespace hsx {
+
+// What the step that just ran did, as a drafter reads it.
+struct DraftStep {
+  const ForwardBatch& batch;                   // the target's batch, one slice per chunk
+  const std::vector<ScheduledChunk>& chunks;  // num_computed already advanced, tokens accepted
+  // The sequences that got tokens, with the logit row their last emitted token came from
+  // (whose final-normed hidden an MTP round starts from).
+  const std::vector<std::pair<Sequence*, int32_t>>& sampled;
+  // The run stage's host seconds, its rows, and whether every chunk was a decode or
+  // verification (one row and its drafts): what the adaptive cost model measures.
+  double run_seconds = 0;
+  int rows = 0;
+  bool decode_only = false;
+};
+
+// One sequence's verification in the step: drafts it proposed, how many were accepted.
+struct DraftOutcome {
+  Sequence* seq;
+  int proposed;
+  int accepted;
+};
+
+class Drafter {
+ public:
+  explicit Drafter(int num_speculative_tokens) : k_(num_speculative_tokens) {}
+  virtual ~Drafter() = default;
+
+  int num_speculative_tokens() const { return k_; }
+  // The verifications of the step (every sampling sequence, with or without drafts): with
+  // adaptive draft lengths, each sequence's acceptance history.
+  void Accept(const std::vector<DraftOutcome>& outcomes);
+  // Sets seq->drafts for each sequence that decodes next step: at most its DraftRoom, and
+  // with adaptive draft lengths at most the K the policy chose for it this step.
+  void Propose(const DraftStep& step);
+  // "draft_length": "adaptive": K per request per step from its acceptance and the cost
+  // model, measured as steps run, or `injected` (fixed figures: tests).
+  void EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected);
+  bool adaptive() const { return policy_.has_value(); }
+  const DraftCostModel& cost_model() const { return *cost_; }
+
+  // Draft rounds that replayed a graph, and of those EAGLE-3 rounds whose first pass was in it.
+  virtual int64_t graph_replays() const { return 0; }
+  virtual int64_t first_pass_graph_replays() const { return 0; }
+
+ protected:
+  // How many drafts seq may take next step (0 if it does not decode next): its remaining
+  // tokens less the one verification always emits, at most `k`.
+  static int DraftRoom(const Sequence& seq, int k);
+  // What Propose does once the step's draft lengths are chosen.
+  virtual void ProposeDrafts(const DraftStep& step) = 0;
+  // seq's drafts this step: DraftRoom at K_max, or the policy's K for it.
+  int Room(const Sequence& seq) const;
+  // How many draft steps a round runs this step: K_max, or the largest K chosen.
+  int RoundLength() const { return policy_ ? round_k_ : k_; }
+  // A device round over `seqs` requests of k drafts took `seconds` (the cost model's).
+  void ObserveRound(int seqs, int k, double seconds);
+
+ private:
+  void Plan(const DraftStep& step);
+
+  int k_;
+  std::optional<DraftLengthPolicy> policy_;
+  DraftCostModel measured_;
+  const DraftCostModel* cost_ = &measured_;
+  bool injected_ = false;
+  std::unordered_map<const Sequence*, int> planned_;  // this step's K per decoding sequence
+  int round_k_ = 0;
+};
+
+// vLLM's "ngram" method: prompt lookup on the host.
+class NgramDrafter : public Drafter {
+ public:
+  NgramDrafter(NgramProposer proposer, int k) : Drafter(k), proposer_(std::move(proposer)) {}
+
+ protected:
+  void ProposeDrafts(const DraftStep& step) override;
+
+ private:
+  NgramProposer proposer_;
+};
+
+// What a drafter may use of the engine: the runner (device, target KV, graph settings)
+// and the block manager (EAGLE-3 reserves its chained steps' slots).
+struct DrafterContext {
+  ModelRunner& runner;
+  BlockManager& blocks;
+  int block_size;
+  bool enable_prefix_caching;
+  int64_t max_model_len;
+};
+
+// The engine's drafter for its speculative config (ngram, eagle3 or mtp), or null.
+std::unique_ptr<Drafter> MakeDrafter(const NgramConfig& ngram, Eagle3Draft* eagle3, int eagle3_k, MtpDrafter* mtp,
+                                     int mtp_k, const DrafterContext& context);
+
+}  // namespace hsx

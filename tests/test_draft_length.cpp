@@ -1,0 +1,188 @@
+// Draft length per request per step ("draft_length": "adaptive"): the policy, on an injected
+// cost model and acceptance history, drops K to 0 for a request whose drafts are never
+// accepted and at a batch where verification rows cost what they yield, raises it to K_max
+// for one whose drafts are always accepted; through the engine, greedy output stays the
+// plain decode's (K changes only how many drafts are proposed) and forced acceptance of 0
+// or 1 moves the drafts proposed the way the policy says.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/draft_length.h"
+#include "engine/engine.h"
+#include "engine/speculative_config.h"
+#include "model/eagle3_draft.h"
+#include "test_util.h"
+
+namespace hsx {
+namespace {
+
+// Memory-bound up to 64 rows (a step costs the same), then compute-bound (linear in rows);
+// a draft step costs 5% of a target step at batch 1, a round at batch 128 30%.
+DraftCostModel H200Like() {
+  DraftCostModel cost;
+  cost.SetTarget(1, 1.0);
+  cost.SetTarget(64, 1.0);
+  cost.SetTarget(128, 2.0);
+  cost.SetTarget(1024, 16.0);
+  cost.SetDraft(1, 1, 0.05);
+  cost.SetDraft(128, 1, 0.3);
+  return cost;
+}
+
+DraftLengthConfig Config(int k_max) {
+  DraftLengthConfig c;
+  c.k_max = k_max;
+  return c;
+}
+
+TEST(DraftLengthPolicy, NeverAcceptedDraftsGoToZero) {
+  const DraftLengthPolicy policy(Config(4));
+  const DraftCostModel cost = H200Like();
+  DraftHistory h;
+  // Before any history the prior drafts.
+  EXPECT_GT(policy.Choose({4}, {policy.Acceptance(h)}, cost)[0], 0);
+  int k = 4;
+  for (int step = 0; step < 40 && k > 0; ++step) {
+    policy.Record(h, k, 0);
+    k = policy.Choose({4}, {policy.Acceptance(h)}, cost)[0];
+  }
+  EXPECT_EQ(k, 0) << "acceptance " << policy.Acceptance(h);
+  // Idle, it probes again after probe_interval steps: the prior comes back.
+  for (int step = 0; step < policy.config().probe_interval; ++step) policy.Record(h, 0, 0);
+  EXPECT_GT(policy.Choose({4}, {policy.Acceptance(h)}, cost)[0], 0);
+}
+
+TEST(DraftLengthPolicy, AlwaysAcceptedDraftsRiseToKMax) {
+  const DraftLengthPolicy policy(Config(4));
+  const DraftCostModel cost = H200Like();
+  DraftHistory h;
+  int k = 1;
+  for (int step = 0; step < 10; ++step) {
+    policy.Record(h, k, k);
+    k = policy.Choose({4}, {policy.Acceptance(h)}, cost)[0];
+  }
+  EXPECT_EQ(k, 4);
+  // Its room bounds it (tokens left less one).
+  EXPECT_EQ(policy.Choose({2}, {policy.Acceptance(h)}, cost)[0], 2);
+}
+
+TEST(DraftLengthPolicy, MixedBatchDraftsOnlyWhereItPays) {
+  const DraftLengthPolicy policy(Config(4));
+  const DraftCostModel cost = H200Like();
+  const std::vector<int> ks = policy.Choose({4, 4, 0}, {0.95, 0.02, 0.95}, cost);
+  EXPECT_EQ(ks, (std::vector<int>{4, 0, 0}));
+}
+
+TEST(DraftLengthPolicy, LargeComputeBoundBatchDecodesPlainly) {
+  const DraftLengthPolicy policy(Config(4));
+  const DraftCostModel cost = H200Like();
+  const std::vector<int> ks = policy.Choose(std::vector<int>(128, 4), std::vector<double>(128, 0.9), cost);
+  EXPECT_EQ(ks, std::vector<int>(128, 0));
+  // The same requests at batch 8 (memory-bound) draft.
+  const std::vector<int> small = policy.Choose(std::vector<int>(8, 4), std::vector<double>(8, 0.9), cost);
+  EXPECT_EQ(small, std::vector<int>(8, 4));
+}
+
+TEST(DraftLengthPolicy, SameMeasurementsSameChoice) {
+  const DraftLengthPolicy policy(Config(6));
+  DraftCostModel a, b;
+  for (DraftCostModel* m : {&a, &b}) {
+    m->ObserveTarget(4, 0.010);
+    m->ObserveTarget(16, 0.011);
+    m->ObserveDraft(4, 3, 0.002);
+  }
+  const std::vector<int> rooms = {6, 6, 3, 6};
+  const std::vector<double> acc = {0.7, 0.7, 0.4, 0.1};
+  EXPECT_EQ(policy.Choose(rooms, acc, a), policy.Choose(rooms, acc, b));
+}
+
+TEST(DraftCostModel, InterpolatesAndExtrapolates) {
+  DraftCostModel cost;
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(7), 1.0);  // the prior
+  cost.SetTarget(8, 2.0);
+  cost.SetTarget(16, 4.0);
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(12), 3.0);
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(4), 2.0);
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(24), 6.0);
+  cost.SetDraft(8, 2, 1.0);
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(8, 4), 2.0);
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(8, 0), 0.0);
+  cost.ObserveTarget(8, 3.0);  // smoothed toward it
+  EXPECT_GT(cost.TargetSeconds(8), 2.0);
+  EXPECT_LT(cost.TargetSeconds(8), 3.0);
+}
+
+struct Generation {
+  std::map<std::string, std::vector<int32_t>> tokens;
+  EngineStats stats;
+};
+
+Generation Generate(Model& model, const SafetensorsFile& golden, const EngineConfig& config, int max_new_tokens) {
+  Engine engine(model, config);
+  for (int k = 0; k < 3; ++k) {
+    Request r;
+    r.id = "p" + std::to_string(k);
+    r.prompt = test::AsIds(golden.Get("prompt_" + std::to_string(k)).value());
+    r.max_new_tokens = max_new_tokens;
+    r.stop_token_ids = model.config().eos_token_ids;
+    EXPECT_TRUE(engine.Add(std::move(r)).ok());
+  }
+  Generation run;
+  while (engine.has_work())
+    for (auto& seq : engine.Step()) run.tokens[seq->id()] = seq->generated();
+  run.stats = engine.stats();
+  return run;
+}
+
+TEST(AdaptiveDraftLength, GreedyOutputIsThePlainDecodes) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/llama_copy"), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  SafetensorsFile golden = test::Golden(test::ModelDir("llama") + "/golden.safetensors");
+  EngineConfig plain;
+  plain.scheduler.max_num_batched_tokens = 48;
+  const Generation reference = Generate(**model, golden, plain, 24);
+  const DraftCostModel cost = H200Like();
+  EngineConfig fixed = plain;
+  fixed.eagle3 = {draft->get(), 3};
+  EngineConfig adaptive = fixed;
+  adaptive.draft_length.adaptive = true;
+  adaptive.draft_length.cost_model = &cost;
+  const Generation a = Generate(**model, golden, adaptive, 24);
+  EXPECT_EQ(a.tokens, reference.tokens);
+  EXPECT_GT(a.stats.num_accepted_tokens, 0u);
+  EngineConfig ngram = plain;
+  ngram.ngram = {3, 1, 3};
+  ngram.draft_length = adaptive.draft_length;
+  EXPECT_EQ(Generate(**model, golden, ngram, 24).tokens, reference.tokens) << "ngram";
+
+  // Forced acceptance 0: the adaptive run proposes far fewer drafts than the fixed one;
+  // forced acceptance 1: as many per verification (K_max each).
+  fixed.spec_bench_accept_rate = adaptive.spec_bench_accept_rate = 0.0f;
+  const Generation fixed0 = Generate(**model, golden, fixed, 24), adaptive0 = Generate(**model, golden, adaptive, 24);
+  EXPECT_LT(adaptive0.stats.num_draft_tokens * 3, fixed0.stats.num_draft_tokens);
+  fixed.spec_bench_accept_rate = adaptive.spec_bench_accept_rate = 1.0f;
+  const Generation adaptive1 = Generate(**model, golden, adaptive, 24);
+  EXPECT_GE(adaptive1.stats.num_draft_tokens, 3 * adaptive1.stats.num_drafts - 3 * 3);  // room cuts the last ones
+}
+
+TEST(AdaptiveDraftLength, SpeculativeConfigKey) {
+  auto adaptive = ParseSpeculativeConfig(
+      R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "draft_length": "adaptive"})", 4);
+  ASSERT_TRUE(adaptive.ok()) << adaptive.status().message();
+  EXPECT_TRUE(adaptive->adaptive_draft_length);
+  auto fixed = ParseSpeculativeConfig(R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})", 4);
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_FALSE(fixed->adaptive_draft_length);
+  auto bad = ParseSpeculativeConfig(
+      R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "draft_length": "dynamic"})", 4);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("draft_length"), std::string::npos) << bad.status().message();
+}
+
+}  // namespace
+}  // namespace hsx
