@@ -13,6 +13,7 @@ pkgs=(
   libcpp-httplib-dev   # HTTP server for hsx serve
   libgtest-dev         # unit tests
   python3-pip          # the demo model and the python tests' packages come from PyPI
+  libibverbs1          # rdma-core's verbs library, which PyPI's Mooncake wheels link (tests/python/test_mooncake_sink.py)
 )
 missing=()
 for p in "${pkgs[@]}"; do

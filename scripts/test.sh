@@ -23,6 +23,11 @@ python3 -m pip install --quiet --disable-pip-version-check --no-deps speculators
 # speculators' own HTTP clients, which its --no-deps install leaves out: httpx (prepare-data's
 # render client) and aiohttp (regenerate-responses' chat poster). Both are small, pure clients.
 python3 -m pip install --quiet --disable-pip-version-check httpx aiohttp
+# The Mooncake capture sink against the real store and reader: Mooncake's CPU wheel (the store's
+# Python client and mooncake_master) and hs-connectors (--no-deps: it needs torch and vLLM, which
+# the test replaces by tests/python/torch_numpy_shim.py where torch does not import).
+python3 -m pip install --quiet --disable-pip-version-check mooncake-transfer-engine-non-cuda
+python3 -m pip install --quiet --disable-pip-version-check --no-deps hs-connectors==0.9.0
 HSX_BINARY="$PWD/build/src/hsx" python3 -m pytest tests/python -q
 # Sanitizers cover the host code; the CUDA backend is compiled (and its tests skip
 # without a GPU) in the first build.

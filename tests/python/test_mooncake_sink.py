@@ -1,0 +1,198 @@
+"""hsx's Mooncake capture sink against the real clients: a `mooncake_master` from PyPI,
+Mooncake's store, and hs_connectors' own reader (MooncakeBackend/MooncakeTransfer ->
+MooncakeHiddenStatesStore.get_sample) reading what hsx put. The tensors must equal, byte
+for byte, the file sink's safetensors files for the same prompts.
+
+Without torch (PyPI has no CPU-only wheel), hs_connectors runs on torch_numpy_shim: the
+reader's code is hs_connectors', only its buffer allocation and views are numpy's."""
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import socket
+import struct
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+import torch_numpy_shim
+from conftest import HSX, MODEL, free_port
+
+TORCH = torch_numpy_shim.install()
+try:
+    import mooncake.store  # noqa: F401
+    from hs_connectors.mooncake_store import MooncakeIntegrityError
+    from hs_connectors.transfer import MooncakeBackend
+    MISSING = None
+except ImportError as e:  # scripts/test.sh installs both; only a platform without wheels lacks them
+    MISSING = f"Mooncake or hs-connectors not importable: {e}"
+
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+PUT_TOOL = pathlib.Path(HSX).parent.parent / "tests" / "hsx_mooncake_put"
+TORCH_DTYPES = {"F32": "torch.float32", "BF16": "torch.bfloat16", "F16": "torch.float16", "I64": "torch.int64"}
+
+
+def raw_tensors(path):
+    """{name: (torch dtype name, shape, bytes)} of a safetensors file, bytes as stored."""
+    raw = pathlib.Path(path).read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    return {name: (TORCH_DTYPES[m["dtype"]], tuple(m["shape"]), raw[8 + n + m["data_offsets"][0]:8 + n + m["data_offsets"][1]])
+            for name, m in header.items() if name != "__metadata__"}
+
+
+def tensor_bytes(t):
+    """A reader tensor's dtype name, shape and bytes, from real torch or the shim."""
+    if TORCH == "torch":
+        import torch
+        return str(t.dtype), tuple(t.shape), t.contiguous().view(torch.uint8).numpy().tobytes()
+    return repr(t.dtype), tuple(t.shape), t.numpy().tobytes()
+
+
+@pytest.fixture(scope="module")
+def master():
+    exe = shutil.which("mooncake_master")
+    assert exe, "mooncake_master is not on PATH although mooncake.store imports"
+    port = free_port()
+    log = open(pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"mooncake_master_{port}.log", "w")
+    proc = subprocess.Popen([exe, f"--rpc_port={port}", f"--metrics_port={free_port()}"], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert proc.poll() is None and time.time() < deadline, "mooncake_master did not start"
+            time.sleep(0.1)
+    yield f"127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def launch_args(master_address, segment_gib):
+    """The flags hs_connectors' launch_vllm.py / train.py take for the Mooncake backend."""
+    parser = argparse.ArgumentParser()
+    MooncakeBackend.add_launch_args(parser)
+    return parser.parse_args(["--mooncake-master", master_address, "--mooncake-global-segment-gib", str(segment_gib),
+                              "--mooncake-local-buffer-gib", "0.0625", "--mooncake-writer-threads", "2"])
+
+
+class PutTool:
+    """hsx's MooncakeSink, configured exactly as hs_connectors configures vLLM."""
+
+    def __init__(self, master_address, segment_gib=0.125, env=None):
+        os.environ["MOONCAKE_LOCAL_HOSTNAME"] = "127.0.0.1"
+        kv = MooncakeBackend.build_kv_transfer_config(launch_args(master_address, segment_gib))
+        assert kv["kv_connector"] == "MooncakeHiddenStatesConnector"
+        self.proc = subprocess.Popen([str(PUT_TOOL), json.dumps(kv["kv_connector_extra_config"]["mooncake"])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=env)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(self.proc.stderr.read())
+        assert "ready" in json.loads(line)
+
+    def ask(self, **cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def reader(master_address):
+    transfer = MooncakeBackend.from_train_args(launch_args(master_address, 0.0625), "")
+    transfer.setup()
+    return transfer
+
+
+def test_hs_connectors_reads_what_hsx_put_equal_to_the_file_sink(tmp_path, master):
+    rng = np.random.default_rng(3)
+    prompts = {pid: rng.integers(0, 512, int(rng.integers(5, 40))).tolist() for pid in ["q0", "7", "a.b"]}
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"id": k, "token_ids": v}) + "\n" for k, v in prompts.items()))
+    out = tmp_path / "files"
+    r = subprocess.run([HSX, "extract", "--model", str(MODEL), "--layers", "0,2,4", "--input", str(tmp_path / "p.jsonl"),
+                        "--output", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    tool = PutTool(master)
+    try:
+        transfer = reader(master)
+        for pid, ids in prompts.items():
+            receipt = tool.ask(op="put", id=pid, file=str(out / f"{pid}.safetensors"))
+            assert "error" not in receipt, receipt
+            params = receipt["transfer_params"]
+            assert params["handle"] == {"q0": "q0", "7": "k7", "a.b": "a_b"}[pid]  # sanitize_key's rule
+            assert params["version"] == 1 and params["metadata"]["num_tokens"] == len(ids)
+            sample = transfer.get_generated(json.loads(json.dumps(params)))  # as it arrives over HTTP
+            expected = raw_tensors(out / f"{pid}.safetensors")
+            assert set(sample) == set(expected)
+            for name, tensor in sample.items():
+                assert tensor_bytes(tensor) == expected[name], (pid, name)
+            assert np.frombuffer(expected["token_ids"][2], np.int64).tolist() == ids
+            transfer.delete(params["handle"])
+    finally:
+        tool.close()
+
+
+def test_a_failed_request_leaves_the_error_marker_the_reader_sees(master):
+    tool = PutTool(master)
+    try:
+        assert tool.ask(op="fail", id="req/9", why="non-finite hidden state at layer 2") == {"ok": True}
+        transfer = reader(master)
+        manifest = {"handle": "req_9", "version": 1, "tensors": {}, "metadata": {"total_aligned_bytes": 0}}
+        with pytest.raises(MooncakeIntegrityError, match="non-finite hidden state at layer 2"):
+            transfer.get_generated(manifest)
+        transfer.delete("req_9")
+    finally:
+        tool.close()
+
+
+def write_f32_states(path, t, layers, hidden):
+    states = np.ones((t, layers, hidden), np.float32)
+    ids = np.arange(t, dtype=np.int64)
+    header = {"hidden_states": {"dtype": "F32", "shape": [t, layers, hidden], "data_offsets": [0, states.nbytes]},
+              "token_ids": {"dtype": "I64", "shape": [t], "data_offsets": [states.nbytes, states.nbytes + ids.nbytes]}}
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + states.tobytes() + ids.tobytes())
+
+
+def test_a_store_too_full_for_a_request_fails_it_alone(tmp_path, master):
+    big, small = tmp_path / "big.safetensors", tmp_path / "small.safetensors"
+    write_f32_states(big, 1700, 3, 4096)  # ~84 MB: more than any segment here
+    write_f32_states(small, 4, 3, 8)
+    tool = PutTool(master, segment_gib=0.0625)
+    try:
+        failed = tool.ask(op="put", id="huge", file=str(big))
+        assert "request 'huge'" in failed["error"]
+        transfer = reader(master)
+        with pytest.raises(MooncakeIntegrityError, match="put_from"):
+            transfer.get_generated({"handle": "huge", "version": 1, "tensors": {}, "metadata": {"total_aligned_bytes": 0}})
+        ok = tool.ask(op="put", id="after", file=str(small))  # the sink goes on
+        sample = transfer.get_generated(ok["transfer_params"])
+        assert tensor_bytes(sample["hidden_states"])[2] == np.ones((4, 3, 8), np.float32).tobytes()
+        transfer.delete("huge")
+        transfer.delete("after")
+    finally:
+        tool.close()
+
+
+def test_missing_mooncake_and_a_down_master_are_clear_errors(tmp_path):
+    wrapper = tmp_path / "python_without_site"
+    wrapper.write_text("#!/bin/sh\nexec python3 -S \"$@\"\n")
+    wrapper.chmod(0o755)
+    with socket.socket() as listener:  # something at the master's address, so that the probe passes
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = "127.0.0.1:%d" % listener.getsockname()[1]
+        with pytest.raises(RuntimeError, match="Mooncake is not installed.*pip install mooncake-transfer-engine"):
+            PutTool(address, env={**os.environ, "HSX_PYTHON": str(wrapper)})
+    start = time.time()
+    with pytest.raises(RuntimeError, match="not reachable.*mooncake_master --rpc_port"):
+        PutTool(f"127.0.0.1:{free_port()}")
+    assert time.time() - start < 15
