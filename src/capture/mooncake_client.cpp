@@ -117,7 +117,7 @@ Result<nlohmann::json> Receive(int fd, int timeout_ms) {
   if (rc < 0) return Error(Errno("waiting for it"));
   std::string buf(1 << 16, '\0');
   const ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
-  if (n == 0) return Error("it exited (its log, above, says why)");
+  if (n == 0) return Error("closed its channel");
   if (n < 0) return Error(Errno("reading from it"));
   buf.resize(static_cast<size_t>(n));
   auto reply = nlohmann::json::parse(buf, nullptr, false);
@@ -252,7 +252,23 @@ void MooncakeClient::Release(int channel) {
 
 Status MooncakeClient::Broken(const std::string& why) {
   std::lock_guard lock(mu_);
-  if (broken_.empty()) broken_ = "the Mooncake helper (pid " + std::to_string(pid_) + ") " + why;
+  if (!broken_.empty()) return Error(broken_);
+  broken_ = "the Mooncake helper (pid " + std::to_string(pid_) + ") ";
+  // A reset channel is most often a helper that died: say how, once it is reaped.
+  int st = 0;
+  pid_t reaped = 0;
+  for (int i = 0; i < 20 && reaped == 0; ++i) {
+    reaped = ::waitpid(pid_, &st, WNOHANG);
+    if (reaped == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (reaped == pid_) {
+    pid_ = -1;
+    broken_ += WIFSIGNALED(st) ? "exited, killed by signal " + std::to_string(WTERMSIG(st))
+                               : "exited with status " + std::to_string(WEXITSTATUS(st));
+    broken_ += " (its log, above, says why); later puts fail until hsx restarts";
+  } else {
+    broken_ += why + "; later puts fail until hsx restarts";
+  }
   return Error(broken_);
 }
 

@@ -196,3 +196,44 @@ def test_missing_mooncake_and_a_down_master_are_clear_errors(tmp_path):
     with pytest.raises(RuntimeError, match="not reachable.*mooncake_master --rpc_port"):
         PutTool(f"127.0.0.1:{free_port()}")
     assert time.time() - start < 15
+
+
+def test_objects_outlive_hsx_in_a_standalone_clients_segment(tmp_path, master):
+    """hsx extract's use: with global_segment_size 0, hsx's objects go to the memory a
+    `mooncake_client` (from the same wheel) mounts, and stay after hsx exits."""
+    small = tmp_path / "small.safetensors"
+    write_f32_states(small, 5, 3, 8)
+    exe = shutil.which("mooncake_client")
+    assert exe, "mooncake_client is not on PATH although mooncake.store imports"
+    log = open(tmp_path / "mooncake_client.log", "w")
+    holder = subprocess.Popen([exe, f"-master_server_address={master}", "-metadata_server=P2PHANDSHAKE",
+                               "-host=127.0.0.1", f"-port={free_port()}", f"-http_port={free_port()}",
+                               "-global_segment_size=128 MB"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(3)  # it has no ready signal; until it has mounted, a put finds no space and fails clearly
+        tool = PutTool(master, segment_gib=0)
+        receipt = tool.ask(op="put", id="kept", file=str(small))
+        tool.close()
+        assert "error" not in receipt, receipt
+        sample = reader(master).get_generated(receipt["transfer_params"])
+        assert tensor_bytes(sample["hidden_states"])[2] == np.ones((5, 3, 8), np.float32).tobytes()
+    finally:
+        holder.terminate()
+        holder.wait(timeout=30)
+
+
+def test_a_helper_that_dies_fails_puts_with_its_reason_and_no_hang(tmp_path, master):
+    small = tmp_path / "small.safetensors"
+    write_f32_states(small, 2, 3, 8)
+    tool = PutTool(master)
+    try:
+        helper = subprocess.run(["pgrep", "-P", str(tool.proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(helper) == 1
+        os.kill(int(helper[0]), 9)
+        start = time.time()
+        answer = tool.ask(op="put", id="late", file=str(small))
+        assert "Mooncake helper" in answer["error"] and "exited" in answer["error"], answer
+        assert "Mooncake helper" in tool.ask(op="put", id="later", file=str(small))["error"]
+        assert time.time() - start < 10
+    finally:
+        tool.close()
