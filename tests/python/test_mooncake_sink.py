@@ -6,9 +6,11 @@ for byte, the file sink's safetensors files for the same prompts.
 Without torch (PyPI has no CPU-only wheel), hs_connectors runs on torch_numpy_shim: the
 reader's code is hs_connectors', only its buffer allocation and views are numpy's."""
 import argparse
+import contextlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import socket
 import struct
@@ -52,8 +54,8 @@ def tensor_bytes(t):
     return repr(t.dtype), tuple(t.shape), t.numpy().tobytes()
 
 
-@pytest.fixture(scope="module")
-def master():
+@contextlib.contextmanager
+def running_master():
     exe = shutil.which("mooncake_master")
     assert exe, "mooncake_master is not on PATH although mooncake.store imports"
     port = free_port()
@@ -67,9 +69,20 @@ def master():
         except OSError:
             assert proc.poll() is None and time.time() < deadline, "mooncake_master did not start"
             time.sleep(0.1)
-    yield f"127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def master():
+    """A master for each test: a client that went away uncleanly (a killed helper, a stopped
+    mooncake_client) leaves its segment registered until the master's client TTL, and puts
+    placed there fail with -800 meanwhile."""
+    with running_master() as address:
+        yield address
 
 
 def launch_args(master_address, segment_gib):
@@ -222,9 +235,14 @@ def test_objects_outlive_hsx_in_a_standalone_clients_segment(tmp_path, master):
         holder.wait(timeout=30)
 
 
-def test_a_helper_that_dies_fails_puts_with_its_reason_and_no_hang(tmp_path, master):
+def test_a_helper_that_dies_fails_puts_with_its_reason_and_no_hang(tmp_path):
     small = tmp_path / "small.safetensors"
     write_f32_states(small, 2, 3, 8)
+    with running_master() as master:
+        helper_dies(master, small)
+
+
+def helper_dies(master, small):
     tool = PutTool(master)
     try:
         helper = subprocess.run(["pgrep", "-P", str(tool.proc.pid)], capture_output=True, text=True).stdout.split()
@@ -237,3 +255,4 @@ def test_a_helper_that_dies_fails_puts_with_its_reason_and_no_hang(tmp_path, mas
         assert time.time() - start < 10
     finally:
         tool.close()
+
