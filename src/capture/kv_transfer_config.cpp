@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "capture/mooncake_sink.h"
 #include "capture/safetensors_sink.h"
 #include "util/json.h"
 
@@ -64,6 +65,12 @@ Result<KvTransferConfig> ParseKvTransferConfig(std::string_view text, const std:
     const nlohmann::json* mooncake = field(extra, "mooncake");
     if (mooncake == nullptr || !mooncake->is_object()) return Error(ex + "mooncake (an object) is required");
     config.mooncake = *mooncake;
+    // The writer pool runs as many puts at once as the sink has channels; MakeMooncakeSink checks the value.
+    if (auto n = mooncake->find("num_writer_threads"); n != mooncake->end() && n->is_number_integer() && *n >= 1 && *n <= 64) {
+      config.writer_threads = n->get<int>();
+    } else if (n == mooncake->end()) {
+      config.writer_threads = 4;  // MooncakeStoreConfig's default
+    }
     return config;
   }
   const nlohmann::json* dir = field(extra, "shared_storage_path");
@@ -89,7 +96,7 @@ Result<KvTransferConfig> ParseKvTransferConfig(std::string_view text, const std:
 
 Result<std::unique_ptr<CaptureSink>> MakeCaptureSink(const KvTransferConfig& config, bool exclusive_names) {
   if (config.connector == KvTransferConfig::Connector::kMooncake) {
-    return Error("kv_connector MooncakeHiddenStatesConnector: this hsx has no Mooncake support");
+    return MakeMooncakeSink(config.mooncake);
   }
   std::error_code ec;
   std::filesystem::create_directories(config.storage_dir, ec);

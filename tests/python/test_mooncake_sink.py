@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 import torch_numpy_shim
-from conftest import HSX, MODEL, free_port
+from conftest import HSX, LAYERS, MODEL, Server, free_port
+from test_nonfinite_states import poisoned_model
+from test_server_load import post
 
 TORCH = torch_numpy_shim.install()
 try:
@@ -256,3 +258,90 @@ def helper_dies(master, small):
     finally:
         tool.close()
 
+
+class MooncakeServer:
+    """`hsx serve` with hs_connectors' Mooncake kv-transfer config, as launch_vllm.py writes it."""
+
+    def __init__(self, tmp, master_address, *extra, model=MODEL):
+        os.environ["MOONCAKE_LOCAL_HOSTNAME"] = "127.0.0.1"
+        self.port = free_port()
+        spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}}
+        kv = MooncakeBackend.build_kv_transfer_config(launch_args(master_address, 0.125))
+        self.log_path = tmp / "mooncake_server.log"
+        self.proc = subprocess.Popen(
+            [HSX, "serve", str(model), "--port", str(self.port), "--served-model-name", "qwen3-fixture",
+             "--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv), *extra],
+            stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("hsx serve did not come up: " + self.log_path.read_text())
+                time.sleep(0.1)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def test_serve_answers_with_the_manifest_hs_connectors_reads(tmp_path, master):
+    prompt = [3, 14, 15, 92, 65, 35, 89, 79]
+    files = Server(tmp_path)
+    try:
+        status, body, _ = post(files, {"prompt": prompt, "max_tokens": 1})
+        assert status == 200, body
+        expected = raw_tensors(body["kv_transfer_params"]["hidden_states_path"])
+    finally:
+        files.stop()
+    before = set(tmp_path.rglob("*"))
+    server = MooncakeServer(tmp_path, master)
+    try:
+        status, body, _ = post(server, {"prompt": prompt, "max_tokens": 1})
+        assert status == 200, body
+        params = body["choices"][0]["kv_transfer_params"]
+        assert body["kv_transfer_params"] == params
+        assert params["version"] == 1 and params["handle"].startswith("cmpl-")
+        assert params["metadata"]["num_tokens"] == len(prompt)
+        assert params["metadata"]["extract_mode"] == "prompt_only"
+        transfer = reader(master)
+        sample = transfer.get_generated(params)
+        assert set(sample) == set(expected)
+        for name, tensor in sample.items():
+            assert tensor_bytes(tensor) == expected[name], name
+        transfer.delete(params["handle"])
+        assert set(tmp_path.rglob("*")) - before == {server.log_path}, "Mooncake must not touch disk"
+    finally:
+        server.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="serve never calls CaptureSink::PutFailure: EngineService hands a failed "
+                   "request's callback no sequence, so OpenAiServer::Finish returns before the sink")
+def test_serve_a_request_failed_after_admission_leaves_the_marker_and_the_server_goes_on(tmp_path, master):
+    server = MooncakeServer(tmp_path, master, model=poisoned_model(tmp_path))
+    try:
+        status, body, _ = post(server, {"prompt": [1, 2, 3, 7, 5], "max_tokens": 1})
+        assert 400 <= status < 600, body
+        # The error names the request, whose id is its key (sanitize_key leaves "cmpl-<hex>-0" as it is).
+        handle = re.search(r"request '(cmpl-[0-9a-f]+-0)'", body["error"]["message"]).group(1)
+        transfer = reader(master)
+        with pytest.raises(MooncakeIntegrityError, match="layer 0 at token position 3 is not finite"):
+            transfer.store.get_sample({"handle": handle, "version": 1, "tensors": {},
+                                       "metadata": {"total_aligned_bytes": 0}}, timeout=15)
+        transfer.delete(handle)
+        status, body, _ = post(server, {"prompt": [1, 2, 3, 4, 5], "max_tokens": 1})
+        assert status == 200, body
+        sample = transfer.get_generated(body["kv_transfer_params"])
+        assert tensor_bytes(sample["token_ids"])[2] == np.array([1, 2, 3, 4, 5], np.int64).tobytes()
+    finally:
+        server.stop()
+
+
+def test_serve_with_the_master_down_fails_at_start_up(tmp_path):
+    start = time.time()
+    with pytest.raises(RuntimeError, match="not reachable.*mooncake_master"):
+        MooncakeServer(tmp_path, f"127.0.0.1:{free_port()}")
+    assert time.time() - start < 30
