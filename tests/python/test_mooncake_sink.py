@@ -345,3 +345,38 @@ def test_serve_with_the_master_down_fails_at_start_up(tmp_path):
     with pytest.raises(RuntimeError, match="not reachable.*mooncake_master"):
         MooncakeServer(tmp_path, f"127.0.0.1:{free_port()}")
     assert time.time() - start < 30
+
+
+def test_extract_puts_every_prompt_for_hs_connectors_to_read_after_it_exits(tmp_path, master):
+    """hsx extract through the same sink: global_segment_size 0, so the objects live in a
+    mooncake_client's memory and outlive the run; manifest.jsonl carries each manifest."""
+    rng = np.random.default_rng(5)
+    prompts = {f"p{i}": rng.integers(0, 512, int(rng.integers(5, 30))).tolist() for i in range(4)}
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"id": k, "token_ids": v}) + "\n" for k, v in prompts.items()))
+    base = [HSX, "extract", "--model", str(MODEL), "--layers", "0,2,4", "--input", str(tmp_path / "p.jsonl")]
+    r = subprocess.run(base + ["--output", str(tmp_path / "files")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    holder = subprocess.Popen([shutil.which("mooncake_client"), f"-master_server_address={master}",
+                               "-metadata_server=P2PHANDSHAKE", "-host=127.0.0.1", f"-port={free_port()}",
+                               f"-http_port={free_port()}", "-global_segment_size=128 MB"],
+                              stdout=open(tmp_path / "mooncake_client.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        time.sleep(3)
+        os.environ["MOONCAKE_LOCAL_HOSTNAME"] = "127.0.0.1"
+        kv = MooncakeBackend.build_kv_transfer_config(launch_args(master, 0))
+        out = tmp_path / "mooncake"
+        r = subprocess.run(base + ["--output", str(out), "--kv-transfer-config", json.dumps(kv)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert sorted(p.name for p in out.iterdir()) == ["manifest.jsonl"]  # no state files
+        entries = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+        assert sorted(e["id"] for e in entries) == sorted(prompts)
+        transfer = reader(master)
+        for e in entries:
+            sample = transfer.get_generated(e["kv_transfer_params"])
+            expected = raw_tensors(tmp_path / "files" / f"{e['id']}.safetensors")
+            for name, tensor in sample.items():
+                assert tensor_bytes(tensor) == expected[name], (e["id"], name)
+    finally:
+        holder.terminate()
+        holder.wait(timeout=30)
