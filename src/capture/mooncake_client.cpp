@@ -183,7 +183,10 @@ Result<std::unique_ptr<MooncakeClient>> MooncakeClient::Connect(const MooncakeCo
     return Error(Errno("Mooncake helper: fork"));
   }
   if (pid == 0) {
+    // Killed with hsx. The signal follows the forking *thread*: Connect runs on the thread
+    // that owns the sink's lifetime (serve's and extract's main thread).
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    ::dup2(STDERR_FILENO, STDOUT_FILENO);  // extract's stdout is its manifest lines: Mooncake's output goes to stderr
     if (::getppid() != parent) ::_exit(1);
     for (int fd : child_fds) ::fcntl(fd, F_SETFD, 0);  // these, and only these, cross exec
     ::execve(argv[0], argv.data(), envp.data());
