@@ -6,6 +6,7 @@ for byte, the file sink's safetensors files for the same prompts.
 Without torch (PyPI has no CPU-only wheel), hs_connectors runs on torch_numpy_shim: the
 reader's code is hs_connectors', only its buffer allocation and views are numpy's."""
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -313,6 +314,16 @@ def test_serve_answers_with_the_manifest_hs_connectors_reads(tmp_path, master):
         for name, tensor in sample.items():
             assert tensor_bytes(tensor) == expected[name], name
         transfer.delete(params["handle"])
+        # Concurrent requests: each writer channel stages its own object.
+        rng = np.random.default_rng(11)
+        many = [rng.integers(0, 512, int(rng.integers(4, 64))).tolist() for _ in range(12)]
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda p: post(server, {"prompt": p, "max_tokens": 2}), many))
+        for p, (status, body, _) in zip(many, answers):
+            assert status == 200, body
+            sample = transfer.get_generated(body["kv_transfer_params"])
+            assert tensor_bytes(sample["token_ids"])[2] == np.array(p, np.int64).tobytes()
+            assert tensor_bytes(sample["hidden_states"])[1] == (len(p), len(LAYERS), expected["hidden_states"][1][2])
         assert set(tmp_path.rglob("*")) - before == {server.log_path}, "Mooncake must not touch disk"
     finally:
         server.stop()
