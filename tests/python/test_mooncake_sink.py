@@ -16,6 +16,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import tempfile
 import time
 
 import numpy as np
@@ -103,12 +104,15 @@ class PutTool:
         os.environ["MOONCAKE_LOCAL_HOSTNAME"] = "127.0.0.1"
         kv = MooncakeBackend.build_kv_transfer_config(launch_args(master_address, segment_gib))
         assert kv["kv_connector"] == "MooncakeHiddenStatesConnector"
+        # Its log (Mooncake's warnings) to a file: a pipe nobody reads could fill and stall it.
+        self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([str(PUT_TOOL), json.dumps(kv["kv_connector_extra_config"]["mooncake"])],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env=env)
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(self.proc.stderr.read())
+            self.proc.wait(timeout=30)
+            raise RuntimeError(self.read_log())
         assert "ready" in json.loads(line)
 
     def ask(self, **cmd):
@@ -116,9 +120,13 @@ class PutTool:
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
+    def read_log(self):
+        self.log.seek(0)
+        return self.log.read()
+
     def close(self):
         self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        assert self.proc.wait(timeout=30) == 0, self.read_log()[-3000:]
 
 
 def reader(master_address):
