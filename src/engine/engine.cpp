@@ -197,7 +197,7 @@ void Engine::FailNonFinite(const PendingCapture& step) {
       if (flags[l * total + r] == 0 || !seq.hidden_states.defined() || !seq.error.ok()) continue;
       seq.error = Error("request '" + seq.id() + "': the hidden state of layer " +
                         std::to_string(config_.capture_layers[l]) + " at token position " +
-                        std::to_string(step.rows[r].pos) + " is not finite (inf or NaN); no file is written");
+                        std::to_string(step.rows[r].pos) + " is not finite (inf or NaN); its states are not stored");
       seq.Stop();  // ends once its prompt has run; its remaining steps are wasted, not written
     }
   }

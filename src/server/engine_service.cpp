@@ -118,14 +118,11 @@ void EngineService::Loop() {
       }
       const bool aborted = seq->aborted, failed = aborted || !seq->error.ok();
       const int generated = seq->num_generated();
-      if (aborted) {
-        done(Error("request '" + seq->id() + "' was cancelled" + (abort_all ? ": the server is shutting down" : "")),
-             nullptr);
-      } else if (!seq->error.ok()) {
-        done(seq->error, nullptr);
-      } else {
-        done(Status(), std::move(seq));
-      }
+      // A failed sequence goes with its error: a capture sink records the failure by its id.
+      Status status = aborted ? Error("request '" + seq->id() + "' was cancelled" +
+                                      (abort_all ? ": the server is shutting down" : ""))
+                              : seq->error;
+      done(status, std::move(seq));
       std::lock_guard<std::mutex> lock(mu_);
       ++(failed ? stats_.requests_failed : stats_.requests_finished);
       stats_.generation_tokens += generated;

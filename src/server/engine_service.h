@@ -23,7 +23,8 @@ namespace hsx {
 
 class EngineService {
  public:
-  // Called once per accepted request: an error Status, or the finished sequence.
+  // Called once per accepted request with the finished sequence and OK, or an error
+  // Status and the sequence when it ran (cancelled, or failed while running), else null.
   using Callback = std::function<void(const Status&, std::unique_ptr<Sequence>)>;
 
   EngineService(Model& model, EngineConfig config, size_t max_queued);

@@ -337,8 +337,6 @@ def test_serve_answers_with_the_manifest_hs_connectors_reads(tmp_path, master):
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="serve never calls CaptureSink::PutFailure: EngineService hands a failed "
-                   "request's callback no sequence, so OpenAiServer::Finish returns before the sink")
 def test_serve_a_request_failed_after_admission_leaves_the_marker_and_the_server_goes_on(tmp_path, master):
     server = MooncakeServer(tmp_path, master, model=poisoned_model(tmp_path))
     try:
