@@ -35,6 +35,7 @@ try:
     MISSING = None
 except ImportError as e:  # scripts/test.sh installs both; only a platform without wheels lacks them
     MISSING = f"Mooncake or hs-connectors not importable: {e}"
+torch_numpy_shim.forget()
 
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 PUT_TOOL = pathlib.Path(HSX).parent.parent / "tests" / "hsx_mooncake_put"

@@ -66,6 +66,7 @@ class Tensor:
 def _module():
     torch = types.ModuleType("torch")
     torch.__version__ = "0.0+numpy-shim"
+    torch.__hsx_numpy_shim__ = True
     torch.dtype, torch.Size, torch.Tensor = dtype, Size, Tensor
     for name, np_dtype, floating in [
             ("float32", np.float32, True), ("float64", np.float64, True), ("float16", np.float16, True),
@@ -94,3 +95,12 @@ def install():
     except ImportError:
         sys.modules["torch"] = _module()
         return "numpy shim"
+
+
+def forget():
+    """Take the shim (and what imported it) out of sys.modules once the reader is imported:
+    its modules keep the shim as their own `torch`, while the other tests' `import torch`
+    (transformers' check, importorskip) see no torch again, as on this machine."""
+    if getattr(sys.modules.get("torch"), "__hsx_numpy_shim__", False):
+        for name in [n for n in sys.modules if n == "torch" or n.startswith(("torch.", "safetensors.torch", "hs_connectors"))]:
+            del sys.modules[name]
