@@ -244,7 +244,7 @@ fi
 if [ "$what" = specadaptive ]; then  # issue 36's goals: adaptive K at batch 1..128, zero and forced 0.745 acceptance, plain beside
   python3 bench/make_dummy_eagle3.py /dev/shm/eagle3-qwen3-8b
   sa() { .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 \
-           --new-tokens 256 --kv-cache-gib 40 --batch-sizes 1,2,4,8,16,32,64,128 "$@" 2>>"$OUT/specadaptive.err" | grep batch; }
+           --new-tokens 256 --kv-cache-gib 40 --batch-sizes "${SA_BATCHES:-1,2,4,8,16,32,64,128}" "$@" 2>>"$OUT/specadaptive.err" | grep batch; }
   e3() { echo "{\"method\": \"eagle3\", \"model\": \"/dev/shm/eagle3-qwen3-8b\", \"num_speculative_tokens\": $1, \"draft_length\": \"adaptive\"}"; }
   { sa; sa --speculative-config "$(e3 3)" --spec-bench-accept-rate 0; sa --speculative-config "$(e3 4)" --spec-bench-accept-rate 0.745
     sa --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "draft_length": "adaptive"}'; } \
