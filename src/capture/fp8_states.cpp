@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "tensor/float8.h"
-#include "util/thread_pool.h"
 
 namespace hsx {
 
@@ -14,20 +13,20 @@ Fp8States QuantizeStatesFp8(const Tensor& hidden_states) {
   const int64_t row = hidden_states.numel() / std::max<int64_t>(1, t);  // L * H values per token
   Fp8States out{Tensor::Host(DType::kF8E4M3, hidden_states.shape()), Tensor::Host(DType::kF32, {t, 1, 1})};
   const size_t in_size = DTypeSize(hidden_states.dtype());
-  ThreadPool::Global().ParallelFor(t, [&](int64_t b, int64_t e) {
-    std::vector<float> f32(static_cast<size_t>(row));
-    for (int64_t i = b; i < e; ++i) {
-      ConvertToF32(hidden_states.dtype(), hidden_states.data<char>() + i * row * in_size, f32.data(), f32.size());
-      float amax = 0.0f;
-      for (float v : f32) amax = std::fmax(amax, std::fabs(v));
-      // The reference's order of operations, in f32: a division per value, not a multiply
-      // by the reciprocal, which rounds differently.
-      const float scale = std::fmax(amax / kF8E4M3Max, 1e-12f);
-      uint8_t* q = out.values.data<uint8_t>() + i * row;
-      for (int64_t j = 0; j < row; ++j) q[j] = F32ToF8E4M3(f32[static_cast<size_t>(j)] / scale);
-      out.scales.data<float>()[i] = scale;
-    }
-  });
+  // On the calling writer thread: writers quantize their records side by side, and the CPU
+  // pool (whose callers take turns) stays the model's.
+  std::vector<float> f32(static_cast<size_t>(row));
+  for (int64_t i = 0; i < t; ++i) {
+    ConvertToF32(hidden_states.dtype(), hidden_states.data<char>() + i * row * in_size, f32.data(), f32.size());
+    float amax = 0.0f;
+    for (float v : f32) amax = std::fmax(amax, std::fabs(v));
+    // The reference's order of operations, in f32: a division per value, not a multiply
+    // by the reciprocal, which rounds differently.
+    const float scale = std::fmax(amax / kF8E4M3Max, 1e-12f);
+    uint8_t* q = out.values.data<uint8_t>() + i * row;
+    for (int64_t j = 0; j < row; ++j) q[j] = F32ToF8E4M3(f32[static_cast<size_t>(j)] / scale);
+    out.scales.data<float>()[i] = scale;
+  }
   return out;
 }
 

@@ -25,23 +25,22 @@ inline uint8_t F32ToF8E4M3(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
-  if (std::isnan(f)) return static_cast<uint8_t>(sign | 0x7f);
-  const float a = std::fabs(f);
-  if (a >= kF8E4M3Max) return static_cast<uint8_t>(sign | 0x7e);  // saturate (infinities too)
-  // The spacing of representable values around a: 2^-9 below the first normal (2^-6),
-  // else 2^(floor(log2 a) - 3). a / spacing is exact (a power-of-two scaling), and
-  // nearbyint rounds it to nearest even under the default rounding mode.
-  int exp2 = 0;
-  std::frexp(a, &exp2);  // a = frac * 2^exp2, frac in [0.5, 1)
-  const int spacing_exp = exp2 - 1 < -6 ? -9 : exp2 - 1 - 3;
-  const float units = std::nearbyint(std::ldexp(a, -spacing_exp));  // the value in units of the spacing
-  const float rounded = std::ldexp(units, spacing_exp);
-  if (rounded >= kF8E4M3Max) return static_cast<uint8_t>(sign | 0x7e);
-  if (rounded < std::ldexp(1.0f, -6)) return static_cast<uint8_t>(sign | static_cast<uint8_t>(units));  // subnormal
-  int e = 0;
-  const float frac = std::frexp(rounded, &e);  // rounded = frac * 2^e, frac in [0.5, 1)
-  const int mantissa = static_cast<int>(std::ldexp(frac, 4)) - 8;  // frac * 16 in [8, 16)
-  return static_cast<uint8_t>(sign | ((e - 1 + 7) << 3) | mantissa);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7f);   // NaN
+  if (magnitude >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7e);  // >= 448 (infinities too): saturate
+  if (magnitude < 0x3c800000u) {
+    // Below the first normal (2^-6): units of the subnormal spacing 2^-9, a / 2^-9 exact,
+    // nearbyint rounding to nearest even (the default mode); 8 units is the first normal's code.
+    float a;
+    std::memcpy(&a, &magnitude, 4);
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f)));
+  }
+  // A normal: the f32 exponent and top 3 mantissa bits, rounded to nearest even on the
+  // 20 bits dropped (a carry moves into the exponent, as it should), exponent rebiased
+  // from 127 to 7. Branch-free but for the clamp: writer threads quantize whole files.
+  const uint32_t rounded = (magnitude + 0x7ffffu + ((magnitude >> 20) & 1u)) >> 20;
+  const uint32_t code = rounded - ((127u - 7u) << 3);
+  return static_cast<uint8_t>(sign | (code > 0x7eu ? 0x7eu : code));
 }
 
 // Quantizes one row for an FP8 GEMM (per-channel weights, per-token activations), the

@@ -3,6 +3,7 @@
 rule (hs_connectors.fp8_utils: per-token amax / 448, x / scale rounded to E4M3) applied to
 hsx's own bf16 states of the same prompts, with ml_dtypes' E4M3 as the rounding reference;
 and, where torch is installed (the device), hs_connectors' own FP8Transfer reading them."""
+import http.client
 import json
 import subprocess
 
@@ -11,10 +12,21 @@ import numpy as np
 import pytest
 
 from conftest import HSX, LAYERS, MODEL, Server, read_safetensors
-from test_server_load import post
 
 FP8 = {"kv_connector": "FP8HiddenStatesConnector", "kv_role": "kv_producer",
        "kv_connector_module_path": "hs_connectors.fp8_hidden_states_connector"}
+
+
+def post(server, body):
+    """One POST /v1/completions: (status, json body); plain http.client, so the device's
+    Python (no openai package) runs this file too."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
 
 
 def reference_fp8(states):
@@ -59,7 +71,7 @@ def test_extract_fp8_files_match_the_reference_rule_on_hsxs_bf16_states(tmp_path
 def test_serve_writes_fp8_files_that_name_their_path(tmp_path):
     s = Server(tmp_path, connector=FP8)
     try:
-        status, body, _ = post(s, {"prompt": [5, 6, 7, 8, 9, 10], "max_tokens": 1})
+        status, body = post(s, {"prompt": [5, 6, 7, 8, 9, 10], "max_tokens": 1})
         assert status == 200, body
         path = body["kv_transfer_params"]["hidden_states_path"]
         q = read_safetensors(path)
