@@ -18,6 +18,14 @@ nlohmann::ordered_json Conversation() {
 
 std::vector<int32_t> Ids(const Tokenizer& t, const std::string& text) { return *t.Encode(text, false); }
 
+// The text of the tokens the mask supervises.
+std::string Supervised(const Tokenizer& t, const std::vector<int32_t>& ids, const std::vector<uint8_t>& mask) {
+  std::vector<int32_t> supervised;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (mask[i]) supervised.push_back(ids[i]);
+  return *t.Decode(supervised);
+}
+
 TEST(RenderBoundaryMaskTest, PrefixStableTemplateSupervisesEveryAssistantTurn) {
   auto tokenizer = Tokenizer::Load(test::DataPath("tokenizers/bpe_qwen2/tokenizer.json"));
   ASSERT_TRUE(tokenizer.ok());
@@ -27,10 +35,7 @@ TEST(RenderBoundaryMaskTest, PrefixStableTemplateSupervisesEveryAssistantTurn) {
   const auto full = Ids(*tokenizer, "[user]one[assistant]two[user]three[assistant]four");
   auto mask = RenderBoundaryLossMask(*chat, *tokenizer, Conversation(), {}, full);
   ASSERT_TRUE(mask.ok()) << mask.status().message();
-  std::vector<int32_t> supervised;
-  for (size_t i = 0; i < full.size(); ++i)
-    if ((*mask)[i]) supervised.push_back(full[i]);
-  EXPECT_EQ(*tokenizer->Decode(supervised), "twofour");
+  EXPECT_EQ(Supervised(*tokenizer, full, *mask), "twofour");
 }
 
 TEST(RenderBoundaryMaskTest, AHistoryRewritingTemplateLeavesEarlierTurnsAsContext) {
@@ -44,10 +49,7 @@ TEST(RenderBoundaryMaskTest, AHistoryRewritingTemplateLeavesEarlierTurnsAsContex
   const auto full = Ids(*tokenizer, "[user]one[assistant]...[user]three[assistant]four");
   auto mask = RenderBoundaryLossMask(*chat, *tokenizer, Conversation(), {}, full);
   ASSERT_TRUE(mask.ok()) << mask.status().message();
-  std::vector<int32_t> supervised;
-  for (size_t i = 0; i < full.size(); ++i)
-    if ((*mask)[i]) supervised.push_back(full[i]);
-  EXPECT_EQ(*tokenizer->Decode(supervised), "four");
+  EXPECT_EQ(Supervised(*tokenizer, full, *mask), "four");
 }
 
 TEST(RenderBoundaryMaskTest, HistoryThatRendersDifferentlyWithAGenerationPromptHasNoBoundary) {

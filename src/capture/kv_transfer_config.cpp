@@ -27,6 +27,7 @@ Result<KvTransferConfig> ParseKvTransferConfig(std::string_view text, const std:
   const nlohmann::json* connector = field(j, "kv_connector");
   if (connector == nullptr || !connector->is_string()) return Error(where + "kv_connector (a string) is required");
   const std::string name = connector->get<std::string>();
+  config.name = name;
   std::string module_path;
   if (const nlohmann::json* m = field(j, "kv_connector_module_path")) {
     if (!m->is_string()) return Error(where + "kv_connector_module_path must be a string");

@@ -18,6 +18,7 @@ namespace hsx {
 struct KvTransferConfig {
   enum class Connector { kFiles, kFp8Files, kMooncake };
   Connector connector = Connector::kFiles;
+  std::string name;  // kv_connector as given
   // The file connectors' kv_connector_extra_config.
   std::string storage_dir;  // shared_storage_path, absolute
   int writer_threads = 8;   // num_writer_threads (Mooncake: mooncake.num_writer_threads)

@@ -109,7 +109,7 @@ int RunBench(BenchOptions o) {
         {"peak_device_gib", run.peak_device_bytes / double(1ull << 30)}, {"flops_per_token", flops_per_token},
         {"prefix_caching", o.extract.prefix_caching}, {"data_parallel_size", o.extract.data_parallel_size},
         {"quantization", QuantizationLabel(o.extract.model, c)},
-        {"sink", o.extract.kv_transfer_config.empty() ? "files" : nlohmann::json::parse(o.extract.kv_transfer_config).value("kv_connector", "")},
+        {"sink", run.sink},
         {"bytes_per_token", run.tokens > 0 ? static_cast<double>(run.bytes) / static_cast<double>(run.tokens) : 0.0}});
   if (o.extract.model.device != "cpu") return 0;  // the device run reports its own ceilings (bench/)
   // The MLP's and the attention projections' shapes at one step's rows.

@@ -116,7 +116,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   if (!contract.ok()) return {Fail(cmd, contract.status())};
   // Where the states go: files in the output directory, or the sink --kv-transfer-config names.
   std::unique_ptr<CaptureSink> sink;
-  std::string connector;
+  std::string connector = "files";
   if (o.kv_transfer_config.empty()) {
     sink = std::make_unique<SafetensorsSink>(SafetensorsSink::Options{.dir = out_dir});
   } else {
@@ -130,12 +130,12 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     auto made = MakeCaptureSink(*kv, /*exclusive_names=*/false);
     if (!made.ok()) return {Fail(cmd, made.status().with_context("--kv-transfer-config"))};
     sink = std::move(made).value();
-    connector = nlohmann::json::parse(o.kv_transfer_config).value("kv_connector", "");
+    connector = kv->name;
   }
   if (shard->sharded()) {
     nlohmann::json settings{{"model", o.model.model}, {"load_format", o.model.load_format}, {"layers", *layers},
                             {"dtype", std::string(DTypeName(dtype))}};
-    if (!connector.empty() && connector != "ExampleHiddenStatesConnector") settings["kv_connector"] = connector;
+    if (connector != "files" && connector != "ExampleHiddenStatesConnector") settings["kv_connector"] = connector;
     if (Status s = WriteOrCheckShardConfig(out_dir, *shard, settings); !s.ok()) return {Fail(cmd, s)};
     if (Status s = SetShardDone(out_dir, *shard, false); !s.ok()) return {Fail(cmd, s)};
   }
@@ -429,7 +429,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     engines[r].reset();
   }
   return {failed > 0 || stopping ? 1 : 0, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-          written.load(), tokens_done.load(), bytes_written.load(), peak};
+          written.load(), tokens_done.load(), bytes_written.load(), connector, peak};
 }
 
 void RegisterExtract(CLI::App& root) {

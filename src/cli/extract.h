@@ -42,6 +42,7 @@ struct ExtractResult {
   double seconds = 0;  // from the first request queued to the last file written (no model loading)
   int64_t files = 0, tokens = 0;
   uint64_t bytes = 0;  // what the sink holds for them (the files' sizes)
+  std::string sink;    // "files", or the kv_connector of --kv-transfer-config
   size_t peak_device_bytes = 0;
 };
 
