@@ -6,21 +6,26 @@
 #
 #   bash .loop/scripts/device.sh part N    copy the model's part N to /tmp (calls 1 and 2)
 #   bash .loop/scripts/device.sh main      (with the last part) reassemble + sha256, install the
-#                                          wheels, convert, regenerate, prepare, states (hsx and HF),
-#                                          train the hsx-state draft, serve: plain, n-gram, EAGLE-3
-#   bash .loop/scripts/device.sh control   train the HF-state draft, serve it; then the size sweep
-#   Settings: EPOCHS (3), MAX_TOKENS (256), SWEEP (2500 rows; 0 skips it), BUDGET (550 s a call:
-#   a step that would pass it is stopped and left undone, for the next call)
+#                                          wheels, convert, regenerate, prepare, the states (hsx
+#                                          bf16, hsx FP8, HF), train the three drafts side by side,
+#                                          serve: plain, n-gram, the three EAGLE-3 drafts
+#                                          (call it again until it says "loop done": each call
+#                                          stops before a step that would pass BUDGET)
+#   bash .loop/scripts/device.sh sweep     a draft trained on SWEEP rows of hsx's states, served
+#   Settings: EPOCHS (2), MAX_TOKENS (256), SWEEP (2500 rows), BUDGET (550 s a call)
 set -uo pipefail
 stage=.loop
 W=/tmp/hsx-loop
 mkdir -p "$W"
 R=$W/results  # logs and figures, kept across calls on a warm machine; packed into $OUT at exit
 mkdir -p "$R"
-EPOCHS=${EPOCHS:-3}
+EPOCHS=${EPOCHS:-2}
 MAX_TOKENS=${MAX_TOKENS:-256}
 SWEEP=${SWEEP:-2500}
 BUDGET=${BUDGET:-550}  # seconds this call may spend (the tool stops a call at 600 s)
+# What a step needs at least, in seconds: one that would not fit in what is left of this
+# call's budget waits for the next call rather than being stopped half done.
+declare -A NEED=([train]=$((60 + 170 * EPOCHS)) [hf_states]=60 [generate]=60 [convert]=45)
 LAYERS=2,15,27,30  # speculators' default [2, N//2, N-3] for N = 30, plus the last layer
 K=3
 log() { echo "[$(date +%T) +$((SECONDS))s] $*" | tee -a "$R/loop.log"; }
@@ -73,7 +78,7 @@ step() {  # step NAME COMMAND...: once per machine, timed, its output in $R/NAME
   local name=$1; shift
   if [ -f "$W/done.$name" ]; then log "$name: done before"; return 0; fi
   local t0=$SECONDS left=$((BUDGET - SECONDS))
-  if [ "$left" -lt 30 ]; then log "$name: not started, $left s of this call's budget left (call again)"; exit 0; fi
+  if [ "$left" -lt "${NEED[$name]:-30}" ]; then log "$name: not started, $left s of this call's budget left (call again)"; exit 0; fi
   log "$name: start"
   if timeout --signal=INT --kill-after=15 "$left" bash -c '"$@"' _ "$@" > "$R/$name.log" 2>&1; then
     touch "$W/done.$name"
@@ -85,11 +90,23 @@ step() {  # step NAME COMMAND...: once per machine, timed, its output in $R/NAME
 }
 latest() { echo "$1/$(ls "$1" | grep -E '^[0-9]+$' | sort -n | tail -1)"; }  # the last epoch's checkpoint
 
-train() {  # train STATES_DIR DATASET_DIR SAVE_DIR: speculators' own training code, EAGLE-3, defaults
+train() {  # train STATES_DIR DATASET_DIR SAVE_DIR [ARGS]: speculators' own training code, EAGLE-3, defaults
+  local states=$1 data=$2 save=$3; shift 3
   python3 -m speculators.train --speculator-type eagle3 --verifier-name-or-path "$W/hf" \
-    --data-path "$2" --hidden-states-path "$1" --target-layer-ids 2 15 27 \
+    --data-path "$data" --hidden-states-path "$states" --target-layer-ids 2 15 27 \
     --draft-vocab-size 32000 --epochs "$EPOCHS" --total-seq-len 8192 --train-data-ratio 0.98 \
-    --num-workers 8 --save-path "$3" --log-dir "$W/logs" --seed 0 --loss-implementation eager
+    --num-workers "${WORKERS:-8}" --save-path "$save" --log-dir "$save.logs" --seed 0 --loss-implementation eager "$@"
+}
+# The three drafts side by side on the one GPU (each is small; alone, one leaves the GPU
+# mostly idle), each with its own log in $R/train_NAME.log.
+train_all() {
+  local pids=() rc=0
+  WORKERS=5 train "$S/hsx_states" "$S/prepared" "$W/ckpt_hsx" > "$R/train_hsx.log" 2>&1 & pids+=($!)
+  WORKERS=5 train "$S/hf_states" "$S/prepared" "$W/ckpt_hf" > "$R/train_hf.log" 2>&1 & pids+=($!)
+  WORKERS=5 train "$S/hsx_fp8_states" "$S/prepared" "$W/ckpt_fp8" --hidden-states-backend fp8 > "$R/train_fp8.log" 2>&1 & pids+=($!)
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  for n in hsx hf fp8; do echo "train_$n: $(tr '\r' '\n' < "$R/train_$n.log" | grep -o 'val/loss_epoch=[0-9.]*' | tail -1)"; done
+  return $rc
 }
 serve() {  # serve LABEL [SPEC JSON] [RUNS]
   python3 "$scripts/serve_bench.py" --hsx "$hsx" --model "$model" --prompts "$W/data/heldout.prompts.jsonl" \
@@ -97,7 +114,7 @@ serve() {  # serve LABEL [SPEC JSON] [RUNS]
     --log "$R/serve.log" -- --kv-cache-gib 20 | tee -a "$R/serve.jsonl"
 }
 export W S R hsx model scripts EPOCHS MAX_TOKENS K
-export -f train serve
+export -f train train_all serve
 eagle() { echo "{\"method\": \"eagle3\", \"model\": \"$1\", \"num_speculative_tokens\": $K}"; }
 
 finish() {  # what comes back: the summary, the log and one archive of everything (the tool takes 8 files)
@@ -119,31 +136,35 @@ if [ "$what" = main ]; then
   step prepare python3 -m speculators prepare-data --model "$W/hf" --data "$W/train.pretok.jsonl" --output "$S/prepared" \
     --seq-length 8192 --no-skip-token-freq --num-preprocessing-workers 8 || exit 1
   step extract_input python3 "$scripts/build_sets.py" extract-input "$S/prepared" "$W/extract.jsonl" || exit 1
-  # hsx writes the states: one file per prepared row, hs_<row>.safetensors
+  # hsx writes the states: one file per prepared row, hs_<row>.safetensors; in bf16, and in
+  # hs-connectors' FP8 format (speculators reads those through --hidden-states-backend fp8)
   step extract "$hsx" extract --device cuda --model "$model" --layers $LAYERS --dtype bfloat16 \
     --input "$W/extract.jsonl" --output "$S/hsx_states" --kv-cache-gib 40 || exit 1
-  step train_hsx train "$S/hsx_states" "$S/prepared" "$W/ckpt_hsx" || exit 1
-  draft=$(latest "$W/ckpt_hsx"); log "hsx-state draft: $draft"
+  step extract_fp8 "$hsx" extract --device cuda --model "$model" --layers $LAYERS --dtype bfloat16 \
+    --input "$W/extract.jsonl" --output "$S/hsx_fp8_states" --kv-cache-gib 40 \
+    --kv-transfer-config '{"kv_connector": "FP8HiddenStatesConnector"}' || exit 1
+  # the control: transformers' states of the same rows, trained and served the same way
+  step hf_states python3 "$scripts/hf_tools.py" states "$W/hf" "$S/prepared" "$S/hf_states" $LAYERS || exit 1
+  step compare python3 "$scripts/hf_tools.py" compare "$S/hsx_states" "$S/hf_states" 200
+  step train train_all || exit 1
+  for n in hsx hf fp8; do log "$n-state draft: $(latest "$W/ckpt_$n")"; done
   step serve_plain serve plain
-  step serve_eagle3_hsx serve eagle3_hsx "$(eagle "$draft")"
+  step serve_eagle3_hsx serve eagle3_hsx "$(eagle "$(latest "$W/ckpt_hsx")")"
+  step serve_eagle3_hf serve eagle3_hf "$(eagle "$(latest "$W/ckpt_hf")")"
+  step serve_eagle3_fp8 serve eagle3_fp8 "$(eagle "$(latest "$W/ckpt_fp8")")"
   step serve_ngram serve ngram "{\"method\": \"ngram\", \"num_speculative_tokens\": $K, \"prompt_lookup_max\": 4}"
   # lossless check: greedy tokens with the draft against plain decode, bit-exact mode, 32 prompts
   head -32 "$W/data/heldout.prompts.jsonl" > "$W/exact.jsonl"
+  draft=$(latest "$W/ckpt_hsx")
   step exact bash -c "'$hsx' generate --device cuda --batch-invariant --model '$model' --input '$W/exact.jsonl' --max-tokens $MAX_TOKENS | sort > '$R/exact_plain.jsonl' &&
     '$hsx' generate --device cuda --batch-invariant --model '$model' --input '$W/exact.jsonl' --max-tokens $MAX_TOKENS --speculative-config '$(eagle "$draft")' | sort > '$R/exact_eagle3.jsonl' &&
     cmp '$R/exact_plain.jsonl' '$R/exact_eagle3.jsonl' && echo identical"
+  log "loop done"
 fi
-if [ "$what" = main ] || [ "$what" = control ]; then
-  # the control: transformers' states of the same rows, the same training, served the same way
-  step hf_states python3 "$scripts/hf_tools.py" states "$W/hf" "$S/prepared" "$S/hf_states" $LAYERS || exit 1
-  step compare python3 "$scripts/hf_tools.py" compare "$S/hsx_states" "$S/hf_states" 200
-  step train_hf train "$S/hf_states" "$S/prepared" "$W/ckpt_hf" || exit 1
-  step serve_eagle3_hf serve eagle3_hf "$(eagle "$(latest "$W/ckpt_hf")")"
-  if [ "$SWEEP" != 0 ]; then  # a smaller training set, same settings
-    step prepare_small python3 -m speculators prepare-data --model "$W/hf" --data "$W/train.pretok.jsonl" \
-      --output "$S/prepared_small" --seq-length 8192 --no-skip-token-freq --max-samples "$SWEEP" --num-preprocessing-workers 8 || exit 1
-    step link_small python3 "$scripts/build_sets.py" subset "$S/prepared" "$S/prepared_small" "$S/hsx_states" "$S/hsx_states_small" || exit 1
-    step train_small train "$S/hsx_states_small" "$S/prepared_small" "$W/ckpt_small" || exit 1
-    step serve_eagle3_small serve eagle3_hsx_small "$(eagle "$(latest "$W/ckpt_small")")" 32:500
-  fi
+if [ "$what" = sweep ] && [ "$SWEEP" != 0 ]; then  # a smaller training set, same settings
+  step prepare_small python3 -m speculators prepare-data --model "$W/hf" --data "$W/train.pretok.jsonl" \
+    --output "$S/prepared_small" --seq-length 8192 --no-skip-token-freq --max-samples "$SWEEP" --num-preprocessing-workers 8 || exit 1
+  step link_small python3 "$scripts/build_sets.py" subset "$S/prepared" "$S/prepared_small" "$S/hsx_states" "$S/hsx_states_small" || exit 1
+  step train_small train "$S/hsx_states_small" "$S/prepared_small" "$W/ckpt_small" || exit 1
+  step serve_eagle3_small serve eagle3_hsx_small "$(eagle "$(latest "$W/ckpt_small")")" 32:500
 fi

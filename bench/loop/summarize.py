@@ -34,14 +34,15 @@ def main(out):
             accept[r["label"]] = r.get("mean_acceptance_length")
         print(f"{r['label']:18} {r['clients']:>5} {r['completed']:>7} {r['tokens_per_s']:>9.1f} {speed:>8.2f} "
               f"{r.get('mean_acceptance_length', ''):>10}  {r.get('acceptance_rate_per_position', '')}  {same}")
-    if accept.get("eagle3_hsx") and accept.get("eagle3_hf"):
-        print(json.dumps({"metric": "acceptance_length_hsx_over_hf", "value": round(accept["eagle3_hsx"] / accept["eagle3_hf"], 4),
-                          "hsx": accept["eagle3_hsx"], "hf": accept["eagle3_hf"]}))
+    for other, metric in (("eagle3_hf", "acceptance_length_hsx_over_hf"), ("eagle3_fp8", "acceptance_length_fp8_over_hsx")):
+        a, b = ("eagle3_hsx", other) if other == "eagle3_hf" else (other, "eagle3_hsx")
+        if accept.get(a) and accept.get(b):
+            print(json.dumps({"metric": metric, "value": round(accept[a] / accept[b], 4), a: accept[a], b: accept[b]}))
     # speculators' own validation (the same held-back rows for every draft trained on the full set):
     # full_acc_k = all draft tokens up to position k right, so 1 + sum(full_acc) is the acceptance
     # length teacher forcing predicts
     val = {}
-    for name in ("hsx", "hf", "small"):
+    for name in ("hsx", "hf", "fp8", "small"):
         p = os.path.join(out, f"train_{name}.log")
         if not os.path.exists(p):
             continue
@@ -56,6 +57,8 @@ def main(out):
                               "implied_acceptance_length": round(val[name], 4), "val_loss": float(loss[-1]) if loss else None}))
     if val.get("hsx") and val.get("hf"):
         print(json.dumps({"metric": "val_acceptance_length_hsx_over_hf", "value": round(val["hsx"] / val["hf"], 4)}))
+    if val.get("hsx") and val.get("fp8"):
+        print(json.dumps({"metric": "val_acceptance_length_fp8_over_hsx", "value": round(val["fp8"] / val["hsx"], 4)}))
     p1 = load_outputs(os.path.join(out, "outputs", "plain_c1.jsonl"))
     p32 = load_outputs(os.path.join(out, "outputs", "plain_c32.jsonl"))
     if p1 and p32:  # how far plain decode itself depends on the batch (bf16, no --batch-invariant)
