@@ -166,6 +166,11 @@ void RegisterBench(CLI::App& root) {
   app->add_option("--top-k", decode->sampling.top_k);
   app->add_option("--speculative-config", decode->speculative_config,
                   "Decode: vLLM's JSON (ngram, eagle3, mtp); adds the mean acceptance length and per-position rates");
+  app->add_option("--input", decode->input,
+                  "Decode: JSONL prompts as generate reads them (token_ids, prompt or messages) instead of random "
+                  "ones; each batch size keeps that many in flight over the whole file, to end-of-sequence or "
+                  "--new-tokens");
+  app->add_flag("--ignore-eos", decode->ignore_eos, "Decode with --input: generate past end-of-sequence tokens");
   app->add_option("--spec-bench-accept-rate", decode->accept_rate,
                   "Decode with --speculative-config: accept each draft with this probability (a seeded "
                   "Bernoulli draw) instead of verifying it; the output is NOT the target's (benchmark only)")
@@ -174,6 +179,11 @@ void RegisterBench(CLI::App& root) {
     if (decode->accept_rate && (!o->decode || decode->speculative_config.empty())) {
       ExitCode() = Fail("bench", Error("--spec-bench-accept-rate needs --decode and --speculative-config (it forces "
                                        "the acceptance of speculative decoding's drafts)"));
+      return;
+    }
+    if (!o->decode && (!decode->input.empty() || decode->ignore_eos)) {
+      ExitCode() = Fail("bench", Error("--input and --ignore-eos are for --decode (extraction benchmarks make their "
+                                       "own prompts)"));
       return;
     }
     if (o->decode) {

@@ -1,6 +1,8 @@
 // hsx bench --decode: generation throughput per batch size on synthetic prompts, next to
 // the memory-traffic bound (weights plus KV read once per step) at the device's copy
-// bandwidth measured in the same run. Prints JSON lines.
+// bandwidth measured in the same run; or, with --input, on real prompts, each batch size a
+// closed loop over the file (the serve-in-the-loop evaluation of a draft: acceptance as
+// the engine measures it on the prompts it will serve). Prints JSON lines.
 #include "cli/bench_decode.h"
 
 #include <chrono>
@@ -35,6 +37,79 @@ double CopyBandwidth(Backend& backend) {
     best = std::max(best, 2.0 * static_cast<double>(a.nbytes()) / Seconds(t0, Clock::now()));
   }
   return best;
+}
+
+
+// vLLM's figures between two snapshots of the engine's counters: tokens per verification
+// (accepted drafts + the one always emitted) and the acceptance rate of each draft position.
+void AddSpeculativeFigures(const EngineStats& start, const EngineStats& end, nlohmann::json& result) {
+  const uint64_t drafts = end.num_drafts - start.num_drafts;
+  if (drafts == 0) return;
+  const uint64_t accepted = end.num_accepted_tokens - start.num_accepted_tokens;
+  std::vector<double> per_position;
+  for (size_t i = 0; i < end.num_accepted_tokens_per_pos.size(); ++i) {
+    const uint64_t before = i < start.num_accepted_tokens_per_pos.size() ? start.num_accepted_tokens_per_pos[i] : 0;
+    per_position.push_back(static_cast<double>(end.num_accepted_tokens_per_pos[i] - before) / drafts);
+  }
+  result["mean_acceptance_length"] = 1.0 + static_cast<double>(accepted) / drafts;
+  result["acceptance_rate_per_position"] = per_position;
+  result["verifications"] = drafts;
+  result["draft_tokens"] = end.num_draft_tokens - start.num_draft_tokens;
+  result["accepted_tokens"] = accepted;
+}
+
+struct PromptRun {
+  int64_t requests = 0, output_tokens = 0;
+  double seconds = 0;
+  uint64_t steps = 0;
+  EngineStats start, end;
+};
+
+// The file's prompts through `engine`, `batch` in flight: a request that ends lets the
+// next line in (at most max_prompts lines; 0: all). Prefill is part of the time, as in a
+// serving benchmark's output throughput. A line that cannot run fails the bench, named.
+Result<PromptRun> RunPrompts(const DecodeBenchOptions& o, const LoadedModel& loaded, Engine& engine, Backend& backend,
+                             int batch, int new_tokens, int max_prompts) {
+  HSX_ASSIGN_OR_RETURN(PromptReader reader, PromptReader::Open(o.input, loaded, /*add_generation_prompt=*/true));
+  PromptRun run;
+  int read = 0;
+  auto add_next = [&]() -> Result<bool> {
+    if (max_prompts > 0 && read >= max_prompts) return false;
+    std::optional<PromptLine> p = reader.Next();
+    if (!p) return false;
+    if (!p->error.ok()) return p->error;
+    Request r;
+    r.id = "p" + std::to_string(read++);  // ids in the file may repeat; the engine's may not
+    r.prompt = std::move(p->token_ids);
+    r.max_new_tokens = new_tokens;
+    r.capture = false;
+    r.sampling = o.sampling;
+    if (r.sampling.seed) r.sampling.seed = *r.sampling.seed + read;
+    if (!o.ignore_eos) r.stop_token_ids = loaded.model->config().eos_token_ids;
+    const Status added = engine.Add(std::move(r));
+    if (!added.ok()) return Error(o.input + ":" + std::to_string(p->line) + ": " + added.message());
+    return true;
+  };
+  backend.Synchronize();
+  run.start = engine.stats();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < batch; ++i) {
+    HSX_ASSIGN_OR_RETURN(const bool more, add_next());
+    if (!more) break;
+  }
+  while (engine.has_work()) {
+    for (const auto& seq : engine.Step()) {
+      run.output_tokens += seq->num_generated();
+      ++run.requests;
+      HSX_RETURN_IF_ERROR(add_next().status());
+    }
+  }
+  backend.Synchronize();
+  run.seconds = Seconds(t0, Clock::now());
+  run.end = engine.stats();
+  run.steps = run.end.steps - run.start.steps;
+  if (run.requests == 0) return Error(o.input + ": no prompts");
+  return run;
 }
 
 }  // namespace
@@ -73,6 +148,24 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
     ec.graphs = !o.model.enforce_eager;
     ec.tensor_parallel_peers = loaded->peers();
     Engine engine(model, ec);
+    if (!o.input.empty()) {
+      // Warm-up on the first prompts (first-use costs), then the whole file.
+      auto warm = RunPrompts(o, *loaded, engine, backend, batch, 4, batch);
+      auto run = warm.ok() ? RunPrompts(o, *loaded, engine, backend, batch, o.new_tokens, 0) : warm;
+      if (!run.ok()) return Fail("bench", run.status());
+      nlohmann::json result = {
+          {"metric", "decode_tokens_per_s"}, {"value", run->output_tokens / run->seconds}, {"batch", batch},
+          {"model", o.model.model}, {"input", o.input}, {"prompts", run->requests},
+          {"output_tokens", run->output_tokens}, {"seconds", run->seconds}, {"max_new_tokens", o.new_tokens},
+          {"steps", run->steps}, {"tokens_per_step", static_cast<double>(run->output_tokens) / std::max<uint64_t>(run->steps, 1)},
+          {"temperature", o.sampling.temperature}, {"top_p", o.sampling.top_p}, {"top_k", o.sampling.top_k},
+          {"device", o.model.device}, {"tensor_parallel_size", ranks}, {"quantization", QuantizationLabel(o.model, c)}};
+      if (!o.speculative_config.empty()) result["speculative_config"] = o.speculative_config;
+      AddSpeculativeFigures(run->start, run->end, result);
+      if (o.accept_rate) result["forced_accept_rate"] = *o.accept_rate;
+      line(result);
+      continue;
+    }
     EngineStats decode_start, decode_end;  // the engine's counters around the decode phase
     auto run = [&](int new_tokens, double* decode_seconds, int64_t* decode_tokens, uint64_t* decode_steps) -> Status {
       for (int i = 0; i < batch; ++i) {
@@ -131,23 +224,9 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
         {"device", o.model.device}, {"tensor_parallel_size", ranks},
         {"quantization", QuantizationLabel(o.model, c)},
         {"weight_bytes_per_step", weight_bytes}};
-    if (const uint64_t drafts = decode_end.num_drafts - decode_start.num_drafts; drafts > 0) {
-      // vLLM's figures: tokens per verification (accepted drafts + the one always emitted)
-      // and the acceptance rate of each draft position.
-      const uint64_t accepted = decode_end.num_accepted_tokens - decode_start.num_accepted_tokens;
-      std::vector<double> per_position;
-      for (size_t i = 0; i < decode_end.num_accepted_tokens_per_pos.size(); ++i) {
-        const uint64_t before =
-            i < decode_start.num_accepted_tokens_per_pos.size() ? decode_start.num_accepted_tokens_per_pos[i] : 0;
-        per_position.push_back(static_cast<double>(decode_end.num_accepted_tokens_per_pos[i] - before) / drafts);
-      }
-      result["speculative_config"] = o.speculative_config;
-      result["mean_acceptance_length"] = 1.0 + static_cast<double>(accepted) / drafts;
-      result["acceptance_rate_per_position"] = per_position;
-      result["draft_tokens"] = decode_end.num_draft_tokens - decode_start.num_draft_tokens;
-      result["accepted_tokens"] = accepted;
-      if (o.accept_rate) result["forced_accept_rate"] = *o.accept_rate;  // output not the target's
-    }
+    if (!o.speculative_config.empty()) result["speculative_config"] = o.speculative_config;
+    AddSpeculativeFigures(decode_start, decode_end, result);
+    if (o.accept_rate && result.contains("verifications")) result["forced_accept_rate"] = *o.accept_rate;  // not the target's output
     nlohmann::json stages;
     for (size_t i = 0; i < std::size(EngineStats::kStageNames); ++i) {
       stages[EngineStats::kStageNames[i]] =

@@ -22,6 +22,11 @@ struct DecodeBenchOptions {
   std::string speculative_config;  // vLLM's JSON (ngram, eagle3, mtp): speculative decoding
   // --spec-bench-accept-rate: each draft accepted with this probability (not lossless).
   std::optional<double> accept_rate;
+  // Real prompts (JSONL as generate reads it) instead of random ones: each batch size keeps
+  // that many requests in flight over all of the file's prompts, each ending at
+  // end-of-sequence (unless ignore_eos) or after new_tokens.
+  std::string input;
+  bool ignore_eos = false;
 };
 
 int RunDecodeBench(const DecodeBenchOptions& options);
