@@ -6,6 +6,7 @@
 // or 1 moves the drafts proposed the way the policy says.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "backend/cpu/cpu_backend.h"
@@ -112,6 +113,57 @@ TEST(DraftCostModel, InterpolatesAndExtrapolates) {
   cost.ObserveTarget(8, 3.0);  // smoothed toward it
   EXPECT_GT(cost.TargetSeconds(8), 2.0);
   EXPECT_LT(cost.TargetSeconds(8), 3.0);
+}
+
+TEST(DraftCostModel, LowerMeasurementReplacesAtOnce) {
+  DraftCostModel cost;
+  cost.ObserveDraft(1, 4, 100.0);  // a first round that captured its graph
+  cost.ObserveDraft(1, 4, 0.5);
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.5);
+  cost.ObserveDraft(1, 4, 1.5);  // a slower one only moves it part of the way
+  EXPECT_GT(cost.DraftSeconds(1, 4), 0.5);
+  EXPECT_LT(cost.DraftSeconds(1, 4), 1.5);
+}
+
+// The device's failure before the fix: the first draft round, which captures its CUDA
+// graph, measured 200x its cost; with that figure no step drafted again, so nothing
+// measured the round anew, at any acceptance. A probe drafts K_max after probe_interval
+// idle steps; its round's time replaces the figure, and drafting stays on.
+TEST(DraftLengthPolicy, InflatedFirstRoundDoesNotStopDraftingForGood) {
+  const DraftLengthPolicy policy(Config(4));
+  DraftCostModel cost;  // learned, as the engine's
+  cost.ObserveTarget(1, 1.0);
+  cost.ObserveTarget(5, 1.0);
+  cost.ObserveDraft(1, 4, 200.0);
+  DraftHistory h;
+  int first_draft = -1, drafted = 0;
+  const int steps = 200;
+  for (int step = 0; step < steps; ++step) {
+    int k = policy.Choose({4}, {policy.Acceptance(h)}, cost)[0];
+    if (policy.Probing(h)) k = 4;
+    if (k > 0) {
+      cost.ObserveDraft(1, k, 0.2 * k / 4);  // the round's real cost
+      policy.Record(h, k, std::min(k, 3));     // well accepted
+      if (first_draft < 0) first_draft = step;
+      ++drafted;
+    } else {
+      policy.Record(h, 0, 0);
+    }
+  }
+  EXPECT_EQ(first_draft, policy.config().probe_interval);
+  EXPECT_EQ(drafted, steps - first_draft);  // from the probe on, every step drafts
+}
+
+TEST(DraftLengthPolicy, ProbesAfterIdleSteps) {
+  const DraftLengthPolicy policy(Config(4));
+  DraftHistory h;
+  for (int step = 0; step < policy.config().probe_interval; ++step) {
+    EXPECT_FALSE(policy.Probing(h)) << step;
+    policy.Record(h, 0, 0);
+  }
+  EXPECT_TRUE(policy.Probing(h));
+  policy.Record(h, 4, 0);  // the probe ran: idle again from zero
+  EXPECT_FALSE(policy.Probing(h));
 }
 
 struct Generation {

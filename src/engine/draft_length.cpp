@@ -7,8 +7,12 @@
 namespace hsx {
 namespace {
 
+// A lower measurement replaces the figure at once: first-use costs (graph capture, GEMM
+// tuning, allocation) and host hiccups only ever lengthen a step, so an inflated first
+// figure must not linger (it would stop drafting, and with it the measurements that fix
+// it). A higher one moves the figure `weight` toward it.
 void Smooth(double& figure, double seconds, double weight, bool seen) {
-  figure = seen ? (1.0 - weight) * figure + weight * seconds : seconds;
+  figure = seen && seconds > figure ? (1.0 - weight) * figure + weight * seconds : seconds;
 }
 
 }  // namespace
@@ -79,6 +83,8 @@ void DraftLengthPolicy::Record(DraftHistory& h, int proposed, int accepted) cons
   h.accepted = config_.discount * h.accepted + accepted;
   h.observed = config_.discount * h.observed + accepted + (accepted < proposed ? 1 : 0);
 }
+
+bool DraftLengthPolicy::Probing(const DraftHistory& h) const { return h.idle_steps >= config_.probe_interval; }
 
 double DraftLengthPolicy::Acceptance(const DraftHistory& h) const {
   if (h.observed == 0 || h.idle_steps >= config_.probe_interval) return config_.prior_acceptance;

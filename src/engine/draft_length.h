@@ -57,7 +57,7 @@ struct DraftLengthConfig {
   double prior_acceptance = 0.6;  // a request's acceptance before it has drafted
   double prior_weight = 2.0;      // in trials
   double discount = 0.9;          // per verification: older outcomes weigh less
-  int probe_interval = 32;        // after this many steps without drafts, assume the prior again
+  int probe_interval = 32;        // after this many steps without drafts, draft K_max once (a probe)
 };
 
 class DraftLengthPolicy {
@@ -68,6 +68,10 @@ class DraftLengthPolicy {
   void Record(DraftHistory& history, int proposed, int accepted) const;
   // The estimated per-draft acceptance (with the prior; the prior again when probing).
   double Acceptance(const DraftHistory& history) const;
+  // After probe_interval steps without drafts a request drafts K_max once, whatever the
+  // cost model says: that measures its acceptance and the round's cost anew, so neither a
+  // bad stretch of text nor an inflated cost figure can switch drafting off for good.
+  bool Probing(const DraftHistory& history) const;
   // K per request for one step: rooms[i] is request i's most (0: it does not decode next),
   // acceptance[i] its estimate. Non-decoding requests get 0 and cost nothing.
   std::vector<int> Choose(const std::vector<int>& rooms, const std::vector<double>& acceptance,
