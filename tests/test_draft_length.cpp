@@ -125,9 +125,9 @@ TEST(DraftCostModel, LowerMeasurementReplacesAtOnce) {
   EXPECT_LT(cost.DraftSeconds(1, 4), 1.5);
 }
 
-// The device's failure before the fix: the first draft round, which captures its CUDA
-// graph, measured 200x its cost; with that figure no step drafted again, so nothing
-// measured the round anew, at any acceptance. A probe drafts K_max after probe_interval
+// An inflated first round (one that captures its CUDA graph, say) must not keep every later
+// step from drafting: with that figure alone no step would draft again, so nothing would
+// measure the round anew, at any acceptance. A probe drafts K_max after probe_interval
 // idle steps; its round's time replaces the figure, and drafting stays on.
 TEST(DraftLengthPolicy, InflatedFirstRoundDoesNotStopDraftingForGood) {
   const DraftLengthPolicy policy(Config(4));
