@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|specadaptive|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|regen|tp|scale]
-#   all = tests + bench; sweep includes moe; server = hsx serve under 32 and 64 clients
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|gptoss|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|specadaptive|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|regen|tp|scale]
+#   all = tests + bench; sweep includes moe; gptoss = the gpt-oss-20b shape (dummy bf16 experts, as
+#   hsx runs MXFP4 checkpoints after dequantizing them at load): the gpt-oss CUDA tests, extraction
+#   tok/s and MFU (with the matmul peak), decode at batch 1 and 32 (fraction of the memory bound); server = hsx serve under 32 and 64 clients
 #   against hsx extract (bench/server_load.py); gemma = the gemma-4-31b shape and its MFU;
 #   bins = that bench on several builds in .devbin (AB_BINS="hsx-e3e23cd hsx"), alternating, twice;
 #   ab = the Qwen3-8B bench alternating between two environments, AB_A and AB_B (e.g.
@@ -332,4 +334,18 @@ if [ "$what" = decode ]; then
     timeout 300 python3 bench/hf_decode.py 512 256 1,32,128 2>"$OUT/hf_decode.err" | tee -a "$OUT/decode.jsonl"
     tail -2 "$OUT/hf_decode.err"
   fi
+fi
+if [ "$what" = gptoss ]; then  # issue 33 item 5
+  HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests \
+    --gtest_filter='*AttentionSinks*:*MoeMlpMatchesCpu*:*FixtureModel*gpt_oss*:*CudaFixture*' 2>&1 |
+    tee "$OUT/gptoss_tests.log" | grep -E "PASSED|FAILED|Failure|Expected|actual|error" | head -40
+  python3 bench/matmul_peak.py > "$OUT/gptoss.jsonl"
+  timeout 300 .devbin/hsx bench --device cuda --model gpt-oss-20b --load-format dummy --num-prompts 64 --median-len 700 \
+    --min-len 32 --max-len 4096 --layers 2,12,21,24 --max-num-batched-tokens 16384 --kv-cache-gib 30 \
+    --dir /dev/shm/hsx-gptoss 2>"$OUT/gptoss.err" >>"$OUT/gptoss.jsonl" || echo "gpt-oss bench exit $?"
+  tail -2 "$OUT/gptoss.err"
+  cat "$OUT/gptoss.jsonl" && python3 bench/report.py "$OUT/gptoss.jsonl"
+  timeout 240 .devbin/hsx bench --decode --device cuda --model gpt-oss-20b --load-format dummy --prompt-len 512 \
+    --new-tokens 256 --kv-cache-gib 30 --batch-sizes 1,32 2>"$OUT/gptoss_decode.err" | tee "$OUT/gptoss_decode.jsonl"
+  tail -2 "$OUT/gptoss_decode.err"
 fi

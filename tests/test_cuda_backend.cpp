@@ -752,10 +752,90 @@ TEST(CudaKernelTest, MoeMlpMatchesCpu) {
       gpu_w.up.push_back(gpu->UploadWeight(cpu_w.up.back()));
       gpu_w.down.push_back(gpu->UploadWeight(cpu_w.down.back()));
     }
+    MoeSpec spec;
+    spec.top_k = top_k;
+    spec.renormalize = true;
     Tensor o_cpu = cpu.Empty(DType::kF32, {tokens, hidden}), o_gpu = Poisoned(*gpu, DType::kBF16, {tokens, hidden});
-    cpu.MoeMlp(x, logits, cpu_w, top_k, true, Activation::kSilu, o_cpu);
-    gpu->MoeMlp(gpu->Upload(ToBf16(x)), gpu->Upload(logits), gpu_w, top_k, true, Activation::kSilu, o_gpu);
+    cpu.MoeMlp(x, logits, cpu_w, spec, o_cpu);
+    gpu->MoeMlp(gpu->Upload(ToBf16(x)), gpu->Upload(logits), gpu_w, spec, o_gpu);
     EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 2e-2) << tokens << " tokens, " << experts << " experts, top " << top_k;
+    // gpt-oss: expert biases and the clamped SwiGLU (weights scaled so the clamp cuts).
+    spec.swiglu_limit = 7.0f;
+    spec.swiglu_alpha = 1.702f;
+    cpu_w.gate_bias = RandomHost({experts, inter}, rng, 0.5f);
+    cpu_w.up_bias = RandomHost({experts, inter}, rng, 0.5f);
+    cpu_w.down_bias = RandomHost({experts, hidden}, rng, 0.5f);
+    gpu_w.gate_bias = gpu->UploadWeight(cpu_w.gate_bias);
+    gpu_w.up_bias = gpu->UploadWeight(cpu_w.up_bias);
+    gpu_w.down_bias = gpu->UploadWeight(cpu_w.down_bias);
+    const Tensor x_big = RandomHost({tokens, hidden}, rng, 8.0f);
+    Tensor b_cpu = cpu.Empty(DType::kF32, {tokens, hidden}), b_gpu = Poisoned(*gpu, DType::kBF16, {tokens, hidden});
+    cpu.MoeMlp(x_big, logits, cpu_w, spec, b_cpu);
+    gpu->MoeMlp(gpu->Upload(ToBf16(x_big)), gpu->Upload(logits), gpu_w, spec, b_gpu);
+    EXPECT_LE(GpuVsCpu(*gpu, b_gpu, b_cpu), 2e-2) << "gpt-oss experts: " << tokens << " tokens, top " << top_k;
+  }
+}
+
+// gpt-oss's attention sinks on every CUDA kernel: prefill (mma.sync register and shared
+// kernels, Hopper's wgmma) and decode (split-KV with the cluster merge and with the merge
+// kernel), windows included; sinks large enough to take most of some rows' probability.
+TEST(CudaKernelTest, AttentionSinksMatchCpu) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  auto gpu_mma = GpuWith("HSX_ATTENTION", "mma");
+  CpuBackend cpu;
+  std::mt19937 rng(33);
+  constexpr int kBlock = 16;
+  struct Case { int64_t d, heads, kv_heads; int window; };
+  std::vector<std::pair<int, int>> many;
+  for (int i = 0; i < 200; ++i) many.push_back({1, std::uniform_int_distribution<int>(1, 300)(rng)});
+  const std::vector<std::vector<std::pair<int, int>>> batches = {
+      {{1, 1}, {17, 17}, {5, 300}, {130, 200}, {700, 700}},  // prefill and chunked prefill
+      {{1, 1}, {1, 32768}},                                  // decode, few blocks: cluster merge
+      many,                                                  // decode, many blocks: merge kernel
+      {{3, 5000}, {8, 40}}};                                 // verification rows
+  for (const Case& c : std::vector<Case>{{64, 8, 2, 16}, {64, 64, 8, 128}, {128, 8, 2, 0}, {128, 16, 2, 100},
+                                         {256, 4, 2, 0}, {512, 4, 1, 0}}) {
+    const Tensor sinks = RandomHost({c.heads}, rng, 4.0f);
+    for (const auto& shapes : batches) {
+      int64_t num_blocks = 0, t = 0;
+      for (auto [q, ctx] : shapes) num_blocks += (ctx + kBlock - 1) / kBlock;
+      std::vector<int32_t> free_blocks(num_blocks);
+      std::iota(free_blocks.begin(), free_blocks.end(), 0);
+      std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+      std::vector<SequenceSlice> seqs;
+      size_t next = 0;
+      for (auto [q, ctx] : shapes) {
+        SequenceSlice s;
+        s.q_start = static_cast<int32_t>(t);
+        s.q_len = q;
+        s.ctx_len = ctx;
+        for (int i = 0; i < (ctx + kBlock - 1) / kBlock; ++i) s.block_table.push_back(free_blocks[next++]);
+        seqs.push_back(s);
+        t += q;
+      }
+      Tensor q = RandomHost({t, c.heads, c.d}, rng);
+      Tensor kc = RandomHost({num_blocks * kBlock, c.kv_heads, c.d}, rng);
+      Tensor vc = RandomHost({num_blocks * kBlock, c.kv_heads, c.d}, rng);
+      AttentionParams params;
+      params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+      params.sliding_window = c.window;
+      params.block_size = kBlock;
+      params.sinks = &sinks;
+      Tensor o_cpu = cpu.Empty(DType::kF32, {t, c.heads, c.d});
+      cpu.Attention(q, kc, vc, MakeAttentionBatch(cpu, seqs), params, o_cpu);
+      for (CudaBackend* g : {gpu.get(), gpu_mma.get()}) {
+        const Tensor sinks_dev = g->Upload(sinks);
+        AttentionParams gp = params;
+        gp.sinks = &sinks_dev;
+        Tensor o_gpu = Poisoned(*g, DType::kBF16, {t, c.heads, c.d});
+        g->Attention(g->Upload(ToBf16(q)), g->Upload(ToBf16(kc)), g->Upload(ToBf16(vc)), MakeAttentionBatch(*g, seqs), gp,
+                     o_gpu);
+        EXPECT_LE(GpuVsCpu(*g, o_gpu, o_cpu), 2e-2)
+            << (g == gpu.get() ? "default" : "mma") << " kernel, d=" << c.d << " window=" << c.window
+            << " heads=" << c.heads << "/" << c.kv_heads << " seqs=" << seqs.size() << " first q_len=" << shapes[0].first;
+      }
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 // its compute dtype (f32 on the CPU); weights stay in their checkpoint dtype.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -62,6 +63,10 @@ struct AttentionParams {
   int32_t sliding_window = 0;  // 0: full causal; w: query at p sees keys in (p - w, p]
   float softcap = 0.0f;        // 0: none; c: scores become c * tanh(scores / c)
   int32_t block_size = 16;
+  // gpt-oss: f32 [num_heads] on the device, one learned logit per query head that joins
+  // every softmax as an extra column whose value is dropped (it only takes probability
+  // away from the keys); null: none.
+  const Tensor* sinks = nullptr;
 };
 
 // Rotary embedding of the first rotary_dims of each head (rotate-half pairing within
@@ -81,10 +86,31 @@ struct HeadNorms {
   bool one_plus_weight = false;
 };
 
-// Expert weights of one MoE layer, each a list with one tensor per expert.
+// Expert weights of one MoE layer, each a list with one tensor per expert; gpt-oss's
+// biases, one row per expert (undefined: none).
 struct MoeWeights {
   std::vector<Tensor> gate, up, down;  // [I, H], [I, H], [H, I]
+  Tensor gate_bias, up_bias, down_bias;  // [E, I], [E, I], [E, H]
 };
+
+// How a MoE layer routes and activates. Routing: softmax over all experts, the top_k kept
+// (ties to the lower index), renormalized over them when asked (which equals gpt-oss's
+// softmax over the top-k logits). Activation: act(gate) * up, or with swiglu_limit > 0
+// gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit),
+// out = (u + 1) * g * sigmoid(alpha * g).
+struct MoeSpec {
+  int top_k = 1;
+  bool renormalize = false;
+  Activation act = Activation::kSilu;
+  float swiglu_limit = 0.0f, swiglu_alpha = 0.0f;
+};
+
+// The clamped SwiGLU of one (gate, up) pair (MoeSpec).
+inline float ClampedSwiglu(float gate, float up, float limit, float alpha) {
+  const float g = gate > limit ? limit : gate;  // NaN passes through, as torch's clamp does
+  const float u = up < -limit ? -limit : (up > limit ? limit : up);
+  return (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+}
 
 class Backend {
  public:
@@ -203,10 +229,10 @@ class Backend {
   virtual void DraftLayerInput(const Tensor& table, const Tensor& ids, const Tensor& hidden, const Tensor& embed_norm,
                                const Tensor& hidden_norm, float eps, bool normed_residual, Tensor& out,
                                Tensor& residual);
-  // Softmax router over experts (router_logits [T, E] f32), top_k, optional renormalization;
-  // out = sum of weighted expert MLPs.
-  virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
-                      bool renormalize, Activation act, Tensor& out) = 0;
+  // Router (router_logits [T, E] f32) and experts as `spec` says; out = sum of the chosen
+  // experts' MLPs, weighted.
+  virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, const MoeSpec& spec,
+                      Tensor& out) = 0;
   // Gemma 4 MTP's centroid-masked LM head (vLLM's Gemma4MTPMaskedEmbedder). Per row r of
   // x [R, H]: the top_k highest of centroid_logits f32 [R, C] (NaN lowest, ties to the lower
   // index) select clusters; cluster c holds the tokens in row c of token_ordering int32

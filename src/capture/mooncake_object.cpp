@@ -35,6 +35,7 @@ std::string TorchDTypeName(DType dtype) {
     case DType::kI32: return "torch.int32";
     case DType::kBool: return "torch.bool";
     case DType::kF8E4M3: return "torch.float8_e4m3fn";
+    case DType::kU8: return "torch.uint8";
   }
   return "torch.unknown";
 }

@@ -76,6 +76,14 @@ const char* HfDefaults(Arch arch) {
         "global_head_dim": 512, "num_global_key_value_heads": null,
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
           "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}})";
+    case Arch::kGptOss:  // GptOssConfig; rope_parameters' default (yarn) is filled in ResolveRope
+      return R"({"vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 36,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "hidden_act": "silu",
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "eos_token_id": null, "tie_word_embeddings": false,
+        "attention_bias": true, "sliding_window": 128, "num_local_experts": 128, "num_experts_per_tok": 4,
+        "swiglu_limit": 7.0, "swiglu_alpha": 1.702, "layer_types": null,
+        "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+          "truncate": false, "original_max_position_embeddings": 4096}})";
   }
   return "{}";
 }
@@ -83,7 +91,8 @@ const char* HfDefaults(Arch arch) {
 const json& HfDefaultsJson(Arch arch) {
   static const std::map<Arch, json> kParsed = [] {
     std::map<Arch, json> m;
-    for (Arch a : {Arch::kLlama, Arch::kMistral, Arch::kQwen2, Arch::kQwen3, Arch::kQwen3Moe, Arch::kGemma3, Arch::kGemma4})
+    for (Arch a : {Arch::kLlama, Arch::kMistral, Arch::kQwen2, Arch::kQwen3, Arch::kQwen3Moe, Arch::kGemma3, Arch::kGemma4,
+                   Arch::kGptOss})
       m[a] = json::parse(HfDefaults(a));
     return m;
   }();
@@ -168,6 +177,7 @@ constexpr ArchName kArchs[] = {
     {"Gemma3ForConditionalGeneration", Arch::kGemma3, true, {"gemma3", "gemma3_text"}},
     {"Gemma4ForCausalLM", Arch::kGemma4, false, {"gemma4_text", nullptr}},
     {"Gemma4ForConditionalGeneration", Arch::kGemma4, true, {"gemma4", "gemma4_text"}},
+    {"GptOssForCausalLM", Arch::kGptOss, false, {"gpt_oss", nullptr}},
 };
 
 Result<const ArchName*> ParseArch(const json& root, const std::string& source) {
@@ -456,7 +466,10 @@ Result<std::map<std::string, RopeSpec>> ResolveRope(const Fields& f, Arch arch, 
     HSX_ASSIGN_OR_RETURN(top_partial, f.Positive("partial_rotary_factor"));
   }
   static const json kEmpty = json::object();
-  const json& rp = scaling ? *scaling : params ? *params : kEmpty;
+  // gpt-oss: without either dict, GptOssConfig's yarn default; its base defaults to 150000.
+  const json& fallback = arch == Arch::kGptOss ? HfDefaultsJson(Arch::kGptOss)["rope_parameters"] : kEmpty;
+  const double default_theta = arch == Arch::kGptOss ? 150000.0 : 10000.0;
+  const json& rp = scaling ? *scaling : params ? *params : fallback;
   const bool nested = (arch == Arch::kQwen2 || arch == Arch::kQwen3) && !rp.empty() && std::all_of(rp.items().begin(), rp.items().end(), [&](const auto& kv) {
     return layer_types.count(kv.key()) > 0;
   });
@@ -464,10 +477,48 @@ Result<std::map<std::string, RopeSpec>> ResolveRope(const Fields& f, Arch arch, 
     const json& d = nested ? (rp.contains(t) ? rp[t] : json()) : rp;
     if (d.is_null()) return f.Fail("rope_parameters", "no entry for layer type '" + t + "'");
     const std::string where = src + (scaling ? "rope_scaling" : "rope_parameters") + (nested ? "." + t : "");
-    HSX_ASSIGN_OR_RETURN(out[t], ParseRopeDict(d, where, top_theta.value_or(10000.0), top_partial, max_pos));
+    HSX_ASSIGN_OR_RETURN(out[t], ParseRopeDict(d, where, top_theta.value_or(default_theta), top_partial, max_pos));
   }
   if (nested) HSX_RETURN_IF_ERROR(SingleDictOnly(f, out));
   return out;
+}
+
+// ---- gpt-oss's MoE ---------------------------------------------------------------------
+
+// Every layer is a MoE layer of num_local_experts experts (num_experts is the same field,
+// GptOssConfig's attribute_map) of intermediate_size, with top-k routing. Its softmax over
+// the top-k logits equals Qwen3-MoE's softmax over all experts renormalized over the top k,
+// so the routing is that one with norm_topk_prob. experts_per_token, which OpenAI's files
+// carry beside num_experts_per_tok and transformers never reads, must agree with it;
+// initial_context_length (also OpenAI's, also unread) changes nothing.
+Status ParseGptOssMoe(const Fields& f, const json& j, ModelConfig& c) {
+  const char* key = f.Given("num_experts") && !f.Given("num_local_experts") ? "num_experts" : "num_local_experts";
+  if (f.Given("num_local_experts") && f.Given("num_experts") && j["num_experts"] != j["num_local_experts"]) {
+    return f.Fail("num_experts", "disagrees with num_local_experts");
+  }
+  HSX_ASSIGN_OR_RETURN(c.num_experts, f.Int(key));
+  HSX_ASSIGN_OR_RETURN(c.experts_per_token, f.Int("num_experts_per_tok"));
+  if (c.experts_per_token > c.num_experts) return f.Fail("num_experts_per_tok", "must not exceed num_local_experts");
+  if (f.Given("experts_per_token")) {
+    HSX_ASSIGN_OR_RETURN(const int alias, f.Int("experts_per_token"));
+    if (alias != c.experts_per_token) {
+      return f.Fail("experts_per_token", "is " + std::to_string(alias) + ", but num_experts_per_tok (which " +
+                                             "transformers routes by) is " + std::to_string(c.experts_per_token));
+    }
+  }
+  if (f.Given("initial_context_length")) {
+    HSX_ASSIGN_OR_RETURN(auto unused, f.OptionalInt("initial_context_length", 1, kMaxPositions));
+    (void)unused;
+  }
+  c.moe_intermediate_size = c.intermediate_size;
+  c.norm_topk_prob = true;
+  c.moe_biases = true;
+  HSX_ASSIGN_OR_RETURN(const double limit, f.Positive("swiglu_limit"));
+  HSX_ASSIGN_OR_RETURN(const double alpha, f.Positive("swiglu_alpha"));
+  if (!std::isfinite(limit) || !std::isfinite(alpha)) return f.Fail("swiglu_limit", "swiglu_limit and swiglu_alpha must be finite");
+  c.swiglu_limit = static_cast<float>(limit);
+  c.swiglu_alpha = static_cast<float>(alpha);
+  return {};
 }
 
 // ---- Layers --------------------------------------------------------------------------
@@ -510,6 +561,13 @@ Result<std::vector<std::string>> LayerTypes(const Fields& f, const ModelConfig& 
     HSX_ASSIGN_OR_RETURN(int max_window_layers, f.Int("max_window_layers", 0, kMaxSize));
     if (types.empty()) {
       for (int i = 0; i < n; ++i) types.push_back(qwen_sliding && i >= max_window_layers ? "sliding_attention" : "full_attention");
+    }
+    return types;
+  }
+  if (c.arch == Arch::kGptOss) {
+    // GptOssConfig: sliding, full, sliding, ... when layer_types is absent.
+    if (types.empty()) {
+      for (int i = 0; i < n; ++i) types.push_back((i + 1) % 2 ? "sliding_attention" : "full_attention");
     }
     return types;
   }
@@ -813,6 +871,9 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     // Gemma's modules read hidden_activation only; a hidden_act beside it must agree.
     const char* key = gemma ? "hidden_activation" : "hidden_act";
     HSX_ASSIGN_OR_RETURN(std::string act, f.String(key));
+    // gpt-oss's experts apply their clamped SwiGLU whatever hidden_act says (transformers
+    // never reads it there).
+    if (c.arch == Arch::kGptOss) act = "silu";
     if (act == "silu" || act == "swish") c.activation = Activation::kSilu;
     else if (act == "gelu_pytorch_tanh" || act == "gelu_tanh") c.activation = Activation::kGeluTanh;
     else return f.Fail(key, "unsupported activation '" + act + "' (supported: silu, gelu_pytorch_tanh)");
@@ -822,6 +883,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   }
 
   HSX_ASSIGN_OR_RETURN(c.intermediate_size, f.Int("intermediate_size"));
+  if (c.arch == Arch::kGptOss) HSX_RETURN_IF_ERROR(ParseGptOssMoe(f, j, c));
   if (c.arch == Arch::kQwen3Moe) {
     // num_local_experts is the same field under its Mixtral-style name.
     const char* key = f.Given("num_local_experts") ? "num_local_experts" : "num_experts";
@@ -840,6 +902,10 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   if (c.arch == Arch::kQwen2) {
     c.qkv_bias = true;
     f.Given("attention_bias");
+  } else if (c.arch == Arch::kGptOss) {
+    HSX_ASSIGN_OR_RETURN(bool attention_bias, f.Bool("attention_bias"));
+    c.qkv_bias = c.o_bias = attention_bias;
+    c.attention_sinks = true;
   } else {
     HSX_ASSIGN_OR_RETURN(bool attention_bias, f.Bool("attention_bias"));
     if (attention_bias) return f.Fail("attention_bias", "projection biases are not supported for this architecture");
@@ -891,6 +957,10 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
     HSX_ASSIGN_OR_RETURN(c.per_layer_input_size, f.Int("hidden_size_per_layer_input", 0, kMaxSize));
     // Without per-layer inputs the table may be empty (Gemma 4 assistants set both to 0).
     HSX_ASSIGN_OR_RETURN(c.per_layer_vocab_size, f.Int("vocab_size_per_layer_input", c.per_layer_input_size > 0 ? 1 : 0));
+  } else if (c.arch == Arch::kGptOss) {
+    // gpt-oss: layer_types says which layers slide; a null window lets them see everything.
+    HSX_ASSIGN_OR_RETURN(auto window, f.OptionalInt("sliding_window", 1, kMaxPositions));
+    c.sliding_window = static_cast<int>(window.value_or(0));
   } else if (c.arch == Arch::kMistral) {
     // Mistral: every layer slides when sliding_window is set (not null; 4096 if omitted).
     HSX_ASSIGN_OR_RETURN(auto window, f.OptionalInt("sliding_window", 1, kMaxPositions));
@@ -914,8 +984,14 @@ Result<ModelConfig> ParseModelConfig(const std::string& json_text, const std::st
   // quantization_config sits at the top level (multimodal checkpoints too).
   const Fields& quantization = arch->multimodal ? top : f;
   if (quantization.Given("quantization_config")) {
-    HSX_RETURN_IF_ERROR(CheckFp8DynamicQuantizationConfig(root["quantization_config"], source_name));
-    c.fp8_checkpoint = true;
+    const json& q = root["quantization_config"];
+    if (c.arch == Arch::kGptOss && q.is_object() && q.value("quant_method", json()) == "mxfp4") {
+      HSX_RETURN_IF_ERROR(CheckMxfp4QuantizationConfig(q, c.num_layers, source_name));
+      c.mxfp4_experts = true;
+    } else {
+      HSX_RETURN_IF_ERROR(CheckFp8DynamicQuantizationConfig(q, source_name));
+      c.fp8_checkpoint = true;
+    }
   }
 
   f.Given("architectures");

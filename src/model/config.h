@@ -12,7 +12,7 @@
 
 namespace hsx {
 
-enum class Arch { kLlama, kMistral, kQwen2, kQwen3, kQwen3Moe, kGemma3, kGemma4 };
+enum class Arch { kLlama, kMistral, kQwen2, kQwen3, kQwen3Moe, kGemma3, kGemma4, kGptOss };
 
 struct RopeSpec {
   enum class Type { kDefault, kLinear, kLlama3, kProportional, kYarn, kDynamic, kLongrope } type = Type::kDefault;
@@ -55,6 +55,9 @@ struct ModelConfig {
   // The checkpoint's projections are FP8 already (model/quantization_config.h): they load
   // as E4M3 codes with row scales and run on --quantization fp8's path.
   bool fp8_checkpoint = false;
+  // The checkpoint's expert projections are MXFP4 (quantization_config.quant_method
+  // "mxfp4", gpt-oss): `<name>_blocks` + `<name>_scales` tensors, dequantized at load.
+  bool mxfp4_experts = false;
 
   int hidden_size = 0, num_layers = 0, vocab_size = 0, intermediate_size = 0, num_heads = 0;
   int max_position_embeddings = 0;
@@ -65,7 +68,9 @@ struct ModelConfig {
 
   // Architecture traits.
   bool norm_one_plus_weight = false;  // Gemma 3: RMSNorm scales by (1 + w)
-  bool qkv_bias = false;              // Qwen2
+  bool qkv_bias = false;              // Qwen2, gpt-oss
+  bool o_bias = false;                // gpt-oss: o_proj has a bias too
+  bool attention_sinks = false;       // gpt-oss: a learned logit per head (self_attn.sinks) in each softmax
   bool qk_norm = false;               // Qwen3, Gemma
   bool v_norm = false;                // Gemma 4: weightless RMSNorm on values
   bool sandwich_norms = false;        // Gemma: norms after attention and MLP too
@@ -76,9 +81,15 @@ struct ModelConfig {
   float final_softcap = 0.0f;
   int sliding_window = 0;
 
-  // Mixture of experts (Qwen3-MoE).
+  // Mixture of experts (Qwen3-MoE, gpt-oss).
   int num_experts = 0, experts_per_token = 0, moe_intermediate_size = 0;
   bool norm_topk_prob = true;
+  // gpt-oss: router and expert biases, softmax over the top-k logits only, and the
+  // clamped SwiGLU with (up + 1) (MoeSpec); its experts are stacked tensors in the
+  // checkpoint (mlp.experts.gate_up_proj [E, H, 2I], gate and up columns interleaved).
+  bool moe_biases = false;
+  bool moe_softmax_after_topk = false;
+  float swiglu_limit = 0.0f, swiglu_alpha = 0.0f;  // 0: the plain gated activation
 
   // Gemma 4 per-layer input embeddings (0: none).
   int per_layer_input_size = 0;

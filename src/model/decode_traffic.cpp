@@ -22,7 +22,8 @@ int64_t DecodeWeightBytes(const ModelWeights& w) {
   add({&w.lm_head, &w.final_norm, &w.per_layer_model_projection, &w.per_layer_projection_norm});
   for (const LayerWeights& l : w.layers) {
     add({&l.input_norm, &l.post_attention_norm, &l.pre_feedforward_norm, &l.post_feedforward_norm, &l.qkv_proj,
-         &l.o_proj, &l.qkv_bias, &l.q_norm, &l.k_norm, &l.gate_up_proj, &l.down_proj, &l.router, &l.layer_scalar,
+         &l.o_proj, &l.qkv_bias, &l.o_bias, &l.sinks, &l.router_bias, &l.experts.gate_bias, &l.experts.up_bias,
+         &l.experts.down_bias, &l.q_norm, &l.k_norm, &l.gate_up_proj, &l.down_proj, &l.router, &l.layer_scalar,
          &l.per_layer_input_gate, &l.per_layer_projection, &l.post_per_layer_input_norm});
     for (const std::vector<Tensor>* experts : {&l.experts.gate, &l.experts.up, &l.experts.down}) {
       for (const Tensor& e : *experts) bytes += StoredBytes(e);

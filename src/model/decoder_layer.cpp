@@ -43,6 +43,7 @@ void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, cons
   params.sliding_window = spec.sliding ? config.sliding_window : 0;
   params.softcap = config.attn_softcap;
   params.block_size = cache.block_size();
+  params.sinks = w.sinks.defined() ? &w.sinks : nullptr;
   Tensor attn = backend.Empty(dt, {t, nh, hd});
   const Tensor* bias = w.qkv_bias.defined() ? &w.qkv_bias : nullptr;
   if (spec.kv_source != layer) {
@@ -65,7 +66,7 @@ void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, cons
     backend.QkvAttention(qkv, spec.k_eq_v, norms, positions, rope, slots, cache.k(layer), cache.v(layer), batch, params,
                          attn);
   }
-  backend.Linear(attn.View({t, nh * hd}), w.o_proj, nullptr, out);
+  backend.Linear(attn.View({t, nh * hd}), w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, out);
 }
 
 void MlpBlock(Backend& backend, const ModelConfig& config, int layer, const LayerWeights& w, const Tensor& x,
@@ -76,9 +77,14 @@ void MlpBlock(Backend& backend, const ModelConfig& config, int layer, const Laye
     // Routing is discontinuous: bf16 logits flip near-tied experts that the f32
     // reference keeps apart, so the router's GEMM writes f32 (the same bf16 inputs).
     Tensor router_logits = backend.Empty(DType::kF32, {t, config.num_experts});
-    backend.Linear(x, w.router, nullptr, router_logits);
-    backend.MoeMlp(x, router_logits, w.experts, config.experts_per_token, config.norm_topk_prob, config.activation,
-                   out);
+    backend.Linear(x, w.router, w.router_bias.defined() ? &w.router_bias : nullptr, router_logits);
+    MoeSpec spec;
+    spec.top_k = config.experts_per_token;
+    spec.renormalize = config.norm_topk_prob;
+    spec.act = config.activation;
+    spec.swiglu_limit = config.swiglu_limit;
+    spec.swiglu_alpha = config.swiglu_alpha;
+    backend.MoeMlp(x, router_logits, w.experts, spec, out);
     return;
   }
   if (w.down_proj.dtype() == DType::kF8E4M3) {  // the activation writes down_proj's FP8 input itself

@@ -38,6 +38,15 @@ const std::map<std::string, const char*>& NamedConfigs() {
         "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
         "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000, "max_position_embeddings": 40960,
         "tie_word_embeddings": false, "eos_token_id": 151645})"},
+      // openai/gpt-oss-20b's shape, with bf16 experts (the hub file's MXFP4 quantization_config
+      // dropped: dummy weights are drawn in the compute dtype); layer_types alternate by default.
+      {"gpt-oss-20b", R"({"architectures": ["GptOssForCausalLM"], "dtype": "bfloat16", "hidden_size": 2880,
+        "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+        "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4, "vocab_size": 201088,
+        "attention_bias": true, "sliding_window": 128, "swiglu_limit": 7.0, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 131072, "rope_theta": 150000, "rope_scaling": {"rope_type": "yarn",
+        "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": false,
+        "original_max_position_embeddings": 4096}, "tie_word_embeddings": false, "eos_token_id": 200002})"},
       // Five sliding layers then one full-attention layer (the hub file lists all 60
       // layer_types; sliding_window_pattern 6 spells the same sequence).
       {"gemma-4-31b", R"({"architectures": ["Gemma4ForConditionalGeneration"], "text_config": {

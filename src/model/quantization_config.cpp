@@ -1,5 +1,6 @@
 #include "model/quantization_config.h"
 
+#include <regex>
 #include <set>
 
 namespace hsx {
@@ -54,6 +55,43 @@ Status CheckFp8DynamicQuantizationConfig(const json& q, const std::string& sourc
     HSX_RETURN_IF_ERROR(CheckArgs(group.contains("input_activations") ? group["input_activations"] : json(), true,
                                   at + ".input_activations"));
     HSX_RETURN_IF_ERROR(Expect(group, "output_activations", json(), at));
+  }
+  return {};
+}
+
+Status CheckMxfp4QuantizationConfig(const json& q, int num_layers, const std::string& source) {
+  const std::string where = source + ": quantization_config";
+  if (!q.is_object()) return Error(where + ": expected an object");
+  for (const auto& [key, value] : q.items()) {
+    if (key == "quant_method") continue;
+    if (key == "dequantize") {  // how transformers runs the same weights (bf16 or its kernels)
+      if (!value.is_boolean()) return Error(where + ": field 'dequantize': expected true or false");
+      continue;
+    }
+    if (key == "modules_to_not_convert") {
+      if (value.is_null()) continue;
+      if (!value.is_array()) return Error(where + ": field 'modules_to_not_convert': expected a list of module names");
+      for (const json& pattern : value) {
+        if (!pattern.is_string()) return Error(where + ": field 'modules_to_not_convert': entries must be strings");
+        // transformers keeps a module when re.match(pattern, name) does (a prefix match).
+        std::regex re;
+        try {
+          re = std::regex(pattern.get<std::string>(), std::regex::ECMAScript);
+        } catch (const std::regex_error&) {
+          return Error(where + ": field 'modules_to_not_convert': '" + pattern.get<std::string>() + "' is not a regular expression");
+        }
+        for (int i = 0; i < num_layers; ++i) {
+          const std::string experts = "model.layers." + std::to_string(i) + ".mlp.experts";
+          if (std::regex_search(experts, re, std::regex_constants::match_continuous)) {
+            return Error(where + ": field 'modules_to_not_convert': '" + pattern.get<std::string>() + "' keeps '" +
+                         experts + "' unquantized; hsx reads MXFP4 checkpoints with every layer's experts quantized");
+          }
+        }
+      }
+      continue;
+    }
+    return Error(where + ": field '" + key + "' is not supported for MXFP4 checkpoints (expected only quant_method, " +
+                 "modules_to_not_convert, dequantize)");
   }
   return {};
 }

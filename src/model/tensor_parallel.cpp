@@ -29,6 +29,10 @@ Status CheckTensorParallel(const ModelConfig& c, int size) {
   if (c.intermediate_size % size != 0) {
     return NotDivisible(size, "intermediate_size", c.intermediate_size, "is not a multiple of it");
   }
+  if (c.moe_biases || c.attention_sinks) {  // gpt-oss: biases, sinks and stacked experts have no rank split yet
+    return Error("--tensor-parallel-size " + std::to_string(size) + ": " + c.architecture +
+                 " runs on one GPU only for now (its sinks, biases and stacked experts are not split across ranks)");
+  }
   if (c.num_experts > 0 && c.moe_intermediate_size % size != 0) {
     return NotDivisible(size, "moe_intermediate_size", c.moe_intermediate_size, "is not a multiple of it");
   }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "model/mxfp4.h"
 #include "util/json.h"
 #include "util/text_file.h"
 
@@ -18,6 +19,10 @@ namespace hsx {
 namespace {
 
 enum class Init { kMatrix, kNorm, kScalar };
+
+// gate_up_proj [E, H, 2I] (gate and up interleaved along 2I), its bias [E, 2I], and
+// down_proj [E, I, H]: transposed against hsx's [out, in] weights.
+enum class ExpertStack { kNone, kGateUp, kGateUpBias, kDown };
 
 // One expected checkpoint tensor: its name, its shape as the config implies, and where
 // it goes. Loading and dummy initialization both walk this one list.
@@ -32,6 +37,10 @@ struct Slot {
   // A part of a fused tensor (PlaceRows): its rows start at part_row of the fused_rows of *dst.
   int64_t part_row = -1, fused_rows = 0;
   bool projection = false;  // a decoder projection, which an FP8 checkpoint may hold as E4M3
+  // gpt-oss's stacked experts: one checkpoint tensor for every expert, split at placement
+  // (PlaceExpertStack) into `experts`' per-expert matrices or bias rows.
+  ExpertStack stack = ExpertStack::kNone;
+  MoeWeights* experts = nullptr;
 
   Shape rank_shape() const {
     Shape s = shape;
@@ -120,11 +129,26 @@ std::vector<Slot> Schema(const ModelConfig& c, ModelWeights& w, Shard shard = {}
     split(1, shard.rank, q_rows);
     s.back().projection = true;
     if (c.qkv_bias) add_qkv("bias", {q_out}, {kv_out}, &l.qkv_bias, Init::kScalar);
+    if (c.o_bias) add(p + "self_attn.o_proj.bias", {h}, &l.o_bias, Init::kScalar);
+    if (c.attention_sinks) add(p + "self_attn.sinks", {c.num_heads}, &l.sinks, Init::kScalar);
     if (c.qk_norm) {
       add(p + "self_attn.q_norm.weight", {spec.head_dim}, &l.q_norm, Init::kNorm);
       if (owns_kv) add(p + "self_attn.k_norm.weight", {spec.head_dim}, &l.k_norm, Init::kNorm);
     }
-    if (spec.moe) {
+    if (spec.moe && c.moe_biases) {  // gpt-oss
+      const int64_t inter = c.moe_intermediate_size, e = c.num_experts;
+      add(p + "mlp.router.weight", {e, h}, &l.router);
+      add(p + "mlp.router.bias", {e}, &l.router_bias, Init::kScalar);
+      auto stack = [&](const std::string& name, Shape shape, ExpertStack kind, Init init) {
+        add(p + "mlp.experts." + name, std::move(shape), nullptr, init);
+        s.back().stack = kind;
+        s.back().experts = &l.experts;
+      };
+      stack("gate_up_proj", {e, h, 2 * inter}, ExpertStack::kGateUp, Init::kMatrix);
+      stack("gate_up_proj_bias", {e, 2 * inter}, ExpertStack::kGateUpBias, Init::kScalar);
+      stack("down_proj", {e, inter, h}, ExpertStack::kDown, Init::kMatrix);
+      add(p + "mlp.experts.down_proj_bias", {e, h}, &l.experts.down_bias, Init::kScalar);
+    } else if (spec.moe) {
       const int64_t inter = c.moe_intermediate_size;
       add(p + "mlp.gate.weight", {c.num_experts, h}, &l.router);
       l.experts.gate.resize(c.num_experts);
@@ -212,6 +236,18 @@ void FinishTied(const ModelConfig& c, Shard shard, ModelWeights& w) {
   if (VocabParallel(c, shard.size)) {
     const int64_t rows = c.vocab_size / shard.size;
     w.lm_head = w.embed_tokens.Rows(shard.rank * rows, (shard.rank + 1) * rows);
+  }
+}
+
+// Attention sinks join the softmax in f32 (the kernels read them as floats): whatever the
+// checkpoint's dtype, they are kept as f32 on the device.
+void SinksToF32(ModelWeights& w, Backend& backend) {
+  for (LayerWeights& l : w.layers) {
+    if (!l.sinks.defined() || l.sinks.dtype() == DType::kF32) continue;
+    const Tensor host = backend.Download(l.sinks);
+    Tensor f = Tensor::Host(DType::kF32, host.shape());
+    ConvertToF32(host.dtype(), host.raw(), f.data<float>(), static_cast<size_t>(host.numel()));
+    l.sinks = backend.Upload(f);
   }
 }
 
@@ -316,9 +352,96 @@ Result<Tensor> LoadDequantizedFp8(const CheckpointTensors& tensors, const std::s
   return backend.UploadWeight(values);
 }
 
+// Expert e's matrix of a stacked tensor as hsx multiplies it, [out, in] in f32: the
+// transpose of the checkpoint's [in, out] slice.
+Tensor ExpertMatrix(const Tensor& stack, int64_t e) {
+  const int64_t in = stack.size(1), out = stack.size(2);
+  std::vector<float> src(static_cast<size_t>(in * out));
+  ConvertToF32(stack.dtype(), stack.data<char>() + e * in * out * DTypeSize(stack.dtype()), src.data(), src.size());
+  Tensor m = Tensor::Host(DType::kF32, {out, in});
+  for (int64_t i = 0; i < in; ++i)
+    for (int64_t o = 0; o < out; ++o) m.data<float>()[o * in + i] = src[i * out + o];
+  return m;
+}
+
+// Rows `parity`, parity + 2, ... of m [2n, k]: gate_up's gate (0) or up (1) half.
+Tensor EveryOtherRow(const Tensor& m, int parity) {
+  const int64_t rows = m.size(0) / 2, k = m.size(1);
+  Tensor out = Tensor::Host(DType::kF32, {rows, k});
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out.data<float>() + r * k, m.data<float>() + (2 * r + parity) * k, k * sizeof(float));
+  return out;
+}
+
+// Places one expert's [2I, H] gate_up rows (interleaved) or [H, I] down matrix.
+void PlaceExpert(ExpertStack kind, int64_t e, const Tensor& m, MoeWeights& experts, Backend& backend) {
+  if (kind == ExpertStack::kDown) {
+    experts.down[e] = backend.UploadWeight(m);
+    return;
+  }
+  experts.gate[e] = backend.UploadWeight(EveryOtherRow(m, 0));
+  experts.up[e] = backend.UploadWeight(EveryOtherRow(m, 1));
+}
+
+// Splits a stacked expert tensor (host, the checkpoint's layout) into the experts' weights.
+void PlaceExpertStack(const Slot& slot, const Tensor& t, Backend& backend) {
+  MoeWeights& ex = *slot.experts;
+  const int64_t num = slot.shape[0];
+  ex.gate.resize(num);
+  ex.up.resize(num);
+  ex.down.resize(num);
+  if (slot.stack == ExpertStack::kGateUpBias) {  // [E, 2I] -> gate [E, I], up [E, I]
+    const int64_t inter = slot.shape[1] / 2;
+    std::vector<float> all(static_cast<size_t>(t.numel()));
+    ConvertToF32(t.dtype(), t.raw(), all.data(), all.size());
+    Tensor gate = Tensor::Host(DType::kF32, {num, inter}), up = Tensor::Host(DType::kF32, {num, inter});
+    for (int64_t i = 0; i < num * inter; ++i) {
+      gate.data<float>()[i] = all[2 * i];
+      up.data<float>()[i] = all[2 * i + 1];
+    }
+    ex.gate_bias = backend.UploadWeight(gate);
+    ex.up_bias = backend.UploadWeight(up);
+    return;
+  }
+  for (int64_t e = 0; e < num; ++e) PlaceExpert(slot.stack, e, ExpertMatrix(t, e), ex, backend);
+}
+
+// An MXFP4 checkpoint's stacked expert matrices (model/mxfp4.h): `<name>_blocks` [E, out,
+// in/32, 16] and `<name>_scales` [E, out, in/32], rows already [out, in] as hsx multiplies
+// them, dequantized one expert at a time.
+Status LoadMxfp4Experts(const CheckpointTensors& tensors, const std::string& model_dir, const Slot& slot,
+                        Backend& backend) {
+  const int64_t num = slot.shape[0];
+  const int64_t in = slot.shape[1], out = slot.shape[2];  // the bf16 tensor's [E, in, out]
+  if (in % kMxfp4BlockSize != 0) {
+    return Error(model_dir + ": tensor '" + slot.name + "_blocks': MXFP4 needs the input width (" + std::to_string(in) +
+                 ") to be a multiple of 32");
+  }
+  const int64_t groups = in / kMxfp4BlockSize;
+  HSX_ASSIGN_OR_RETURN(const Tensor blocks, CheckpointTensor(tensors, model_dir, slot.name + "_blocks",
+                                                             {num, out, groups, kMxfp4BlockSize / 2}, {DType::kU8}, "U8"));
+  HSX_ASSIGN_OR_RETURN(const Tensor scales,
+                       CheckpointTensor(tensors, model_dir, slot.name + "_scales", {num, out, groups}, {DType::kU8}, "U8"));
+  MoeWeights& ex = *slot.experts;
+  ex.gate.resize(num);
+  ex.up.resize(num);
+  ex.down.resize(num);
+  for (int64_t e = 0; e < num; ++e) {
+    Tensor m = Tensor::Host(DType::kF32, {out, in});
+    DequantizeMxfp4(blocks.data<uint8_t>() + e * out * in / 2, scales.data<uint8_t>() + e * out * groups, out, in,
+                    m.data<float>());
+    PlaceExpert(slot.stack, e, m, ex, backend);
+  }
+  return {};
+}
+
 // Puts a loaded (or drawn) tensor where its slot says: the whole of its destination, or its
 // rows of a fused one.
 Status Place(const Slot& slot, const Tensor& t, Backend& backend) {
+  if (slot.stack != ExpertStack::kNone) {
+    PlaceExpertStack(slot, t, backend);
+    return {};
+  }
   if (slot.part_row < 0) {
     *slot.dst = t;
     return {};
@@ -406,9 +529,10 @@ Result<ModelWeights> LoadWeightsFrom(const WeightSource& fetch, const ModelConfi
   ModelWeights w;
   for (const Slot& slot : Schema(config, w, shard)) {
     HSX_ASSIGN_OR_RETURN(const Tensor host, fetch(slot.name, slot.shape));
-    HSX_RETURN_IF_ERROR(Place(slot, backend.UploadWeight(RankSlice(host, slot)), backend));
+    HSX_RETURN_IF_ERROR(Place(slot, slot.stack != ExpertStack::kNone ? host : backend.UploadWeight(RankSlice(host, slot)), backend));
   }
   FinishTied(config, shard, w);
+  SinksToF32(w, backend);
   return w;
 }
 
@@ -425,28 +549,69 @@ Result<ModelWeights> LoadWeights(const std::string& model_dir, const ModelConfig
       HSX_RETURN_IF_ERROR(Place(slot, fp8, backend));
       continue;
     }
+    const bool matrices = slot.stack == ExpertStack::kGateUp || slot.stack == ExpertStack::kDown;
+    if (config.mxfp4_experts && matrices && found == tensors.end()) {
+      HSX_RETURN_IF_ERROR(LoadMxfp4Experts(tensors, model_dir, slot, backend));
+      continue;
+    }
     HSX_ASSIGN_OR_RETURN(const Tensor t, CheckpointFloatTensor(tensors, model_dir, slot.name, slot.shape));
-    HSX_RETURN_IF_ERROR(Place(slot, backend.UploadWeight(RankSlice(t, slot)), backend));
+    HSX_RETURN_IF_ERROR(Place(slot, slot.stack != ExpertStack::kNone ? t : backend.UploadWeight(RankSlice(t, slot)), backend));
   }
   FinishTied(config, shard, w);
+  SinksToF32(w, backend);
   return w;
+}
+
+// Draws a stacked expert slot's per-expert tensors: matrices uniform with std 1/sqrt(fan_in),
+// biases small.
+void DummyExpertStack(const Slot& slot, DType dtype, Backend& backend, uint64_t seed) {
+  MoeWeights& ex = *slot.experts;
+  const int64_t num = slot.shape[0];
+  ex.gate.resize(num);
+  ex.up.resize(num);
+  ex.down.resize(num);
+  auto draw = [&](Shape shape, uint64_t s, float half_width) {
+    Tensor t = backend.Empty(dtype, std::move(shape));
+    backend.FillUniform(t, s, -half_width, half_width);
+    return t;
+  };
+  if (slot.stack == ExpertStack::kGateUpBias) {
+    ex.gate_bias = draw({num, slot.shape[1] / 2}, seed * 3, 0.0866f);
+    ex.up_bias = draw({num, slot.shape[1] / 2}, seed * 3 + 1, 0.0866f);
+    return;
+  }
+  const int64_t in = slot.shape[1], out = slot.shape[2];
+  const float half_width = 1.7320508f / std::sqrt(static_cast<float>(in));
+  for (int64_t e = 0; e < num; ++e) {
+    if (slot.stack == ExpertStack::kDown) {
+      ex.down[e] = draw({out, in}, seed * 1009 + e, half_width);
+    } else {
+      ex.gate[e] = draw({out / 2, in}, seed * 1009 + 2 * e, half_width);
+      ex.up[e] = draw({out / 2, in}, seed * 1009 + 2 * e + 1, half_width);
+    }
+  }
 }
 
 ModelWeights DummyWeights(const ModelConfig& config, Backend& backend, uint64_t seed, Shard shard) {
   ModelWeights w;
   uint64_t index = 0;
+  const DType dtype = backend.device() == Device::kCPU ? config.dtype : backend.compute_dtype();
   for (const Slot& slot : Schema(config, w, shard)) {
+    if (slot.stack != ExpertStack::kNone) {  // gpt-oss: each expert's matrices or bias rows drawn in place
+      DummyExpertStack(slot, dtype, backend, seed * 1000003u + index++);
+      continue;
+    }
     // Uniform with std 1/sqrt(fan_in) for matrices; norms near 1 (or near 0 for 1+w norms).
     const float half_width = 1.7320508f * (slot.init == Init::kMatrix ? 1.0f / std::sqrt(static_cast<float>(slot.shape.back())) : 0.05f);
     const float base = slot.init == Init::kNorm && !config.norm_one_plus_weight ? 1.0f : 0.0f;
-    Tensor t = backend.Empty(backend.device() == Device::kCPU ? config.dtype : backend.compute_dtype(),
-                             slot.rank_shape());
+    Tensor t = backend.Empty(dtype, slot.rank_shape());
     backend.FillUniform(t, seed * 1000003u + index++, base - half_width, base + half_width);
     const Status placed = Place(slot, t, backend);  // parts share one dtype here
     assert(placed.ok());
     (void)placed;
   }
   FinishTied(config, shard, w);
+  SinksToF32(w, backend);
   return w;
 }
 

@@ -21,10 +21,11 @@ struct LayerWeights {
   // q_proj's rows, then (a layer that owns its KV) k_proj's, then v_proj's unless k_eq_v:
   // one GEMM. qkv_bias has the same rows (Qwen2).
   Tensor qkv_proj, o_proj;
-  Tensor qkv_bias;
+  Tensor qkv_bias, o_bias;  // o_bias: gpt-oss
+  Tensor sinks;             // gpt-oss: f32 [num_heads], the attention sink logits
   Tensor q_norm, k_norm;
   Tensor gate_up_proj, down_proj;  // dense MLP: gate_proj's rows then up_proj's, [2I, H]
-  Tensor router;                         // MoE: [E, H]
+  Tensor router, router_bias;            // MoE: [E, H]; gpt-oss's bias [E]
   MoeWeights experts;
   Tensor layer_scalar;                   // Gemma 4: [1]
   Tensor per_layer_input_gate, per_layer_projection, post_per_layer_input_norm;  // Gemma 4

@@ -26,6 +26,7 @@ size_t DTypeSize(DType dtype) {
     case DType::kI32: return 4;
     case DType::kBool: return 1;
     case DType::kF8E4M3: return 1;
+    case DType::kU8: return 1;
   }
   return 0;
 }
@@ -39,6 +40,7 @@ std::string_view DTypeName(DType dtype) {
     case DType::kI32: return "I32";
     case DType::kBool: return "BOOL";
     case DType::kF8E4M3: return "F8_E4M3";
+    case DType::kU8: return "U8";
   }
   return "?";
 }
@@ -51,6 +53,7 @@ std::optional<DType> ParseSafetensorsDType(std::string_view name) {
   if (name == "I32") return DType::kI32;
   if (name == "BOOL") return DType::kBool;
   if (name == "F8_E4M3") return DType::kF8E4M3;
+  if (name == "U8") return DType::kU8;
   return std::nullopt;
 }
 

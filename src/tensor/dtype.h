@@ -11,7 +11,7 @@ namespace hsx {
 
 // kBool: one byte per element, 0 or 1 (safetensors' BOOL; EAGLE-3's t2d mask).
 // kF8E4M3: FP8 weights of --quantization fp8 (tensor/float8.h), each row with its scale.
-enum class DType : uint8_t { kF32, kF16, kBF16, kI64, kI32, kBool, kF8E4M3 };
+enum class DType : uint8_t { kF32, kF16, kBF16, kI64, kI32, kBool, kF8E4M3, kU8 };  // kU8: raw bytes (MXFP4 blocks, scales)
 
 size_t DTypeSize(DType dtype);
 // Names as safetensors spells them: "F32", "F16", "BF16", "I64", "I32", "BOOL", "F8_E4M3".

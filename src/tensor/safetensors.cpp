@@ -27,7 +27,7 @@ Result<Entry> ParseEntry(const std::string& path, const std::string& name, const
   if (!entry.is_object()) return Error(where + ": header entry is not an object");
   if (!entry.contains("dtype") || !entry["dtype"].is_string()) return Error(where + ": missing string field 'dtype'");
   const auto dtype = ParseSafetensorsDType(entry["dtype"].get<std::string>());
-  if (!dtype) return Error(where + ": unsupported dtype '" + entry["dtype"].get<std::string>() + "' (expected F32, F16, BF16, I64, I32 or BOOL)");
+  if (!dtype) return Error(where + ": unsupported dtype '" + entry["dtype"].get<std::string>() + "' (expected F32, F16, BF16, I64, I32, BOOL, F8_E4M3 or U8)");
   if (!entry.contains("shape") || !entry["shape"].is_array()) return Error(where + ": missing array field 'shape'");
   Shape shape;
   for (const auto& d : entry["shape"]) {

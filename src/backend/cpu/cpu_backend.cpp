@@ -356,6 +356,7 @@ void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   const int64_t num_heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = k_cache.size(1), dv = v_cache.size(2);
   const int64_t group = num_heads / kv_heads, window = params.sliding_window;
+  const float* sink = params.sinks != nullptr ? params.sinks->data<float>() : nullptr;
   constexpr int64_t kQueryBlock = 256;
   std::vector<float> keys, values, scores;
   for (const SequenceSlice& seq : seqs) {
@@ -391,12 +392,12 @@ void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor&
               const int64_t pos = pos0 + r;
               const int64_t first = (window > 0 ? std::max<int64_t>(lo, pos - window + 1) : lo) - lo;
               const int64_t last = pos - lo;  // inclusive
-              float mx = -INFINITY;
+              float mx = sink != nullptr ? sink[h] : -INFINITY;
               for (int64_t j = first; j <= last; ++j) {
                 if (params.softcap > 0.0f) row[j] = params.softcap * std::tanh(row[j] / params.softcap);
                 mx = std::max(mx, row[j]);
               }
-              float sum = 0.0f;
+              float sum = sink != nullptr ? std::exp(sink[h] - mx) : 0.0f;
               for (int64_t j = first; j <= last; ++j) sum += (row[j] = std::exp(row[j] - mx));
               const float inv = 1.0f / sum;
               for (int64_t j = 0; j < n; ++j) row[j] = (j >= first && j <= last) ? row[j] * inv : 0.0f;
@@ -425,6 +426,7 @@ void CpuBackend::FewQueryAttention(const Tensor& q, const Tensor& k_cache, const
   const int64_t num_heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = k_cache.size(1), dv = v_cache.size(2);
   const int64_t group = num_heads / kv_heads, window = params.sliding_window;
+  const float* sink = params.sinks != nullptr ? params.sinks->data<float>() : nullptr;
   int64_t work = 0;
   for (const SequenceSlice& seq : seqs) work += int64_t{seq.q_len} * seq.ctx_len * num_heads * (d + dv);
   const int64_t items = static_cast<int64_t>(seqs.size()) * kv_heads;
@@ -451,14 +453,16 @@ void CpuBackend::FewQueryAttention(const Tensor& q, const Tensor& k_cache, const
         const int64_t pos = first_pos + v / group;
         const int64_t first = (window > 0 ? std::max<int64_t>(lo, pos - window + 1) : lo) - lo, last = pos - lo;
         float* row = scores.data();
-        float mx = -INFINITY;
+        const int64_t head = g * group + v % group;
+        float mx = sink != nullptr ? sink[head] : -INFINITY;
         for (int64_t j = first; j <= last; ++j) {
           float x = Dot(qv, k_cache.data<float>() + key_rows[j] * d, d) * params.scale;
           if (params.softcap > 0.0f) x = params.softcap * std::tanh(x / params.softcap);
           row[j] = x;
           mx = std::max(mx, x);
         }
-        const float inv = 1.0f / ExpShiftedSum(row + first, last + 1 - first, mx);
+        const float sink_term = sink != nullptr ? std::exp(sink[head] - mx) : 0.0f;
+        const float inv = 1.0f / (ExpShiftedSum(row + first, last + 1 - first, mx) + sink_term);
         // o = inv * sum_j row[j] v_j, eight output columns at a time in a register.
         int64_t c0 = 0;
         for (; c0 + 8 <= dv; c0 += 8) {
@@ -491,6 +495,7 @@ void CpuBackend::RowwiseAttention(const Tensor& q, const Tensor& k_cache, const 
   const int64_t num_heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = k_cache.size(1), dv = v_cache.size(2);
   const int64_t group = num_heads / kv_heads, window = params.sliding_window;
+  const float* sink = params.sinks != nullptr ? params.sinks->data<float>() : nullptr;
   for (const SequenceSlice& seq : batch.seqs) {
     const int64_t first_pos = seq.ctx_len - seq.q_len;
     auto slot = [&](int64_t p) { return SlotOf(seq.block_table, p, params.block_size); };
@@ -501,7 +506,7 @@ void CpuBackend::RowwiseAttention(const Tensor& q, const Tensor& k_cache, const 
         const int64_t pos = first_pos + i, lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
         const float* qr = q.data<float>() + ((seq.q_start + i) * num_heads + h) * d;
         scores.resize(static_cast<size_t>(pos + 1 - lo));
-        float mx = -INFINITY;
+        float mx = sink != nullptr ? sink[h] : -INFINITY;
         for (int64_t p = lo; p <= pos; ++p) {
           const float* kr = k_cache.data<float>() + (slot(p) * kv_heads + g) * d;
           float s = 0.0f;
@@ -510,7 +515,7 @@ void CpuBackend::RowwiseAttention(const Tensor& q, const Tensor& k_cache, const 
           if (params.softcap > 0.0f) s = params.softcap * std::tanh(s / params.softcap);
           mx = std::max(mx, scores[p - lo] = s);
         }
-        float sum = 0.0f;
+        float sum = sink != nullptr ? std::exp(sink[h] - mx) : 0.0f;
         for (float& s : scores) sum += (s = std::exp(s - mx));
         const float inv = 1.0f / sum;
         float* o = out.data<float>() + ((seq.q_start + i) * num_heads + h) * dv;
@@ -543,8 +548,10 @@ void CpuBackend::WriteColumns(const Tensor& x, int64_t begin, Tensor& out) {
     std::memcpy(out.data<float>() + t * cols + begin, x.data<float>() + t * width, width * 4);
 }
 
-void CpuBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
-                        bool renormalize, Activation act, Tensor& out) {
+void CpuBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, const MoeSpec& spec,
+                        Tensor& out) {
+  const int top_k = spec.top_k;
+  const bool renormalize = spec.renormalize;
   const int64_t tokens = x.size(0), hidden = x.size(1), num_experts = router_logits.size(1);
   // Route: softmax over experts, keep the top_k (ties to the lower index), renormalize.
   std::vector<std::vector<std::pair<int32_t, float>>> assigned(static_cast<size_t>(num_experts));
@@ -574,10 +581,24 @@ void CpuBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeW
     Tensor xe = Empty(DType::kF32, {n, hidden});
     Tensor g = Empty(DType::kF32, {n, inter}), u = Empty(DType::kF32, {n, inter}), y = Empty(DType::kF32, {n, hidden});
     GatherRows(x, rows, xe);
-    Linear(xe, experts.gate[e], nullptr, g);
-    Linear(xe, experts.up[e], nullptr, u);
-    Gate(g.data<float>(), u.data<float>(), n, inter, inter, act, g.data<float>());
-    Linear(g, experts.down[e], nullptr, y);
+    // gpt-oss's expert biases: row e of each [E, n] bias.
+    const auto bias_row = [&](const Tensor& b, int64_t n_cols, Tensor& row) -> const Tensor* {
+      if (!b.defined()) return nullptr;
+      row = Empty(DType::kF32, {n_cols});
+      ConvertToF32(b.dtype(), b.data<char>() + e * n_cols * DTypeSize(b.dtype()), row.data<float>(), n_cols);
+      return &row;
+    };
+    Tensor gb, ub, db;
+    Linear(xe, experts.gate[e], bias_row(experts.gate_bias, inter, gb), g);
+    Linear(xe, experts.up[e], bias_row(experts.up_bias, inter, ub), u);
+    if (spec.swiglu_limit > 0.0f) {
+      float* gp = g.data<float>();
+      const float* up = u.data<float>();
+      for (int64_t i = 0; i < n * inter; ++i) gp[i] = ClampedSwiglu(gp[i], up[i], spec.swiglu_limit, spec.swiglu_alpha);
+    } else {
+      Gate(g.data<float>(), u.data<float>(), n, inter, inter, spec.act, g.data<float>());
+    }
+    Linear(g, experts.down[e], bias_row(experts.down_bias, hidden, db), y);
     for (int64_t i = 0; i < n; ++i) {
       float* o = out.data<float>() + rows[i] * hidden;
       const float* yr = y.data<float>() + i * hidden;

@@ -44,8 +44,8 @@ class CpuBackend final : public Backend {
   int64_t gathered_keys() const { return gathered_keys_; }
   void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) override;
   void WriteColumns(const Tensor& x, int64_t begin, Tensor& out) override;
-  void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k, bool renormalize,
-              Activation act, Tensor& out) override;
+  void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, const MoeSpec& spec,
+              Tensor& out) override;
   void CentroidMaskedLogits(const Tensor& x, const Tensor& centroid_logits, const Tensor& token_ordering,
                             const Tensor& lm_head, int top_k, Tensor& logits) override;
   void FlagNonFiniteRows(const Tensor& x, Tensor& flags) override;

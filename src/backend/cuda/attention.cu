@@ -124,6 +124,10 @@ __global__ void __launch_bounds__(32 * RegisterKernelWarps<D>()) RegisterKernel(
   for (int c = 0; c < kDimBlocks; ++c) o[c][0] = o[c][1] = o[c][2] = o[c][3] = 0.0f;
   // Rows g and g + 8 of the warp: running max (log2 units) and this lane's partial sum.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  if (a.sinks != nullptr) {  // the sink's column: exp2(sink - m) = 1, counted by one lane of the quad
+    m[0] = m[1] = a.sinks[head] * kLog2e;
+    l[0] = l[1] = lane % 4 == 0 ? 1.0f : 0.0f;
+  }
 
   const int window = a.sliding_window;
   int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
@@ -277,9 +281,9 @@ __global__ void __launch_bounds__(32 * WarpsFor<D>()) SharedKernel(AttentionArgs
   const bf16* q_base = a.q + (int64_t(q_start + q0) * a.num_heads + head) * D;
   LoadRows<D>(q_s, kRows, rows, kThreads, [&](int r) { return q_base + int64_t(r) * a.num_heads * D; });
   for (int i = threadIdx.x; i < kRows * D; i += kThreads) o_s[i] = 0.0f;
-  for (int i = threadIdx.x; i < kRows; i += kThreads) {
-    m_s[i] = -INFINITY;
-    l_s[i] = 0.0f;
+  for (int i = threadIdx.x; i < kRows; i += kThreads) {  // a sink starts the sum at its own column
+    m_s[i] = a.sinks != nullptr ? a.sinks[head] : -INFINITY;
+    l_s[i] = a.sinks != nullptr ? 1.0f : 0.0f;
   }
 
   const int window = a.sliding_window;

@@ -352,6 +352,14 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
   // Rows g and g + 8: running max (log2 units) and this lane's part of the sum; every
   // warp computes the same values from the same scores.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  if (a.sinks != nullptr && split == 0) {  // the sink joins one chunk only: the merge adds it once
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h;
+      m[h] = a.sinks[kvh * group + (pair0 + r) % group] * kLog2e;
+      l[h] = t == 0 ? 1.0f : 0.0f;
+    }
+  }
   const float scale_log2 = a.scale * kLog2e;
   const bool softcap = a.softcap > 0.0f;
   const int warp_key = warp * kWarpKeys, warp_dim = warp * kWarpDims;

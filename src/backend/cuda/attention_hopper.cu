@@ -222,6 +222,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < kOut; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows r0, r0 + 8 (log2 units)
+  if (a.sinks != nullptr) {  // the sink's column: exp2(sink - m) = 1, counted by one lane of the quad
+    m[0] = a.sinks[kvh * group + r0 % group] * kLog2e;
+    m[1] = a.sinks[kvh * group + (r0 + 8) % group] * kLog2e;
+    l[0] = l[1] = threadIdx.x % 4 == 0 ? 1.0f : 0.0f;
+  }
   float alpha[2] = {1.0f, 1.0f};  // what O must be scaled by before the next P V
   const int pos[2] = {first_pos + r0 / group, first_pos + (r0 + 8) / group};
   const int wg_pos_lo = first_pos + row0 / group;

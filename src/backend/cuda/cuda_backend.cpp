@@ -553,6 +553,7 @@ cuda::AttentionArgs CudaBackend::AttentionArgsFor(const Tensor& k_cache, const T
   a.sliding_window = params.sliding_window;
   a.scale = params.scale;
   a.softcap = params.softcap;
+  a.sinks = params.sinks != nullptr ? params.sinks->data<float>() : nullptr;
   a.hopper = impl_->hopper_attention;
   a.batch_invariant = impl_->batch_invariant;
   a.programmatic = impl_->programmatic;

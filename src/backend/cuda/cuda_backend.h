@@ -85,8 +85,8 @@ class CudaBackend final : public Backend {
   void DraftLayerInput(const Tensor& table, const Tensor& ids, const Tensor& hidden, const Tensor& embed_norm,
                        const Tensor& hidden_norm, float eps, bool normed_residual, Tensor& out,
                        Tensor& residual) override;
-  void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k, bool renormalize,
-              Activation act, Tensor& out) override;
+  void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, const MoeSpec& spec,
+              Tensor& out) override;
   void CentroidMaskedLogits(const Tensor& x, const Tensor& centroid_logits, const Tensor& token_ordering,
                             const Tensor& lm_head, int top_k, Tensor& logits) override;
   void FlagNonFiniteRows(const Tensor& x, Tensor& flags) override;

@@ -13,8 +13,10 @@ namespace hsx {
 // GEMMs. Pairs (token, choice) are permuted so each expert's rows are contiguous, the
 // three expert GEMMs run as grouped GEMMs (one cuBLAS call each, one group per active
 // expert), and a combine kernel sums each token's choices in a fixed order.
-void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, int top_k,
-                         bool renormalize, Activation act, Tensor& out) {
+void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, const MoeSpec& spec,
+                         Tensor& out) {
+  const int top_k = spec.top_k;
+  const bool renormalize = spec.renormalize;
   Impl::Timer timer(*impl_, "moe");
   const int64_t tokens = x.size(0), hidden = x.size(1), pairs = tokens * top_k;
   const int num_experts = static_cast<int>(router_logits.size(1));
@@ -97,12 +99,32 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   };
   grouped(experts.gate, xs, g);
   grouped(experts.up, xs, u);
+  // gpt-oss's expert biases: each sorted row adds its expert's row of the [E, n] bias.
+  Tensor offsets_dev;
+  auto add_bias = [&](const Tensor& bias, Tensor& y) {
+    if (!bias.defined()) return;
+    if (!offsets_dev.defined()) {
+      Tensor host = Tensor::Host(DType::kI32, {num_experts + 1});
+      std::copy(offsets.begin(), offsets.end(), host.data<int32_t>());
+      offsets_dev = Upload(host);
+    }
+    cuda::MoeAddExpertBias(B(y), y.size(0), y.size(1), offsets_dev.data<int32_t>(), num_experts, B(bias), stream);
+    HSX_LAUNCH_CHECK();
+  };
+  add_bias(experts.gate_bias, g);
+  add_bias(experts.up_bias, u);
   {
     Impl::Timer timer(*impl_, "gated_act");
-    cuda::GatedActivation(B(g), B(u), g.size(0), g.size(1), g.size(1), act == Activation::kSilu ? 0 : 1, B(g), stream);
+    if (spec.swiglu_limit > 0.0f) {
+      cuda::ClampedSwiglu(B(g), B(u), g.numel(), spec.swiglu_limit, spec.swiglu_alpha, B(g), stream);
+    } else {
+      cuda::GatedActivation(B(g), B(u), g.size(0), g.size(1), g.size(1), spec.act == Activation::kSilu ? 0 : 1, B(g),
+                            stream);
+    }
     HSX_LAUNCH_CHECK();
   }
   grouped(experts.down, g, ys);
+  add_bias(experts.down_bias, ys);
   cuda::MoeCombine(B(ys), inverse.data<int32_t>(), weights.data<float>(), tokens, top_k, hidden, B(out), stream);
   HSX_LAUNCH_CHECK();
 }

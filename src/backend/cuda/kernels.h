@@ -88,6 +88,13 @@ void MoeRoute(const float* logits, int64_t tokens, int experts, int top_k, bool 
 // expert's offset), rows[slot] = token, inverse[token * top_k + j] = slot.
 void MoePermute(const int32_t* ids, int64_t pairs, int top_k, int32_t* cursor, int32_t* rows, int32_t* inverse,
                 cudaStream_t stream);
+// gpt-oss (moe_experts_extra.cu): y [rows, cols] (rows sorted by expert, expert e's from
+// offsets[e], offsets int32 [experts + 1] on the device) += bias [experts, cols]'s row of
+// each row's expert; and out = the clamped SwiGLU of gate and up (n elements, MoeSpec).
+void MoeAddExpertBias(bf16* y, int64_t rows, int64_t cols, const int32_t* offsets, int experts, const bf16* bias,
+                      cudaStream_t stream);
+void ClampedSwiglu(const bf16* gate, const bf16* up, int64_t n, float limit, float alpha, bf16* out,
+                   cudaStream_t stream);
 // out[t] = sum_j weights[t, j] * y[inverse[t, j]], in choice order (deterministic).
 void MoeCombine(const bf16* y, const int32_t* inverse, const float* weights, int64_t tokens, int top_k, int64_t hidden,
                 bf16* out, cudaStream_t stream);
@@ -143,6 +150,10 @@ struct AttentionArgs {
   const int32_t* block_tables;
   int num_seqs, max_q_len, num_heads, kv_heads, head_dim, block_size, sliding_window;
   float scale, softcap;
+  // gpt-oss: f32 [num_heads], a logit per head that joins each row's softmax (its value
+  // column dropped); null: none. Every kernel starts a row's online softmax at max = sink,
+  // sum = 1 (split-KV decode: only the first chunk, so the merge counts it once).
+  const float* sinks = nullptr;
   bool hopper;  // the device is sm_90: head dim 128 may run on warpgroup MMAs
   // Key tiles start at multiples of the tile size, not at a block's window start, so a
   // sliding-window row sees the same tiles whichever rows share its block.
