@@ -65,6 +65,8 @@ TEST_P(CudaFixtureTest, Bf16ErrorWithinOneAndAHalfTimesHuggingFaceBf16) {
 
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, CudaFixtureTest, ::testing::ValuesIn(test::FixtureModels()),
                          [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(GptOss, CudaFixtureTest, ::testing::ValuesIn(test::GptOssFixtureModels()),
+                         [](const auto& info) { return info.param; });
 
 // Random bf16-representable values, so both backends start from identical inputs.
 Tensor RandomHost(Shape shape, std::mt19937& rng, float scale = 1.0f) {

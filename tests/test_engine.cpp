@@ -63,6 +63,8 @@ TEST_P(EngineGoldenTest, ChunkedPrefillGreedyAndHiddenStatesMatchGolden) {
 
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, EngineGoldenTest, ::testing::ValuesIn(test::FixtureModels()),
                          [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(GptOss, EngineGoldenTest, ::testing::ValuesIn(test::GptOssFixtureModels()),
+                         [](const auto& info) { return info.param; });
 
 // With KV room for about one long sequence at a time, sequences are preempted and
 // recomputed, and the outputs stay exact.

@@ -36,6 +36,8 @@ TEST_P(FixtureModelTest, PackedPrefillMatchesGoldenHiddenStatesAndLogits) {
 
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, FixtureModelTest, ::testing::ValuesIn(test::FixtureModels()),
                          [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(GptOss, FixtureModelTest, ::testing::ValuesIn(test::GptOssFixtureModels()),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace hsx

@@ -84,6 +84,8 @@ TEST_P(SpeculativeGreedyTest, NgramDraftsLeaveGreedyOutputUnchanged) {
 
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, SpeculativeGreedyTest, ::testing::ValuesIn(test::FixtureModels()),
                          [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(GptOss, SpeculativeGreedyTest, ::testing::ValuesIn(test::GptOssFixtureModels()),
+                         [](const auto& info) { return info.param; });
 
 // KV room for about one long sequence: sequences are preempted (their drafts dropped) and
 // recomputed, and the output stays the plain decode's.

@@ -38,8 +38,17 @@ inline void EditJsonFile(const std::string& from, const std::function<void(nlohm
 }
 
 inline const std::vector<std::string>& FixtureModels() {
-  static const std::vector<std::string> kModels = {"llama",   "llama31", "qwen2",  "qwen3",          "qwen3_tied",
-                                                   "qwen3_moe", "gemma3", "gemma4", "gemma4_kvshare"};
+  static const std::vector<std::string> kModels = {
+      "llama",  "llama31", "qwen2",          "qwen3",      "qwen3_tied",  "qwen3_moe",    "gemma3",
+      "gemma4", "gemma4_kvshare", "mistral_sw", "llama_yarn", "llama_dynamic", "llama_longrope"};
+  return kModels;
+}
+
+// gpt-oss (attention sinks, biased MoE with the clamped SwiGLU; bf16 and MXFP4 experts): the
+// golden, engine, speculative and CUDA fixture suites, not the tensor-parallel and FP8 ones
+// (hsx refuses gpt-oss under tensor parallelism and --quantization fp8 for now).
+inline const std::vector<std::string>& GptOssFixtureModels() {
+  static const std::vector<std::string> kModels = {"gpt_oss", "gpt_oss_mxfp4"};
   return kModels;
 }
 
