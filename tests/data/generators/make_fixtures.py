@@ -269,6 +269,10 @@ def main():
                 qsd = write_mxfp4_variant(d, dm)
                 qkw = dict(quantization_config=Mxfp4Config(dequantize=True))
                 mq = cls.from_pretrained(dm, torch_dtype=torch.float32, attn_implementation="eager", **qkw).eval()
+                # transformers dequantizes MXFP4 experts to bf16 whatever torch_dtype says, and
+                # runs them in bf16; the golden is f32 like every other (the values are exact
+                # in both: an FP4 code times a power of two)
+                mq = mq.float()
                 # HF's dequantized weights against this script's own dequantization.
                 try:
                   ex = mq.model.layers[0].mlp.experts
