@@ -272,7 +272,10 @@ def main():
                 # transformers dequantizes MXFP4 experts to bf16 whatever torch_dtype says, and
                 # runs them in bf16; the golden is f32 like every other (the values are exact
                 # in both: an FP4 code times a power of two)
-                mq = mq.float()
+                # (parameter by parameter: transformers may refuse .float() on a quantized model)
+                with torch.no_grad():
+                    for prm in mq.parameters():
+                        prm.data = prm.data.float()
                 # HF's dequantized weights against this script's own dequantization.
                 try:
                   ex = mq.model.layers[0].mlp.experts
