@@ -481,7 +481,6 @@ def test_serve_master_killed_mid_run_fails_the_affected_requests_alone(tmp_path,
     master's index is empty: objects put before the kill are gone (no HA master here)."""
     master = killable_master
     server = MooncakeServer(tmp_path, master.address)
-    transfer = reader(master.address)
     rng = np.random.default_rng(17)
     try:
         status, before, _ = post(server, {"prompt": [5, 6, 7, 8], "max_tokens": 1})
@@ -522,7 +521,9 @@ def test_serve_master_killed_mid_run_fails_the_affected_requests_alone(tmp_path,
                 break
             time.sleep(0.5)
         assert status == 200, body
-        transfer = reader(master.address)
+        # A reader with no memory of its own: the master places puts in any mounted segment,
+        # and one that goes away (a reader closed) takes the objects placed there with it.
+        transfer = reader(master.address, 0)
         sample = transfer.get_generated(body["kv_transfer_params"])
         assert tensor_bytes(sample["token_ids"])[2] == np.array([9, 8, 7, 6, 5], np.int64).tobytes()
         assert transfer.store._store.is_exist(before["kv_transfer_params"]["handle"]) == 0  # lost with the old master
