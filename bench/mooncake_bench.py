@@ -126,26 +126,31 @@ def bench_line(stdout):
     sys.exit("hsx bench printed no extract_tokens_per_s line:\n" + stdout)
 
 
+def raw_safetensors(path):
+    """{name: (dtype, shape, bytes)} of a safetensors file, parsed by hand."""
+    raw = pathlib.Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    return {k: (m["dtype"], m["shape"], memoryview(raw)[8 + n + m["data_offsets"][0]:8 + n + m["data_offsets"][1]])
+            for k, m in header.items() if k != "__metadata__"}
+
+
 def file_reader():
-    """(name, load, same): the trainer's file read, and a comparison of what the two readers
-    return. Without torch (this repository's CI machine), hs_connectors runs on
-    tests/python's numpy shim and the file is parsed raw: the run checks, it does not measure."""
+    """(name, load, same): the trainer's file read (safetensors' load_file, as hs_connectors'
+    FileTransfer reads; hs_connectors cannot import without safetensors anyway), and a
+    comparison of what the two readers return. Without torch (this repository's CI machine),
+    hs_connectors runs on tests/python's numpy shim and the bytes are compared: that run
+    checks, it does not measure."""
     try:
         import torch
-        from safetensors.torch import load_file
-        return "safetensors.torch.load_file", load_file, lambda a, b: a.dtype == b.dtype and torch.equal(a, b)
     except ImportError:
         sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "python"))
         import torch_numpy_shim
         torch_numpy_shim.install()
-
-        def load(path):
-            raw = pathlib.Path(path).read_bytes()
-            n = int.from_bytes(raw[:8], "little")
-            header = json.loads(raw[8:8 + n])
-            return {k: raw[8 + n + m["data_offsets"][0]:8 + n + m["data_offsets"][1]]
-                    for k, m in header.items() if k != "__metadata__"}
-        return "raw bytes (no torch here: not a measurement)", load, lambda a, b: a == b.numpy().tobytes()
+        return ("raw bytes (no torch here: not a measurement)", raw_safetensors,
+                lambda a, b: a[2] == b.numpy().tobytes())
+    from safetensors.torch import load_file
+    return "safetensors.torch.load_file", load_file, lambda a, b: a.dtype == b.dtype and torch.equal(a, b)
 
 
 def read_times(entries, files_dir, address):
