@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|gptoss|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|specadaptive|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|regen|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|gptoss|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|specadaptive|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|mooncake|regen|tp|scale]
 #   all = tests + bench; sweep includes moe; gptoss = the gpt-oss-20b shape (dummy bf16 experts, as
 #   hsx runs MXFP4 checkpoints after dequantizing them at load): the gpt-oss CUDA tests, extraction
 #   tok/s and MFU (with the matmul peak), decode at batch 1 and 32 (fraction of the memory bound); server = hsx serve under 32 and 64 clients
@@ -40,6 +40,11 @@
 #   fp8 = the Qwen3-8B extraction bench in bf16 and with --quantization fp8;
 #   fp8states = that bench writing bf16 files and hs-connectors' FP8 files, alternating, twice,
 #   then tests/python/test_fp8_states.py with hs-connectors' FP8Transfer (its wheel in .whl);
+#   mooncake = (issue 34) that bench with the file sink on /dev/shm against the Mooncake sink
+#   (a local mooncake_master, a segment holder, hsx with no segment of its own), alternating,
+#   twice, with bytes per token, then the consumer's read time per sample: hs-connectors'
+#   MooncakeTransfer against safetensors' load_file (bench/mooncake_bench.py). Carry
+#   .mooncake.tar.xz and .whl (scripts/mooncake_device_bundle.sh makes both);
 #   regen = bench/regenerate_bench.py: extract --regenerate against generate then extract;
 #   tp = (2 GPUs) the TP tests, extraction at TP=1, TP=2 and DP=2, decode at TP=1 and TP=2;
 #   scale = (4 or 8 GPUs) issue 14's runs: DP over every GPU, Llama-3.1-70B at TP=4 and 8
@@ -165,6 +170,24 @@ if [ "$what" = fp8states ]; then  # hs-connectors' FP8 files against bf16 files,
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
   HSX_BINARY="$here/.devbin/hsx" python3 -m pytest -q -p no:cacheprovider tests/python/test_fp8_states.py 2>&1 |
     tee "$OUT/fp8states_pytest.log" | tail -5
+fi
+if [ "$what" = mooncake ]; then  # the Mooncake sink against files on /dev/shm (issue 34)
+  mc=/tmp/hsx-mooncake
+  rm -rf "$mc" && mkdir -p "$mc" && tar xJf .mooncake.tar.xz -C "$mc"
+  python3 -m pip install -q --no-index --no-deps --target "$mc/site" .whl/hs_connectors-*.whl
+  export PYTHONPATH="$mc/site${PYTHONPATH:+:$PYTHONPATH}" LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$mc/lib"
+  export HSX_PYTHON=$(command -v python3) GLOG_minloglevel=1
+  # What is missing fails here, in seconds, and says what: not an hour of benches later.
+  if ! python3 -c 'import torch, safetensors.torch, mooncake.store, hs_connectors.transfer' 2>"$OUT/mooncake_import.err"; then
+    tail -3 "$OUT/mooncake_import.err"
+    ldd "$mc/site/mooncake/store.so" "$mc/site/mooncake/mooncake_master" | grep "not found"
+  else
+    python3 bench/mooncake_bench.py --hsx .devbin/hsx --rounds 2 --read-samples 64 --segment-gib 16 \
+      --extract-args "--device cuda --model qwen3-8b --load-format dummy --layers 2,18,33,36 --max-num-batched-tokens 16384 --kv-cache-gib 40" \
+      --bench-args "--num-prompts 256 --median-len 700 --min-len 32 --max-len 4096 --dir /dev/shm/hsx-bench" \
+      2>"$OUT/mooncake.err" | tee "$OUT/mooncake.jsonl"
+    tail -3 "$OUT/mooncake.err"
+  fi
 fi
 if [ "$what" = regen ]; then  # one-pass regenerate-and-extract against generate then extract (issue 35)
   python3 bench/regenerate_bench.py .devbin/hsx "${REGEN_N:-256}" "${REGEN_MAX_TOKENS:-256}" 2>&1 | tee "$OUT/regen.jsonl"

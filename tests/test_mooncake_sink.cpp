@@ -36,6 +36,7 @@ class FakeStore : public ObjectStore {
     return {};
   }
   Status Put(const std::string& key, std::string_view bytes) override {
+    if (refuse.count(key)) return Error("Mooncake put failed with status -900");
     std::lock_guard lock(mu);
     objects[key] = std::string(bytes);
     return {};
@@ -142,7 +143,42 @@ TEST(MooncakeSink, PutReturnsTheManifestAndStoresTheObject) {
   EXPECT_EQ(receipt->transfer_params["handle"], "k7");
   ASSERT_EQ(fake->objects.count("k7"), 1u);
   EXPECT_EQ(fake->objects["k7"].size(), receipt->transfer_params["metadata"]["total_aligned_bytes"].get<size_t>());
+  EXPECT_EQ(receipt->bytes, fake->objects["k7"].size());  // what bench counts as bytes moved
   EXPECT_EQ(fake->objects.count("k7:error"), 0u);
+}
+
+TEST(MooncakeSink, FailureTransferParamsAreTheManifestAReaderWaitsWith) {
+  MooncakeSink sink(std::make_unique<FakeStore>());
+  CaptureRecord r = MakeRecord("a/b", 3, 2, 4);
+  EXPECT_EQ(sink.FailureTransferParams(r), PlanMooncakeObject(r)->manifest);
+  // A request that failed before any state was captured: its handle, no tensors.
+  CaptureRecord empty;
+  empty.id = "9x";
+  empty.metadata["extract_mode"] = "all";
+  const nlohmann::json params = sink.FailureTransferParams(empty);
+  EXPECT_EQ(params["handle"], "k9x");
+  EXPECT_EQ(params["version"], kMooncakeManifestVersion);
+  EXPECT_TRUE(params["tensors"].empty());
+  EXPECT_EQ(params["metadata"]["total_aligned_bytes"], 0);
+  EXPECT_EQ(params["metadata"]["extract_mode"], "all");
+}
+
+TEST(MooncakeSink, AMarkerThatCannotBeWrittenIsReported) {
+  auto store = std::make_unique<FakeStore>();
+  FakeStore* fake = store.get();
+  fake->refuse = {"down", "down:error", "gone:error"};
+  MooncakeSink sink(std::move(store));
+  auto receipt = sink.Put(MakeRecord("down", 2, 1, 4));
+  ASSERT_FALSE(receipt.ok());
+  const std::string& m = receipt.status().message();
+  EXPECT_NE(m.find("-200"), std::string::npos) << m;  // why the put failed
+  EXPECT_NE(m.find("error marker 'down:error' could not be written either"), std::string::npos) << m;
+  EXPECT_NE(m.find("-900"), std::string::npos) << m;  // and why the marker did
+  Status failure = sink.PutFailure(MakeRecord("gone", 1, 1, 1), Error("engine failed"));
+  ASSERT_FALSE(failure.ok());
+  EXPECT_NE(failure.message().find("'gone:error'"), std::string::npos);
+  EXPECT_TRUE(sink.PutFailure(MakeRecord("fine", 1, 1, 1), Error("engine failed")).ok());
+  EXPECT_EQ(fake->objects.count("fine:error"), 1u);
 }
 
 TEST(MooncakeSink, AFailedPutLeavesTheErrorMarker) {
@@ -159,7 +195,7 @@ TEST(MooncakeSink, AFailedPutLeavesTheErrorMarker) {
   EXPECT_NE(marker["error"].get<std::string>().find("-200"), std::string::npos);
   // The next request goes on.
   EXPECT_TRUE(sink.Put(MakeRecord("next", 2, 1, 4)).ok());
-  sink.PutFailure(MakeRecord("x.y", 1, 1, 1), Error("non-finite hidden state"));
+  EXPECT_TRUE(sink.PutFailure(MakeRecord("x.y", 1, 1, 1), Error("non-finite hidden state")).ok());
   EXPECT_EQ(nlohmann::json::parse(fake->objects["x_y:error"])["error"], "non-finite hidden state");
 }
 

@@ -39,8 +39,14 @@ class CaptureSink {
   // several writer threads at once.
   virtual Result<CaptureReceipt> Put(const CaptureRecord& record) = 0;
   // A request that failed after admission, so that a reader waiting for it stops
-  // waiting (Mooncake's ":error" marker). Sinks whose readers never wait do nothing.
-  virtual void PutFailure(const CaptureRecord& /*record*/, const Status& /*why*/) {}
+  // waiting (Mooncake's ":error" marker). Sinks whose readers never wait do nothing. An
+  // error: the marker could not be written either (a reader waiting for it times out).
+  virtual Status PutFailure(const CaptureRecord& /*record*/, const Status& /*why*/) { return {}; }
+  // The kv_transfer_params of a record whose put or request failed: what its reader waits
+  // for the failure marker with. vLLM's Mooncake producer answers with the manifest before
+  // its put runs, so a reader of a failed request holds one too. Null for sinks whose
+  // readers never wait (files).
+  virtual nlohmann::json FailureTransferParams(const CaptureRecord& /*record*/) const { return nullptr; }
   // What a log line calls this sink: "safetensors files in DIR", "Mooncake store at ...".
   virtual std::string Describe() const = 0;
 };

@@ -18,9 +18,10 @@ class MemorySink : public CaptureSink {
     if (!records_.emplace(key, record).second) return Error("request '" + record.id + "': '" + key + "' is already stored");
     return CaptureReceipt{key, {{"memory_key", key}}};
   }
-  void PutFailure(const CaptureRecord& record, const Status& why) override {
+  Status PutFailure(const CaptureRecord& record, const Status& why) override {
     std::lock_guard<std::mutex> lock(mu_);
     failures_[record.id] = why.message();
+    return {};
   }
   std::string Describe() const override { return "memory"; }
 

@@ -130,7 +130,13 @@ Result<nlohmann::json> Receive(int fd, int timeout_ms) {
 std::string StatusText(const nlohmann::json& reply) {
   const int64_t status = reply["status"].get<int64_t>();
   std::string text = "status " + std::to_string(status);
+  // Mooncake's ErrorCode values (mooncake-store's types.h) that a put meets in practice.
   if (status == -200) text += " (no space left in the store: a larger global_segment_size, or fewer objects kept)";
+  if (status == -800) text += " (the transfer to the segment's owner failed: a mooncake_client or hsx that died)";
+  if (status == -900) {
+    text += " (no answer from the Mooncake master: is mooncake_master up? Mooncake's client reconnects to a restarted "
+            "master by itself)";
+  }
   if (reply.contains("error") && reply["error"].is_string()) text += ": " + reply["error"].get<std::string>();
   return text;
 }
@@ -348,8 +354,12 @@ Status MooncakeClient::Put(const std::string& key, std::string_view bytes) {
 }
 
 std::string MooncakeClient::Describe() const {
-  return "Mooncake store (master " + config_.master_server_address + ", " + config_.protocol + ", " +
-         std::to_string(config_.global_segment_size >> 20) + " MiB segment here, " +
+  // Where the objects live says what a crash of hsx takes (docs/DEPENDENCIES.md).
+  const std::string segment = config_.global_segment_size > 0
+                                  ? std::to_string(config_.global_segment_size >> 20) +
+                                        " MiB segment here, whose objects die with hsx"
+                                  : "no segment here: objects go to other clients' segments and outlive hsx";
+  return "Mooncake store (master " + config_.master_server_address + ", " + config_.protocol + ", " + segment + ", " +
          std::to_string(config_.num_writer_threads) + " writers)";
 }
 

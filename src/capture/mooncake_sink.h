@@ -16,9 +16,14 @@ class MooncakeSink final : public CaptureSink {
  public:
   explicit MooncakeSink(std::unique_ptr<ObjectStore> store) : store_(std::move(store)) {}
   // Puts the object; on failure also puts the error marker (as hs_connectors' writer does),
-  // so callers need not call PutFailure after a failed Put.
+  // so callers need not call PutFailure after a failed Put. The error says when the marker
+  // could not be written either.
   Result<CaptureReceipt> Put(const CaptureRecord& record) override;
-  void PutFailure(const CaptureRecord& record, const Status& why) override;
+  Status PutFailure(const CaptureRecord& record, const Status& why) override;
+  // The manifest Put would have answered with; for a record without states to plan (a
+  // request that failed before its states were captured), the handle with no tensors, which
+  // is all a reader needs to find the marker.
+  nlohmann::json FailureTransferParams(const CaptureRecord& record) const override;
   std::string Describe() const override { return store_->Describe(); }
 
  private:

@@ -26,13 +26,16 @@ namespace {
 using json = nlohmann::json;
 
 // OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
-void ReplyError(httplib::Response& res, int code, const std::string& message, const std::string& param = "") {
+// `transfer_params`: a failed request's kv_transfer_params, beside the error (see Written).
+void ReplyError(httplib::Response& res, int code, const std::string& message, const std::string& param = "",
+                const json& transfer_params = nullptr) {
   const char* type = code == 401 ? "authentication_error"
                      : code == 404 ? "not_found_error"
                      : code == 503 ? "server_overloaded"
                      : code >= 500 ? "internal_error"
                                    : "invalid_request_error";
   json body = {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? json() : json(param)}, {"code", code}}}};
+  if (!transfer_params.is_null()) body["kv_transfer_params"] = transfer_params;
   res.status = code;
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
@@ -380,9 +383,18 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
   json first_transfer;
   for (size_t i = 0; i < futures.size(); ++i) {
     Completion r = futures[i].get();
-    if (!r.status.ok()) return ReplyError(res, r.server_error ? 500 : 400, r.status.message(), r.server_error ? "" : "prompt");
+    // A failed request's answer waits for its failure marker, and carries what a reader
+    // waits for it with.
+    const json failure_params = r.written.valid() ? r.written.get().failure_params : json();
+    if (!r.status.ok()) {
+      std::string message = r.status.message();
+      if (r.written.valid() && !r.written.get().receipt.ok()) message += "; " + r.written.get().receipt.status().message();
+      return ReplyError(res, r.server_error ? 500 : 400, message, r.server_error ? "" : "prompt", failure_params);
+    }
     // The answer waits for the states' put, so one that fails (a full disk) fails the request.
-    if (r.written.valid() && !r.written.get().ok()) return ReplyError(res, 500, r.written.get().status().message());
+    if (r.written.valid() && !r.written.get().receipt.ok()) {
+      return ReplyError(res, 500, r.written.get().receipt.status().message(), "", failure_params);
+    }
     const std::vector<int32_t> out = r.seq->generated();
     if (!stop_strings)
       for (int32_t token : out) texts[i]->Add(token);
@@ -400,7 +412,7 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
       choice["token_ids"] = out;
     }
     if (r.written.valid()) {
-      choice["kv_transfer_params"] = r.written.get()->transfer_params;
+      choice["kv_transfer_params"] = r.written.get().receipt->transfer_params;
       if (first_transfer.is_null()) first_transfer = choice["kv_transfer_params"];
     }
     completion_tokens += static_cast<int64_t>(out.size());
@@ -497,24 +509,34 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
   Completion c{status, std::move(seq), !status.ok() && cut_short_};  // failed by StopNow: not the client's fault
   if (config_.sink == nullptr || c.seq == nullptr) return c;
   std::shared_ptr<const Sequence> shared(c.seq.release());
+  auto written = std::make_shared<std::promise<Written>>();
   if (!c.status.ok()) {
     // A cancelled request's client is gone: nobody waits for its states.
     if (!shared->aborted) {
-      writers_->Submit([this, shared, name, why = c.status] { config_.sink->PutFailure(CaptureRecordOf(*shared, name), why); });
+      c.written = written->get_future().share();
+      writers_->Submit([this, shared, name, written, why = c.status] {
+        const CaptureRecord record = CaptureRecordOf(*shared, name, config_.capture_metadata);
+        Status marker = config_.sink->PutFailure(record, why);
+        written->set_value({marker.ok() ? Result<CaptureReceipt>(CaptureReceipt{}) : Result<CaptureReceipt>(marker),
+                            config_.sink->FailureTransferParams(record)});
+      });
     }
     c.seq = std::make_unique<Sequence>(*shared);
     return c;
   }
-  auto written = std::make_shared<std::promise<Result<CaptureReceipt>>>();
   c.written = written->get_future().share();
   writers_->Submit([this, shared, name, written, claim]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
-    Result<CaptureReceipt> receipt = config_.sink->Put(CaptureRecordOf(*shared, name, config_.capture_metadata));
+    const CaptureRecord record = CaptureRecordOf(*shared, name, config_.capture_metadata);
+    Written w{config_.sink->Put(record), nullptr};
     write_micros_ += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
-    ++(receipt.ok() ? records_written_ : record_errors_);
-    if (!receipt.ok()) std::fprintf(stderr, "hsx serve: error: %s\n", receipt.status().message().c_str());
+    ++(w.receipt.ok() ? records_written_ : record_errors_);
+    if (!w.receipt.ok()) {
+      std::fprintf(stderr, "hsx serve: error: %s\n", w.receipt.status().message().c_str());
+      w.failure_params = config_.sink->FailureTransferParams(record);
+    }
     claim.reset();  // the name is now the file's on disk, or free
-    written->set_value(std::move(receipt));
+    written->set_value(std::move(w));
   });
   c.seq = std::make_unique<Sequence>(*shared);  // the response needs only its tokens
   return c;
@@ -611,7 +633,7 @@ void OpenAiServer::Stream(Request request, const std::string& name, SaveNames::C
       };
       const bool done = state->finished;
       const Completion& result = state->result;
-      const bool write_failed = done && result.status.ok() && result.written.valid() && !result.written.get().ok();
+      const bool write_failed = done && result.status.ok() && result.written.valid() && !result.written.get().receipt.ok();
       const bool failed = done && (!result.status.ok() || write_failed);
       const size_t ready_tokens = sendable();
       const bool held = ready_tokens < state->tokens.size();
@@ -653,18 +675,22 @@ void OpenAiServer::Stream(Request request, const std::string& name, SaveNames::C
         state->echoed = true;
       }
       if (failed) {
-        const Status& failure = write_failed ? result.written.get().status() : result.status;
+        std::string message = write_failed ? result.written.get().receipt.status().message() : result.status.message();
+        if (!write_failed && result.written.valid() && !result.written.get().receipt.ok()) {
+          message += "; " + result.written.get().receipt.status().message();  // its failure marker's put failed too
+        }
         const int code = write_failed || result.server_error ? 500 : 400;
-        out += "data: " +
-               json{{"error", {{"message", failure.message()}, {"code", code}}}}.dump(
-                   -1, ' ', false, json::error_handler_t::replace) +
-               "\n\n";
+        json event = {{"error", {{"message", message}, {"code", code}}}};
+        if (result.written.valid() && !result.written.get().failure_params.is_null()) {
+          event["kv_transfer_params"] = result.written.get().failure_params;
+        }
+        out += "data: " + event.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
       } else if (done) {
         json last = {{"index", 0}, {"text", ""}, {"logprobs", nullptr},
                      {"finish_reason", result.seq->stopped() ? "stop" : "length"}};
         if (chat) last["delta"] = json::object(), last.erase("text");
         json body = json::parse(chunk(json::array({std::move(last)})).substr(6));
-        if (result.written.valid()) body["kv_transfer_params"] = result.written.get()->transfer_params;
+        if (result.written.valid()) body["kv_transfer_params"] = result.written.get().receipt->transfer_params;
         out += "data: " + body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
         if (include_usage) {
           const int64_t generated = result.seq->num_generated();

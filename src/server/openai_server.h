@@ -81,11 +81,19 @@ class OpenAiServer {
 
  private:
   void Routes();
+  struct Written {
+    Result<CaptureReceipt> receipt;
+    // A failed put's or request's kv_transfer_params (the sink's FailureTransferParams),
+    // which its error response carries, so that a reader can wait for the failure marker.
+    nlohmann::json failure_params;
+  };
   struct Completion {
     Status status;
     std::unique_ptr<Sequence> seq;
     bool server_error = false;  // the request was fine; the server could not store its output
-    std::shared_future<Result<CaptureReceipt>> written;  // its states' put, when extracting
+    // Its states' put when extracting; for a request that failed after admission, its
+    // failure marker's put.
+    std::shared_future<Written> written;
   };
   // name: the record's place in the sink (a file name in storage_dir; empty: the sink's rule).
   Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& name, SaveNames::Claim claim);

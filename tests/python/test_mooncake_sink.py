@@ -8,6 +8,7 @@ reader's code is hs_connectors', only its buffer allocation and views are numpy'
 import argparse
 import concurrent.futures
 import contextlib
+import http.client
 import json
 import os
 import pathlib
@@ -59,26 +60,47 @@ def tensor_bytes(t):
     return repr(t.dtype), tuple(t.shape), t.numpy().tobytes()
 
 
+class Master:
+    """A `mooncake_master` on a port of its own, which a test can kill and start again there."""
+
+    def __init__(self):
+        self.exe = shutil.which("mooncake_master")
+        assert self.exe, "mooncake_master is not on PATH although mooncake.store imports"
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log = open(pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"mooncake_master_{self.port}.log", "w")
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen([self.exe, f"--rpc_port={self.port}", f"--metrics_port={free_port()}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                assert self.proc.poll() is None and time.time() < deadline, "mooncake_master did not start"
+                time.sleep(0.1)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
 @contextlib.contextmanager
 def running_master():
-    exe = shutil.which("mooncake_master")
-    assert exe, "mooncake_master is not on PATH although mooncake.store imports"
-    port = free_port()
-    log = open(pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"mooncake_master_{port}.log", "w")
-    proc = subprocess.Popen([exe, f"--rpc_port={port}", f"--metrics_port={free_port()}"], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert proc.poll() is None and time.time() < deadline, "mooncake_master did not start"
-            time.sleep(0.1)
+    m = Master()
     try:
-        yield f"127.0.0.1:{port}"
+        yield m.address
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        m.stop()
 
 
 @pytest.fixture
@@ -88,6 +110,33 @@ def master():
     placed there fail with -800 meanwhile."""
     with running_master() as address:
         yield address
+
+
+@contextlib.contextmanager
+def standalone_segment(master_address, tmp, mb=128):
+    """A `mooncake_client` (the wheel's standalone store client) mounting `mb` MB of memory
+    into the store: the deployment where hsx contributes none (global_segment_size 0) and
+    its objects outlive it. Its service port opens once the segment is mounted."""
+    exe = shutil.which("mooncake_client")
+    assert exe, "mooncake_client is not on PATH although mooncake.store imports"
+    port = free_port()
+    proc = subprocess.Popen([exe, f"-master_server_address={master_address}", "-metadata_server=P2PHANDSHAKE",
+                             "-host=127.0.0.1", f"-port={port}", f"-http_port={free_port()}",
+                             f"-global_segment_size={mb} MB"],
+                            stdout=open(tmp / f"mooncake_client_{port}.log", "w"), stderr=subprocess.STDOUT)
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert proc.poll() is None and time.time() < deadline, "mooncake_client did not start"
+            time.sleep(0.05)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def launch_args(master_address, segment_gib):
@@ -130,8 +179,10 @@ class PutTool:
         assert self.proc.wait(timeout=30) == 0, self.read_log()[-3000:]
 
 
-def reader(master_address):
-    transfer = MooncakeBackend.from_train_args(launch_args(master_address, 0.0625), "")
+def reader(master_address, segment_gib=0.0625):
+    """hs_connectors' reader, as speculators' trainer makes it. Its client mounts a segment
+    too (4 GiB by default), and the master may place anyone's puts there."""
+    transfer = MooncakeBackend.from_train_args(launch_args(master_address, segment_gib), "")
     transfer.setup()
     return transfer
 
@@ -228,23 +279,13 @@ def test_objects_outlive_hsx_in_a_standalone_clients_segment(tmp_path, master):
     `mooncake_client` (from the same wheel) mounts, and stay after hsx exits."""
     small = tmp_path / "small.safetensors"
     write_f32_states(small, 5, 3, 8)
-    exe = shutil.which("mooncake_client")
-    assert exe, "mooncake_client is not on PATH although mooncake.store imports"
-    log = open(tmp_path / "mooncake_client.log", "w")
-    holder = subprocess.Popen([exe, f"-master_server_address={master}", "-metadata_server=P2PHANDSHAKE",
-                               "-host=127.0.0.1", f"-port={free_port()}", f"-http_port={free_port()}",
-                               "-global_segment_size=128 MB"], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        time.sleep(3)  # it has no ready signal; until it has mounted, a put finds no space and fails clearly
+    with standalone_segment(master, tmp_path):
         tool = PutTool(master, segment_gib=0)
         receipt = tool.ask(op="put", id="kept", file=str(small))
         tool.close()
         assert "error" not in receipt, receipt
         sample = reader(master).get_generated(receipt["transfer_params"])
         assert tensor_bytes(sample["hidden_states"])[2] == np.ones((5, 3, 8), np.float32).tobytes()
-    finally:
-        holder.terminate()
-        holder.wait(timeout=30)
 
 
 def test_a_helper_that_dies_fails_puts_with_its_reason_and_no_hang(tmp_path):
@@ -272,12 +313,12 @@ def helper_dies(master, small):
 class MooncakeServer:
     """`hsx serve` with hs_connectors' Mooncake kv-transfer config, as launch_vllm.py writes it."""
 
-    def __init__(self, tmp, master_address, *extra, model=MODEL):
+    def __init__(self, tmp, master_address, *extra, model=MODEL, segment_gib=0.125):
         os.environ["MOONCAKE_LOCAL_HOSTNAME"] = "127.0.0.1"
         self.port = free_port()
         spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
                 "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}}
-        kv = MooncakeBackend.build_kv_transfer_config(launch_args(master_address, 0.125))
+        kv = MooncakeBackend.build_kv_transfer_config(launch_args(master_address, segment_gib))
         self.log_path = tmp / "mooncake_server.log"
         self.proc = subprocess.Popen(
             [HSX, "serve", str(model), "--port", str(self.port), "--served-model-name", "qwen3-fixture",
@@ -345,11 +386,21 @@ def test_serve_a_request_failed_after_admission_leaves_the_marker_and_the_server
         assert 400 <= status < 600, body
         # The error names the request, whose id is its key (sanitize_key leaves "cmpl-<hex>-0" as it is).
         handle = re.search(r"request '(cmpl-[0-9a-f]+-0)'", body["error"]["message"]).group(1)
+        # Like vLLM's producer, whose manifest goes out before its put, the failed request's
+        # answer carries kv_transfer_params: the reader waits on them and meets the marker.
+        params = body["kv_transfer_params"]
+        assert params["handle"] == handle and params["version"] == 1, params
         transfer = reader(master)
         with pytest.raises(MooncakeIntegrityError, match="layer 0 at token position 3 is not finite"):
-            transfer.store.get_sample({"handle": handle, "version": 1, "tensors": {},
-                                       "metadata": {"total_aligned_bytes": 0}}, timeout=15)
+            transfer.store.get_sample(params, timeout=15)
         transfer.delete(handle)
+        # A stream's error event carries them too.
+        events = stream_events(server, {"prompt": [1, 2, 3, 7, 5], "max_tokens": 1, "stream": True})
+        failed = [e for e in events if "error" in e]
+        assert len(failed) == 1 and failed[0]["kv_transfer_params"]["version"] == 1, events
+        with pytest.raises(MooncakeIntegrityError, match="not finite"):
+            transfer.store.get_sample(failed[0]["kv_transfer_params"], timeout=15)
+        transfer.delete(failed[0]["kv_transfer_params"]["handle"])
         status, body, _ = post(server, {"prompt": [1, 2, 3, 4, 5], "max_tokens": 1})
         assert status == 200, body
         sample = transfer.get_generated(body["kv_transfer_params"])
@@ -374,12 +425,7 @@ def test_extract_puts_every_prompt_for_hs_connectors_to_read_after_it_exits(tmp_
     base = [HSX, "extract", "--model", str(MODEL), "--layers", "0,2,4", "--input", str(tmp_path / "p.jsonl")]
     r = subprocess.run(base + ["--output", str(tmp_path / "files")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    holder = subprocess.Popen([shutil.which("mooncake_client"), f"-master_server_address={master}",
-                               "-metadata_server=P2PHANDSHAKE", "-host=127.0.0.1", f"-port={free_port()}",
-                               f"-http_port={free_port()}", "-global_segment_size=128 MB"],
-                              stdout=open(tmp_path / "mooncake_client.log", "w"), stderr=subprocess.STDOUT)
-    try:
-        time.sleep(3)
+    with standalone_segment(master, tmp_path):
         os.environ["MOONCAKE_LOCAL_HOSTNAME"] = "127.0.0.1"
         kv = MooncakeBackend.build_kv_transfer_config(launch_args(master, 0))
         out = tmp_path / "mooncake"
@@ -395,6 +441,133 @@ def test_extract_puts_every_prompt_for_hs_connectors_to_read_after_it_exits(tmp_
             expected = raw_tensors(tmp_path / "files" / f"{e['id']}.safetensors")
             for name, tensor in sample.items():
                 assert tensor_bytes(tensor) == expected[name], (e["id"], name)
+
+
+def stream_events(server, body):
+    """The JSON events of one streamed POST /v1/completions."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        raw = conn.getresponse().read().decode()
     finally:
-        holder.terminate()
-        holder.wait(timeout=30)
+        conn.close()
+    return [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+
+
+@pytest.fixture
+def killable_master():
+    m = Master()
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+def health(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_serve_master_killed_mid_run_fails_the_affected_requests_alone(tmp_path, killable_master):
+    """SIGKILL of mooncake_master while requests run: puts fail at once with Mooncake's
+    RPC_FAIL (-900), named; those requests alone fail, each answer carrying its
+    kv_transfer_params and saying that its marker could not be written (the master is what
+    would hold it). hsx stays up; Mooncake's client reconnects to a master started again
+    at the same address and remounts its segment, and puts succeed again. The restarted
+    master's index is empty: objects put before the kill are gone (no HA master here)."""
+    master = killable_master
+    server = MooncakeServer(tmp_path, master.address)
+    rng = np.random.default_rng(17)
+    try:
+        status, before, _ = post(server, {"prompt": [5, 6, 7, 8], "max_tokens": 1})
+        assert status == 200, before
+        stop = time.time() + 1e9
+        answers = []
+
+        def client(seed):
+            local = np.random.default_rng(seed)
+            while time.time() < stop:
+                p = local.integers(0, 512, int(local.integers(4, 48))).tolist()
+                answers.append((time.time(), post(server, {"prompt": p, "max_tokens": 2})))
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(client, int(rng.integers(1 << 30))) for _ in range(4)]
+            time.sleep(1.0)
+            killed_at = time.time()
+            master.kill()
+            time.sleep(2.0)
+            stop = time.time()
+            for f in futures:
+                f.result()
+        assert health(server) == 200  # up, with the master down
+        ok = [b for t, (st, b, _) in answers if st == 200]
+        failed = [(t, st, b) for t, (st, b, _) in answers if st != 200]
+        assert ok and failed, (len(ok), len(failed))
+        for t, st, b in failed:
+            assert t > killed_at - 1 and st == 500, (st, b)
+            message = b["error"]["message"]
+            assert "status -900" in message and "Mooncake master" in message, message
+            assert "error marker" in message and "could not be written either" in message, message
+            assert b["kv_transfer_params"]["version"] == 1 and b["kv_transfer_params"]["handle"].startswith("cmpl-")
+        master.start()
+        deadline = time.time() + 30
+        while True:  # the client's ping thread finds the master again and remounts (a few seconds)
+            status, body, _ = post(server, {"prompt": [9, 8, 7, 6, 5], "max_tokens": 1})
+            if status == 200 or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        assert status == 200, body
+        # A reader with no memory of its own: the master places puts in any mounted segment,
+        # and one that goes away (a reader closed) takes the objects placed there with it.
+        transfer = reader(master.address, 0)
+        sample = transfer.get_generated(body["kv_transfer_params"])
+        assert tensor_bytes(sample["token_ids"])[2] == np.array([9, 8, 7, 6, 5], np.int64).tobytes()
+        assert transfer.store._store.is_exist(before["kv_transfer_params"]["handle"]) == 0  # lost with the old master
+    finally:
+        server.stop()
+
+
+def test_kill_9_of_serve_loses_no_answered_sample_held_in_a_standalone_segment(tmp_path, master):
+    """hsx with global_segment_size 0 beside a mooncake_client that holds the memory: every
+    sample whose answer was sent reads back, byte for byte, after `kill -9` of hsx. The
+    control: with hsx's own segment, the same kill takes the samples with it. The readers
+    here mount no memory, so the master can place objects only where the test means."""
+    rng = np.random.default_rng(23)
+    prompts = [rng.integers(0, 512, int(rng.integers(4, 40))).tolist() for _ in range(6)]
+
+    def serve_and_kill(master, segment_gib):
+        server = MooncakeServer(tmp_path, master, segment_gib=segment_gib)
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda p: post(server, {"prompt": p, "max_tokens": 1}), prompts))
+        assert all(st == 200 for st, _, _ in answers), [b["error"]["message"] for st, b, _ in answers if st != 200]
+        params = [b["kv_transfer_params"] for _, b, _ in answers]
+        early = reader(master, 0)
+        before = [{n: tensor_bytes(t) for n, t in early.get_generated(p).items()} for p in params]
+        helper = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+        server.proc.kill()
+        server.proc.wait(timeout=10)
+        for pid in helper:  # PR_SET_PDEATHSIG takes the helper along
+            deadline = time.time() + 10
+            while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
+                time.sleep(0.05)
+            assert not os.path.exists(f"/proc/{pid}"), "the Mooncake helper outlived hsx"
+        return params, before
+
+    with standalone_segment(master, tmp_path):
+        params, before = serve_and_kill(master, 0)
+        transfer = reader(master, 0)
+        for p, b, ids in zip(params, before, prompts):
+            sample = transfer.get_generated(p)
+            assert {n: tensor_bytes(t) for n, t in sample.items()} == b
+            assert b["token_ids"][2] == np.array(ids, np.int64).tobytes()
+            transfer.delete(p["handle"])
+    # A master of its own: the stopped mooncake_client's segment stays registered with the
+    # first until its client TTL, and puts placed there fail with -800 meanwhile.
+    with running_master() as control:
+        params, _ = serve_and_kill(control, 0.125)
+        with pytest.raises(MooncakeIntegrityError, match="returned -800"):  # its owner is gone
+            reader(control, 0).store.get_sample(params[0], timeout=5)
