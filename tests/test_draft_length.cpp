@@ -115,55 +115,44 @@ TEST(DraftCostModel, InterpolatesAndExtrapolates) {
   EXPECT_LT(cost.TargetSeconds(8), 3.0);
 }
 
-TEST(DraftCostModel, LowerMeasurementReplacesAtOnce) {
+TEST(DraftCostModel, FirstStepOfEachKindIsNoMeasurement) {
   DraftCostModel cost;
-  cost.ObserveDraft(1, 4, 100.0);  // a first round that captured its graph
+  cost.ObserveTarget(1, 1.0);
+  cost.ObserveTarget(1, 1.0);
+  cost.ObserveDraft(1, 4, 100.0);  // the round that captured its graph: skipped
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.1 * 4);  // still the prior
   cost.ObserveDraft(1, 4, 0.5);
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.5);
-  cost.ObserveDraft(1, 4, 1.5);  // a slower one only moves it part of the way
+  cost.ObserveDraft(1, 4, 1.5);  // a slower one moves it part of the way
   EXPECT_GT(cost.DraftSeconds(1, 4), 0.5);
   EXPECT_LT(cost.DraftSeconds(1, 4), 1.5);
+  cost.ObserveDraft(1, 4, 0.2);  // a faster one replaces it
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.2);
 }
 
-// An inflated first round (one that captures its CUDA graph, say) must not keep every later
-// step from drafting: with that figure alone no step would draft again, so nothing would
-// measure the round anew, at any acceptance. A probe drafts K_max after probe_interval
-// idle steps; its round's time replaces the figure, and drafting stays on.
-TEST(DraftLengthPolicy, InflatedFirstRoundDoesNotStopDraftingForGood) {
+// A first round that captures its CUDA graph can take hundreds of times its cost: as a
+// measurement it would keep every later step from drafting, and so from measuring the
+// round anew, at any acceptance (the H200's "K=4 adaptive drafts nothing").
+TEST(DraftLengthPolicy, GraphCaptureRoundDoesNotStopDrafting) {
   const DraftLengthPolicy policy(Config(4));
   DraftCostModel cost;  // learned, as the engine's
-  cost.ObserveTarget(1, 1.0);
-  cost.ObserveTarget(5, 1.0);
-  cost.ObserveDraft(1, 4, 200.0);
+  for (int rows : {1, 5}) {
+    cost.ObserveTarget(rows, 1.0);
+    cost.ObserveTarget(rows, 1.0);
+  }
   DraftHistory h;
-  int first_draft = -1, drafted = 0;
-  const int steps = 200;
-  for (int step = 0; step < steps; ++step) {
-    int k = policy.Choose({4}, {policy.Acceptance(h)}, cost)[0];
-    if (policy.Probing(h)) k = 4;
+  int drafted = 0;
+  for (int step = 0; step < 100; ++step) {
+    const int k = policy.Choose({4}, {policy.Acceptance(h)}, cost)[0];
     if (k > 0) {
-      cost.ObserveDraft(1, k, 0.2 * k / 4);  // the round's real cost
-      policy.Record(h, k, std::min(k, 3));     // well accepted
-      if (first_draft < 0) first_draft = step;
+      cost.ObserveDraft(1, k, step == 0 ? 200.0 : 0.2 * k / 4);
+      policy.Record(h, k, std::min(k, 3));  // well accepted
       ++drafted;
     } else {
       policy.Record(h, 0, 0);
     }
   }
-  EXPECT_EQ(first_draft, policy.config().probe_interval);
-  EXPECT_EQ(drafted, steps - first_draft);  // from the probe on, every step drafts
-}
-
-TEST(DraftLengthPolicy, ProbesAfterIdleSteps) {
-  const DraftLengthPolicy policy(Config(4));
-  DraftHistory h;
-  for (int step = 0; step < policy.config().probe_interval; ++step) {
-    EXPECT_FALSE(policy.Probing(h)) << step;
-    policy.Record(h, 0, 0);
-  }
-  EXPECT_TRUE(policy.Probing(h));
-  policy.Record(h, 4, 0);  // the probe ran: idle again from zero
-  EXPECT_FALSE(policy.Probing(h));
+  EXPECT_EQ(drafted, 100);
 }
 
 struct Generation {

@@ -7,22 +7,26 @@
 namespace hsx {
 namespace {
 
-// A lower measurement replaces the figure at once: first-use costs (graph capture, GEMM
-// tuning, allocation) and host hiccups only ever lengthen a step, so an inflated first
-// figure must not linger (it would stop drafting, and with it the measurements that fix
-// it). A higher one moves the figure `weight` toward it.
+// A lower measurement replaces the figure at once: first-use costs and host hiccups only
+// ever lengthen a step, so an inflated figure must not linger. A higher one moves the
+// figure `weight` toward it.
 void Smooth(double& figure, double seconds, double weight, bool seen) {
   figure = seen && seconds > figure ? (1.0 - weight) * figure + weight * seconds : seconds;
 }
 
 }  // namespace
 
+// The first step of each kind is not a measurement: it captures its CUDA graph (or tunes its
+// GEMMs), up to hundreds of times its cost. Taken as one it stops drafting, and with it the
+// measurements that would correct it.
 void DraftCostModel::ObserveTarget(int rows, double seconds) {
+  if (target_warm_.insert(rows).second) return;
   const bool seen = target_.count(rows) > 0;
   Smooth(target_[rows], seconds, weight_, seen);
 }
 
 void DraftCostModel::ObserveDraft(int seqs, int k, double seconds) {
+  if (draft_warm_.insert({seqs, k}).second) return;
   const bool seen = draft_.count({seqs, k}) > 0;
   Smooth(draft_[{seqs, k}], seconds, weight_, seen);
 }
@@ -83,8 +87,6 @@ void DraftLengthPolicy::Record(DraftHistory& h, int proposed, int accepted) cons
   h.accepted = config_.discount * h.accepted + accepted;
   h.observed = config_.discount * h.observed + accepted + (accepted < proposed ? 1 : 0);
 }
-
-bool DraftLengthPolicy::Probing(const DraftHistory& h) const { return h.idle_steps >= config_.probe_interval; }
 
 double DraftLengthPolicy::Acceptance(const DraftHistory& h) const {
   if (h.observed == 0 || h.idle_steps >= config_.probe_interval) return config_.prior_acceptance;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <vector>
 
 namespace hsx {
@@ -26,8 +27,9 @@ class DraftCostModel {
   explicit DraftCostModel(double draft_step_ratio = 0.1) : ratio_(draft_step_ratio) {}
 
   // A target step of `rows` rows (decode and verification rows; no prefill) took seconds.
+  // The first of each size is skipped (graph capture, GEMM tuning).
   void ObserveTarget(int rows, double seconds);
-  // A draft round over `seqs` requests of k drafts took seconds.
+  // A draft round over `seqs` requests of k drafts took seconds (the first of each skipped).
   void ObserveDraft(int seqs, int k, double seconds);
   // Fixed figures (tests, or a start-up measurement): each replaces what was measured there.
   void SetTarget(int rows, double seconds) { target_[rows] = seconds; }
@@ -43,6 +45,8 @@ class DraftCostModel {
   double weight_ = 0.2;
   std::map<int, double> target_;                   // by rows
   std::map<std::pair<int, int>, double> draft_;    // by (requests, k)
+  std::set<int> target_warm_;                      // sizes whose first step has run
+  std::set<std::pair<int, int>> draft_warm_;
 };
 
 // A request's acceptance, as the policy keeps it (on its Sequence).
@@ -57,7 +61,7 @@ struct DraftLengthConfig {
   double prior_acceptance = 0.6;  // a request's acceptance before it has drafted
   double prior_weight = 2.0;      // in trials
   double discount = 0.9;          // per verification: older outcomes weigh less
-  int probe_interval = 32;        // after this many steps without drafts, draft K_max once (a probe)
+  int probe_interval = 32;        // after this many steps without drafts, assume the prior again
 };
 
 class DraftLengthPolicy {
@@ -68,10 +72,6 @@ class DraftLengthPolicy {
   void Record(DraftHistory& history, int proposed, int accepted) const;
   // The estimated per-draft acceptance (with the prior; the prior again when probing).
   double Acceptance(const DraftHistory& history) const;
-  // After probe_interval steps without drafts a request drafts K_max once, whatever the
-  // cost model says: that measures its acceptance and the round's cost anew, so neither a
-  // bad stretch of text nor an inflated cost figure can switch drafting off for good.
-  bool Probing(const DraftHistory& history) const;
   // K per request for one step: rooms[i] is request i's most (0: it does not decode next),
   // acceptance[i] its estimate. Non-decoding requests get 0 and cost nothing.
   std::vector<int> Choose(const std::vector<int>& rooms, const std::vector<double>& acceptance,

@@ -55,10 +55,7 @@ void Drafter::Plan(const DraftStep& step) {
     rooms.push_back(DraftRoom(*seq, k_));
     acceptance.push_back(policy_->Acceptance(seq->draft_history));
   }
-  std::vector<int> ks = policy_->Choose(rooms, acceptance, *cost_);
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    if (policy_->Probing(seqs[i]->draft_history)) ks[i] = rooms[i];
-  }
+  const std::vector<int> ks = policy_->Choose(rooms, acceptance, *cost_);
   planned_.clear();
   round_k_ = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
