@@ -11,7 +11,8 @@
 # versions (no resolver: speculators 0.9.0 pins torch<=2.14.1 and transformers<=5.19, which
 # the versions here run past; docs/DEPENDENCIES.md says why these).
 # Idempotent: a stamp file holds the pins of the last complete install; a second run is a
-# file comparison. Set HSX_TORCH_SITE to choose the directory.
+# file comparison. Set HSX_TORCH_SITE to choose the directory (emptied and refilled when
+# the pins change).
 set -euo pipefail
 site=${HSX_TORCH_SITE:-${XDG_CACHE_HOME:-$HOME/.cache}/hsx/torch-site}
 pins=(
