@@ -28,7 +28,11 @@ python3 -m pip install --quiet --disable-pip-version-check httpx aiohttp
 # the test replaces by tests/python/torch_numpy_shim.py where torch does not import).
 python3 -m pip install --quiet --disable-pip-version-check mooncake-transfer-engine-non-cuda
 python3 -m pip install --quiet --disable-pip-version-check --no-deps hs-connectors==0.9.0
-HSX_BINARY="$PWD/build/src/hsx" python3 -m pytest tests/python -q
+# PyTorch and what speculators' CLIs and trainer import, in a site of their own (see the
+# script): tests/python/test_speculators_cli.py and test_toy_loop.py run speculators' own
+# command lines from it, and fail rather than skip here where it is missing.
+HSX_TORCH_SITE=$(bash scripts/install_torch.sh)
+HSX_BINARY="$PWD/build/src/hsx" HSX_TORCH_SITE="$HSX_TORCH_SITE" HSX_REQUIRE_TORCH=1 python3 -m pytest tests/python -q
 # Sanitizers cover the host code; the CUDA backend is compiled (and its tests skip
 # without a GPU) in the first build.
 cmake -S . -B build-asan -G Ninja -DHSX_WERROR=ON -DHSX_SANITIZE=ON -DHSX_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null

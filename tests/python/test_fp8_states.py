@@ -2,7 +2,8 @@
 (kv_connector FP8HiddenStatesConnector): codes and scales bit-identical to the reference
 rule (hs_connectors.fp8_utils: per-token amax / 448, x / scale rounded to E4M3) applied to
 hsx's own bf16 states of the same prompts, with ml_dtypes' E4M3 as the rounding reference;
-and, where torch is installed (the device), hs_connectors' own FP8Transfer reading them."""
+and hs_connectors' own FP8Transfer reading them, where torch is installed (the device) or in
+the torch site of scripts/install_torch.sh (CI)."""
 import http.client
 import json
 import subprocess
@@ -97,3 +98,18 @@ def test_hs_connectors_fp8_transfer_reads_hsxs_files(tmp_path):
         want = fp8_utils.dequantize_fp8_tensor(codes, scale)
         assert sorted(got) == ["hidden_states", "token_ids"]
         assert torch.equal(got["hidden_states"], want), quantized["id"]
+
+
+def test_hs_connectors_fp8_transfer_in_the_torch_site():
+    """The test above where this Python has no torch but scripts/install_torch.sh's site is
+    there (CI): run in a Python with that site on its path (fails there without it)."""
+    import importlib.util
+    import sys
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch imports here: the test above runs in this process")
+    from toy_target import require_speculators_cli, speculators_env
+    require_speculators_cli()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          f"{__file__}::test_hs_connectors_fp8_transfer_reads_hsxs_files"],
+                         env=speculators_env(), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout[-4000:] + run.stderr[-4000:]
