@@ -110,6 +110,8 @@ TEST(DraftCostModel, InterpolatesAndExtrapolates) {
   cost.SetDraft(8, 2, 1.0);
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(8, 4), 2.0);
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(8, 0), 0.0);
+  cost.ObserveTarget(8, 3.0);  // the first step of a size is no measurement (graph capture)
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(8), 2.0);
   cost.ObserveTarget(8, 3.0);  // smoothed toward it
   EXPECT_GT(cost.TargetSeconds(8), 2.0);
   EXPECT_LT(cost.TargetSeconds(8), 3.0);
