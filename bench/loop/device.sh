@@ -25,7 +25,7 @@ SWEEP=${SWEEP:-2500}
 BUDGET=${BUDGET:-550}  # seconds this call may spend (the tool stops a call at 600 s)
 # What a step needs at least, in seconds: one that would not fit in what is left of this
 # call's budget waits for the next call rather than being stopped half done.
-declare -A NEED=([train]=$((60 + 170 * EPOCHS)) [hf_states]=60 [generate]=60 [convert]=45)
+declare -A NEED=([train]=$((60 + 120 * EPOCHS)) [hf_states]=60 [generate]=60 [convert]=45)
 LAYERS=2,15,27,30  # speculators' default [2, N//2, N-3] for N = 30, plus the last layer
 K=3
 log() { echo "[$(date +%T) +$((SECONDS))s] $*" | tee -a "$R/loop.log"; }
