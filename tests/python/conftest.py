@@ -27,6 +27,31 @@ BOS_POST_PROCESSOR = {
     "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}
 
 
+def wait_for_server(url, proc, log_path, timeout=60):
+    """Until url/health answers. A server that exits first, or is not up within timeout
+    seconds, fails the test with its log (and is killed)."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            return
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError("hsx serve did not come up: " + pathlib.Path(log_path).read_text())
+            time.sleep(0.1)
+
+
+def extraction_configs(storage, layers):
+    """vLLM's --speculative-config and --kv-transfer-config for hidden-state extraction into
+    files under storage, as speculators' launcher writes them."""
+    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}}}
+    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+          "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+    return spec, kv
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,25 +64,15 @@ class Server:
         self.port = free_port()
         self.storage = storage or tmp / "hidden_states"
         self.url = f"http://127.0.0.1:{self.port}"
-        spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}}
-        kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-              "kv_connector_extra_config": {"shared_storage_path": str(self.storage), "num_writer_threads": 4,
-                                            "use_synchronization_lock": True}}
+        spec, kv = extraction_configs(self.storage, LAYERS)
+        kv["kv_connector_extra_config"].update({"num_writer_threads": 4, "use_synchronization_lock": True})
         kv.update(connector or {})
         self.log = open(tmp / "server.log", "w")
         self.proc = subprocess.Popen(
             [HSX, "serve", str(model), "--port", str(self.port), "--served-model-name", "qwen3-fixture",
              "--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv), *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("hsx serve did not come up: " + (tmp / "server.log").read_text())
+        wait_for_server(self.url, self.proc, tmp / "server.log", timeout=30)
 
     def stop(self):
         if self.proc.poll() is None:

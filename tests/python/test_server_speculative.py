@@ -14,7 +14,7 @@ import urllib.request
 import openai
 import pytest
 
-from conftest import HSX, ROOT, free_port, read_safetensors
+from conftest import HSX, ROOT, free_port, read_safetensors, wait_for_server
 
 MODEL = ROOT / "tests" / "data" / "models" / "llama"
 DRAFT = ROOT / "tests" / "data" / "eagle3" / "llama_copy"
@@ -24,16 +24,11 @@ class PlainServer:
     def __init__(self, tmp, *extra):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(tmp / f"server-{self.port}.log", "w")
+        log_path = tmp / f"server-{self.port}.log"
+        self.log = open(log_path, "w")
         self.proc = subprocess.Popen([HSX, "serve", str(MODEL), "--port", str(self.port), "--served-model-name", "m",
                                       "--batch-invariant", *extra], stdout=self.log, stderr=subprocess.STDOUT)
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("hsx serve did not come up")
+        wait_for_server(self.url, self.proc, log_path, timeout=30)
 
     def stop(self):
         self.proc.terminate()

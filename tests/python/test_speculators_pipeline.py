@@ -20,14 +20,12 @@ import importlib.util
 import json
 import subprocess
 import sys
-import time
 import types
-import urllib.request
 
 import openai
 import pytest
 
-from conftest import HSX, LAYERS, free_port, read_safetensors, text_model
+from conftest import HSX, LAYERS, extraction_configs, free_port, read_safetensors, text_model, wait_for_server
 from test_server_requests import post
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -64,10 +62,7 @@ def pipeline_server(tmp_path_factory):
                                   "rstrip": False, "normalized": False, "special": True} for i in ids]
     (model / "tokenizer.json").write_text(json.dumps(document))
     storage = tmp / "hidden_states"
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}}
-    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+    spec, kv = extraction_configs(storage, LAYERS)
     port = free_port()
     log_path = tmp / "server.log"
     log = open(log_path, "w")
@@ -78,15 +73,7 @@ def pipeline_server(tmp_path_factory):
          "--load_format=dummy", "--port", str(port), "--disable-log-requests"],
         stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("hsx serve did not come up: " + log_path.read_text())
-            time.sleep(0.1)
+    wait_for_server(url, proc, log_path)
     server = types.SimpleNamespace(url=url, model_dir=model, log_path=log_path, special=ids,
                                    tokenizer=tokenizers.Tokenizer.from_file(str(model / "tokenizer.json")))
     yield server

@@ -17,14 +17,12 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 import types
-import urllib.request
 
 import numpy as np
 import pytest
 
-from conftest import HSX, MODEL, TOKENIZER, free_port
+from conftest import HSX, MODEL, TOKENIZER, extraction_configs, free_port, wait_for_server
 from safetensors_numpy import read_safetensors
 
 VOCAB = 3000
@@ -174,10 +172,7 @@ def toy(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("toy")
     target = build_target(tmp / "target")
     storage = tmp / "served_states"
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}}
-    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+    spec, kv = extraction_configs(storage, LAYERS)
     port = free_port()
     log_path = tmp / "server.log"
     log = open(log_path, "w")
@@ -185,16 +180,7 @@ def toy(tmp_path_factory):
                              "--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv)],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                raise RuntimeError("hsx serve did not come up: " + log_path.read_text())
-            time.sleep(0.1)
+    wait_for_server(url, proc, log_path)
     data = write_jsonl(tmp / "conversations.jsonl", conversations())
     yield types.SimpleNamespace(target=target, url=url, tmp=tmp, storage=storage, log_path=log_path, data=data)
     proc.terminate()
