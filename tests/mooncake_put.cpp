@@ -51,8 +51,8 @@ int main(int argc, char** argv) {
                               : nlohmann::json{{"error", receipt.status().message()}};
       }
     } else if (cmd.value("op", "") == "fail") {
-      (*sink)->PutFailure(record, hsx::Error(cmd.value("why", "")));
-      answer = {{"ok", true}};
+      const hsx::Status marked = (*sink)->PutFailure(record, hsx::Error(cmd.value("why", "")));
+      answer = marked.ok() ? nlohmann::json{{"ok", true}} : nlohmann::json{{"error", marked.message()}};
     } else {
       answer = {{"error", "unknown command: " + line}};
     }
