@@ -778,69 +778,6 @@ TEST(CudaKernelTest, MoeMlpMatchesCpu) {
   }
 }
 
-// gpt-oss's attention sinks on every CUDA kernel: prefill (mma.sync register and shared
-// kernels, Hopper's wgmma) and decode (split-KV with the cluster merge and with the merge
-// kernel), windows included; sinks large enough to take most of some rows' probability.
-TEST(CudaKernelTest, AttentionSinksMatchCpu) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  auto gpu_mma = GpuWith("HSX_ATTENTION", "mma");
-  CpuBackend cpu;
-  std::mt19937 rng(33);
-  constexpr int kBlock = 16;
-  struct Case { int64_t d, heads, kv_heads; int window; };
-  std::vector<std::pair<int, int>> many;
-  for (int i = 0; i < 200; ++i) many.push_back({1, std::uniform_int_distribution<int>(1, 300)(rng)});
-  const std::vector<std::vector<std::pair<int, int>>> batches = {
-      {{1, 1}, {17, 17}, {5, 300}, {130, 200}, {700, 700}},  // prefill and chunked prefill
-      {{1, 1}, {1, 32768}},                                  // decode, few blocks: cluster merge
-      many,                                                  // decode, many blocks: merge kernel
-      {{3, 5000}, {8, 40}}};                                 // verification rows
-  for (const Case& c : std::vector<Case>{{64, 8, 2, 16}, {64, 64, 8, 128}, {128, 8, 2, 0}, {128, 16, 2, 100},
-                                         {256, 4, 2, 0}, {512, 4, 1, 0}}) {
-    const Tensor sinks = RandomHost({c.heads}, rng, 4.0f);
-    for (const auto& shapes : batches) {
-      int64_t num_blocks = 0, t = 0;
-      for (auto [q, ctx] : shapes) num_blocks += (ctx + kBlock - 1) / kBlock;
-      std::vector<int32_t> free_blocks(num_blocks);
-      std::iota(free_blocks.begin(), free_blocks.end(), 0);
-      std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
-      std::vector<SequenceSlice> seqs;
-      size_t next = 0;
-      for (auto [q, ctx] : shapes) {
-        SequenceSlice s;
-        s.q_start = static_cast<int32_t>(t);
-        s.q_len = q;
-        s.ctx_len = ctx;
-        for (int i = 0; i < (ctx + kBlock - 1) / kBlock; ++i) s.block_table.push_back(free_blocks[next++]);
-        seqs.push_back(s);
-        t += q;
-      }
-      Tensor q = RandomHost({t, c.heads, c.d}, rng);
-      Tensor kc = RandomHost({num_blocks * kBlock, c.kv_heads, c.d}, rng);
-      Tensor vc = RandomHost({num_blocks * kBlock, c.kv_heads, c.d}, rng);
-      AttentionParams params;
-      params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
-      params.sliding_window = c.window;
-      params.block_size = kBlock;
-      params.sinks = &sinks;
-      Tensor o_cpu = cpu.Empty(DType::kF32, {t, c.heads, c.d});
-      cpu.Attention(q, kc, vc, MakeAttentionBatch(cpu, seqs), params, o_cpu);
-      for (CudaBackend* g : {gpu.get(), gpu_mma.get()}) {
-        const Tensor sinks_dev = g->Upload(sinks);
-        AttentionParams gp = params;
-        gp.sinks = &sinks_dev;
-        Tensor o_gpu = Poisoned(*g, DType::kBF16, {t, c.heads, c.d});
-        g->Attention(g->Upload(ToBf16(q)), g->Upload(ToBf16(kc)), g->Upload(ToBf16(vc)), MakeAttentionBatch(*g, seqs), gp,
-                     o_gpu);
-        EXPECT_LE(GpuVsCpu(*g, o_gpu, o_cpu), 2e-2)
-            << (g == gpu.get() ? "default" : "mma") << " kernel, d=" << c.d << " window=" << c.window
-            << " heads=" << c.heads << "/" << c.kv_heads << " seqs=" << seqs.size() << " first q_len=" << shapes[0].first;
-      }
-    }
-  }
-}
-
 // Rows with an inf or NaN anywhere (first, last, in a vector load's tail or not) are
 // flagged, the rest are not; the flags start as poison (-1), so every row must be written.
 TEST(CudaKernelTest, FlagNonFiniteRowsMatchesCpu) {
@@ -979,6 +916,59 @@ DecodeStep MakeDecodeStep(const std::vector<int>& contexts, int64_t heads, int64
   step.v_cache = RandomHost({std::max<int64_t>(num_blocks, 1) * block, kv_heads, d}, rng);
   PoisonSlotsPastContexts(step.seqs, block, kv_heads * d, step.k_cache, step.v_cache);
   return step;
+}
+
+// gpt-oss's attention sinks on every CUDA kernel: prefill (mma.sync register and shared
+// kernels, Hopper's wgmma) and decode (split-KV with the cluster merge and with the merge
+// kernel), windows included; sinks large enough to take most of some rows' probability.
+TEST(CudaKernelTest, AttentionSinksMatchCpu) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  auto gpu_mma = GpuWith("HSX_ATTENTION", "mma");
+  CpuBackend cpu;
+  std::mt19937 rng(33);
+  constexpr int kBlock = 16;
+  struct Case { int64_t d, heads, kv_heads; int window; };
+  std::vector<std::pair<int, int>> many;
+  for (int i = 0; i < 200; ++i) many.push_back({1, std::uniform_int_distribution<int>(1, 300)(rng)});
+  const std::vector<std::vector<std::pair<int, int>>> batches = {
+      {{1, 1}, {17, 17}, {5, 300}, {130, 200}, {700, 700}},  // prefill and chunked prefill
+      {{1, 1}, {1, 32768}},                                  // decode, few blocks: cluster merge
+      many,                                                  // decode, many blocks: merge kernel
+      {{3, 5000}, {8, 40}}};                                 // verification rows
+  for (const Case& c : std::vector<Case>{{64, 8, 2, 16}, {64, 64, 8, 128}, {128, 8, 2, 0}, {128, 16, 2, 100},
+                                         {256, 4, 2, 0}, {512, 4, 1, 0}}) {
+    const Tensor sinks = RandomHost({c.heads}, rng, 4.0f);
+    for (const auto& shapes : batches) {
+      std::vector<int> contexts, q_lens;
+      for (auto [q, ctx] : shapes) {
+        q_lens.push_back(q);
+        contexts.push_back(ctx);
+      }
+      const DecodeStep step = MakeDecodeStep(contexts, c.heads, c.kv_heads, c.d, kBlock, rng, q_lens);
+      const std::vector<SequenceSlice>& seqs = step.seqs;
+      const Tensor &q = step.q, &kc = step.k_cache, &vc = step.v_cache;
+      const int64_t t = q.shape()[0];
+      AttentionParams params;
+      params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+      params.sliding_window = c.window;
+      params.block_size = kBlock;
+      params.sinks = &sinks;
+      Tensor o_cpu = cpu.Empty(DType::kF32, {t, c.heads, c.d});
+      cpu.Attention(q, kc, vc, MakeAttentionBatch(cpu, seqs), params, o_cpu);
+      for (CudaBackend* g : {gpu.get(), gpu_mma.get()}) {
+        const Tensor sinks_dev = g->Upload(sinks);
+        AttentionParams gp = params;
+        gp.sinks = &sinks_dev;
+        Tensor o_gpu = Poisoned(*g, DType::kBF16, {t, c.heads, c.d});
+        g->Attention(g->Upload(ToBf16(q)), g->Upload(ToBf16(kc)), g->Upload(ToBf16(vc)), MakeAttentionBatch(*g, seqs), gp,
+                     o_gpu);
+        EXPECT_LE(GpuVsCpu(*g, o_gpu, o_cpu), 2e-2)
+            << (g == gpu.get() ? "default" : "mma") << " kernel, d=" << c.d << " window=" << c.window
+            << " heads=" << c.heads << "/" << c.kv_heads << " seqs=" << seqs.size() << " first q_len=" << shapes[0].first;
+      }
+    }
+  }
 }
 
 // The CPU's attention over the step's live rows; padding rows stay zero.
