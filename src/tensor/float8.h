@@ -24,23 +24,28 @@ inline float F8E4M3ToF32(uint8_t v) {
 inline uint8_t F32ToF8E4M3(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
-  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t sign = (bits >> 24) & 0x80u;
   const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7f);   // NaN
-  if (magnitude >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7e);  // >= 448 (infinities too): saturate
-  if (magnitude < 0x3c800000u) {
-    // Below the first normal (2^-6): units of the subnormal spacing 2^-9, a / 2^-9 exact,
-    // nearbyint rounding to nearest even (the default mode); 8 units is the first normal's code.
-    float a;
-    std::memcpy(&a, &magnitude, 4);
-    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f)));
-  }
+  // Every case is computed and one is selected, with no branch, so loops over rows
+  // vectorize (with -fno-trapping-math, which the quantizing files build with).
+  // Below the first normal (2^-6): units of the subnormal spacing 2^-9; a * 512 is exact
+  // and adding then subtracting 2^23 rounds it to nearest even (the default mode); 8 units
+  // is the first normal's code.
+  float a;
+  std::memcpy(&a, &magnitude, 4);
+  const float scaled = a * 512.0f;
+  const float units = scaled < 16.0f ? scaled : 16.0f;  // bounded (NaN too) so the conversion is defined
+  const uint32_t subnormal = static_cast<uint32_t>(static_cast<int32_t>((units + 8388608.0f) - 8388608.0f));
   // A normal: the f32 exponent and top 3 mantissa bits, rounded to nearest even on the
   // 20 bits dropped (a carry moves into the exponent, as it should), exponent rebiased
-  // from 127 to 7. Branch-free but for the clamp: writer threads quantize whole files.
+  // from 127 to 7, clamped to 448.
   const uint32_t rounded = (magnitude + 0x7ffffu + ((magnitude >> 20) & 1u)) >> 20;
-  const uint32_t code = rounded - ((127u - 7u) << 3);
-  return static_cast<uint8_t>(sign | (code > 0x7eu ? 0x7eu : code));
+  const uint32_t unclamped = rounded - ((127u - 7u) << 3);
+  const uint32_t normal = unclamped > 0x7eu ? 0x7eu : unclamped;  // (std::min, by reference, does not vectorize)
+  uint32_t code = magnitude < 0x3c800000u ? subnormal : normal;
+  code = magnitude >= 0x43e00000u ? 0x7eu : code;  // >= 448 and infinities saturate
+  code = magnitude > 0x7f800000u ? 0x7fu : code;   // NaN
+  return static_cast<uint8_t>(sign | code);
 }
 
 // Quantizes one row for an FP8 GEMM (per-channel weights, per-token activations), the
