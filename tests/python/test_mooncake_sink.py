@@ -351,6 +351,34 @@ def test_extract_puts_every_prompt_for_hs_connectors_to_read_after_it_exits(tmp_
                 assert tensor_bytes(tensor) == expected[name], (e["id"], name)
 
 
+def test_extract_a_line_failed_after_admission_leaves_the_marker_and_the_rest_go_on(tmp_path, master):
+    """A line whose states are not finite (the poisoned embedding of token 7) fails after
+    admission: extract reports it and, as serve does, puts its ":error" marker under the
+    line's key, so that hs_connectors' reader waiting for it meets the error instead of
+    timing out. The other lines are put and listed as usual."""
+    prompts = {"bad": [1, 2, 3, 7, 5], "ok": [1, 2, 3, 4, 5], "b.7": [7, 9, 11]}
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"id": k, "token_ids": v}) + "\n" for k, v in prompts.items()))
+    with standalone_segment(master, tmp_path):
+        kv = mooncake_kv_transfer_config(master, 0)
+        out = tmp_path / "mooncake"
+        r = subprocess.run([HSX, "extract", "--model", str(poisoned_model(tmp_path)), "--layers", "0,2,4", "--input",
+                            str(tmp_path / "p.jsonl"), "--output", str(out), "--kv-transfer-config", json.dumps(kv)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1, r.stderr
+        assert "p.jsonl:1: request 'bad': the hidden state of layer 0 at token position 3 is not finite" in r.stderr, r.stderr
+        assert "p.jsonl:3: request 'b.7': the hidden state of layer 0 at token position 0 is not finite" in r.stderr, r.stderr
+        entries = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+        assert [e["id"] for e in entries] == ["ok"]
+        transfer = reader(master, 0)
+        for handle, position in [("bad", 3), ("b_7", 0)]:  # sanitize_key's rule
+            waiting = {"handle": handle, "version": 1, "tensors": {}, "metadata": {"total_aligned_bytes": 0}}
+            with pytest.raises(MooncakeIntegrityError, match=f"layer 0 at token position {position} is not finite"):
+                transfer.store.get_sample(waiting, timeout=10)
+            transfer.delete(handle)
+        sample = transfer.get_generated(entries[0]["kv_transfer_params"])
+        assert tensor_bytes(sample["token_ids"])[2] == np.array(prompts["ok"], np.int64).tobytes()
+
+
 def stream_events(server, body):
     """The JSON events of one streamed POST /v1/completions."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
