@@ -258,6 +258,17 @@ ExtractResult RunExtract(const ExtractOptions& o) {
         --work[r].outstanding;
         dispatch_cv.notify_all();
       };
+      // A line that failed after admission (an inf or NaN row, a regeneration that went
+      // wrong): reported, and told to the sink, as serve does, so that a reader waiting for
+      // its id meets Mooncake's ":error" marker instead of timing out. On a writer thread:
+      // the sink may be a network store.
+      auto failed_after_admission = [&](std::shared_ptr<const Sequence> seq, int line, Status why) {
+        writers.Submit([&, seq, line, why] {
+          const Status marker = sink->PutFailure(CaptureRecordOf(*seq, "", *contract), why);
+          report(Error(o.input + ":" + std::to_string(line) + ": " + why.message() +
+                       (marker.ok() ? "" : "; " + marker.message())));
+        });
+      };
       for (;;) {
         {
           std::unique_lock<std::mutex> lock(dispatch_mu);
@@ -286,17 +297,17 @@ ExtractResult RunExtract(const ExtractOptions& o) {
           auto node = lines.extract(done->id());
           const int line = node.empty() ? 0 : node.mapped().line;
           finished();
-          if (!done->error.ok()) {
-            report(Error(o.input + ":" + std::to_string(line) + ": " + done->error.message()));
+          std::shared_ptr<Sequence> seq(std::move(done));
+          if (!seq->error.ok()) {
+            failed_after_admission(seq, line, seq->error);
             continue;
           }
-          std::shared_ptr<Sequence> seq(std::move(done));
           auto mask = std::make_shared<std::vector<uint8_t>>(node.empty() ? std::vector<uint8_t>{}
                                                                              : std::move(node.mapped().loss_mask));
           if (!node.empty() && node.mapped().regeneration) {
             const ConversationRegeneration& regeneration = *node.mapped().regeneration;
             if (!regeneration.error().ok()) {
-              report(Error(o.input + ":" + std::to_string(line) + ": " + regeneration.error().message()));
+              failed_after_admission(seq, line, regeneration.error());
               continue;
             }
             mask->assign(static_cast<size_t>(seq->num_tokens()), 0);  // 1 on the answers the target generated

@@ -1,8 +1,12 @@
 """Starts `hsx serve` on a fixture model for the client tests (real `openai` and
-`speculators` clients against the real binary)."""
+`speculators` clients against the real binary), and the Mooncake store it can put into."""
+import argparse
+import contextlib
+import functools
 import json
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import time
@@ -109,3 +113,116 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def golden():
     return read_safetensors(MODEL / "golden.safetensors")
+
+
+# ---------------------------------------------------------------------------- Mooncake
+
+
+@functools.cache
+def mooncake_backend():
+    """hs_connectors' MooncakeBackend (on torch_numpy_shim where torch does not import: it
+    builds configs and argument parsers, no tensors). ImportError without hs-connectors."""
+    import torch_numpy_shim
+    torch_numpy_shim.install()
+    try:
+        from hs_connectors.transfer import MooncakeBackend
+    finally:
+        torch_numpy_shim.forget()
+    return MooncakeBackend
+
+
+def mooncake_launch_args(master_address, segment_gib):
+    """The flags hs_connectors' launch_vllm.py / train.py take for the Mooncake backend."""
+    parser = argparse.ArgumentParser()
+    mooncake_backend().add_launch_args(parser)
+    return parser.parse_args(["--mooncake-master", master_address, "--mooncake-global-segment-gib", str(segment_gib),
+                              "--mooncake-local-buffer-gib", "0.0625", "--mooncake-writer-threads", "2"])
+
+
+def mooncake_kv_transfer_config(master_address, segment_gib):
+    """--kv-transfer-config for MooncakeHiddenStatesConnector, as hs_connectors builds it for
+    vLLM, on localhost (MOONCAKE_LOCAL_HOSTNAME, which hsx's children and readers inherit)."""
+    os.environ["MOONCAKE_LOCAL_HOSTNAME"] = "127.0.0.1"
+    kv = mooncake_backend().build_kv_transfer_config(mooncake_launch_args(master_address, segment_gib))
+    assert kv["kv_connector"] == "MooncakeHiddenStatesConnector"
+    return kv
+
+
+class Master:
+    """A `mooncake_master` (from Mooncake's PyPI wheel) on a port of its own, which a test
+    can kill and start again there."""
+
+    def __init__(self):
+        self.exe = shutil.which("mooncake_master")
+        assert self.exe, "mooncake_master is not on PATH although mooncake.store imports"
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log = open(pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"mooncake_master_{self.port}.log", "w")
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen([self.exe, f"--rpc_port={self.port}", f"--metrics_port={free_port()}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                assert self.proc.poll() is None and time.time() < deadline, "mooncake_master did not start"
+                time.sleep(0.1)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running_master():
+    m = Master()
+    try:
+        yield m.address
+    finally:
+        m.stop()
+
+
+@pytest.fixture
+def master():
+    """A master for each test: a client that went away uncleanly (a killed helper, a stopped
+    mooncake_client) leaves its segment registered until the master's client TTL, and puts
+    placed there fail with -800 meanwhile."""
+    with running_master() as address:
+        yield address
+
+
+class MooncakeServer:
+    """`hsx serve` with hs_connectors' Mooncake kv-transfer config, as launch_vllm.py writes
+    it. served_model_name None: served under the model's path (as speculators expects)."""
+
+    def __init__(self, tmp, master_address, *extra, model=MODEL, segment_gib=0.125, layers=LAYERS,
+                 served_model_name="qwen3-fixture"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}}}
+        kv = mooncake_kv_transfer_config(master_address, segment_gib)
+        name = ["--served-model-name", served_model_name] if served_model_name else []
+        self.log_path = tmp / "mooncake_server.log"
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [HSX, "serve", str(model), "--port", str(self.port), *name,
+             "--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv), *extra],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        wait_for_server(self.url, self.proc, self.log_path)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        self.log.close()

@@ -5,7 +5,6 @@ for byte, the file sink's safetensors files for the same prompts.
 
 Without torch (PyPI has no CPU-only wheel), hs_connectors runs on torch_numpy_shim: the
 reader's code is hs_connectors', only its buffer allocation and views are numpy's."""
-import argparse
 import concurrent.futures
 import contextlib
 import http.client
@@ -24,7 +23,8 @@ import numpy as np
 import pytest
 
 import torch_numpy_shim
-from conftest import HSX, LAYERS, MODEL, Server, free_port
+from conftest import (HSX, LAYERS, MODEL, Master, MooncakeServer, Server, free_port, mooncake_kv_transfer_config,
+                      mooncake_launch_args, running_master)
 from test_nonfinite_states import poisoned_model
 from test_server_load import post
 
@@ -60,58 +60,6 @@ def tensor_bytes(t):
     return repr(t.dtype), tuple(t.shape), t.numpy().tobytes()
 
 
-class Master:
-    """A `mooncake_master` on a port of its own, which a test can kill and start again there."""
-
-    def __init__(self):
-        self.exe = shutil.which("mooncake_master")
-        assert self.exe, "mooncake_master is not on PATH although mooncake.store imports"
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.log = open(pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"mooncake_master_{self.port}.log", "w")
-        self.proc = None
-        self.start()
-
-    def start(self):
-        self.proc = subprocess.Popen([self.exe, f"--rpc_port={self.port}", f"--metrics_port={free_port()}"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                assert self.proc.poll() is None and time.time() < deadline, "mooncake_master did not start"
-                time.sleep(0.1)
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait(timeout=10)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def running_master():
-    m = Master()
-    try:
-        yield m.address
-    finally:
-        m.stop()
-
-
-@pytest.fixture
-def master():
-    """A master for each test: a client that went away uncleanly (a killed helper, a stopped
-    mooncake_client) leaves its segment registered until the master's client TTL, and puts
-    placed there fail with -800 meanwhile."""
-    with running_master() as address:
-        yield address
-
-
 @contextlib.contextmanager
 def standalone_segment(master_address, tmp, mb=128):
     """A `mooncake_client` (the wheel's standalone store client) mounting `mb` MB of memory
@@ -139,21 +87,11 @@ def standalone_segment(master_address, tmp, mb=128):
         proc.wait(timeout=30)
 
 
-def launch_args(master_address, segment_gib):
-    """The flags hs_connectors' launch_vllm.py / train.py take for the Mooncake backend."""
-    parser = argparse.ArgumentParser()
-    MooncakeBackend.add_launch_args(parser)
-    return parser.parse_args(["--mooncake-master", master_address, "--mooncake-global-segment-gib", str(segment_gib),
-                              "--mooncake-local-buffer-gib", "0.0625", "--mooncake-writer-threads", "2"])
-
-
 class PutTool:
     """hsx's MooncakeSink, configured exactly as hs_connectors configures vLLM."""
 
     def __init__(self, master_address, segment_gib=0.125, env=None):
-        os.environ["MOONCAKE_LOCAL_HOSTNAME"] = "127.0.0.1"
-        kv = MooncakeBackend.build_kv_transfer_config(launch_args(master_address, segment_gib))
-        assert kv["kv_connector"] == "MooncakeHiddenStatesConnector"
+        kv = mooncake_kv_transfer_config(master_address, segment_gib)
         # Its log (Mooncake's warnings) to a file: a pipe nobody reads could fill and stall it.
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen([str(PUT_TOOL), json.dumps(kv["kv_connector_extra_config"]["mooncake"])],
@@ -182,7 +120,7 @@ class PutTool:
 def reader(master_address, segment_gib=0.0625):
     """hs_connectors' reader, as speculators' trainer makes it. Its client mounts a segment
     too (4 GiB by default), and the master may place anyone's puts there."""
-    transfer = MooncakeBackend.from_train_args(launch_args(master_address, segment_gib), "")
+    transfer = MooncakeBackend.from_train_args(mooncake_launch_args(master_address, segment_gib), "")
     transfer.setup()
     return transfer
 
@@ -310,35 +248,6 @@ def helper_dies(master, small):
         tool.close()
 
 
-class MooncakeServer:
-    """`hsx serve` with hs_connectors' Mooncake kv-transfer config, as launch_vllm.py writes it."""
-
-    def __init__(self, tmp, master_address, *extra, model=MODEL, segment_gib=0.125):
-        os.environ["MOONCAKE_LOCAL_HOSTNAME"] = "127.0.0.1"
-        self.port = free_port()
-        spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}}
-        kv = MooncakeBackend.build_kv_transfer_config(launch_args(master_address, segment_gib))
-        self.log_path = tmp / "mooncake_server.log"
-        self.proc = subprocess.Popen(
-            [HSX, "serve", str(model), "--port", str(self.port), "--served-model-name", "qwen3-fixture",
-             "--speculative-config", json.dumps(spec), "--kv-transfer-config", json.dumps(kv), *extra],
-            stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
-        deadline = time.time() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("hsx serve did not come up: " + self.log_path.read_text())
-                time.sleep(0.1)
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 def test_serve_answers_with_the_manifest_hs_connectors_reads(tmp_path, master):
     prompt = [3, 14, 15, 92, 65, 35, 89, 79]
     files = Server(tmp_path)
@@ -426,8 +335,7 @@ def test_extract_puts_every_prompt_for_hs_connectors_to_read_after_it_exits(tmp_
     r = subprocess.run(base + ["--output", str(tmp_path / "files")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     with standalone_segment(master, tmp_path):
-        os.environ["MOONCAKE_LOCAL_HOSTNAME"] = "127.0.0.1"
-        kv = MooncakeBackend.build_kv_transfer_config(launch_args(master, 0))
+        kv = mooncake_kv_transfer_config(master, 0)
         out = tmp_path / "mooncake"
         r = subprocess.run(base + ["--output", str(out), "--kv-transfer-config", json.dumps(kv)],
                            capture_output=True, text=True, timeout=300)
@@ -441,6 +349,34 @@ def test_extract_puts_every_prompt_for_hs_connectors_to_read_after_it_exits(tmp_
             expected = raw_tensors(tmp_path / "files" / f"{e['id']}.safetensors")
             for name, tensor in sample.items():
                 assert tensor_bytes(tensor) == expected[name], (e["id"], name)
+
+
+def test_extract_a_line_failed_after_admission_leaves_the_marker_and_the_rest_go_on(tmp_path, master):
+    """A line whose states are not finite (the poisoned embedding of token 7) fails after
+    admission: extract reports it and, as serve does, puts its ":error" marker under the
+    line's key, so that hs_connectors' reader waiting for it meets the error instead of
+    timing out. The other lines are put and listed as usual."""
+    prompts = {"bad": [1, 2, 3, 7, 5], "ok": [1, 2, 3, 4, 5], "b.7": [7, 9, 11]}
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"id": k, "token_ids": v}) + "\n" for k, v in prompts.items()))
+    with standalone_segment(master, tmp_path):
+        kv = mooncake_kv_transfer_config(master, 0)
+        out = tmp_path / "mooncake"
+        r = subprocess.run([HSX, "extract", "--model", str(poisoned_model(tmp_path)), "--layers", "0,2,4", "--input",
+                            str(tmp_path / "p.jsonl"), "--output", str(out), "--kv-transfer-config", json.dumps(kv)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1, r.stderr
+        assert "p.jsonl:1: request 'bad': the hidden state of layer 0 at token position 3 is not finite" in r.stderr, r.stderr
+        assert "p.jsonl:3: request 'b.7': the hidden state of layer 0 at token position 0 is not finite" in r.stderr, r.stderr
+        entries = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+        assert [e["id"] for e in entries] == ["ok"]
+        transfer = reader(master, 0)
+        for handle, position in [("bad", 3), ("b_7", 0)]:  # sanitize_key's rule
+            waiting = {"handle": handle, "version": 1, "tensors": {}, "metadata": {"total_aligned_bytes": 0}}
+            with pytest.raises(MooncakeIntegrityError, match=f"layer 0 at token position {position} is not finite"):
+                transfer.store.get_sample(waiting, timeout=10)
+            transfer.delete(handle)
+        sample = transfer.get_generated(entries[0]["kv_transfer_params"])
+        assert tensor_bytes(sample["token_ids"])[2] == np.array(prompts["ok"], np.int64).tobytes()
 
 
 def stream_events(server, body):

@@ -1,18 +1,22 @@
 """speculators 0.9's own command lines against `hsx serve` (issue 35), on the toy target
 (tests/python/toy_target.py): prepare-data with --render-endpoint, regenerate-responses,
 generate-offline-data --validate-outputs and online training (speculators.train
---vllm-endpoint, a few steps on CPU through speculators_train_cpu.py). Each step's output is
-checked by value: token ids against transformers' render of the same conversations and
-against `hsx generate`, state files against `hsx extract`.
+--vllm-endpoint, a few steps on CPU through speculators_train_cpu.py), with the file backend
+and with the Mooncake backend (issue 34: a `mooncake_master`, hsx putting into the store,
+the trainer reading from it). Each step's output is checked by value: token ids against
+transformers' render of the same conversations and against `hsx generate`, state files and
+the samples the trainer read from Mooncake against `hsx extract`.
 
 test_speculators_pipeline.py drives the same clients' functions without torch; these run the
 real CLIs, which import torch (scripts/test.sh installs it into HSX_TORCH_SITE)."""
 import json
+import pathlib
 import re
 
 import numpy as np
 import pytest
 
+from conftest import MooncakeServer
 from safetensors_numpy import read_safetensors
 from toy_target import (LAYERS, chat_ids, dataset_rows, hsx, hsx_states, latest_checkpoint, prepared, python,  # noqa: F401
                         read_jsonl, regenerated, toy, train_args, write_jsonl)
@@ -113,3 +117,51 @@ def test_online_training_against_the_server(toy, prepared):
     assert len(losses) == len(steps) and all(np.isfinite(losses)) and min(losses) > 0, losses
     ckpt = latest_checkpoint(save)
     assert json.loads((ckpt / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == LAYERS[:-1]
+
+
+def test_online_training_over_mooncake_reads_what_hsx_computed(toy, prepared, hsx_states, master, monkeypatch):
+    """speculators.train --vllm-endpoint --hidden-states-backend mooncake against `hsx serve`
+    with hs_connectors' Mooncake kv-transfer config: hsx puts each request's states into the
+    store, the trainer's MooncakeTransfer reads them (then deletes them) and trains on them.
+    speculators_train_recorded.py saves every sample the transfer handed the loader: each
+    must equal, value for value, `hsx extract`'s file of the same row (--batch-invariant),
+    and each row (training and validation) must have been read once."""
+    pytest.importorskip("mooncake.store", reason="Mooncake's wheel (scripts/test.sh installs it)")
+    save = toy.tmp / "ckpt_mooncake"
+    record = toy.tmp / "mooncake_samples"
+    record.mkdir()
+    monkeypatch.setenv("HSX_RECORD_DIR", str(record))
+    # Served under its path, as the trainer names the model by --verifier-name-or-path.
+    server = MooncakeServer(toy.tmp, master, "--batch-invariant", model=toy.target, layers=LAYERS,
+                            served_model_name=None)
+    try:
+        args = train_args(toy.target, prepared.path, save, 3)
+        args[0] = pathlib.Path(__file__).with_name("speculators_train_recorded.py")
+        # A small segment and buffer for the trainer's own Mooncake client (4 and 2 GiB by default).
+        run = python(*args, "--hidden-states-backend", "mooncake", "--mooncake-master", master,
+                     "--mooncake-global-segment-gib", 0.0625, "--mooncake-local-buffer-gib", 0.0625,
+                     "--vllm-endpoint", server.url + "/v1", "--max-consecutive-generation-failures", 1)
+    finally:
+        server.stop()
+    log = run.stdout + run.stderr
+    assert "round trip failed" not in log, log[-4000:]
+    steps = re.findall(r"train/error_records=([0-9.e+-]+)", log)
+    assert len(steps) >= 2 and all(float(s) == 0 for s in steps), log[-4000:]
+    losses = [float(x) for x in re.findall(r"train/loss=([0-9.e+-]+)", log)]
+    assert len(losses) == len(steps) and all(np.isfinite(losses)) and min(losses) > 0, losses
+    rows = {tuple(r["input_ids"]): i for i, r in enumerate(prepared.rows)}
+    samples = sorted(record.glob("*.safetensors"), key=lambda p: int(p.stem))
+    read = []
+    for path in samples:
+        params = json.loads(path.with_suffix(".json").read_text())
+        assert params["version"] == 1 and params["handle"].startswith("cmpl-"), params
+        got = read_safetensors(path)
+        r = rows[tuple(got["token_ids"].tolist())]
+        expected = read_safetensors(hsx_states / f"hs_{r}.safetensors")
+        assert set(got) == set(expected), (path.name, set(got))
+        for name in expected:
+            assert got[name].dtype == expected[name].dtype and np.array_equal(got[name], expected[name]), (r, name)
+        read.append(r)
+    assert len({json.loads(p.with_suffix(".json").read_text())["handle"] for p in samples}) == len(samples)
+    # One epoch and its validation: every row asked for and read once, none lost or repeated.
+    assert sorted(read) == list(range(len(prepared.rows))), read
