@@ -227,6 +227,29 @@ def test_served_sampled_regeneration_reproduces_and_is_a_plain_extract_of_its_to
     np.testing.assert_array_equal(states["hidden_states"], read_safetensors(plain / "c.safetensors")["hidden_states"])
 
 
+def test_served_regeneration_through_the_fp8_sink_is_extracts_fp8_file(model, tmp_path):
+    """The record goes through whichever sink --kv-transfer-config names: hs-connectors' FP8
+    file (codes, scales) with loss_mask, as extract --regenerate writes it with that config."""
+    fp8 = {"kv_connector": "FP8HiddenStatesConnector", "kv_role": "kv_producer"}
+    server = Server(tmp_path, "--load-format", "dummy", "--batch-invariant", model=model, connector=fp8)
+    try:
+        status, reply = chat(server, {"regenerate": True, "temperature": 0, "max_tokens": MAX_TOKENS})
+    finally:
+        server.stop()
+    assert status == 200, reply
+    served = read_safetensors(reply["kv_transfer_params"]["hidden_states_path"])
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(json.dumps({"id": "c", "messages": CONVERSATION}) + "\n")
+    hsx("extract", "--model", model, "--load-format", "dummy", "--layers", LAYERS, "--input", lines, "--output",
+        tmp_path / "cli", "--regenerate", "--temperature", "0", "--max-tokens", MAX_TOKENS, "--batch-invariant",
+        "--kv-transfer-config", json.dumps(fp8))
+    cli = read_safetensors(tmp_path / "cli" / "c.safetensors")
+    assert set(served) == set(cli) == {"hidden_states", "hidden_states_scales", "token_ids", "loss_mask"}
+    for name in cli:
+        np.testing.assert_array_equal(served[name], cli[name], err_msg=name)
+    assert 0 < served["loss_mask"].sum() < len(served["token_ids"])
+
+
 @pytest.mark.parametrize("body,param,words", [
     ({"regenerate": "yes"}, "regenerate", "must be true or false"),
     ({"regenerate": True, "messages": CONVERSATION[:2]}, "messages", "no assistant turn"),
