@@ -227,6 +227,24 @@ def test_served_sampled_regeneration_reproduces_and_is_a_plain_extract_of_its_to
     np.testing.assert_array_equal(states["hidden_states"], read_safetensors(plain / "c.safetensors")["hidden_states"])
 
 
+def test_each_answer_is_the_answer_a_request_for_that_turn_gets_penalties_included(regen_server):
+    """Greedy with penalties: each regenerated answer is what /v1/completions answers for the
+    tokens before it, whose output is that answer alone (earlier answers are its prompt)."""
+    sampling = {"temperature": 0, "presence_penalty": 2.0, "frequency_penalty": 2.0,
+                "max_tokens": MAX_TOKENS}
+    status, reply = chat(regen_server, {"regenerate": True, "return_token_ids": True, **sampling})
+    assert status == 200, reply
+    mask = read_safetensors(reply["kv_transfer_params"]["hidden_states_path"])["loss_mask"].tolist()
+    tokens = reply["regeneration"]["token_ids"]
+    runs = loss_mask_runs(mask)
+    assert len(runs) == 2
+    for begin, end in runs:
+        status, one = post(regen_server.url + "/v1/completions",
+                           {"prompt": tokens[:begin], "return_token_ids": True, **sampling})
+        assert status == 200, one
+        assert one["choices"][0]["token_ids"] == tokens[begin:end], (begin, end)
+
+
 def test_served_regeneration_through_the_fp8_sink_is_extracts_fp8_file(model, tmp_path):
     """The record goes through whichever sink --kv-transfer-config names: hs-connectors' FP8
     file (codes, scales) with loss_mask, as extract --regenerate writes it with that config."""
