@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -320,6 +321,34 @@ TEST(Verification, LogprobsAndTargetProbabilities) {
   EXPECT_EQ(v.num_accepted[1], 0);  // the -1 placeholder
   EXPECT_EQ(v.emitted.tokens[3], std::max_element(rows[1].begin(), rows[1].end()) - rows[1].begin());
   EXPECT_EQ(v.emitted.tokens[4], -1);
+}
+
+// A later turn of a regenerated conversation (Request::next_turn) penalizes as a request
+// asked turn by turn would: what came before the turn (earlier answers and the template's
+// known tokens too) is its prompt, and only the turn's own tokens are its output.
+TEST(Verification, PenaltiesCountOnlyTheCurrentTurnAsOutput) {
+  Request request;
+  request.prompt = {1, 2};
+  request.sampling.repetition_penalty = 1.3f;
+  request.sampling.presence_penalty = 0.5f;
+  Sequence seq(request);
+  seq.Append(3);                          // the first answer
+  seq.BeginTurn({{4, 3}, 5});             // known tokens, then the next answer
+  seq.Append(5);
+  seq.Append(3);
+  std::vector<TokenAdjust> adjust;
+  MakeSamplingRow(seq, {}, adjust);
+  std::map<int32_t, TokenAdjust> by_token;
+  for (const TokenAdjust& a : adjust) by_token[a.token] = a;
+  ASSERT_EQ(by_token.size(), 5u);
+  for (int32_t t : {1, 2, 4}) {
+    EXPECT_EQ(by_token[t].output_count, 0) << t;
+    EXPECT_EQ(by_token[t].flags, TokenAdjust::kInPrompt) << t;
+  }
+  EXPECT_EQ(by_token[3].flags, TokenAdjust::kInPrompt);  // in the first answer and in the turn
+  EXPECT_EQ(by_token[3].output_count, 1);
+  EXPECT_EQ(by_token[5].flags, 0);
+  EXPECT_EQ(by_token[5].output_count, 1);
 }
 
 // A sequence's row j for verification is the row the plain decode makes once the first j

@@ -318,7 +318,7 @@ Status PromptReader::RenderMessages(const std::string& text, PromptLine& p) cons
   HSX_ASSIGN_OR_RETURN(ChatOptions options, ReadChatOptions(line, add_generation_prompt_));
   if (regenerate_) {
     HSX_ASSIGN_OR_RETURN(ConversationRegeneration regeneration,
-                         ConversationRegeneration::Create(*chat, *tokenizer_, line["messages"], options, stop_token_ids_));
+                         ConversationRegeneration::Create(*chat, *tokenizer_, line["messages"], options));
     p.regeneration = std::make_shared<ConversationRegeneration>(std::move(regeneration));
     p.token_ids = p.regeneration->prompt();
     return {};

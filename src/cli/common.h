@@ -139,11 +139,8 @@ class PromptReader {
   // Give messages lines their loss masks (extract).
   void MakeLossMasks() { loss_masks_ = true; }
   // Read messages lines for regeneration (extract --regenerate): the target answers each
-  // assistant turn anew; `stop_token_ids` end an answer. Other lines fail.
-  void MakeRegenerations(std::vector<int32_t> stop_token_ids) {
-    regenerate_ = true;
-    stop_token_ids_ = std::move(stop_token_ids);
-  }
+  // assistant turn anew. Other lines fail.
+  void MakeRegenerations() { regenerate_ = true; }
 
  private:
   Status RenderMessages(const std::string& text, PromptLine& p) const;
@@ -155,7 +152,6 @@ class PromptReader {
   bool add_generation_prompt_ = false;
   bool loss_masks_ = false;
   bool regenerate_ = false;
-  std::vector<int32_t> stop_token_ids_;
   int line_ = 0;
 };
 

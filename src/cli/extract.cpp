@@ -26,6 +26,7 @@
 #include "cli/extract.h"
 #include "engine/capture_record.h"
 #include "engine/engine.h"
+#include "engine/regeneration_request.h"
 #include "engine/replica_router.h"
 #include "util/atomic_file.h"
 #include "util/stable_hash.h"
@@ -66,24 +67,15 @@ Status PrepareOutputDir(const std::string& dir) {
   return {};
 }
 
-// A regenerated conversation's request: its first answer's prompt, sampled as the flags
-// say, every row captured, and its turns driven by `regeneration`. An answer is cut to
-// fit max_model_len; a conversation that cannot go on ends at the answer before.
+// A regenerated conversation's request: sampled as the flags say (each line with its own
+// seed), answers ended by the model's end-of-turn tokens.
 void RegenerationRequest(Request& request, std::shared_ptr<ConversationRegeneration> regeneration,
                          const ExtractOptions::Regenerate& flags, int max_model_len, std::vector<int32_t> stop_token_ids) {
-  request.max_new_tokens = std::max(0, std::min(flags.max_tokens, max_model_len - static_cast<int>(request.prompt.size())));
-  request.include_output_tokens = true;
   request.stop_token_ids = std::move(stop_token_ids);
   request.sampling.temperature = flags.temperature;
   request.sampling.top_p = flags.top_p;
   if (flags.seed) request.sampling.seed = *flags.seed + StableHash(request.id);
-  request.next_turn = [regeneration, flags, max_model_len](const Sequence& seq) -> std::optional<Request::Turn> {
-    auto next = regeneration->TurnEnded(seq.tokens(), seq.turn_start());
-    if (!next) return std::nullopt;
-    const int room = max_model_len - seq.num_tokens() - static_cast<int>(next->known.size());
-    if (room < (next->generate ? 1 : 0)) return std::nullopt;  // no room for what follows: it ends here
-    return Request::Turn{std::move(next->known), next->generate ? std::min(flags.max_tokens, room) : 0};
-  };
+  MakeRegenerationRequest(request, std::move(regeneration), flags.max_tokens, max_model_len);
 }
 
 }  // namespace
@@ -108,7 +100,7 @@ ExtractResult RunExtract(const ExtractOptions& o) {
                                    [&](int line, const std::string& id) { return shard->Owns(line, id); });
   if (!reader.ok()) return {Fail(cmd, reader.status())};
   reader->MakeLossMasks();  // messages lines' files carry loss_mask [T]
-  if (o.regenerate.on) reader->MakeRegenerations(config.eos_token_ids);
+  if (o.regenerate.on) reader->MakeRegenerations();
   if (Status s = PrepareOutputDir(o.output); !s.ok()) return {Fail(cmd, s)};
   // Absolute paths in the manifest, as vLLM reports them, so readers need not know our cwd.
   const std::string out_dir = std::filesystem::absolute(o.output).lexically_normal().string();
@@ -304,25 +296,23 @@ ExtractResult RunExtract(const ExtractOptions& o) {
           }
           auto mask = std::make_shared<std::vector<uint8_t>>(node.empty() ? std::vector<uint8_t>{}
                                                                              : std::move(node.mapped().loss_mask));
-          if (!node.empty() && node.mapped().regeneration) {
-            const ConversationRegeneration& regeneration = *node.mapped().regeneration;
-            if (!regeneration.error().ok()) {
-              failed_after_admission(seq, line, regeneration.error());
-              continue;
-            }
-            mask->assign(static_cast<size_t>(seq->num_tokens()), 0);  // 1 on the answers the target generated
-            for (const auto& [begin, end] : regeneration.generated_spans()) {
-              std::fill(mask->begin() + begin, mask->begin() + std::min(end, seq->num_tokens()), 1);
-            }
+          std::shared_ptr<ConversationRegeneration> regeneration =
+              node.empty() ? nullptr : std::move(node.mapped().regeneration);
+          if (regeneration && !regeneration->error().ok()) {
+            failed_after_admission(seq, line, regeneration->error());
+            continue;
           }
-          writers.Submit([&, seq, mask] {
+          writers.Submit([&, seq, mask, regeneration] {
             if (stopping) {
               ++left_unwritten;  // for the resumed run
               return;
             }
             CaptureRecord record = CaptureRecordOf(*seq, "", *contract);
-            if (!mask->empty()) {
-              mask->resize(record.token_ids.size());  // the rows that ran: a cut-short conversation lacks its last
+            if (regeneration) {  // 1 on the answers the target generated
+              record.extras.emplace_back("loss_mask",
+                                         RegenerationLossMask(*regeneration, static_cast<int64_t>(record.token_ids.size())));
+            } else if (!mask->empty()) {
+              mask->resize(record.token_ids.size());
               Tensor loss_mask = Tensor::Host(DType::kI64, {static_cast<int64_t>(mask->size())});
               std::copy(mask->begin(), mask->end(), loss_mask.data<int64_t>());
               record.extras.emplace_back("loss_mask", std::move(loss_mask));

@@ -34,7 +34,7 @@ SamplingRow MakeSamplingRowAfter(const Sequence& seq, std::span<const int32_t> d
     for (int i = 0; i < seq.num_tokens(); ++i) {
       TokenAdjust& e = entries[tokens[i]];
       e.token = tokens[i];
-      if (i < seq.prompt_len()) {
+      if (i < seq.turn_start()) {  // earlier turns are this answer's prompt, as when asked turn by turn
         e.flags |= TokenAdjust::kInPrompt;
       } else {
         ++e.output_count;

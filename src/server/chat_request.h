@@ -4,6 +4,10 @@
 // and chat's own fields map onto completions' (max_completion_tokens → max_tokens,
 // logprobs + top_logprobs → logprobs), so sampling, stops, logprobs and hidden-state
 // extraction are read and checked by ParseCompletionRequest, once for both endpoints.
+// With "regenerate": true (extraction on), the prompt is the first assistant turn's and the
+// request carries the ConversationRegeneration that answers every assistant turn anew in
+// one sequence (engine/regeneration_request); what that cannot honour (n > 1, streaming,
+// stop strings, ignore_eos) is refused by name.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -243,6 +243,10 @@ std::variant<CompletionRequest, RequestError> ParseCompletionRequest(const json&
                                  limits.model_name + "`", "model"};
   }
   if (auto e = RefuseUnsupported(body)) return *e;
+  if (auto it = body.find("regenerate"); it != body.end() && !it->is_null()) {  // silently ignored, it would mislead
+    return RequestError{400, "'regenerate' is a /v1/chat/completions field (it answers the assistant turns of 'messages' anew)",
+                        "regenerate"};
+  }
 
   // Scalars first (cheap), then prompts (tokenization).
   r.stream = f.Bool("stream").value_or(false);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "template/conversation_regeneration.h"
 #include "tokenizer/tokenizer.h"
 
 namespace hsx {
@@ -65,6 +67,10 @@ struct CompletionRequest {
   std::string hidden_states_name;  // a client-chosen file name inside the storage directory
   std::vector<std::string> ignored_fields;  // unknown top-level fields (shortened), for the log
   bool chat = false;  // from /v1/chat/completions: answered in OpenAI's chat shape
+  // Chat's "regenerate" (one-pass regenerate-and-extract): the conversation whose assistant
+  // turns the target answers anew in one sequence; prompts[0] is its first answer's
+  // prompt and prompts[0].max_tokens each answer's cap. Null: a plain request.
+  std::shared_ptr<ConversationRegeneration> regeneration;
 };
 
 // The request in `body` (a parsed JSON value), or the error that answers it.

@@ -14,6 +14,7 @@
 
 #include "capture/file_lock.h"
 #include "engine/capture_record.h"
+#include "engine/regeneration_request.h"
 #include "server/chat_request.h"
 #include "server/http_server.h"
 #include "server/peer_socket.h"
@@ -325,6 +326,7 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
     for (int j = 0; j < c.n; ++j) {
       Request r = EngineRequest(c, p, j, id + "-" + std::to_string(requests.size()));
       r.group = id;  // the n choices share the scheduler as one request
+      if (c.regeneration) MakeRegenerationRequest(r, c.regeneration, c.prompts[p].max_tokens, config_.max_model_len);
       if (Status s = engine_.Validate(r); !s.ok()) return ReplyError(res, 400, s.message(), "prompt");
       names.push_back(c.hidden_states_name);
       if (extract && !config_.storage_dir.empty()) {
@@ -355,9 +357,10 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
     auto promise = std::make_shared<std::promise<Completion>>();
     futures.push_back(promise->get_future());
     texts.push_back(std::move(text));
-    submits.emplace_back(std::move(requests[i]), [this, promise, name = names[i], claim = claims[i]](
-                                                     const Status& status, std::unique_ptr<Sequence> seq) {
-      promise->set_value(Finish(status, std::move(seq), name, claim));
+    submits.emplace_back(std::move(requests[i]), [this, promise, name = names[i], claim = claims[i],
+                                                  regeneration = c.regeneration](const Status& status,
+                                                                                 std::unique_ptr<Sequence> seq) {
+      promise->set_value(Finish(status, std::move(seq), name, claim, regeneration));
     });
   }
   if (!engine_.SubmitAll(std::move(submits))) {
@@ -389,11 +392,16 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
     if (!r.status.ok()) {
       std::string message = r.status.message();
       if (r.written.valid() && !r.written.get().receipt.ok()) message += "; " + r.written.get().receipt.status().message();
-      return ReplyError(res, r.server_error ? 500 : 400, message, r.server_error ? "" : "prompt", failure_params);
+      return ReplyError(res, r.server_error ? 500 : 400, message,
+                        r.server_error ? "" : c.regeneration ? "messages" : "prompt", failure_params);
     }
     // The answer waits for the states' put, so one that fails (a full disk) fails the request.
     if (r.written.valid() && !r.written.get().receipt.ok()) {
       return ReplyError(res, 500, r.written.get().receipt.status().message(), "", failure_params);
+    }
+    if (c.regeneration) {
+      if (c.regeneration->generated_spans().empty()) return ReplyError(res, 500, "the conversation ended before its first answer");
+      return ReplyJson(res, RegenerationResponse(c, *r.seq, id, r.written.get().receipt->transfer_params));
     }
     const std::vector<int32_t> out = r.seq->generated();
     if (!stop_strings)
@@ -425,6 +433,62 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
   if (extract) response["kv_transfer_params"] = first_transfer;
   if (c.chat && c.return_token_ids) response["prompt_token_ids"] = c.prompts[0].ids;
   ReplyJson(res, response);
+}
+
+// A regenerated conversation's answer: vLLM's chat shape for its last answer (its prompt
+// is everything before it: top-level prompt_token_ids, the choice's token_ids, with
+// return_token_ids), and "regeneration" for the whole conversation: its messages through
+// the last regenerated answer, each with the target's text, and each answer's message
+// index, finish reason (and token ids). Usage counts the conversation: the template's
+// tokens as prompt, every answer's as completion.
+nlohmann::json OpenAiServer::RegenerationResponse(const CompletionRequest& c, const Sequence& seq, const std::string& id,
+                                                  const json& transfer_params) const {
+  const ConversationRegeneration& regeneration = *c.regeneration;
+  const std::vector<std::pair<int, int>>& spans = regeneration.generated_spans();  // the first answer always ends
+  const std::vector<size_t> turns = regeneration.answered_turns();
+  const std::vector<int32_t>& tokens = seq.tokens();
+  const std::vector<int32_t>& stops = seq.request().stop_token_ids;
+  auto ids = [&](int begin, int end) { return std::vector<int32_t>(tokens.begin() + begin, tokens.begin() + end); };
+  auto finish_reason = [&](std::pair<int, int> span) {
+    const bool stopped = span.second > span.first &&
+                         std::find(stops.begin(), stops.end(), tokens[static_cast<size_t>(span.second - 1)]) != stops.end();
+    return stopped ? "stop" : "length";
+  };
+  json messages = json::array();
+  for (size_t i = 0; i <= turns.back(); ++i) messages.push_back(json(regeneration.messages()[i]));
+  json answers = json::array();
+  int64_t generated = 0;
+  for (size_t k = 0; k < spans.size(); ++k) {
+    json answer = {{"message_index", turns[k]}, {"finish_reason", finish_reason(spans[k])}};
+    if (c.return_token_ids) answer["token_ids"] = ids(spans[k].first, spans[k].second);
+    answers.push_back(std::move(answer));
+    generated += spans[k].second - spans[k].first;
+  }
+  const auto [begin, end] = spans.back();
+  const std::vector<int32_t> last = ids(begin, end);
+  json logprobs;
+  if (c.sampling.logprobs >= 0) {  // the last answer's: the last of every answer's logprobs
+    const size_t first = seq.logprobs.size() - std::min(seq.logprobs.size(), last.size());
+    const std::vector<Sequence::TokenLogprobs> own(seq.logprobs.begin() + static_cast<std::ptrdiff_t>(first), seq.logprobs.end());
+    logprobs = LogprobsJson(last, own, 0, last.size(), 0, /*chat=*/true);
+  }
+  json choice = {{"index", 0},
+                 {"message", {{"role", "assistant"}, {"content", messages.back().value("content", json(""))}}},
+                 {"logprobs", logprobs},
+                 {"finish_reason", finish_reason(spans.back())}};
+  if (c.return_token_ids) choice["token_ids"] = last;
+  choice["kv_transfer_params"] = transfer_params;
+  const int64_t total = seq.num_tokens();
+  json response = {{"id", id}, {"object", "chat.completion"}, {"created", Now()}, {"model", config_.model_name},
+                   {"choices", json::array({std::move(choice)})},
+                   {"usage", {{"prompt_tokens", total - generated}, {"completion_tokens", generated}, {"total_tokens", total}}},
+                   {"kv_transfer_params", transfer_params},
+                   {"regeneration", {{"messages", std::move(messages)}, {"answers", std::move(answers)}}}};
+  if (c.return_token_ids) {
+    response["prompt_token_ids"] = ids(0, begin);
+    response["regeneration"]["token_ids"] = tokens;
+  }
+  return response;
 }
 
 // Choice j of prompt p as an engine request. With a seed, choice j samples with seed + j
@@ -505,8 +569,11 @@ nlohmann::json OpenAiServer::LogprobsJson(const std::vector<int32_t>& generated,
 // protocol: a file and its lock, a store), which the response waits for. A request that
 // failed after admission is reported to the sink, whose readers may be waiting for it.
 OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_ptr<Sequence> seq,
-                                              const std::string& name, SaveNames::Claim claim) {
+                                              const std::string& name, SaveNames::Claim claim,
+                                              std::shared_ptr<const ConversationRegeneration> regeneration) {
   Completion c{status, std::move(seq), !status.ok() && cut_short_};  // failed by StopNow: not the client's fault
+  // A turn the template could not continue in one sequence ended it early: it fails, no file.
+  if (c.status.ok() && regeneration && !regeneration->error().ok()) c.status = regeneration->error();
   if (config_.sink == nullptr || c.seq == nullptr) return c;
   std::shared_ptr<const Sequence> shared(c.seq.release());
   auto written = std::make_shared<std::promise<Written>>();
@@ -525,9 +592,12 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
     return c;
   }
   c.written = written->get_future().share();
-  writers_->Submit([this, shared, name, written, claim]() mutable {
+  writers_->Submit([this, shared, name, written, claim, regeneration]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
-    const CaptureRecord record = CaptureRecordOf(*shared, name, config_.capture_metadata);
+    CaptureRecord record = CaptureRecordOf(*shared, name, config_.capture_metadata);
+    if (regeneration) {  // 1 on the answers the target generated, as extract --regenerate's files
+      record.extras.emplace_back("loss_mask", RegenerationLossMask(*regeneration, static_cast<int64_t>(record.token_ids.size())));
+    }
     Written w{config_.sink->Put(record), nullptr};
     write_micros_ += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
     ++(w.receipt.ok() ? records_written_ : record_errors_);

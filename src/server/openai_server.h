@@ -1,6 +1,7 @@
 // The OpenAI-style HTTP front end of hsx serve, shaped like vLLM's server so existing
 // clients work unchanged: /v1/completions and /v1/chat/completions (with vLLM's hidden-state
-// extraction through kv_transfer_params), their /render forms, /v1/models, /health, /metrics,
+// extraction through kv_transfer_params, and hsx's one-pass regenerate-and-extract: chat's
+// "regenerate"), their /render forms, /v1/models, /health, /metrics,
 // /tokenize (a prompt or chat messages), /detokenize.
 #pragma once
 
@@ -96,7 +97,12 @@ class OpenAiServer {
     std::shared_future<Written> written;
   };
   // name: the record's place in the sink (a file name in storage_dir; empty: the sink's rule).
-  Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& name, SaveNames::Claim claim);
+  // regeneration: a regenerated conversation's (its record carries loss_mask; its failure
+  // to regenerate fails the request).
+  Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& name, SaveNames::Claim claim,
+                    std::shared_ptr<const ConversationRegeneration> regeneration = nullptr);
+  nlohmann::json RegenerationResponse(const CompletionRequest& c, const Sequence& seq, const std::string& id,
+                                      const nlohmann::json& transfer_params) const;
   nlohmann::json LogprobsJson(const std::vector<int32_t>& generated, const std::vector<Sequence::TokenLogprobs>& logprobs,
                               size_t first, size_t end, int64_t text_offset, bool chat) const;
   void Complete(const CompletionRequest& c, const httplib::Request& req, httplib::Response& res);

@@ -6,13 +6,11 @@
 namespace hsx {
 
 Result<ConversationRegeneration> ConversationRegeneration::Create(const ChatTemplate& chat, const Tokenizer& tokenizer,
-                                                                  nlohmann::ordered_json messages, ChatOptions options,
-                                                                  std::vector<int32_t> stop_token_ids) {
+                                                                  nlohmann::ordered_json messages, ChatOptions options) {
   ConversationRegeneration r;
   r.chat_ = &chat;
   r.tokenizer_ = &tokenizer;
   r.options_ = std::move(options);
-  r.stop_token_ids_ = std::move(stop_token_ids);
   if (!messages.is_array()) return Error("'messages' must be a list");
   for (size_t j = 1; j < messages.size(); ++j) {
     if (messages[j].is_object() && messages[j].value("role", "") == "assistant") r.assistant_turns_.push_back(j);
@@ -34,7 +32,8 @@ Result<std::string> ConversationRegeneration::Render(size_t turns, bool add_gene
 }
 
 std::optional<ConversationRegeneration::Next> ConversationRegeneration::TurnEnded(const std::vector<int32_t>& tokens,
-                                                                                 int turn_start) {
+                                                                                 int turn_start,
+                                                                                 const std::vector<int32_t>& stop_token_ids) {
   if (next_ >= assistant_turns_.size() || !error_.ok()) return std::nullopt;
   const size_t turn = assistant_turns_[next_];
   auto fail = [&](const std::string& why) -> std::optional<Next> {
@@ -45,7 +44,7 @@ std::optional<ConversationRegeneration::Next> ConversationRegeneration::TurnEnde
   spans_.emplace_back(turn_start, static_cast<int>(tokens.size()));
   // The answer's text, without the stop token it may have ended with.
   const bool stopped = !answer.empty() &&
-                       std::find(stop_token_ids_.begin(), stop_token_ids_.end(), answer.back()) != stop_token_ids_.end();
+                       std::find(stop_token_ids.begin(), stop_token_ids.end(), answer.back()) != stop_token_ids.end();
   auto content = tokenizer_->Decode(stopped ? std::vector<int32_t>(answer.begin(), answer.end() - 1) : answer,
                                     /*skip_special_tokens=*/true);
   if (!content.ok()) return fail(content.status().message());

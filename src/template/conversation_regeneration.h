@@ -27,28 +27,34 @@ class ConversationRegeneration {
   // messages after the last assistant turn are dropped (as speculators drops them).
   // The error names what is missing. Keeps pointers to chat and tokenizer.
   static Result<ConversationRegeneration> Create(const ChatTemplate& chat, const Tokenizer& tokenizer,
-                                                 nlohmann::ordered_json messages, ChatOptions options,
-                                                 std::vector<int32_t> stop_token_ids);
+                                                 nlohmann::ordered_json messages, ChatOptions options);
 
   // The first turn's prompt: the conversation before the first assistant turn, with the
   // generation prompt.
   const std::vector<int32_t>& prompt() const { return prompt_; }
 
   // Called when the current turn's generation ends; tokens: the sequence's so far,
-  // turn_start: where this turn's generated tokens begin. Returns the known tokens that
+  // turn_start: where this turn's generated tokens begin, stop_token_ids: the request's
+  // (an answer that ended with one has it in the template's place). Returns the known tokens that
   // follow and whether another turn is generated after them (false: a last turn of known
   // tokens); nullopt once every turn is done, or on failure (error() says why).
   struct Next {
     std::vector<int32_t> known;
     bool generate = false;
   };
-  std::optional<Next> TurnEnded(const std::vector<int32_t>& tokens, int turn_start);
+  std::optional<Next> TurnEnded(const std::vector<int32_t>& tokens, int turn_start,
+                                const std::vector<int32_t>& stop_token_ids);
 
   const Status& error() const { return error_; }
   // [begin, end) of each generated answer in the final tokens (the loss mask's ones).
   const std::vector<std::pair<int, int>>& generated_spans() const { return spans_; }
   // The conversation with the regenerated answers.
   const nlohmann::ordered_json& messages() const { return messages_; }
+  // Each regenerated answer's index in messages(), in order; fewer than the conversation's
+  // assistant turns when it ended early (max_model_len).
+  std::vector<size_t> answered_turns() const {
+    return {assistant_turns_.begin(), assistant_turns_.begin() + static_cast<std::ptrdiff_t>(spans_.size())};
+  }
 
  private:
   Result<std::string> Render(size_t turns, bool add_generation_prompt) const;
@@ -56,7 +62,6 @@ class ConversationRegeneration {
   const Tokenizer* tokenizer_ = nullptr;
   nlohmann::ordered_json messages_;
   ChatOptions options_;
-  std::vector<int32_t> stop_token_ids_;
   std::vector<size_t> assistant_turns_;  // indices into messages_
   size_t next_ = 0;                      // the assistant turn being generated
   std::vector<int32_t> prompt_;
