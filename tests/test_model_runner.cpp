@@ -134,31 +134,39 @@ std::unique_ptr<CudaBackend> Gpu() {
 // In bf16, padding changes how many splits decode attention uses (they follow the batch
 // size), so real rows move within rounding: held to the bf16 error HF itself has on the
 // model (1.5x, as the fixture test), at least 2e-2.
+double PaddingTolerance(const std::string& name) {
+  SafetensorsFile golden = test::Golden(test::ModelDir(name) + "/golden.safetensors");
+  double hf = 0;
+  for (int k = 0; k < 3; ++k) {
+    hf = std::max(hf, test::RelativeMaxError(test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()),
+                                             test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value())));
+  }
+  return std::max(2e-2, 1.5 * hf);
+}
+
 TEST(ModelRunnerPadding, PaddedDecodeRowsChangeNoRealRowOnCuda) {
   auto gpu = Gpu();
   if (!gpu) GTEST_SKIP() << "no CUDA device";
   for (const std::string name : {"llama", "qwen3", "gemma3", "gemma4", "gemma4_kvshare"}) {
-    SafetensorsFile golden = test::Golden(test::ModelDir(name) + "/golden.safetensors");
-    double hf = 0;
-    for (int k = 0; k < 3; ++k) {
-      hf = std::max(hf, test::RelativeMaxError(test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()),
-                                               test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value())));
-    }
-    ExpectPaddingChangesNothing(*gpu, name, std::max(2e-2, 1.5 * hf));
+    ExpectPaddingChangesNothing(*gpu, name, PaddingTolerance(name));
   }
 }
 
 struct Generated {
   std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, Tensor> states;  // with capture: host [rows, L, H]
   int64_t graph_replays = 0;
 };
 
 // Five prompts with staggered lengths, so the decode batch shrinks through buckets
 // 8 -> 4 -> 2 -> 1 (padding rows in most steps).
-Generated Generate(Model& model, bool graphs, float temperature) {
+// With capture_layers, every prompt and generated token's states are kept
+// (include_output_tokens, as one-pass regenerate-and-extract keeps them).
+Generated Generate(Model& model, bool graphs, float temperature, std::vector<int> capture_layers = {}) {
   EngineConfig config;
   config.num_blocks = 64;
   config.graphs = graphs;
+  config.capture_layers = capture_layers;
   Engine engine(model, config);
   const int vocab = model.config().vocab_size;
   for (int i = 0; i < 5; ++i) {
@@ -168,11 +176,15 @@ Generated Generate(Model& model, bool graphs, float temperature) {
     r.max_new_tokens = 6 + 7 * i;
     r.sampling.temperature = temperature;
     r.sampling.seed = 1000 + i;
+    r.include_output_tokens = !capture_layers.empty();
     EXPECT_TRUE(engine.Add(std::move(r)).ok());
   }
   Generated out;
   while (engine.has_work()) {
-    for (auto& seq : engine.Step()) out.tokens[seq->id()] = seq->generated();
+    for (auto& seq : engine.Step()) {
+      out.tokens[seq->id()] = seq->generated();
+      if (!capture_layers.empty()) out.states[seq->id()] = seq->hidden_states;
+    }
   }
   out.graph_replays = engine.runner().graph_replays();
   return out;
@@ -194,6 +206,31 @@ TEST_P(CudaGraphTest, GraphsGiveTheEagerTokensGreedyAndSeeded) {
     for (const auto& [id, tokens] : eager.tokens) {
       EXPECT_EQ(graphs.tokens.at(id), tokens) << GetParam() << " " << id << " at temperature " << temperature;
     }
+  }
+}
+
+// Extraction's decode steps (the generated tokens' states, one-pass regenerate-and-extract)
+// replay graphs too, and their rows are the eager steps' rows: the same tokens, and states
+// within the bf16 rounding that padding rows cause (ModelRunnerPadding), far below what a
+// wrong, stale or raced row would give.
+TEST_P(CudaGraphTest, CapturingDecodeStepsReplayGraphsWithTheEagerRows) {
+  auto gpu = Gpu();
+  if (!gpu) GTEST_SKIP() << "no CUDA device";
+  auto model = Model::Load(test::ModelDir(GetParam()), *gpu);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const std::vector<int> layers = {1, (*model)->config().num_layers};
+  const Generated eager = Generate(**model, false, 0.0f, layers);
+  const Generated graphs = Generate(**model, true, 0.0f, layers);
+  EXPECT_GT(graphs.graph_replays, 20) << "capturing decode steps did not replay graphs";
+  ASSERT_EQ(eager.states.size(), 5u);
+  for (const auto& [id, tokens] : eager.tokens) {
+    ASSERT_EQ(graphs.tokens.at(id), tokens) << GetParam() << " " << id;
+    const Tensor& a = eager.states.at(id);
+    const Tensor& b = graphs.states.at(id);
+    ASSERT_EQ(a.shape(), b.shape()) << id;
+    EXPECT_EQ(a.size(0), static_cast<int64_t>(7 + 5 * (id[1] - '0') + tokens.size() - 1)) << id;
+    EXPECT_LT(test::RelativeMaxError(test::AsFloats(b), test::AsFloats(a)), PaddingTolerance(GetParam()))
+        << GetParam() << " " << id;
   }
 }
 

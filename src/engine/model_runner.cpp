@@ -62,8 +62,7 @@ int ModelRunner::GraphBucket(const ForwardBatch& batch) const {
   const int seqs = static_cast<int>(batch.seqs.size());
   // Under tensor parallelism steps run eagerly: the ranks' graphs would have to be recorded
   // and replayed together, NCCL calls inside them.
-  if (!config_.graphs || graphs_failed_ || !backend().can_record() || has_moe_ || !config_.capture_layers.empty() ||
-      !config_.peer_ranks.empty() || seqs == 0 || seqs > config_.max_graph_batch) {
+  if (!config_.graphs || graphs_failed_ || !backend().can_record() || has_moe_ || !config_.peer_ranks.empty() || seqs == 0 || seqs > config_.max_graph_batch) {
     return 0;
   }
   const int q = batch.seqs[0].q_len;
@@ -181,6 +180,16 @@ Tensor ModelRunner::StepLogits(const ForwardBatch& batch, int bucket, StepResult
   // Padded rows follow the real ones, which keep their indices.
   if (config_.eagle3 != nullptr) aux_ = std::move(out.captured);
   if (config_.mtp != nullptr) final_hidden_ = std::move(out.final_hidden);
+  if (!config_.capture_layers.empty()) {
+    // Extraction's decode steps (one-pass regenerate-and-extract, include_output_tokens)
+    // replay graphs too. A replay's rows live in the graph pool until the next replay,
+    // which the copy stream's download would race, so they are first copied (on the
+    // compute stream, [L, bucket * q, H]: padded rows ride along, the engine reads the
+    // first ones) into a tensor of the step's own.
+    Tensor rows = backend().Empty(out.captured.dtype(), out.captured.shape());
+    backend().Copy(out.captured, rows);
+    result.captured = StartCaptureCopy(std::move(rows));
+  }
   return out.logits.Rows(0, static_cast<int64_t>(batch.token_ids.size()));
 }
 

@@ -33,8 +33,8 @@ struct RunnerConfig {
   int max_step_rows = 0;
   // Decode steps (every row one token that samples) and verification steps (every
   // sequence K + 1 rows that all verify) replay a graph recorded per (batch-size bucket,
-  // rows per sequence), where the backend can record (CUDA) and nothing is captured; so do
-  // the drafters' rounds (draft_runner.h), per bucket.
+  // rows per sequence), where the backend can record (CUDA), capturing or not; so do the
+  // drafters' rounds (draft_runner.h), per bucket.
   bool graphs = true;
   int max_graph_batch = 256;  // larger batches (in sequences) run without a graph
   // An EAGLE-3 draft: every step also captures its aux layers, kept on the device for
