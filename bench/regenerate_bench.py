@@ -24,7 +24,8 @@ TEMPLATE = ("{% for message in messages %}"
             "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
             "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 SMOKE = os.environ.get("HSX_REGEN_SMOKE") == "1"  # a tiny model on the CPU: the script's own check
-COMMON = ["--load-format", "dummy", "--device", "cpu" if SMOKE else "cuda", "--kv-cache-gib", "1" if SMOKE else "40"]
+COMMON = ["--load-format", "dummy", "--device", "cpu" if SMOKE else "cuda", "--kv-cache-gib", "1" if SMOKE else "40",
+          *os.environ.get("REGEN_ARGS", "").split()]  # e.g. REGEN_ARGS=--enforce-eager for every run
 
 
 def run(*args):
@@ -32,6 +33,9 @@ def run(*args):
     r = subprocess.run([HSX, *map(str, args)], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"{args[0]} failed: {r.stderr[-2000:]}")
+    if os.environ.get("HSX_PROFILE") == "1":  # the runs' step profiles, to stderr
+        sys.stderr.write(f"== {args[0]} {' '.join(map(str, args[-4:]))}\n")
+        sys.stderr.write("".join(l + "\n" for l in r.stderr.splitlines() if l.startswith("hsx profile")))
     return time.perf_counter() - t0, r.stdout
 
 

@@ -159,9 +159,10 @@ ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const
 // rows instead of adding any.
 void Engine::StoreCaptured(const PendingCapture& step) {
   const Tensor& captured = step.copy->rows();
+  // total is the capture's row stride: a graph-replayed step's padded rows follow the real ones.
   const int64_t layers = captured.size(0), total = captured.size(1), h = captured.size(2);
   const size_t in_size = DTypeSize(captured.dtype());
-  ThreadPool::Global().ParallelFor(total, [&](int64_t b, int64_t e) {
+  ThreadPool::Global().ParallelFor(static_cast<int64_t>(step.rows.size()), [&](int64_t b, int64_t e) {
     std::vector<float> f32(static_cast<size_t>(h));
     for (int64_t r = b; r < e; ++r) {
       const auto& [seq, pos, slot, preemptions] = step.rows[r];
@@ -192,7 +193,7 @@ void Engine::FailNonFinite(const PendingCapture& step) {
   const int64_t layers = step.copy->rows().size(0), total = step.copy->rows().size(1);
   const int32_t* flags = step.copy->non_finite();
   for (int64_t l = 0; l < layers; ++l) {
-    for (int64_t r = 0; r < total; ++r) {
+    for (int64_t r = 0; r < static_cast<int64_t>(step.rows.size()); ++r) {  // padded rows after them: not read
       Sequence& seq = *step.rows[r].seq;
       if (flags[l * total + r] == 0 || !seq.hidden_states.defined() || !seq.error.ok()) continue;
       seq.error = Error("request '" + seq.id() + "': the hidden state of layer " +

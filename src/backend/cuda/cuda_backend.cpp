@@ -242,7 +242,7 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, const Tensor* bias, T
     Check(impl_->gemm.Matmul(*p, p->algo, w.raw(), x.raw(), y.raw()), "cublasLtMatmul");
   }
   if (bias != nullptr) {
-    cuda::AddBias(B(y), B(*bias), m, n, impl_->stream);
+    cuda::AddBias(y.raw(), y.dtype() == DType::kF32, B(*bias), m, n, impl_->stream);
     HSX_LAUNCH_CHECK();
   }
 }
@@ -263,7 +263,7 @@ void CudaBackend::LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias
   Impl::Timer timer(*impl_, p.label);
   Check(impl_->gemm.Matmul(p, p.algo, w.raw(), xq.raw(), y.raw()), "cublasLtMatmul (fp8)");
   if (bias != nullptr) {
-    cuda::AddBias(B(y), B(*bias), m, n, impl_->stream);
+    cuda::AddBias(y.raw(), y.dtype() == DType::kF32, B(*bias), m, n, impl_->stream);
     HSX_LAUNCH_CHECK();
   }
 }

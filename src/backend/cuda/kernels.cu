@@ -344,9 +344,12 @@ __global__ void __launch_bounds__(512) NormFp8Kernel(bf16* x, const bf16* branch
   StoreRowCodes(y, absmax, dim, q + blockIdx.x * dim, scales + blockIdx.x);
 }
 
-__global__ void AddBiasKernel(bf16* y, const bf16* bias, int64_t n, int64_t cols) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = ToB(ToF(y[i]) + ToF(bias[i % cols]));
+template <typename T>
+__global__ void AddBiasKernel(T* y, const bf16* bias, int64_t n, int64_t cols) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float sum = static_cast<float>(y[i]) + ToF(bias[i % cols]);
+    y[i] = static_cast<T>(sum);
+  }
 }
 
 __global__ void AddKernel(bf16* acc, const bf16* x, int64_t n) {
@@ -645,8 +648,9 @@ bool GatedActivationFp8(const bf16* gate, const bf16* up, int64_t rows, int64_t 
   }
   return true;
 }
-void AddBias(bf16* y, const bf16* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
-  AddBiasKernel<<<Blocks(rows * cols), kThreads, 0, stream>>>(y, bias, rows * cols, cols);
+void AddBias(void* y, bool is_f32, const bf16* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (is_f32) AddBiasKernel<float><<<Blocks(rows * cols), kThreads, 0, stream>>>(static_cast<float*>(y), bias, rows * cols, cols);
+  else AddBiasKernel<bf16><<<Blocks(rows * cols), kThreads, 0, stream>>>(static_cast<bf16*>(y), bias, rows * cols, cols);
 }
 void Add(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream) { AddKernel<<<Blocks(n), kThreads, 0, stream>>>(acc, x, n); }
 void Multiply(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream) {

@@ -26,7 +26,8 @@ void AddRmsNorm(bf16* residual, const bf16* branch, const bf16* w, int64_t rows,
 bool DraftLayerInput(const bf16* table, const int32_t* ids, const bf16* hidden, const bf16* embed_w,
                      const bf16* hidden_w, int64_t tokens, int64_t dim, float eps, bool normed_residual, bf16* out,
                      bf16* residual, cudaStream_t stream);
-void AddBias(bf16* y, const bf16* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+// y [rows, cols] (bf16 or f32) += bias [cols], in f32.
+void AddBias(void* y, bool is_f32, const bf16* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 void Add(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream);
 void Multiply(bf16* acc, const bf16* x, int64_t n, cudaStream_t stream);
 void Scale(bf16* x, int64_t n, float s, const bf16* device_scalar, cudaStream_t stream);
