@@ -33,9 +33,9 @@ def run(*args):
     r = subprocess.run([HSX, *map(str, args)], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"{args[0]} failed: {r.stderr[-2000:]}")
-    if os.environ.get("HSX_PROFILE") == "1":  # the runs' step profiles, to stderr
-        sys.stderr.write(f"== {args[0]} {' '.join(map(str, args[-4:]))}\n")
-        sys.stderr.write("".join(l + "\n" for l in r.stderr.splitlines() if l.startswith("hsx profile")))
+    # The runs' engine stage times, and with HSX_PROFILE=1 their step profiles, to stderr.
+    sys.stderr.write(f"== {args[0]} {' '.join(map(str, args[-4:]))}: {time.perf_counter() - t0:.2f} s\n")
+    sys.stderr.write("".join(l + "\n" for l in r.stderr.splitlines() if l.startswith(("hsx profile", "hsx extract: engine"))))
     return time.perf_counter() - t0, r.stdout
 
 
@@ -79,7 +79,10 @@ def main():
             c = json.loads(line)
             f.write(json.dumps({"id": c["id"], "messages": c["messages"][:2], "add_generation_prompt": True}) + "\n")
 
-    load_s = min(run("generate", "--model", model, *COMMON, "--input", questions, "--max-tokens", 0)[0] for _ in range(2))
+    # A process that loads the model and has nothing to run (max-tokens 0 would still prefill).
+    empty = work / "empty.jsonl"
+    empty.write_text("")
+    load_s = min(run("generate", "--model", model, *COMMON, "--input", empty)[0] for _ in range(2))
 
     # Two passes: generate, then extract the prompts with their answers and the template's end.
     gen_s, out = run("generate", "--model", model, *COMMON, "--input", questions, "--max-tokens", MAX_TOKENS)

@@ -406,3 +406,56 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariantEngine,
 
 }  // namespace
 }  // namespace hsx
+
+namespace hsx {
+namespace {
+
+// A conversation regenerated in one sequence (Request::next_turn) whose known tokens outrun
+// the capture buffer's headroom, so it grows twice: every row is the row a plain prefill of
+// the final tokens gives, bit for bit (batch-invariant CPU), and the buffer holds all of them.
+TEST(EngineTurns, CaptureBufferGrowsAcrossTurnsKeepingEveryRow) {
+  auto b = MakeOrNull("cpu", true);
+  ASSERT_TRUE(b);
+  auto model = Model::Load(test::ModelDir("qwen3"), *b);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const int vocab = (*model)->config().vocab_size;
+  EngineConfig c;
+  c.num_blocks = 256;
+  c.capture_dtype = DType::kF32;
+  c.capture_layers = {0, 1, (*model)->config().num_layers};
+  std::mt19937 rng(3);
+  const int64_t known = Engine::kTurnHeadroomRows + 40;  // past the headroom: each turn grows the buffer
+  std::vector<int32_t> final_tokens;
+  Tensor regenerated;
+  {
+    Engine engine(**model, c);
+    Request r{"conversation", RandomTokens(rng, 20, vocab), 3};
+    r.include_output_tokens = true;
+    int turns = 0;
+    r.next_turn = [&](const Sequence&) -> std::optional<Request::Turn> {
+      if (++turns > 3) return std::nullopt;
+      return Request::Turn{RandomTokens(rng, static_cast<int>(known), vocab), turns < 3 ? 3 : 0};
+    };
+    ASSERT_TRUE(engine.Add(std::move(r)).ok());
+    while (engine.has_work()) {
+      for (auto& s : engine.Step()) {
+        ASSERT_TRUE(s->error.ok()) << s->error.message();
+        final_tokens = s->tokens();
+        regenerated = s->hidden_states;
+      }
+    }
+  }
+  ASSERT_EQ(final_tokens.size(), 20u + 3 + known + 3 + known + 3 + known);
+  ASSERT_EQ(regenerated.size(0), static_cast<int64_t>(final_tokens.size()));  // the last known token runs too
+  Engine engine(**model, c);
+  ASSERT_TRUE(engine.Add({"plain", final_tokens, 1}).ok());
+  Tensor plain;
+  while (engine.has_work()) {
+    for (auto& s : engine.Step()) plain = s->hidden_states;
+  }
+  ASSERT_EQ(plain.shape(), regenerated.shape());
+  EXPECT_EQ(std::memcmp(plain.raw(), regenerated.raw(), plain.nbytes()), 0);
+}
+
+}  // namespace
+}  // namespace hsx

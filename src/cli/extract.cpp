@@ -422,6 +422,18 @@ ExtractResult RunExtract(const ExtractOptions& o) {
                  "prefix cache hit rate %.1f%%%s\n",
                  static_cast<long>(written.load()), o.output.c_str(), static_cast<long>(skipped),
                  static_cast<long>(failed.load()), 100.0 * hit_rate, engines.size() > 1 ? per_replica.c_str() : "");
+    // Where the engine threads' time went (host wall time per stage, summed over replicas;
+    // blocking downloads count in run): against the run's wall time, what is left is the
+    // dispatch around the steps.
+    std::string stages;
+    uint64_t steps = 0;
+    for (int i = 0; i < EngineStats::kNumStages; ++i) {
+      double seconds = 0;
+      for (const auto& e : engines) seconds += e->stats().stage_seconds[i];
+      stages += std::string(i ? ", " : "") + EngineStats::kStageNames[i] + " " + std::to_string(seconds).substr(0, 6) + " s";
+    }
+    for (const auto& e : engines) steps += e->stats().steps;
+    std::fprintf(stderr, "hsx extract: engine host time: %s; %lu steps\n", stages.c_str(), static_cast<unsigned long>(steps));
   }
   size_t peak = 0;
   for (size_t r = 0; r < engines.size(); ++r) {

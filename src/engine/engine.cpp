@@ -125,7 +125,13 @@ Status Engine::Add(Request request) {
   auto seq = std::make_unique<Sequence>(std::move(request));
   if (seq->request().capture && !config_.capture_layers.empty()) {
     const int64_t layers = static_cast<int64_t>(config_.capture_layers.size());
-    seq->hidden_states = Tensor::Host(config_.capture_dtype, {seq->max_capture_rows(), layers, model_.config().hidden_size});
+    // A conversation regenerated turn by turn also holds the known tokens after each
+    // answer: room for them from the start, so a single answer's conversation never
+    // grows its buffer (large buffers are mmapped: rows never written take no memory).
+    const int64_t rows = seq->request().next_turn
+                             ? std::min<int64_t>(config_.max_model_len, seq->max_capture_rows() + kTurnHeadroomRows)
+                             : seq->max_capture_rows();
+    seq->hidden_states = Tensor::Host(config_.capture_dtype, {rows, layers, model_.config().hidden_size});
   }
   scheduler_.Add(std::move(seq));
   return {};
@@ -360,9 +366,16 @@ void Engine::BeginTurn(Sequence& seq, const Request::Turn& turn) {
     return seq.Stop();
   }
   seq.BeginTurn(turn);
-  if (seq.hidden_states.defined() && seq.hidden_states.size(0) < total) {
-    Tensor grown = Tensor::Host(seq.hidden_states.dtype(), {total, seq.hidden_states.size(1), seq.hidden_states.size(2)});
-    std::memcpy(grown.raw(), seq.hidden_states.raw(), seq.hidden_states.nbytes());
+  const Tensor& old = seq.hidden_states;
+  if (old.defined() && old.size(0) < total) {
+    // On the engine thread: grown at least twofold (and with room for the next known
+    // tokens), so a conversation of many turns copies its rows O(log turns) times, and
+    // only the rows computed so far (the step in flight stores its rows into the new one).
+    const int64_t rows = std::min<int64_t>(config_.max_model_len,
+                                           std::max<int64_t>(total + kTurnHeadroomRows, 2 * old.size(0)));
+    Tensor grown = Tensor::Host(old.dtype(), {rows, old.size(1), old.size(2)});
+    const int64_t written = std::min<int64_t>(seq.num_computed, old.size(0));
+    std::memcpy(grown.raw(), old.raw(), static_cast<size_t>(written) * (old.nbytes() / static_cast<size_t>(old.size(0))));
     seq.hidden_states = std::move(grown);
   }
 }

@@ -79,6 +79,11 @@ struct EngineStats {
 
 class Engine {
  public:
+  // Capture rows a regenerated conversation's buffer keeps beyond what it needs so far: the
+  // template's known tokens after an answer (its end, the next turn's header) fit without
+  // growing it.
+  static constexpr int64_t kTurnHeadroomRows = 256;
+
   Engine(Model& model, EngineConfig config);
   ~Engine();
 
