@@ -13,16 +13,23 @@ import types
 
 def convert(gguf_path, out_dir):
     from transformers import PreTrainedTokenizerFast
+    placeholder = None
     try:
         import torch  # noqa: F401
     except ImportError:
         class _Placeholder(types.ModuleType):
             def __getattr__(self, name):
                 return name
-        sys.modules["torch"] = _Placeholder("torch")
-    directory, name = os.path.split(os.path.abspath(gguf_path))
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(directory, gguf_file=name)
-    tokenizer.save_pretrained(out_dir)
+        placeholder = sys.modules["torch"] = _Placeholder("torch")
+    try:
+        directory, name = os.path.split(os.path.abspath(gguf_path))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(directory, gguf_file=name)
+        tokenizer.save_pretrained(out_dir)
+    finally:
+        # Called in-process by tests: a placeholder left behind would be every later
+        # `import torch` (hs_connectors' reader would build on it).
+        if placeholder is not None and sys.modules.get("torch") is placeholder:
+            del sys.modules["torch"]
     return tokenizer
 
 
