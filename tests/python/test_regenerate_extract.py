@@ -69,16 +69,7 @@ def test_regenerated_conversation_states_match_a_plain_extract_of_its_tokens(mod
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     eos = tok.token_to_id("<|im_end|>")
-    spans, i = [], 0
-    while i < len(mask):
-        if mask[i]:
-            j = i
-            while j < len(mask) and mask[j]:
-                j += 1
-            spans.append((i, j))
-            i = j
-        else:
-            i += 1
+    spans = loss_mask_runs(mask)
     assert len(spans) == 2, spans
     messages = [dict(m) for m in CONVERSATION[:5]]
     previous_end = 0
