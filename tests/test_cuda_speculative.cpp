@@ -3,7 +3,7 @@
 // MTP's steps) replaying recorded graphs, the engine's tokens and acceptance counts are its
 // eager ones, greedy and seeded, with n-gram, EAGLE-3 and Gemma 4 MTP drafts, over batches
 // that shrink through the buckets (padding in most steps) and drafts cut short near the end
-// (other rows-per-sequence graphs, and mixed steps that stay eager); and the graphs were
+// (other rows-per-sequence graphs; steps mixing draft counts padded on them); and the graphs were
 // replayed. Under forced acceptance the output is made of the drafts themselves, so equal
 // output there means equal drafts.
 #ifdef HSX_HAS_CUDA
@@ -12,6 +12,7 @@
 #include <map>
 
 #include "backend/cuda/cuda_backend.h"
+#include "engine/draft_length.h"
 #include "engine/engine.h"
 #include "model/eagle3_draft.h"
 #include "model/mtp_drafter.h"
@@ -23,7 +24,7 @@ namespace {
 struct Run {
   std::map<std::string, std::vector<int32_t>> tokens;
   uint64_t accepted = 0, drafted = 0;
-  int64_t verify_replays = 0, draft_replays = 0, first_pass_replays = 0;
+  int64_t verify_replays = 0, draft_replays = 0, first_pass_replays = 0, kv_only_replays = 0;
 };
 
 // Five prompts of staggered lengths repeating a short loop (so prompt lookup and copy-style
@@ -51,23 +52,21 @@ Run Generate(Model& model, EngineConfig config, bool graphs, float temperature) 
   out.verify_replays = engine.runner().verify_graph_replays();
   out.draft_replays = engine.drafter() ? engine.drafter()->graph_replays() : 0;
   out.first_pass_replays = engine.drafter() ? engine.drafter()->first_pass_graph_replays() : 0;
+  out.kv_only_replays = engine.drafter() ? engine.drafter()->kv_only_graph_replays() : 0;
   return out;
 }
 
-// verify_graphs: whether verification steps must have replayed graphs. A graph takes a step
-// whose sequences all verify K drafts; prompt lookup often proposes fewer, so n-gram runs
-// may verify eagerly throughout (measured: this workload never had an even n-gram step).
-// draft_graphs: whether draft rounds must have (EAGLE-3, MTP).
-void ExpectGraphsGiveTheEagerRun(Model& model, const EngineConfig& config, const std::string& what, bool draft_graphs,
-                                 bool verify_graphs = true) {
+// Verification steps must have replayed graphs: a step whose sequences verify different
+// numbers of drafts (prompt lookup's, which often finds fewer than K: this workload never
+// had an even n-gram step) runs padded on one. draft_graphs: whether draft rounds must
+// have (EAGLE-3, MTP).
+void ExpectGraphsGiveTheEagerRun(Model& model, const EngineConfig& config, const std::string& what, bool draft_graphs) {
   for (float temperature : {0.0f, 1.0f}) {
     const Run eager = Generate(model, config, false, temperature);
     const Run graphs = Generate(model, config, true, temperature);
     EXPECT_EQ(eager.verify_replays + eager.draft_replays, 0);
     EXPECT_GT(graphs.drafted, 0u) << what;
-    if (verify_graphs) {
-      EXPECT_GT(graphs.verify_replays, 0) << what << ": verification steps did not replay graphs";
-    }
+    EXPECT_GT(graphs.verify_replays, 0) << what << ": verification steps did not replay graphs";
     if (draft_graphs) {
       EXPECT_GT(graphs.draft_replays, 0) << what << ": draft rounds did not replay graphs";
     }
@@ -91,7 +90,7 @@ TEST(CudaSpeculativeGraphs, NgramVerificationOnGraphsGivesTheEagerTokens) {
     ASSERT_TRUE(model.ok()) << model.status().message();
     EngineConfig config;
     config.ngram = {3, 1, 2};
-    ExpectGraphsGiveTheEagerRun(**model, config, "ngram " + name, false, /*verify_graphs=*/false);
+    ExpectGraphsGiveTheEagerRun(**model, config, "ngram " + name, false);
   }
 }
 
@@ -107,6 +106,44 @@ TEST(CudaSpeculativeGraphs, Eagle3StepsOnGraphsGiveTheEagerTokens) {
       EngineConfig config;
       config.eagle3 = {draft->get(), k};
       ExpectGraphsGiveTheEagerRun(**model, config, "eagle3 " + variant + " K=" + std::to_string(k), true);
+    }
+  }
+}
+
+// Adaptive draft lengths (a fixed cost model, so both runs choose alike): at forced
+// acceptance 0 most steps draft nothing, and the EAGLE-3 draft keeps its KV by a KV-only
+// first pass on a graph; lossless runs mix draft counts in a step (padded graphs). The
+// tokens and counts are the eager run's.
+TEST(CudaSpeculativeGraphs, AdaptiveDraftLengthsOnGraphsGiveTheEagerTokens) {
+  auto gpu = Gpu();
+  if (!gpu) GTEST_SKIP() << "no CUDA device";
+  auto model = Model::Load(test::ModelDir("llama"), *gpu);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/llama_copy"), **model, *gpu);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  DraftCostModel cost;  // a draft step a tenth of a target step; more rows cost a little more
+  cost.SetTarget(1, 1.0);
+  cost.SetTarget(64, 1.2);
+  cost.SetDraft(1, 1, 0.1);
+  cost.SetDraft(64, 1, 0.15);
+  for (float rate : {0.0f, -1.0f}) {
+    EngineConfig config;
+    config.eagle3 = {draft->get(), 3};
+    config.draft_length.adaptive = true;
+    config.draft_length.policy.probe_interval = 8;
+    config.draft_length.cost_model = &cost;
+    config.spec_bench_accept_rate = rate;
+    const std::string what = "adaptive eagle3 at forced rate " + std::to_string(rate);
+    for (float temperature : {0.0f, 1.0f}) {
+      const Run eager = Generate(**model, config, false, temperature);
+      const Run graphs = Generate(**model, config, true, temperature);
+      ASSERT_EQ(eager.tokens.size(), 5u);
+      EXPECT_EQ(graphs.tokens, eager.tokens) << what << " at temperature " << temperature;
+      EXPECT_EQ(graphs.accepted, eager.accepted) << what;
+      EXPECT_EQ(graphs.drafted, eager.drafted) << what;
+      EXPECT_GT(graphs.drafted, 0u) << what;
+      EXPECT_EQ(eager.kv_only_replays, 0);
+      if (rate == 0.0f) EXPECT_GT(graphs.kv_only_replays, 0) << what << ": no KV-only first pass replayed";
     }
   }
 }

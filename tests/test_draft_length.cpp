@@ -55,6 +55,31 @@ TEST(DraftLengthPolicy, NeverAcceptedDraftsGoToZero) {
   EXPECT_GT(policy.Choose({4}, {policy.Acceptance(h)}, cost)[0], 0);
 }
 
+// Idle requests probe on the same steps (multiples of probe_interval), whenever each went
+// idle: a probe is one verification step of equal draft counts, not a mixed one every step.
+TEST(DraftLengthPolicy, IdleRequestsProbeTogether) {
+  const DraftLengthPolicy policy(Config(4));
+  const int interval = policy.config().probe_interval;
+  DraftHistory early, late;
+  for (DraftHistory* h : {&early, &late}) {
+    for (int i = 0; i < 40; ++i) policy.Record(*h, 4, 0);
+  }
+  for (int i = 0; i < interval + 5; ++i) policy.Record(early, 0, 0);
+  for (int i = 0; i < interval + 1; ++i) policy.Record(late, 0, 0);
+  const double prior = policy.config().prior_acceptance;
+  for (int64_t step = 3 * interval + 1; step < 4 * interval; ++step) {
+    ASSERT_LT(policy.Acceptance(early, step), 0.1) << "step " << step;
+    ASSERT_LT(policy.Acceptance(late, step), 0.1) << "step " << step;
+  }
+  EXPECT_EQ(policy.Acceptance(early, 4 * interval), prior);
+  EXPECT_EQ(policy.Acceptance(late, 4 * interval), prior);
+  // Not yet idle for a whole interval: no probe on that step.
+  DraftHistory recent = late;
+  policy.Record(recent, 4, 0);
+  policy.Record(recent, 0, 0);
+  EXPECT_LT(policy.Acceptance(recent, 4 * interval), 0.1);
+}
+
 TEST(DraftLengthPolicy, AlwaysAcceptedDraftsRiseToKMax) {
   const DraftLengthPolicy policy(Config(4));
   const DraftCostModel cost = H200Like();

@@ -72,6 +72,7 @@ struct RunOptions {
   int chunks = 1;                     // the first pass in this many equal parts (chunked prefill)
   bool teacher_forced = false;        // steps take the golden's tokens (a bf16 run may flip a near tie)
   bool kv_only_early_chunks = false;  // parts before the last ask for no logits: they only fill the KV
+  bool store_kv = false;              // ... through StoreKV (the engine's pass when no request drafts)
   std::string draft_dir;              // an edited checkpoint instead of the variant's (golden inputs kept)
 };
 
@@ -158,6 +159,10 @@ DraftResults RunDraft(Backend& backend, const std::string& variant, const RunOpt
       Tensor dst = hidden.Rows(at, at + part.size(0));
       backend.Copy(part, dst);
       at += part.size(0);
+    }
+    if (!wants_logits && options.store_kv) {
+      draft.StoreKV(batch, hidden, cache);
+      continue;
     }
     Eagle3Output result = draft.Forward(batch, hidden, cache);
     if (!wants_logits) {
@@ -287,12 +292,16 @@ TEST_P(Eagle3GoldenTest, CpuChunkedFirstPassMatchesWhole) {
     EXPECT_LE(MaxAbsError(chunked.draft_logits[k], whole.draft_logits[k]), kF32Tolerance) << "prompt " << k;
     EXPECT_EQ(chunked.draft_tokens[k], whole.draft_tokens[k]) << "prompt " << k;
   }
-  // The engine asks a partial prefill's draft pass for no logits: it only fills the KV.
-  const DraftResults kv_only = RunDraft(backend, GetParam(), {.chunks = 3, .kv_only_early_chunks = true});
-  for (size_t k = 0; k < whole.draft_logits.size(); ++k) {
-    EXPECT_LE(MaxAbsError(kv_only.draft_logits[k], whole.draft_logits[k]), kF32Tolerance) << "prompt " << k;
-    EXPECT_LE(MaxAbsError(kv_only.draft_prenorm[k], whole.draft_prenorm[k]), kF32Tolerance) << "prompt " << k;
-    EXPECT_EQ(kv_only.draft_tokens[k], whole.draft_tokens[k]) << "prompt " << k;
+  // The engine asks a partial prefill's draft pass for no logits: it only fills the KV,
+  // through Forward or (a step where no request drafts) StoreKV alone.
+  for (const bool store_kv : {false, true}) {
+    const DraftResults kv_only =
+        RunDraft(backend, GetParam(), {.chunks = 3, .kv_only_early_chunks = true, .store_kv = store_kv});
+    for (size_t k = 0; k < whole.draft_logits.size(); ++k) {
+      EXPECT_LE(MaxAbsError(kv_only.draft_logits[k], whole.draft_logits[k]), kF32Tolerance) << "prompt " << k;
+      EXPECT_LE(MaxAbsError(kv_only.draft_prenorm[k], whole.draft_prenorm[k]), kF32Tolerance) << "prompt " << k;
+      EXPECT_EQ(kv_only.draft_tokens[k], whole.draft_tokens[k]) << "prompt " << k;
+    }
   }
 }
 
@@ -321,6 +330,10 @@ TEST_P(Eagle3GoldenTest, CudaBf16WithinTwiceTheBf16Reference) {
     ExpectMatchesGolden(RunDraft(**gpu, GetParam(), {.chunks = chunks, .teacher_forced = true}), GetParam(), bound,
                         2 * bound.draft_logits);
   }
+  // Early parts that only keep the KV (StoreKV's k/v projections alone) leave what Forward does.
+  ExpectMatchesGolden(
+      RunDraft(**gpu, GetParam(), {.chunks = 3, .teacher_forced = true, .kv_only_early_chunks = true, .store_kv = true}),
+      GetParam(), bound, 2 * bound.draft_logits);
 }
 #endif
 

@@ -88,8 +88,9 @@ void DraftLengthPolicy::Record(DraftHistory& h, int proposed, int accepted) cons
   h.observed = config_.discount * h.observed + accepted + (accepted < proposed ? 1 : 0);
 }
 
-double DraftLengthPolicy::Acceptance(const DraftHistory& h) const {
-  if (h.observed == 0 || h.idle_steps >= config_.probe_interval) return config_.prior_acceptance;
+double DraftLengthPolicy::Acceptance(const DraftHistory& h, int64_t step) const {
+  const bool probe = h.idle_steps >= config_.probe_interval && step % config_.probe_interval == 0;
+  if (h.observed == 0 || probe) return config_.prior_acceptance;
   return std::clamp(h.accepted / h.observed, 0.0, 1.0);
 }
 

@@ -70,8 +70,11 @@ class DraftLengthPolicy {
 
   // One verification of a request: `proposed` drafts, `accepted` of them.
   void Record(DraftHistory& history, int proposed, int accepted) const;
-  // The estimated per-draft acceptance (with the prior; the prior again when probing).
-  double Acceptance(const DraftHistory& history) const;
+  // The estimated per-draft acceptance (with the prior; the prior again when probing) at
+  // the drafter's step `step`. A request idle for probe_interval steps probes only on steps
+  // that are multiples of probe_interval, so idle requests probe together: one verification
+  // step of equal draft counts (a graph) instead of one with mixed counts every few steps.
+  double Acceptance(const DraftHistory& history, int64_t step = 0) const;
   // K per request for one step: rooms[i] is request i's most (0: it does not decode next),
   // acceptance[i] its estimate. Non-decoding requests get 0 and cost nothing.
   std::vector<int> Choose(const std::vector<int>& rooms, const std::vector<double>& acceptance,

@@ -169,6 +169,10 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
   const Tensor& step_aux = runner_.step_aux();
   if (first_pass.token_ids.empty()) return std::vector<std::vector<int32_t>>(requests.size());
   const int n = static_cast<int>(requests.size());
+  if (n == 0) {
+    KeepKV(first_pass, step_rows);
+    return {};
+  }
   size_t longest_table = 0;
   for (const DraftRequest& r : requests) longest_table = std::max(longest_table, r.block_table.size());
   int bucket = DraftGraphBucket(n, longest_table);
@@ -178,13 +182,7 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
   // Drafts stay on the device, step after step ([num_drafts, rows]); one download at the end.
   Tensor tokens = bucket > 0 ? DraftTokens() : backend.Empty(DType::kI32, {int64_t{num_drafts} * n});
   const int64_t layers = step_aux.size(0), total = step_aux.size(1), h = step_aux.size(2);
-  // The first pass's aux states, [R, A, H]: every aux layer's state of each of its rows.
-  auto gather_aux = [&](const std::vector<int32_t>& rows_of_step, Tensor& out) {
-    std::vector<int32_t> gather;
-    for (int32_t r : rows_of_step)
-      for (int64_t l = 0; l < layers; ++l) gather.push_back(static_cast<int32_t>(l * total + r));
-    backend.GatherRows(step_aux.View({layers * total, h}), gather, out);
-  };
+  auto gather_aux = [this](const std::vector<int32_t>& rows_of_step, Tensor& out) { GatherAux(rows_of_step, out); };
   DeviceBatch padded;  // the first pass on the graph (q > 0), and its aux states
   Tensor padded_aux;
   Tensor hidden;  // otherwise: the hidden rows the chained steps start from
@@ -196,7 +194,6 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
     gather_aux(step_rows, aux);
     const Eagle3Output out =
         draft.Forward(first_pass, draft.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
-    if (n == 0) return {};
     Tensor first = tokens.Rows(0, n);
     draft.GreedyTargetTokens(out.logits, first);
     hidden = out.next_hidden;
@@ -231,6 +228,51 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
     round();
   }
   return DownloadDrafts(tokens, rows, n, num_drafts);
+}
+
+// The first pass's aux states, [R, A, H]: every aux layer's state of each of its rows.
+void Eagle3Drafter::GatherAux(const std::vector<int32_t>& rows_of_step, Tensor& out) {
+  const Tensor& step_aux = runner_.step_aux();
+  const int64_t layers = step_aux.size(0), total = step_aux.size(1), h = step_aux.size(2);
+  std::vector<int32_t> gather;
+  for (int32_t r : rows_of_step)
+    for (int64_t l = 0; l < layers; ++l) gather.push_back(static_cast<int32_t>(l * total + r));
+  backend().GatherRows(step_aux.View({layers * total, h}), gather, out);
+}
+
+// A step where no request drafts: the first pass only keeps the draft's KV (StoreKV: for a
+// one-layer draft its k/v projections alone), on a graph per (bucket, rows per sequence)
+// where the pass fits one, padded as a drafting first pass is. At zero acceptance, with
+// adaptive draft lengths, this is every step's draft work.
+void Eagle3Drafter::KeepKV(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows) {
+  const int seqs = static_cast<int>(first_pass.seqs.size());
+  size_t longest_table = 0;
+  int q = 1;
+  bool fits = true;
+  for (const SequenceSlice& s : first_pass.seqs) {
+    longest_table = std::max(longest_table, s.block_table.size());
+    q = std::max(q, s.q_len);
+  }
+  // A verification step's rows at most (the padded aux buffer's size), each sequence with
+  // as many positions before its end.
+  const int most = std::min(num_speculative_tokens() + 1, ModelRunner::kMaxGraphRowsPerSeq);
+  for (const SequenceSlice& s : first_pass.seqs) fits = fits && s.q_len >= 1 && s.ctx_len >= q;
+  const int bucket = fits && q <= most ? DraftGraphBucket(seqs, longest_table) : 0;
+  Eagle3Draft& draft = draft_;
+  if (bucket == 0) {
+    const Tensor& step_aux = runner_.step_aux();
+    const int64_t layers = step_aux.size(0), h = step_aux.size(2), rows = static_cast<int64_t>(step_rows.size());
+    Tensor aux = backend().Empty(step_aux.dtype(), {layers * rows, h});
+    GatherAux(step_rows, aux);
+    draft.StoreKV(first_pass, draft.CombineHiddenStates(aux.View({rows, layers, h})), cache_);
+    return;
+  }
+  Tensor aux;
+  const DeviceBatch padded = StagePaddedFirstPass(
+      first_pass, step_rows, bucket, q, num_speculative_tokens(), aux,
+      [this](const std::vector<int32_t>& rows_of_step, Tensor& out) { GatherAux(rows_of_step, out); });
+  // Key (bucket, q, 0 drafts): a KV-only pass, apart from every drafting round's.
+  DraftRound({bucket, q, 0}, [&] { draft.StoreKV(padded, draft.CombineHiddenStates(aux), cache_); });
 }
 
 // A first pass fits a graph when every sequence in it drafts (its logit row its last) and
@@ -373,8 +415,10 @@ Tensor DeviceDrafter::DraftHidden(int64_t width) {
 void DeviceDrafter::DraftRound(const std::array<int, 3>& key, const std::function<void()>& round) {
   if (auto it = draft_graphs_.find(key); it != draft_graphs_.end()) {
     it->second->Replay();
-    ++draft_graph_replays_;
-    first_pass_graph_replays_ += key[1] > 0;
+    const bool drafts = key[2] > 0;
+    draft_graph_replays_ += drafts;
+    first_pass_graph_replays_ += drafts && key[1] > 0;
+    kv_only_graph_replays_ += !drafts;
     return;
   }
   round();

@@ -32,6 +32,7 @@ class DeviceDrafter : public Drafter {
   DeviceDrafter(int k, const DrafterContext& context, bool has_moe);
   int64_t graph_replays() const override { return draft_graph_replays_; }
   int64_t first_pass_graph_replays() const override { return first_pass_graph_replays_; }
+  int64_t kv_only_graph_replays() const override { return kv_only_graph_replays_; }
 
  protected:
   Backend& backend() const { return runner_.backend(); }
@@ -62,7 +63,7 @@ class DeviceDrafter : public Drafter {
   std::map<std::array<int, 3>, std::unique_ptr<DeviceGraph>> draft_graphs_;
   std::map<int, ModelRunner::GraphInputs> draft_inputs_;
   Tensor draft_hidden_, draft_tokens_;
-  int64_t draft_graph_replays_ = 0, first_pass_graph_replays_ = 0;
+  int64_t draft_graph_replays_ = 0, first_pass_graph_replays_ = 0, kv_only_graph_replays_ = 0;
 };
 
 // vLLM's "eagle3" method: the draft's first pass covers every position of the step whose
@@ -86,6 +87,8 @@ class Eagle3Drafter : public DeviceDrafter {
   // EAGLE-3's first pass on the round's graph: the rows per sequence it pads to, or 0 if
   // it runs eagerly.
   int PaddedFirstPassRows(const ForwardBatch& first_pass, int num_drafts) const;
+  void GatherAux(const std::vector<int32_t>& rows_of_step, Tensor& out);
+  void KeepKV(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows);
   // Stages the padded first pass (bucket sequences of q rows, each ending with its logit
   // row) into fixed inputs and gathers its aux states into a fixed [bucket q, A, H].
   DeviceBatch StagePaddedFirstPass(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows, int bucket,

@@ -53,9 +53,10 @@ void Drafter::Plan(const DraftStep& step) {
     if (!seq->wants_more_tokens() || seq->num_tokens() - seq->num_computed != 1) continue;
     seqs.push_back(seq);
     rooms.push_back(DraftRoom(*seq, k_));
-    acceptance.push_back(policy_->Acceptance(seq->draft_history));
+    acceptance.push_back(policy_->Acceptance(seq->draft_history, steps_planned_));
   }
   const std::vector<int> ks = policy_->Choose(rooms, acceptance, *cost_);
+  ++steps_planned_;
   planned_.clear();
   round_k_ = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {

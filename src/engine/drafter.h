@@ -65,6 +65,8 @@ class Drafter {
   // Draft rounds that replayed a graph, and of those EAGLE-3 rounds whose first pass was in it.
   virtual int64_t graph_replays() const { return 0; }
   virtual int64_t first_pass_graph_replays() const { return 0; }
+  // EAGLE-3 steps where no request drafted whose KV-only first pass replayed a graph.
+  virtual int64_t kv_only_graph_replays() const { return 0; }
 
  protected:
   // How many drafts seq may take next step (0 if it does not decode next): its remaining
@@ -89,6 +91,7 @@ class Drafter {
   bool injected_ = false;
   std::unordered_map<const Sequence*, int> planned_;  // this step's K per decoding sequence
   int round_k_ = 0;
+  int64_t steps_planned_ = 0;  // the policy's clock: idle requests probe on its multiples of probe_interval
 };
 
 // vLLM's "ngram" method: prompt lookup on the host.

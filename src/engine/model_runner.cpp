@@ -58,27 +58,32 @@ ModelRunner::~ModelRunner() {
   std::fprintf(stderr, "hsx profile: %zu step graphs recorded (profiling runs them eagerly)\n", graphs_.size());
 }
 
-int ModelRunner::GraphBucket(const ForwardBatch& batch) const {
+ModelRunner::GraphShape ModelRunner::GraphShapeOf(const ForwardBatch& batch) const {
   const int seqs = static_cast<int>(batch.seqs.size());
   // Under tensor parallelism steps run eagerly: the ranks' graphs would have to be recorded
   // and replayed together, NCCL calls inside them.
   if (!config_.graphs || graphs_failed_ || !backend().can_record() || has_moe_ || !config_.peer_ranks.empty() || seqs == 0 || seqs > config_.max_graph_batch) {
-    return 0;
+    return {};
   }
-  const int q = batch.seqs[0].q_len;
-  const size_t rows = static_cast<size_t>(seqs) * q;
-  if (q < 1 || q > kMaxGraphRowsPerSeq || batch.token_ids.size() != rows || batch.logit_rows.size() != rows) return 0;
+  const size_t rows = batch.token_ids.size();
+  if (batch.logit_rows.size() != rows) return {};
   for (size_t i = 0; i < rows; ++i) {
-    if (batch.logit_rows[i] != static_cast<int32_t>(i)) return 0;
+    if (batch.logit_rows[i] != static_cast<int32_t>(i)) return {};
   }
-  for (int i = 0; i < seqs; ++i) {
-    const SequenceSlice& s = batch.seqs[i];
-    if (s.q_len != q || s.q_start != i * q || s.ctx_len < q ||
-        static_cast<int64_t>(s.block_table.size()) > max_blocks_per_seq_) {
-      return 0;
+  int q = 0;
+  for (const SequenceSlice& s : batch.seqs) q = std::max(q, s.q_len);
+  if (q < 1 || q > kMaxGraphRowsPerSeq) return {};
+  int32_t start = 0;
+  for (const SequenceSlice& s : batch.seqs) {
+    if (s.q_len < 1 || s.q_start != start || s.ctx_len < q || static_cast<int64_t>(s.block_table.size()) > max_blocks_per_seq_) {
+      return {};
     }
+    start += s.q_len;
   }
-  return BucketFor(seqs);
+  const int bucket = BucketFor(seqs);
+  const bool padded = rows != static_cast<size_t>(seqs) * q;
+  if (padded && bucket * q > kMaxPaddedGraphRows) return {};
+  return {bucket, q, padded};
 }
 
 // Layout of one kind's fixed inputs, in int32 words, for B = max_graph_batch sequences of q
@@ -104,9 +109,17 @@ DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket,
     const int32_t offset = static_cast<int32_t>(i * stride);
     if (i < seqs) {
       const SequenceSlice& s = batch.seqs[i];
-      std::copy_n(batch.token_ids.begin() + i * q, q, ids + i * q);
-      std::copy_n(batch.positions.begin() + i * q, q, positions + i * q);
-      std::copy_n(batch.slot_mapping.begin() + i * q, q, slots + i * q);
+      // Front padding: the positions before its first row, storing no KV (its first token as
+      // the id: any would do, the row is never read).
+      const int pad = q - s.q_len, first = batch.positions[s.q_start];
+      for (int j = 0; j < pad; ++j) {
+        ids[i * q + j] = batch.token_ids[s.q_start];
+        positions[i * q + j] = first - pad + j;
+        slots[i * q + j] = -1;
+      }
+      std::copy_n(batch.token_ids.begin() + s.q_start, s.q_len, ids + i * q + pad);
+      std::copy_n(batch.positions.begin() + s.q_start, s.q_len, positions + i * q + pad);
+      std::copy_n(batch.slot_mapping.begin() + s.q_start, s.q_len, slots + i * q + pad);
       std::copy(s.block_table.begin(), s.block_table.end(), tables + offset);
       std::copy_n(std::array<int32_t, 4>{i * q, q, s.ctx_len, offset}.begin(), 4, info + 4 * i);
     } else {
@@ -147,8 +160,8 @@ const std::vector<int>& ModelRunner::StepCaptureLayers() const {
 // A step on a graph: replayed if its (bucket, rows per sequence) has one; otherwise run
 // eagerly (its GEMMs tune on first sight, which a recording cannot hold) and recorded for
 // the next such step.
-ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, int bucket) {
-  const int q = batch.seqs[0].q_len;
+ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, const GraphShape& shape) {
+  const int bucket = shape.bucket, q = shape.q;
   const DeviceBatch inputs = StageGraphInputs(batch, bucket, q, graph_inputs_[q]);
   const auto key = std::make_pair(bucket, q);
   if (auto it = graphs_.find(key); it != graphs_.end()) {
@@ -174,9 +187,10 @@ ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, int bucket) {
   return out;
 }
 
-Tensor ModelRunner::StepLogits(const ForwardBatch& batch, int bucket, StepResult& result) {
-  if (bucket == 0) return EagerLogits(batch, result);
-  ForwardOutput out = GraphForward(batch, bucket);
+Tensor ModelRunner::StepLogits(const ForwardBatch& batch, const GraphShape& shape, StepResult& result) {
+  if (shape.bucket == 0) return EagerLogits(batch, result);
+  ForwardOutput out = GraphForward(batch, shape);
+  if (shape.padded) out = RealRows(batch, shape, out);
   // Padded rows follow the real ones, which keep their indices.
   if (config_.eagle3 != nullptr) aux_ = std::move(out.captured);
   if (config_.mtp != nullptr) final_hidden_ = std::move(out.final_hidden);
@@ -191,6 +205,42 @@ Tensor ModelRunner::StepLogits(const ForwardBatch& batch, int bucket, StepResult
     result.captured = StartCaptureCopy(std::move(rows));
   }
   return out.logits.Rows(0, static_cast<int64_t>(batch.token_ids.size()));
+}
+
+// A padded step's outputs in the batch's own rows (sequence i's real rows are the last
+// q_len of its q), gathered out of the graph pool into tensors of the step's own.
+ForwardOutput ModelRunner::RealRows(const ForwardBatch& batch, const GraphShape& shape, const ForwardOutput& padded) {
+  std::vector<int32_t> rows;
+  rows.reserve(batch.token_ids.size());
+  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+    const SequenceSlice& s = batch.seqs[i];
+    const int32_t first = static_cast<int32_t>(i) * shape.q + shape.q - s.q_len;
+    for (int j = 0; j < s.q_len; ++j) rows.push_back(first + j);
+  }
+  const int64_t n = static_cast<int64_t>(rows.size());
+  Backend& backend = this->backend();
+  auto gather = [&](const Tensor& t) {  // [R, W] -> [n, W]
+    if (!t.defined()) return Tensor();
+    Tensor out = backend.Empty(t.dtype(), {n, t.size(1)});
+    backend.GatherRows(t, rows, out);
+    return out;
+  };
+  auto gather_layers = [&](const Tensor& t) {  // [L, R, H] -> [L, n, H]
+    if (!t.defined()) return Tensor();
+    const int64_t layers = t.size(0), total = t.size(1), h = t.size(2);
+    std::vector<int32_t> layer_rows;
+    layer_rows.reserve(static_cast<size_t>(layers * n));
+    for (int64_t l = 0; l < layers; ++l)
+      for (int32_t r : rows) layer_rows.push_back(static_cast<int32_t>(l * total + r));
+    Tensor out = backend.Empty(t.dtype(), {layers * n, h});
+    backend.GatherRows(t.View({layers * total, h}), layer_rows, out);
+    return out.View({layers, n, h});
+  };
+  ForwardOutput out;
+  out.logits = gather(padded.logits.Rows(0, int64_t{shape.bucket} * shape.q));
+  out.captured = gather_layers(padded.captured);
+  out.final_hidden = gather(padded.final_hidden);
+  return out;
 }
 
 std::unique_ptr<CapturedRows> ModelRunner::StartCaptureCopy(Tensor captured) {
@@ -253,13 +303,13 @@ Tensor ModelRunner::EagerLogits(const ForwardBatch& batch, StepResult& result) {
 StepResult ModelRunner::Run(const ForwardBatch& batch, const SamplingBatch& sampling) {
   const auto start = Clock::now();
   StepResult result;
-  const int bucket = GraphBucket(batch);
-  const Tensor logits = StepLogits(batch, bucket, result);
+  const GraphShape shape = GraphShapeOf(batch);
+  const Tensor logits = StepLogits(batch, shape, result);
   if (!sampling.rows.empty()) result.sampled = backend().Sample(logits, sampling);
   if (profile_) {
     bool decode = !batch.seqs.empty();
     for (const SequenceSlice& s : batch.seqs) decode = decode && s.q_len == 1;
-    Profile(bucket > 0 ? graph_times_ : decode ? decode_times_ : prefill_times_, batch, start);
+    Profile(shape.bucket > 0 ? graph_times_ : decode ? decode_times_ : prefill_times_, batch, start);
   }
   return result;
 }
@@ -267,10 +317,10 @@ StepResult ModelRunner::Run(const ForwardBatch& batch, const SamplingBatch& samp
 StepResult ModelRunner::Verify(const ForwardBatch& batch, const VerificationBatch& verification) {
   const auto start = Clock::now();
   StepResult result;
-  const int bucket = GraphBucket(batch);
-  const Tensor logits = StepLogits(batch, bucket, result);
+  const GraphShape shape = GraphShapeOf(batch);
+  const Tensor logits = StepLogits(batch, shape, result);
   result.verified = backend().VerifyDrafts(logits, nullptr, verification, nullptr);
-  if (profile_) Profile(bucket > 0 ? verify_graph_times_ : verify_times_, batch, start);
+  if (profile_) Profile(shape.bucket > 0 ? verify_graph_times_ : verify_times_, batch, start);
   return result;
 }
 

@@ -108,7 +108,10 @@ class ModelRunner {
   struct GraphInputs {
     Tensor device, staging;
   };
-  // Fills `inputs` with batch (q rows per sequence) padded to `bucket` sequences; returns them.
+  // Fills `inputs` with batch padded to `bucket` sequences of q rows; returns them. A
+  // sequence of fewer rows is padded at its front with rows at the positions before its
+  // first (which store no KV: its real rows see exactly their own context), so it needs
+  // ctx_len >= q.
   DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& inputs);
 
   const RunnerConfig& config() const { return config_; }
@@ -121,15 +124,27 @@ class ModelRunner {
   Backend& backend() const { return model_.backend(); }
 
  private:
-  // The bucket (the recorded sequence count it pads to) of a step whose sequences all run
-  // the same number of rows, each a logit row (decode: 1; verification: K + 1), or 0 if it
-  // runs eagerly.
-  int GraphBucket(const ForwardBatch& batch) const;
+  // How a step runs on a graph: `bucket` (the recorded sequence count it pads to) sequences
+  // of q rows. bucket 0: eagerly.
+  struct GraphShape {
+    int bucket = 0;
+    int q = 0;
+    bool padded = false;  // some sequence runs fewer than q rows: its real rows are gathered out
+  };
+  // A step whose every row is a logit row, in order (decode: 1 a sequence; verification: its
+  // drafts + 1) fits a graph: at q = its sequences' most rows, those with fewer padded, while
+  // the padded step stays within kMaxPaddedGraphRows (mixed draft lengths).
+  GraphShape GraphShapeOf(const ForwardBatch& batch) const;
+  // A step of mixed rows per sequence runs padded on a graph up to this many rows: below it
+  // the decode GEMMs read each weight once whatever the rows (H200: ~200 FLOP a byte of
+  // bf16 weights), so the padding rows ride along nearly free; above it eagerly.
+  static constexpr int kMaxPaddedGraphRows = 192;
   // A step on its graph: outputs of [bucket * q] rows (views into the graph pool on a replay).
-  ForwardOutput GraphForward(const ForwardBatch& batch, int bucket);
-  // The step's logits [T, V], on its graph if bucket > 0, else op by op (EagerLogits); keeps
-  // what the drafter reads next.
-  Tensor StepLogits(const ForwardBatch& batch, int bucket, StepResult& result);
+  ForwardOutput GraphForward(const ForwardBatch& batch, const GraphShape& shape);
+  // The step's logits [T, V], on its graph if shape.bucket > 0, else op by op (EagerLogits);
+  // keeps what the drafter reads next. A padded step's outputs come back in the batch's rows.
+  Tensor StepLogits(const ForwardBatch& batch, const GraphShape& shape, StepResult& result);
+  ForwardOutput RealRows(const ForwardBatch& batch, const GraphShape& shape, const ForwardOutput& padded);
   // The batch's logits run op by op; starts the copy of its captured rows into *result.
   Tensor EagerLogits(const ForwardBatch& batch, StepResult& result);
   // The layers a step captures: the EAGLE-3 draft's aux layers, or the extraction's.

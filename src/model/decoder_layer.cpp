@@ -32,6 +32,22 @@ void NormRope(Backend& backend, const ModelConfig& config, const Tensor& norm, c
   }
 }
 
+namespace {
+
+HeadNorms HeadNormsOf(const ModelConfig& config, const LayerWeights& w) {
+  HeadNorms norms;
+  if (config.qk_norm) {
+    norms.q = &w.q_norm;
+    norms.k = &w.k_norm;
+  }
+  norms.v = config.v_norm;
+  norms.eps = config.rms_norm_eps;
+  norms.one_plus_weight = config.norm_one_plus_weight;
+  return norms;
+}
+
+}  // namespace
+
 void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, const LayerWeights& w,
                     const RopeTable& rope, const Tensor& x, const Tensor& positions, const Tensor& slots,
                     const AttentionBatch& batch, KVCache& cache, Tensor& out) {
@@ -55,18 +71,22 @@ void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, cons
     // One GEMM for q, k and v; the values are the raw keys when k_eq_v (no v rows).
     Tensor qkv = backend.Empty(dt, {t, w.qkv_proj.size(0)});
     backend.Linear(x, w.qkv_proj, bias, qkv);
-    HeadNorms norms;
-    if (config.qk_norm) {
-      norms.q = &w.q_norm;
-      norms.k = &w.k_norm;
-    }
-    norms.v = config.v_norm;
-    norms.eps = config.rms_norm_eps;
-    norms.one_plus_weight = config.norm_one_plus_weight;
-    backend.QkvAttention(qkv, spec.k_eq_v, norms, positions, rope, slots, cache.k(layer), cache.v(layer), batch, params,
-                         attn);
+    backend.QkvAttention(qkv, spec.k_eq_v, HeadNormsOf(config, w), positions, rope, slots, cache.k(layer),
+                         cache.v(layer), batch, params, attn);
   }
   backend.Linear(attn.View({t, nh * hd}), w.o_proj, w.o_bias.defined() ? &w.o_bias : nullptr, out);
+}
+
+void StoreLayerKV(Backend& backend, const ModelConfig& config, int layer, const LayerWeights& w,
+                  const RopeTable& rope, const Tensor& x, const Tensor& positions, const Tensor& slots, KVCache& cache) {
+  const LayerSpec& spec = config.layers[layer];
+  const int64_t t = x.size(0);
+  const DType dt = backend.compute_dtype();
+  Tensor qkv = backend.Empty(dt, {t, w.qkv_proj.size(0)});
+  backend.Linear(x, w.qkv_proj, w.qkv_bias.defined() ? &w.qkv_bias : nullptr, qkv);
+  Tensor q = backend.Empty(dt, {t, config.num_heads, spec.head_dim});  // written, not read
+  backend.NormRopeStoreKV(qkv, spec.k_eq_v, HeadNormsOf(config, w), positions, rope, slots, cache.k(layer),
+                          cache.v(layer), q);
 }
 
 void MlpBlock(Backend& backend, const ModelConfig& config, int layer, const LayerWeights& w, const Tensor& x,

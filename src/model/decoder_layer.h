@@ -28,6 +28,12 @@ void AttentionBlock(Backend& backend, const ModelConfig& config, int layer, cons
                     const RopeTable& rope, const Tensor& x, const Tensor& positions, const Tensor& slots,
                     const AttentionBatch& batch, KVCache& cache, Tensor& out);
 
+// Only the KV store of AttentionBlock, for a layer that owns its KV: the q/k/v GEMM, the
+// k norm and RoPE, the store at `slots` (the same bits as AttentionBlock stores); no
+// attention, no o_proj. An EAGLE-3 draft keeps its KV this way for requests not drafting.
+void StoreLayerKV(Backend& backend, const ModelConfig& config, int layer, const LayerWeights& w,
+                  const RopeTable& rope, const Tensor& x, const Tensor& positions, const Tensor& slots, KVCache& cache);
+
 // The MLP of `layer` (gated, or the MoE experts) on x [T, H] into out [T, H].
 void MlpBlock(Backend& backend, const ModelConfig& config, int layer, const LayerWeights& w, const Tensor& x,
               Tensor& out);

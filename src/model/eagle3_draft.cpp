@@ -180,6 +180,27 @@ Eagle3Output Eagle3Draft::Forward(const ForwardBatch& batch, const Tensor& hidde
   return Forward(UploadBatch(backend_, batch), hidden, cache);
 }
 
+void Eagle3Draft::StoreKV(const ForwardBatch& batch, const Tensor& hidden, KVCache& cache) {
+  StoreKV(UploadBatch(backend_, batch), hidden, cache);
+}
+
+void Eagle3Draft::StoreKV(const DeviceBatch& batch, const Tensor& hidden, KVCache& cache) {
+  const ModelConfig& d = config_.decoder;
+  if (d.num_layers != 1 || d.layers[0].kv_source != 0) {
+    DeviceBatch kv_only = batch;
+    kv_only.logit_rows.clear();
+    Forward(kv_only, hidden, cache);
+    return;
+  }
+  const int64_t t = batch.token_ids.numel(), h = d.hidden_size;
+  const DType dt = backend_.compute_dtype();
+  Tensor x = backend_.Empty(dt, {t, h});
+  Tensor input = backend_.Empty(dt, {t, 2 * h});
+  backend_.DraftLayerInput(weights_.embed_tokens, batch.token_ids, hidden, weights_.layers[0].input_norm,
+                           weights_.hidden_norm, d.rms_norm_eps, config_.norm_before_residual, input, x);
+  StoreLayerKV(backend_, d, 0, weights_.layers[0], rope_[0], input, batch.positions, batch.slot_mapping, cache);
+}
+
 Eagle3Output Eagle3Draft::Forward(const DeviceBatch& batch, const Tensor& hidden, KVCache& cache) {
   const ModelConfig& d = config_.decoder;
   const int64_t t = batch.token_ids.numel(), h = d.hidden_size;

@@ -68,6 +68,14 @@ class Eagle3Draft {
   // sequence ends): those it slices rather than gathers.
   Eagle3Output Forward(const DeviceBatch& batch, const Tensor& hidden, KVCache& cache);
 
+  // Only the KV writes of Forward (the same bits at each slot), for rows whose logits no
+  // one reads: a request that drafts nothing this step still keeps the draft's KV. With one
+  // decoder layer (speculators' drafts) that is layer 0's k/v; a deeper draft runs Forward,
+  // since a later layer's KV needs the earlier layers' outputs. batch.logit_rows are
+  // ignored. Graph-recordable as Forward.
+  void StoreKV(const DeviceBatch& batch, const Tensor& hidden, KVCache& cache);
+  void StoreKV(const ForwardBatch& batch, const Tensor& hidden, KVCache& cache);
+
   // Greedy drafts: each row's highest logit (lowest id on ties), as target ids, into
   // tokens int32 [R] on the device (a graph can record it); or to the host.
   void GreedyTargetTokens(const Tensor& logits, Tensor& tokens);
