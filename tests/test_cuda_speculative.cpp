@@ -135,8 +135,8 @@ TEST(CudaSpeculativeGraphs, AdaptiveDraftLengthsOnGraphsGiveTheEagerTokens) {
     config.spec_bench_accept_rate = rate;
     const std::string what = "adaptive eagle3 at forced rate " + std::to_string(rate);
     for (float temperature : {0.0f, 1.0f}) {
-      const Run eager = Generate(**model, config, false, temperature);
-      const Run graphs = Generate(**model, config, true, temperature);
+      const hsx::Run eager = Generate(**model, config, false, temperature);
+      const hsx::Run graphs = Generate(**model, config, true, temperature);
       ASSERT_EQ(eager.tokens.size(), 5u);
       EXPECT_EQ(graphs.tokens, eager.tokens) << what << " at temperature " << temperature;
       EXPECT_EQ(graphs.accepted, eager.accepted) << what;

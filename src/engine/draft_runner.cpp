@@ -181,7 +181,7 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
   const int rows = bucket > 0 ? bucket : n;
   // Drafts stay on the device, step after step ([num_drafts, rows]); one download at the end.
   Tensor tokens = bucket > 0 ? DraftTokens() : backend.Empty(DType::kI32, {int64_t{num_drafts} * n});
-  const int64_t layers = step_aux.size(0), total = step_aux.size(1), h = step_aux.size(2);
+  const int64_t layers = step_aux.size(0), h = step_aux.size(2);
   auto gather_aux = [this](const std::vector<int32_t>& rows_of_step, Tensor& out) { GatherAux(rows_of_step, out); };
   DeviceBatch padded;  // the first pass on the graph (q > 0), and its aux states
   Tensor padded_aux;
