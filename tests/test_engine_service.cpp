@@ -7,7 +7,7 @@
 #include <future>
 
 #include "backend/cpu/cpu_backend.h"
-#include "server/engine_service.h"
+#include "engine/engine_service.h"
 #include "test_util.h"
 
 namespace hsx {

@@ -1,4 +1,4 @@
-#include "server/engine_replicas.h"
+#include "engine/engine_replicas.h"
 
 #include <algorithm>
 #include <numeric>

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/replica_router.h"
-#include "server/engine_service.h"
+#include "engine/engine_service.h"
 
 namespace hsx {
 
