@@ -1,8 +1,8 @@
 // The data-parallel dispatcher: M EngineServices (one per device) behind the one
-// interface serve, generate and extract use. A request (all choices of one completion together) goes
-// to the replica ReplicaRouter picks: its first block's replica, for the prefix cache,
-// unless that one is busier than the least loaded by the slack; a replica whose queue is
-// full hands it to the next least loaded. Stats are the replicas' summed.
+// interface serve, generate and extract use. A request (all choices of one completion
+// together) goes to the replica ReplicaRouter picks: its first block's replica, for the
+// prefix cache, unless that one is busier than the least loaded by the slack; a replica
+// whose queue is full hands it to the next least loaded. Stats are the replicas' summed.
 #pragma once
 
 #include <memory>
