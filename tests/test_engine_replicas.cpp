@@ -8,7 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/replica_router.h"
-#include "server/engine_replicas.h"
+#include "engine/engine_replicas.h"
 #include "test_util.h"
 
 namespace hsx {

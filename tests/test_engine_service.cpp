@@ -1,13 +1,15 @@
 // The engine behind its thread: requests from other threads finish through callbacks,
-// a full queue refuses work, and shutdown drains what was accepted.
+// a full queue refuses work, shutdown drains what was accepted, and a gathered first
+// step waits for its tokens (extract's).
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
-#include "server/engine_service.h"
+#include "engine/engine_service.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -129,6 +131,62 @@ TEST(EngineServiceTest, SubmitAllTakesAllOrNone) {
   EXPECT_TRUE(fresh.SubmitAll(batch(3)));
   fresh.Shutdown();
   EXPECT_EQ(called.load(), 3);
+}
+
+// extract's first step: it waits for a step's worth of prompt tokens, a full queue or
+// Close, never runs a request alone that came first, and later steps go as work comes.
+TEST(EngineServiceTest, AGatheredStepWaitsForItsTokensAFullQueueOrClose) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  EngineConfig config;
+  config.num_blocks = 64;
+  std::atomic<int> done{0};
+  auto count = [&](const Status& s, std::unique_ptr<Sequence>) { done += s.ok() ? 1 : 100; };
+  auto settled = [&](int n) {  // n callbacks within a minute
+    for (int i = 0; i < 600 && done.load() < n; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return done.load() == n;
+  };
+  {  // by tokens: 10 are held, 10 more make the 20 it waits for
+    EngineService service(**model, config, 8);
+    service.GatherNextStep(20);
+    ASSERT_TRUE(service.Submit({"a", std::vector<int32_t>(10, 5), 0}, count));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a tiny CPU step: it would have run
+    EXPECT_EQ(done.load(), 0);
+    EXPECT_EQ(service.stats().steps, 0u);
+    EXPECT_EQ(service.load(), 1u);
+    ASSERT_TRUE(service.Submit({"b", std::vector<int32_t>(10, 6), 0}, count));
+    ASSERT_TRUE(settled(2));
+    for (int i = 0; i < 100 && service.stats().steps == 0; ++i) {  // stats follow the callbacks
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(service.stats().steps, 1u);  // both prompts in one step
+    // Gathered once: a later request runs at once.
+    ASSERT_TRUE(service.Submit({"c", std::vector<int32_t>(3, 7), 0}, count));
+    EXPECT_TRUE(settled(3));
+  }
+  done = 0;
+  {  // by a full queue: two short prompts fill max_queued 2
+    EngineService service(**model, config, 2);
+    service.GatherNextStep(1000);
+    ASSERT_TRUE(service.Submit({"a", {1, 2, 3}, 0}, count));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(done.load(), 0);
+    ASSERT_TRUE(service.Submit({"b", {4, 5, 6}, 0}, count));
+    EXPECT_TRUE(settled(2));
+  }
+  done = 0;
+  {  // by Close: the end of the input runs what came
+    EngineService service(**model, config, 8);
+    service.GatherNextStep(1000);
+    ASSERT_TRUE(service.Submit({"a", {1, 2, 3}, 0}, count));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(done.load(), 0);
+    service.Close();
+    EXPECT_FALSE(service.Submit({"late", {1}, 0}, count));
+    EXPECT_TRUE(settled(1));
+    service.Shutdown();
+  }
 }
 
 }  // namespace

@@ -1,18 +1,17 @@
 // hsx extract: hidden states of chosen layers for every prompt of a JSONL file, one
-// <id>.safetensors per request, a manifest line per file, resumable.
+// <id>.safetensors per request, a manifest line per file, resumable. The input's lines go
+// through the data-parallel dispatcher (EngineReplicas, one engine per replica) to the
+// capture sink; a manifest line follows each record the sink holds.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
-#include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "capture/hidden_states_file.h"
 #include "capture/kv_transfer_config.h"
@@ -25,9 +24,8 @@
 #include "cli/common.h"
 #include "cli/extract.h"
 #include "engine/capture_record.h"
-#include "engine/engine.h"
+#include "engine/engine_replicas.h"
 #include "engine/regeneration_request.h"
-#include "engine/replica_router.h"
 #include "util/atomic_file.h"
 #include "util/stable_hash.h"
 
@@ -76,6 +74,44 @@ void RegenerationRequest(Request& request, std::shared_ptr<ConversationRegenerat
   request.sampling.top_p = flags.top_p;
   if (flags.seed) request.sampling.seed = *flags.seed + StableHash(request.id);
   MakeRegenerationRequest(request, std::move(regeneration), flags.max_tokens, max_model_len);
+}
+
+// An input line on its way through the dispatcher: what its record needs besides the
+// finished sequence (a messages line's loss mask, a regenerated conversation's answers).
+struct ExtractLine {
+  int line = 0;
+  std::vector<uint8_t> loss_mask;
+  std::shared_ptr<ConversationRegeneration> regeneration;
+};
+
+// One EngineService per replica, each built with its device pinned and given `warmup_tokens`
+// (> 0) throwaway prompt tokens first (ExtractOptions::warmup), all replicas at once,
+// behind the dispatcher that routes as serve's does.
+Result<std::unique_ptr<EngineReplicas>> StartReplicas(std::vector<LoadedModel>& replicas, const EngineConfig& config,
+                                                      size_t max_in_flight, int warmup_tokens) {
+  std::vector<std::unique_ptr<EngineService>> services;
+  std::vector<std::future<Status>> warmups;
+  for (LoadedModel& r : replicas) {
+    r.backend->PinThread();
+    EngineConfig own = config;
+    own.tensor_parallel_peers = r.peers();
+    services.push_back(std::make_unique<EngineService>(*r.model, own, max_in_flight));
+    if (warmup_tokens <= 0) continue;
+    const ModelConfig& mc = r.model->config();
+    const int n = std::max(1, std::min(warmup_tokens, mc.max_model_len()) - 1);
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i % mc.vocab_size;
+    auto promise = std::make_shared<std::promise<Status>>();
+    warmups.push_back(promise->get_future());
+    if (!services.back()->Submit(Request{"hsx-warmup", std::move(ids), 0},
+                                 [promise](const Status& s, std::unique_ptr<Sequence>) { promise->set_value(s); })) {
+      return Error("warmup: the engine refused its request");
+    }
+  }
+  for (auto& w : warmups) {
+    if (Status s = w.get(); !s.ok()) return s;
+  }
+  return std::make_unique<EngineReplicas>(std::move(services), config.block_size, std::max<size_t>(1, max_in_flight / 2));
 }
 
 }  // namespace
@@ -158,23 +194,19 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   ec.capture_dtype = dtype;
   ec.enable_prefix_caching = o.prefix_caching;
   ec.graphs = !o.model.enforce_eager;
-  // One engine per replica; each is built, stepped and destroyed with its device pinned.
-  std::vector<std::unique_ptr<Engine>> engines;
-  for (LoadedModel& r : *replicas) {
-    r.backend->PinThread();
-    EngineConfig own = ec;
-    own.tensor_parallel_peers = r.peers();
-    engines.push_back(std::make_unique<Engine>(*r.model, own));
-    if (!o.warmup) continue;
-    Engine& engine = *engines.back();
-    const int n = std::max(1, std::min(o.max_num_batched_tokens, config.max_model_len()) - 1);
-    std::vector<int32_t> ids(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = i % config.vocab_size;
-    if (Status s = engine.Add(Request{"hsx-warmup", std::move(ids), 0}); !s.ok()) return {Fail(cmd, s)};
-    while (engine.has_work()) engine.Step();
-  }
+  // The dispatcher: one engine per replica on its own thread, each holding at most
+  // max_in_flight requests (bounded memory on any input).
+  const size_t max_in_flight = static_cast<size_t>(std::max(1, o.max_num_seqs)) * 2;  // per replica
+  auto dispatcher = StartReplicas(*replicas, ec, max_in_flight, o.warmup ? o.max_num_batched_tokens : 0);
+  if (!dispatcher.ok()) return {Fail(cmd, dispatcher.status())};
+  EngineReplicas& engines = **dispatcher;
+  // Each replica's first step waits for a step's worth of prompt tokens (or a full queue, or
+  // the end of the input): stepping on the first few requests the reader hands over makes a
+  // short step and one step more in all, and waiting for more keeps the GPU idle while the
+  // reader parses the rest (for a short input, all of it).
+  engines.GatherNextStep(o.max_num_batched_tokens);
 
-  const int max_model_len = engines.front()->config().max_model_len;
+  const int max_model_len = engines.engine_config().max_model_len;
   const auto start = std::chrono::steady_clock::now();
   std::atomic<int64_t> written{0}, failed{0}, tokens_done{0}, left_unwritten{0}, write_failures{0};
   std::atomic<uint64_t> bytes_written{0};
@@ -183,29 +215,14 @@ ExtractResult RunExtract(const ExtractOptions& o) {
     std::lock_guard<std::mutex> lock(out_mu);
     failed += Fail(cmd, s);
   };
-  // The reader hands requests to the replicas; each replica's thread adds them to its
-  // engine and steps it. Everything below dispatch_mu is shared between them.
-  // A request on its way to a replica, with its input line and loss mask (messages lines).
-  struct Item {
-    Request request;
-    int line = 0;
-    std::vector<uint8_t> loss_mask;
-    std::shared_ptr<ConversationRegeneration> regeneration;
-  };
-  struct Replica {
-    std::deque<Item> inbox;
-    int64_t inbox_tokens = 0;                   // the inbox's prompt tokens
-    size_t outstanding = 0;                     // handed to it and not yet finished
-    int64_t requests = 0;
-  };
-  std::vector<Replica> work(engines.size());
-  std::mutex dispatch_mu;
-  std::condition_variable dispatch_cv;
-  bool input_done = false;
+  // The reader waits here while every replica holds max_in_flight; a finished request (or a
+  // stop) wakes it.
+  std::mutex room_mu;
+  std::condition_variable room_cv;
   std::atomic<bool> stopping{false};
-  auto wake_all = [&] {
-    { std::lock_guard<std::mutex> lock(dispatch_mu); }  // a waiter between its check and its wait still sees it
-    dispatch_cv.notify_all();
+  auto wake_reader = [&] {
+    { std::lock_guard<std::mutex> lock(room_mu); }  // the reader is between Submit and its wait, or waiting
+    room_cv.notify_all();
   };
   // A full disk fails every later write too: stop at the first such error, or after
   // max_write_failures in a row, instead of computing the rest of the dataset for nothing.
@@ -224,7 +241,8 @@ ExtractResult RunExtract(const ExtractOptions& o) {
       return;
     }
     stopping = true;
-    wake_all();
+    engines.AbortAll();  // requests under way are cancelled: the resumed run does them
+    wake_reader();
   };
   // A shard's share of the lines is about 1/n of them (ids hash evenly).
   Progress progress(shard->sharded() ? "hsx extract " + std::to_string(shard->index) + "/" + std::to_string(shard->count)
@@ -232,117 +250,75 @@ ExtractResult RunExtract(const ExtractOptions& o) {
                     PromptReader::CountLines(o.input) / shard->count - static_cast<int64_t>(manifest->size()));
   std::unordered_map<std::string, int> seen;  // id -> line, within this input
   int64_t skipped = 0;
-  const size_t max_in_flight = static_cast<size_t>(std::max(1, o.max_num_seqs)) * 2;  // per replica
   {
     WriterPool writers(o.writer_threads, static_cast<size_t>(std::max(1, o.writer_queue)));
-    auto run_replica = [&](size_t r) {
-      Engine& engine = *engines[r];
-      (*replicas)[r].backend->PinThread();
-      std::unordered_map<std::string, Item> lines;  // id -> its item (the request moved out), while unfinished
-      std::vector<Item> arrived;
-      // The first step waits for a step's worth of prompt tokens (or a full inbox, or the end
-      // of the input): stepping on the first few requests the reader hands over makes a short
-      // step and one step more in all, and waiting for more keeps the GPU idle while the reader
-      // parses the rest (for a short input, all of it).
-      bool started = false;
-      auto finished = [&] {
-        std::lock_guard<std::mutex> lock(dispatch_mu);
-        --work[r].outstanding;
-        dispatch_cv.notify_all();
-      };
-      // A line that failed after admission (an inf or NaN row, a regeneration that went
-      // wrong): reported, and told to the sink, as serve does, so that a reader waiting for
-      // its id meets Mooncake's ":error" marker instead of timing out. On a writer thread:
-      // the sink may be a network store.
-      auto failed_after_admission = [&](std::shared_ptr<const Sequence> seq, int line, Status why) {
-        writers.Submit([&, seq, line, why] {
-          const Status marker = sink->PutFailure(CaptureRecordOf(*seq, "", *contract), why);
-          report(Error(o.input + ":" + std::to_string(line) + ": " + why.message() +
-                       (marker.ok() ? "" : "; " + marker.message())));
-        });
-      };
-      for (;;) {
-        {
-          std::unique_lock<std::mutex> lock(dispatch_mu);
-          dispatch_cv.wait(lock, [&] {
-            return stopping || input_done || (started && (engine.has_work() || !work[r].inbox.empty())) ||
-                   work[r].outstanding >= max_in_flight || work[r].inbox_tokens >= o.max_num_batched_tokens;
-          });
-          if (stopping || (input_done && work[r].inbox.empty() && !engine.has_work())) return;
-          started = true;
-          for (auto& item : work[r].inbox) arrived.push_back(std::move(item));
-          work[r].inbox.clear();
-          work[r].inbox_tokens = 0;
-        }
-        for (Item& item : arrived) {
-          const std::string id = item.request.id;
-          if (Status s = engine.Add(std::move(item.request)); !s.ok()) {
-            report(Error(o.input + ":" + std::to_string(item.line) + ": " + s.message()));
-            finished();
-          } else {
-            lines[id] = std::move(item);
-          }
-        }
-        arrived.clear();
-        if (!engine.has_work()) continue;
-        for (auto& done : engine.Step()) {
-          auto node = lines.extract(done->id());
-          const int line = node.empty() ? 0 : node.mapped().line;
-          finished();
-          std::shared_ptr<Sequence> seq(std::move(done));
-          if (!seq->error.ok()) {
-            failed_after_admission(seq, line, seq->error);
-            continue;
-          }
-          auto mask = std::make_shared<std::vector<uint8_t>>(node.empty() ? std::vector<uint8_t>{}
-                                                                             : std::move(node.mapped().loss_mask));
-          std::shared_ptr<ConversationRegeneration> regeneration =
-              node.empty() ? nullptr : std::move(node.mapped().regeneration);
-          if (regeneration && !regeneration->error().ok()) {
-            failed_after_admission(seq, line, regeneration->error());
-            continue;
-          }
-          writers.Submit([&, seq, mask, regeneration] {
-            if (stopping) {
-              ++left_unwritten;  // for the resumed run
-              return;
-            }
-            CaptureRecord record = CaptureRecordOf(*seq, "", *contract);
-            if (regeneration) {  // 1 on the answers the target generated
-              record.extras.emplace_back("loss_mask",
-                                         RegenerationLossMask(*regeneration, static_cast<int64_t>(record.token_ids.size())));
-            } else if (!mask->empty()) {
-              mask->resize(record.token_ids.size());
-              Tensor loss_mask = Tensor::Host(DType::kI64, {static_cast<int64_t>(mask->size())});
-              std::copy(mask->begin(), mask->end(), loss_mask.data<int64_t>());
-              record.extras.emplace_back("loss_mask", std::move(loss_mask));
-            }
-            auto receipt = sink->Put(record);
-            std::lock_guard<std::mutex> lock(out_mu);
-            Result<std::string> out_line =
-                receipt.ok() ? manifest->Append(seq->id(), receipt->location, static_cast<int64_t>(record.token_ids.size()),
-                                                receipt->transfer_params.contains("hidden_states_path")
-                                                    ? nlohmann::json(nullptr)
-                                                    : receipt->transfer_params)
-                             : receipt.status();
-            if (!out_line.ok()) return write_failed(out_line.status());
-            consecutive_write_failures = 0;
-            if (!o.quiet) std::printf("%s\n", out_line->c_str());
-            ++written;
-            tokens_done += static_cast<int64_t>(record.token_ids.size());
-            bytes_written += receipt->bytes;
-          });
-        }
-        std::lock_guard<std::mutex> lock(out_mu);
-        progress.Update(written + failed, tokens_done);
-      }
+    // A line that failed after admission (an inf or NaN row, a regeneration that went
+    // wrong): reported, and told to the sink, as serve does, so that a reader waiting for
+    // its id meets Mooncake's ":error" marker instead of timing out. On a writer thread:
+    // the sink may be a network store.
+    auto failed_after_admission = [&](std::shared_ptr<const Sequence> seq, int line, Status why) {
+      writers.Submit([&, seq, line, why] {
+        const Status marker = sink->PutFailure(CaptureRecordOf(*seq, "", *contract), why);
+        report(Error(o.input + ":" + std::to_string(line) + ": " + why.message() +
+                     (marker.ok() ? "" : "; " + marker.message())));
+      });
     };
-    std::vector<std::thread> threads;
-    for (size_t r = 0; r < engines.size(); ++r) threads.emplace_back(run_replica, r);
+    // The sink side: a finished request's record goes to a writer thread (Submit blocks
+    // while the writers' queue is full: a slow disk makes the engines wait), which puts it
+    // in the sink and appends its manifest line. Runs on the replica's engine thread.
+    auto finished = [&](const std::shared_ptr<ExtractLine>& line, const Status& status, std::unique_ptr<Sequence> done) {
+      wake_reader();  // its room in the dispatcher is free
+      if (stopping) {  // cancelled, or finished unwritten: the resumed run does it
+        if (status.ok()) ++left_unwritten;
+        return;
+      }
+      if (done == nullptr) {  // the engine refused it (Engine::Add)
+        report(Error(o.input + ":" + std::to_string(line->line) + ": " + status.message()));
+      } else if (!status.ok()) {
+        failed_after_admission(std::move(done), line->line, status);
+      } else if (line->regeneration && !line->regeneration->error().ok()) {
+        failed_after_admission(std::move(done), line->line, line->regeneration->error());
+      } else {
+        std::shared_ptr<Sequence> seq(std::move(done));
+        writers.Submit([&, seq, line] {
+          if (stopping) {
+            ++left_unwritten;  // for the resumed run
+            return;
+          }
+          CaptureRecord record = CaptureRecordOf(*seq, "", *contract);
+          if (line->regeneration) {  // 1 on the answers the target generated
+            record.extras.emplace_back(
+                "loss_mask", RegenerationLossMask(*line->regeneration, static_cast<int64_t>(record.token_ids.size())));
+          } else if (!line->loss_mask.empty()) {
+            std::vector<uint8_t>& mask = line->loss_mask;
+            mask.resize(record.token_ids.size());
+            Tensor loss_mask = Tensor::Host(DType::kI64, {static_cast<int64_t>(mask.size())});
+            std::copy(mask.begin(), mask.end(), loss_mask.data<int64_t>());
+            record.extras.emplace_back("loss_mask", std::move(loss_mask));
+          }
+          auto receipt = sink->Put(record);
+          std::lock_guard<std::mutex> lock(out_mu);
+          Result<std::string> out_line =
+              receipt.ok() ? manifest->Append(seq->id(), receipt->location, static_cast<int64_t>(record.token_ids.size()),
+                                              receipt->transfer_params.contains("hidden_states_path")
+                                                  ? nlohmann::json(nullptr)
+                                                  : receipt->transfer_params)
+                           : receipt.status();
+          if (!out_line.ok()) return write_failed(out_line.status());
+          consecutive_write_failures = 0;
+          if (!o.quiet) std::printf("%s\n", out_line->c_str());
+          ++written;
+          tokens_done += static_cast<int64_t>(record.token_ids.size());
+          bytes_written += receipt->bytes;
+        });
+      }
+      std::lock_guard<std::mutex> lock(out_mu);
+      progress.Update(written + failed, tokens_done);
+    };
 
-    // Requests sharing a first block go to one replica (its prefix cache), others by load.
-    const ReplicaRouter router(ec.block_size, std::max<size_t>(1, max_in_flight / 2));
-    std::vector<size_t> loads(work.size());
+    // The input side: each owned, new, valid line becomes a request for the dispatcher,
+    // which routes it as serve's (a shared first block to one replica's prefix cache,
+    // others by load).
     while (!stopping) {
       std::optional<PromptLine> p = reader->Next();
       if (!p) break;
@@ -364,22 +340,6 @@ ExtractResult RunExtract(const ExtractOptions& o) {
         report(Error(where + s.message()));
         continue;
       }
-      // Bounded memory on any input: wait while every replica holds max_in_flight.
-      std::unique_lock<std::mutex> lock(dispatch_mu);
-      auto has_room = [&] {
-        for (const Replica& w : work) {
-          if (w.outstanding < max_in_flight) return true;
-        }
-        return false;
-      };
-      dispatch_cv.wait(lock, [&] { return stopping || has_room(); });
-      if (stopping) break;
-      for (size_t r = 0; r < work.size(); ++r) loads[r] = work[r].outstanding;
-      size_t r = static_cast<size_t>(router.Pick(p->token_ids, loads));
-      if (loads[r] >= max_in_flight) r = static_cast<size_t>(std::min_element(loads.begin(), loads.end()) - loads.begin());
-      ++work[r].outstanding;
-      ++work[r].requests;
-      work[r].inbox_tokens += static_cast<int64_t>(p->token_ids.size());
       Request request{p->id, std::move(p->token_ids), 0};
       if (p->regeneration) {
         if (static_cast<int>(request.prompt.size()) >= max_model_len) {
@@ -388,16 +348,16 @@ ExtractResult RunExtract(const ExtractOptions& o) {
         }
         RegenerationRequest(request, p->regeneration, o.regenerate, max_model_len, config.eos_token_ids);
       }
-      work[r].inbox.push_back({std::move(request), p->line, std::move(p->loss_mask), std::move(p->regeneration)});
-      dispatch_cv.notify_all();
+      auto line = std::make_shared<ExtractLine>(ExtractLine{p->line, std::move(p->loss_mask), std::move(p->regeneration)});
+      EngineReplicas::Callback done = [&finished, line](const Status& s, std::unique_ptr<Sequence> seq) {
+        finished(line, s, std::move(seq));
+      };
+      // A refused request stays with us (Submit takes a copy): try again once one finishes.
+      std::unique_lock<std::mutex> lock(room_mu);
+      while (!stopping && !engines.Submit(request, done)) room_cv.wait(lock);
     }
-    {
-      std::lock_guard<std::mutex> lock(dispatch_mu);
-      input_done = true;
-    }
-    dispatch_cv.notify_all();
-    for (auto& t : threads) t.join();
-  }
+    engines.Shutdown();  // the end of the input: every replica finishes what it holds
+  }  // and the writers write what they hold
   if (stopping) {
     Fail(cmd, Error("stopped early: " + stop_reason + "; " + std::to_string(written.load()) +
                     " files written this run, " + std::to_string(left_unwritten.load()) +
@@ -411,36 +371,33 @@ ExtractResult RunExtract(const ExtractOptions& o) {
   }
   std::fflush(stdout);
   if (!o.quiet) {
+    const EngineService::Stats total = engines.stats();
     std::string per_replica;
-    double hit_rate = 0;
-    for (size_t r = 0; r < engines.size(); ++r) {
-      hit_rate += engines[r]->prefix_cache_hit_rate() / static_cast<double>(engines.size());
-      per_replica += (r ? ", " : "; requests per replica: ") + std::to_string(work[r].requests);
+    const std::vector<EngineService::Stats> replica_stats = engines.replica_stats();
+    for (size_t r = 0; r < replica_stats.size(); ++r) {
+      const uint64_t requests = replica_stats[r].requests_finished + replica_stats[r].requests_failed - (o.warmup ? 1 : 0);
+      per_replica += (r ? ", " : "; requests per replica: ") + std::to_string(requests);
     }
     std::fprintf(stderr,
                  "hsx extract: wrote %ld files to %s, skipped %ld already in the manifest, %ld failed; "
                  "prefix cache hit rate %.1f%%%s\n",
                  static_cast<long>(written.load()), o.output.c_str(), static_cast<long>(skipped),
-                 static_cast<long>(failed.load()), 100.0 * hit_rate, engines.size() > 1 ? per_replica.c_str() : "");
+                 static_cast<long>(failed.load()), 100.0 * total.prefix_cache_hit_rate,
+                 engines.size() > 1 ? per_replica.c_str() : "");
     // Where the engine threads' time went (host wall time per stage, summed over replicas;
     // blocking downloads count in run): against the run's wall time, what is left is the
     // dispatch around the steps.
     std::string stages;
-    uint64_t steps = 0;
     for (int i = 0; i < EngineStats::kNumStages; ++i) {
-      double seconds = 0;
-      for (const auto& e : engines) seconds += e->stats().stage_seconds[i];
-      stages += std::string(i ? ", " : "") + EngineStats::kStageNames[i] + " " + std::to_string(seconds).substr(0, 6) + " s";
+      stages += std::string(i ? ", " : "") + EngineStats::kStageNames[i] + " " +
+                std::to_string(total.engine.stage_seconds[i]).substr(0, 6) + " s";
     }
-    for (const auto& e : engines) steps += e->stats().steps;
-    std::fprintf(stderr, "hsx extract: engine host time: %s; %lu steps\n", stages.c_str(), static_cast<unsigned long>(steps));
+    std::fprintf(stderr, "hsx extract: engine host time: %s; %lu steps\n", stages.c_str(),
+                 static_cast<unsigned long>(total.engine.steps));
   }
   size_t peak = 0;
-  for (size_t r = 0; r < engines.size(); ++r) {
-    peak = std::max(peak, (*replicas)[r].backend->peak_memory_bytes());
-    (*replicas)[r].backend->PinThread();
-    engines[r].reset();
-  }
+  for (const LoadedModel& r : *replicas) peak = std::max(peak, r.backend->peak_memory_bytes());
+  // The engines go with `dispatcher`, each destroyed with its device pinned (~EngineService).
   return {failed > 0 || stopping ? 1 : 0, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
           written.load(), tokens_done.load(), bytes_written.load(), connector, peak};
 }

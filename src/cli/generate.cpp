@@ -7,7 +7,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/engine.h"
-#include "server/engine_replicas.h"
+#include "engine/engine_replicas.h"
 
 namespace hsx::cli {
 namespace {

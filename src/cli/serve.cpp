@@ -15,6 +15,7 @@
 #include "capture/kv_transfer_config.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "engine/engine_replicas.h"
 #include "server/openai_server.h"
 #include "util/atomic_file.h"
 

@@ -17,7 +17,7 @@
 #include "capture/writer_pool.h"
 #include "server/completion_request.h"
 #include "server/completion_text.h"
-#include "server/engine_replicas.h"
+#include "engine/engine_replicas.h"
 #include "server/save_names.h"
 #include "server/render_request.h"
 #include "template/chat_template.h"

@@ -1,7 +1,8 @@
 // Runs an Engine on its own thread so requests can come from any thread: Submit queues
 // a request and returns at once; its callback runs on the engine thread when it ends.
-// The queue is bounded (a full one refuses new work, so the server can answer 503), an
-// aborted request frees its blocks, and Shutdown drains what was accepted.
+// The queue is bounded (a full one refuses new work: the server answers 503, extract and
+// generate wait for room), an aborted request frees its blocks, and Shutdown drains what
+// was accepted. serve, generate and extract all dispatch through it (EngineReplicas).
 #pragma once
 
 #include <atomic>
@@ -27,8 +28,9 @@ class EngineService {
   // Status and the sequence when it ran (cancelled, or failed while running), else null.
   using Callback = std::function<void(const Status&, std::unique_ptr<Sequence>)>;
 
+  // Builds the engine on the calling thread (pin the model's device first).
   EngineService(Model& model, EngineConfig config, size_t max_queued);
-  ~EngineService();  // Shutdown()
+  ~EngineService();  // Shutdown(), then destroys the engine with its device pinned
 
   // False (and the callback is never called) when the queue is full or shutting down.
   bool Submit(Request request, Callback done);
@@ -38,13 +40,23 @@ class EngineService {
   // The engine's checks (Engine::Validate), from any thread, before submitting.
   Status Validate(const Request& request) const { return engine_.Validate(request); }
   const ModelConfig& model_config() const { return engine_.model().config(); }
+  // The engine's settings as it runs them (max_model_len and num_blocks resolved).
+  const EngineConfig& engine_config() const { return engine_.config(); }
   size_t max_queued() const { return max_queued_; }
+  // Requests accepted and not yet finished (queued or running), now: what max_queued bounds.
+  size_t load() const;
+  // The next step waits until the queue holds `prompt_tokens` prompt tokens, or is full, or
+  // Close: a batch job (extract) whose first requests trickle in from a parser would
+  // otherwise run a short first step on the first few, and one step more in all.
+  void GatherNextStep(int64_t prompt_tokens);
   // Drops a request that has not finished; its callback gets an error.
   void Abort(const std::string& id);
   // Fails every unfinished request (each callback gets an error) and refuses new ones:
   // a server whose drain was cut short.
   void AbortAll();
-  // Finishes every accepted request, then stops the thread.
+  // Refuses new requests and lets the thread finish the accepted ones; returns at once.
+  void Close();
+  // Close(), then waits for the thread to finish every accepted request and stop.
   void Shutdown();
 
   struct Stats {
@@ -72,6 +84,8 @@ class EngineService {
   std::unordered_set<std::string> aborts_;
   std::unordered_map<std::string, Callback> callbacks_;  // accepted, unfinished; engine thread only
   size_t in_flight_ = 0;  // callbacks_.size() plus requests taken from incoming_ and not yet admitted, under mu_
+  int64_t incoming_tokens_ = 0;  // incoming_'s prompt tokens
+  int64_t gather_tokens_ = 0;    // > 0: the next step waits for this many (GatherNextStep)
   bool stopping_ = false;
   bool abort_all_ = false;
   Stats stats_;

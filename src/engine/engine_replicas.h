@@ -1,8 +1,8 @@
-// The server's engines: M EngineServices (data parallelism, one per device) behind the
-// one interface the server uses. A request (all choices of one completion together) goes
-// to the replica ReplicaRouter picks: its first block's replica, for the prefix cache,
-// unless that one is busier than the least loaded by the slack; a replica whose queue is
-// full hands it to the next least loaded. Stats are the replicas' summed.
+// The data-parallel dispatcher: M EngineServices (one per device) behind the one
+// interface serve, generate and extract use. A request (all choices of one completion
+// together) goes to the replica ReplicaRouter picks: its first block's replica, for the
+// prefix cache, unless that one is busier than the least loaded by the slack; a replica
+// whose queue is full hands it to the next least loaded. Stats are the replicas' summed.
 #pragma once
 
 #include <memory>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/replica_router.h"
-#include "server/engine_service.h"
+#include "engine/engine_service.h"
 
 namespace hsx {
 
@@ -30,11 +30,14 @@ class EngineReplicas {
   bool SubmitAll(std::vector<std::pair<Request, Callback>> requests);
   Status Validate(const Request& request) const { return replicas_[0]->Validate(request); }
   const ModelConfig& model_config() const { return replicas_[0]->model_config(); }
+  const EngineConfig& engine_config() const { return replicas_[0]->engine_config(); }
   size_t max_queued() const { return replicas_[0]->max_queued(); }  // per completion: one replica takes it
   void Abort(const std::string& id);
   void AbortAll();
-  void Shutdown();
-  EngineService::Stats stats() const;
+  void GatherNextStep(int64_t prompt_tokens);  // on every replica (EngineService's)
+  void Close();     // every replica refuses new requests and drains; returns at once
+  void Shutdown();  // Close(), then waits for every replica to drain
+  EngineService::Stats stats() const;  // summed; the prefix cache hit rate averaged
   std::vector<EngineService::Stats> replica_stats() const;
   size_t size() const { return replicas_.size(); }
 

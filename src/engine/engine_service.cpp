@@ -1,4 +1,4 @@
-#include "server/engine_service.h"
+#include "engine/engine_service.h"
 
 namespace hsx {
 
@@ -8,7 +8,10 @@ EngineService::EngineService(Model& model, EngineConfig config, size_t max_queue
   thread_ = std::thread([this] { Loop(); });
 }
 
-EngineService::~EngineService() { Shutdown(); }
+EngineService::~EngineService() {
+  Shutdown();
+  engine_.model().backend().PinThread();  // the engine frees its device memory on this thread
+}
 
 bool EngineService::Submit(Request request, Callback done) {
   std::vector<std::pair<Request, Callback>> one;
@@ -20,7 +23,10 @@ bool EngineService::SubmitAll(std::vector<std::pair<Request, Callback>> requests
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || abort_all_ || incoming_.size() + in_flight_ + requests.size() > max_queued_) return false;
-    for (auto& [request, done] : requests) incoming_.push_back({std::move(request), std::move(done)});
+    for (auto& [request, done] : requests) {
+      incoming_tokens_ += static_cast<int64_t>(request.prompt.size());
+      incoming_.push_back({std::move(request), std::move(done)});
+    }
   }
   wake_.notify_one();
   return true;
@@ -38,6 +44,24 @@ void EngineService::AbortAll() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     abort_all_ = true;
+  }
+  wake_.notify_one();
+}
+
+size_t EngineService::load() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return incoming_.size() + in_flight_;
+}
+
+void EngineService::GatherNextStep(int64_t prompt_tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  gather_tokens_ = prompt_tokens;
+}
+
+void EngineService::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
   }
   wake_.notify_one();
 }
@@ -65,9 +89,16 @@ void EngineService::Loop() {
     bool abort_all = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !aborts_.empty() || engine_.has_work(); });
+      wake_.wait(lock, [&] {
+        if (stopping_ || !aborts_.empty() || engine_.has_work()) return true;
+        if (incoming_.empty()) return false;
+        return gather_tokens_ <= 0 || abort_all_ || incoming_tokens_ >= gather_tokens_ ||
+               incoming_.size() + in_flight_ >= max_queued_;
+      });
       if (stopping_ && incoming_.empty() && !engine_.has_work()) return;
+      if (!incoming_.empty()) gather_tokens_ = 0;  // gathered: later steps go as work comes
       incoming.swap(incoming_);
+      incoming_tokens_ = 0;
       // Taken requests still count against max_queued until they are admitted or fail, so
       // Submit sees no free room in between.
       in_flight_ += incoming.size();

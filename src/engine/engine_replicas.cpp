@@ -1,4 +1,4 @@
-#include "server/engine_replicas.h"
+#include "engine/engine_replicas.h"
 
 #include <algorithm>
 #include <numeric>
@@ -20,10 +20,7 @@ bool EngineReplicas::Submit(Request request, Callback done) {
 bool EngineReplicas::SubmitAll(std::vector<std::pair<Request, Callback>> requests) {
   if (requests.empty()) return replicas_[0]->SubmitAll({});
   std::vector<size_t> loads(replicas_.size());
-  for (size_t r = 0; r < replicas_.size(); ++r) {
-    const EngineService::Stats s = replicas_[r]->stats();
-    loads[r] = s.queued + s.running;
-  }
+  for (size_t r = 0; r < replicas_.size(); ++r) loads[r] = replicas_[r]->load();
   // The router's pick first, then the others from the least loaded.
   std::vector<size_t> order(replicas_.size());
   std::iota(order.begin(), order.end(), size_t{0});
@@ -74,7 +71,16 @@ void EngineReplicas::AbortAll() {
   for (auto& r : replicas_) r->AbortAll();
 }
 
+void EngineReplicas::GatherNextStep(int64_t prompt_tokens) {
+  for (auto& r : replicas_) r->GatherNextStep(prompt_tokens);
+}
+
+void EngineReplicas::Close() {
+  for (auto& r : replicas_) r->Close();
+}
+
 void EngineReplicas::Shutdown() {
+  Close();  // all at once: a replica still gathering its first step must not wait for the others' drains
   for (auto& r : replicas_) r->Shutdown();
 }
 
@@ -109,6 +115,7 @@ EngineService::Stats EngineReplicas::stats() const {
     const auto& per_pos = s.engine.num_accepted_tokens_per_pos;
     if (e.num_accepted_tokens_per_pos.size() < per_pos.size()) e.num_accepted_tokens_per_pos.resize(per_pos.size());
     for (size_t i = 0; i < per_pos.size(); ++i) e.num_accepted_tokens_per_pos[i] += per_pos[i];
+    for (int i = 0; i < EngineStats::kNumStages; ++i) e.stage_seconds[i] += s.engine.stage_seconds[i];
   }
   return sum;
 }
