@@ -32,6 +32,7 @@ class EngineReplicas {
   const ModelConfig& model_config() const { return replicas_[0]->model_config(); }
   size_t max_queued() const { return replicas_[0]->max_queued(); }  // per completion: one replica takes it
   void Abort(const std::string& id);
+  void FinishAt(const std::string& id, int num_generated);
   void AbortAll();
   void Shutdown();
   EngineService::Stats stats() const;

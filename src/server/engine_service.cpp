@@ -34,6 +34,14 @@ void EngineService::Abort(const std::string& id) {
   wake_.notify_one();
 }
 
+void EngineService::FinishAt(const std::string& id, int num_generated) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finish_at_.emplace(id, num_generated);
+  }
+  wake_.notify_one();
+}
+
 void EngineService::AbortAll() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -62,16 +70,18 @@ void EngineService::Loop() {
   for (;;) {
     std::deque<Pending> incoming;
     std::unordered_set<std::string> aborts;
+    std::unordered_map<std::string, int> finish_at;
     bool abort_all = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !aborts_.empty() || engine_.has_work(); });
+      wake_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !aborts_.empty() || !finish_at_.empty() || engine_.has_work(); });
       if (stopping_ && incoming_.empty() && !engine_.has_work()) return;
       incoming.swap(incoming_);
       // Taken requests still count against max_queued until they are admitted or fail, so
       // Submit sees no free room in between.
       in_flight_ += incoming.size();
       aborts.swap(aborts_);
+      finish_at.swap(finish_at_);
       abort_all = abort_all_;
     }
     if (abort_all) {
@@ -103,6 +113,7 @@ void EngineService::Loop() {
       stats_.prompt_tokens += prompt;
     }
     for (const std::string& id : aborts) engine_.Abort(id);
+    for (const auto& [id, n] : finish_at) engine_.FinishAt(id, n);
 
     const uint64_t computed_before = engine_.stats().tokens_computed;
     std::vector<std::unique_ptr<Sequence>> finished;
