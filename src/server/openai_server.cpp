@@ -725,6 +725,13 @@ void OpenAiServer::Stream(Request request, const std::string& name, SaveNames::C
         engine_.FinishAt(id, *stop_at);
         lock.lock();
       }
+      if (state->finished && state->result.written.valid()) {
+        // Its put settles the sequence under this lock (ChoiceText::Settled): wait without it.
+        const std::shared_future<Written> written = state->result.written;
+        lock.unlock();
+        written.wait();
+        lock.lock();
+      }
       auto chunk = [&](json choices, json usage = nullptr) {
         json body = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
                      {"model", config_.model_name},

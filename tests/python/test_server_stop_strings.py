@@ -77,7 +77,7 @@ class Greedy:
         """(k, where the text of the first k tokens ends), for clean boundaries past the first few tokens."""
         for k in range(4, len(self.tokens) - 6):
             b = len(self.prefix[k])
-            if self.text.startswith(self.prefix[k]) and "\ufffd" not in self.text[:b + 3] and 0 < b < len(self.text) - 3:
+            if self.text.startswith(self.prefix[k]) and "\ufffd" not in self.text[b - 2:b + 3] and 2 < b < len(self.text) - 3:
                 yield k, b
 
     def stopped_at(self, stops):
