@@ -666,6 +666,7 @@ void OpenAiServer::Stream(Request request, const std::string& name, SaveNames::C
     size_t sent_tokens = 0, sent_text = 0;
     int64_t sent_chars = 0;  // characters of sent_text, where the next chunk's text_offset starts
     bool echoed = false;
+    std::chrono::steady_clock::time_point look = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
   };
   auto state = std::make_shared<State>();
   state->choice = std::make_shared<ChoiceText>(state->signal, tokenizer_, request.prompt, TextOptions(c, request));
@@ -707,17 +708,22 @@ void OpenAiServer::Stream(Request request, const std::string& name, SaveNames::C
       // Tokens go out once their logprobs (when asked for) are known, and their text with
       // them; none past a stop string's token, which the engine may have run beyond.
       auto sendable = [&] { return logprobs ? std::min(own.kept(), state->logprobs.size()) : own.kept(); };
-      while (!state->signal->cv.wait_for(lock, std::chrono::milliseconds(50),
-                                         [&] {
-                                           return state->finished || own.undecoded() || sendable() > state->sent_tokens;
-                                         })) {
-        lock.unlock();  // finding the socket reads /proc: never with the engine thread waiting
-        const bool gone = client->Gone();
-        lock.lock();
-        if (gone) {
-          engine_.Abort(id);
-          return false;
+      // Wakes for each token to decode, so the client is looked at every 50 ms by the clock.
+      for (;;) {
+        const bool woke = state->signal->cv.wait_until(lock, state->look, [&] {
+          return state->finished || own.undecoded() || sendable() > state->sent_tokens;
+        });
+        if (std::chrono::steady_clock::now() >= state->look) {
+          state->look = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+          lock.unlock();  // finding the socket reads /proc: never with the engine thread waiting
+          const bool gone = client->Gone();
+          lock.lock();
+          if (gone) {
+            engine_.Abort(id);
+            return false;
+          }
         }
+        if (woke) break;
       }
       const std::optional<int> stop_at = own.Decode();
       if (stop_at && !state->finished) {  // the engine ends it there; its result wakes us
