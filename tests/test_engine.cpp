@@ -2,6 +2,7 @@
 // states row for row, under chunked prefill, batching and preemption.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 
 #include "backend/cpu/cpu_backend.h"
@@ -193,8 +194,9 @@ std::unique_ptr<Sequence> RunOne(Engine& engine, Request r) {
 }
 
 // min_new_tokens keeps stop tokens from being sampled until then (vLLM's min_tokens);
-// on_token returning true ends the sequence after that token (a stop string).
-TEST(EngineTest, MinNewTokensHoldsStopTokensBackAndOnTokenCanStop) {
+// on_token hands each token over and cannot end the sequence (the server's stop strings
+// end it with FinishAt, below).
+TEST(EngineTest, MinNewTokensHoldsStopTokensBackAndOnTokenSeesEachToken) {
   CpuBackend backend;
   auto model = Model::Load(test::ModelDir("qwen3"), backend);
   ASSERT_TRUE(model.ok());
@@ -215,15 +217,104 @@ TEST(EngineTest, MinNewTokensHoldsStopTokensBackAndOnTokenCanStop) {
   ASSERT_GE(seq->num_generated(), 3);
   for (int i = 0; i < 3; ++i) EXPECT_NE(seq->generated()[i], greedy[0]) << i;
 
-  Request cut{"c", prompt, 8};
-  int seen = 0;
-  cut.on_token = [&](int32_t) { return ++seen == 2; };
-  seq = RunOne(engine, cut);
-  EXPECT_EQ(seq->generated(), std::vector<int32_t>(greedy.begin(), greedy.begin() + 2));
-  EXPECT_TRUE(seq->stopped());
-  auto full = RunOne(engine, {"d", prompt, 8});
-  EXPECT_EQ(full->generated(), greedy);
-  EXPECT_FALSE(full->stopped());
+  Request watched{"c", prompt, 8};
+  std::vector<int32_t> seen;
+  watched.on_token = [&](int32_t token) { seen.push_back(token); };
+  seq = RunOne(engine, watched);
+  EXPECT_EQ(seen, greedy);
+  EXPECT_EQ(seq->generated(), greedy);
+  EXPECT_FALSE(seq->stopped());
+}
+
+// FinishAt (a stop string the server found while the engine ran on) ends a request as if
+// it had stopped at that token: its tokens, logprobs and, with include_output_tokens, its
+// rows are those of the same request cut off there by max_new_tokens, value for value,
+// and it counts as stopped. With capture on, the step in flight still names the sequence
+// (it finishes after that step's rows are stored); without, it goes at once.
+TEST(EngineTest, FinishAtCutsARunningRequestBackToAToken) {
+  CpuBackend backend(/*batch_invariant=*/true);  // rows compare bit for bit, batched or alone
+  auto model = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(model.ok());
+  SafetensorsFile golden = test::Golden(test::ModelDir("qwen3") + "/golden.safetensors");
+  const std::vector<int32_t> prompt = test::AsIds(golden.Get("prompt_1").value());
+  const std::vector<int32_t> greedy = test::AsIds(golden.Get("greedy_1").value());
+  for (bool capture : {true, false}) {
+    SCOPED_TRACE(capture ? "capture" : "no capture");
+    EngineConfig config;
+    config.num_blocks = 64;
+    if (capture) config.capture_layers = {0, 2};
+    Engine engine(**model, config);
+    auto request = [&](const std::string& id, int max_new_tokens) {
+      Request r{id, prompt, max_new_tokens};
+      r.include_output_tokens = true;
+      r.sampling.logprobs = 2;
+      return r;
+    };
+    // The reference: the same request ending at its third token by max_new_tokens.
+    std::unique_ptr<Sequence> want = RunOne(engine, request("want", 3));
+    ASSERT_EQ(want->generated(), std::vector<int32_t>(greedy.begin(), greedy.begin() + 3));
+
+    // Another request beside it, so the cut one finishes within a batch.
+    ASSERT_TRUE(engine.Add(request("other", 8)).ok());
+    ASSERT_TRUE(engine.Add(request("cut", 8)).ok());
+    std::map<std::string, std::unique_ptr<Sequence>> done;
+    int steps = 0;
+    bool asked = false;
+    while (engine.has_work()) {
+      for (auto& seq : engine.Step()) done[seq->id()] = std::move(seq);
+      // Once it has run on two tokens past the third, it is cut back to the third.
+      if (++steps == 6) {
+        ASSERT_FALSE(done.count("cut"));
+        EXPECT_TRUE(engine.FinishAt("cut", 3));
+        asked = true;
+      }
+    }
+    ASSERT_TRUE(asked);
+    EXPECT_FALSE(engine.FinishAt("cut", 3));  // finished already
+    ASSERT_TRUE(done.count("cut") && done.count("other"));
+    const Sequence& cut = *done["cut"];
+    EXPECT_TRUE(cut.error.ok()) << cut.error.message();
+    EXPECT_FALSE(cut.aborted);
+    EXPECT_TRUE(cut.stopped());
+    EXPECT_EQ(cut.tokens(), want->tokens());
+    ASSERT_EQ(cut.logprobs.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(cut.logprobs[i].logprob, want->logprobs[i].logprob) << i;
+      EXPECT_EQ(cut.logprobs[i].top, want->logprobs[i].top) << i;
+    }
+    EXPECT_EQ(done["other"]->generated(), greedy);  // its neighbour runs on undisturbed
+    if (capture) {
+      ASSERT_TRUE(cut.hidden_states.defined());
+      ASSERT_EQ(cut.hidden_states.size(0), static_cast<int64_t>(prompt.size()) + 2);  // the third token never ran
+      ASSERT_EQ(cut.hidden_states.nbytes(), want->hidden_states.nbytes());
+      EXPECT_EQ(std::memcmp(cut.hidden_states.raw(), want->hidden_states.raw(), cut.hidden_states.nbytes()), 0);
+    } else {
+      EXPECT_FALSE(cut.hidden_states.defined());
+    }
+    EXPECT_EQ(engine.num_free_blocks(), engine.num_blocks());  // its blocks went back
+  }
+}
+
+// FinishAt at a count the request has not reached (or none) fails it with a message that
+// says so, rather than finishing it with rows that never ran; an unknown id is false.
+TEST(EngineTest, FinishAtPastTheGeneratedTokensFailsTheRequest) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("qwen3"), backend);
+  ASSERT_TRUE(model.ok());
+  EngineConfig config;
+  config.num_blocks = 64;
+  config.capture_layers = {1};
+  Engine engine(**model, config);
+  EXPECT_FALSE(engine.FinishAt("nobody", 1));
+  ASSERT_TRUE(engine.Add({"queued", {1, 2, 3}, 8}).ok());
+  ASSERT_TRUE(engine.FinishAt("queued", 1));  // nothing generated yet
+  std::unique_ptr<Sequence> seq;
+  while (engine.has_work())
+    for (auto& s : engine.Step()) seq = std::move(s);
+  ASSERT_TRUE(seq);
+  EXPECT_NE(seq->error.message().find("cannot finish it at 1 generated tokens (it has 0)"), std::string::npos)
+      << seq->error.message();
+  EXPECT_EQ(engine.num_free_blocks(), engine.num_blocks());
 }
 
 // A cancelled request (its client went away) comes back marked aborted and its KV

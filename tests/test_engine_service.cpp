@@ -89,7 +89,6 @@ TEST(EngineServiceTest, AbortAllFailsEveryUnfinishedRequest) {
     if (i == 0) {
       r.on_token = [&](int32_t) {
         if (tokens++ == 0) started.set_value();
-        return false;
       };
     }
     ASSERT_TRUE(service.Submit(std::move(r), [&, i](const Status& s, std::unique_ptr<Sequence> seq) {
@@ -104,6 +103,34 @@ TEST(EngineServiceTest, AbortAllFailsEveryUnfinishedRequest) {
     EXPECT_NE(f.get().find("the server is shutting down"), std::string::npos);
   }
   EXPECT_FALSE(service.Submit({"late", {1}, 1}, [](const Status&, std::unique_ptr<Sequence>) {}));
+  service.Shutdown();
+}
+
+// FinishAt from another thread (the server's, which found a stop string) ends the request
+// at that token while the engine has run on: the callback gets it cut back, OK and stopped.
+TEST(EngineServiceTest, FinishAtEndsARunningRequestAtAToken) {
+  CpuBackend backend;
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok());
+  EngineConfig config;
+  config.num_blocks = 300;
+  EngineService service(**model, config, 8);
+  std::vector<int32_t> seen;  // engine thread only, read after the callback
+  std::promise<Outcome> result;
+  Request r{"long", std::vector<int32_t>(8, 5), 4000};
+  r.on_token = [&](int32_t token) {
+    seen.push_back(token);
+    if (seen.size() == 5) service.FinishAt("long", 2);  // as a handler thread would, a few tokens late
+  };
+  ASSERT_TRUE(service.Submit(std::move(r), Record(result)));
+  auto f = result.get_future();
+  Outcome out = Await(f);
+  ASSERT_TRUE(out.status.ok()) << out.status.message();
+  ASSERT_TRUE(out.seq);
+  ASSERT_GE(seen.size(), 5u);
+  EXPECT_EQ(out.seq->generated(), std::vector<int32_t>(seen.begin(), seen.begin() + 2));
+  EXPECT_TRUE(out.seq->stopped());
+  service.FinishAt("long", 1);  // finished already: nothing to do
   service.Shutdown();
 }
 

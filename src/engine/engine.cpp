@@ -287,6 +287,25 @@ bool Engine::Abort(const std::string& id) {
   return true;
 }
 
+bool Engine::FinishAt(const std::string& id, int num_generated) {
+  std::unique_ptr<Sequence> seq = scheduler_.Remove(id);
+  if (!seq) return false;
+  if (num_generated < 1 || num_generated > seq->num_generated() || seq->request().next_turn) {
+    seq->error = Error("request '" + id + "': cannot finish it at " + std::to_string(num_generated) +
+                       " generated tokens (it has " + std::to_string(seq->num_generated()) +
+                       (seq->request().next_turn ? ", in several turns)" : ")"));
+  } else {
+    seq->KeepGenerated(num_generated);
+  }
+  // As Abort: the in-flight step may still name it, and its rows are stored before it goes.
+  if (pending_) {
+    pending_->finishing.push_back(std::move(seq));
+  } else {
+    Retire(std::move(seq), aborted_);
+  }
+  return true;
+}
+
 SamplingBatch Engine::SamplingRows(const std::vector<ScheduledChunk>& chunks, std::vector<Sequence*>& sampling) const {
   SamplingBatch rows;
   for (const auto& [seq, n] : chunks) {
@@ -335,8 +354,8 @@ bool Engine::AcceptToken(Sequence& seq, const SampledTokens& tokens, size_t row,
     seq.logprobs.push_back(std::move(lp));
   }
   const auto& stops = seq.request().stop_token_ids;
-  const bool stop_string = seq.request().on_token && seq.request().on_token(token);
-  if (stop_string || std::find(stops.begin(), stops.end(), token) != stops.end()) seq.Stop();
+  if (seq.request().on_token) seq.request().on_token(token);
+  if (std::find(stops.begin(), stops.end(), token) != stops.end()) seq.Stop();
   if (!seq.wants_more_tokens() && seq.request().next_turn && seq.error.ok()) {
     if (std::optional<Request::Turn> turn = seq.request().next_turn(seq)) {
       BeginTurn(seq, *turn);
@@ -381,7 +400,7 @@ void Engine::BeginTurn(Sequence& seq, const Request::Turn& turn) {
 }
 
 // Appends each sampling sequence's token (and its logprobs), and stops the sequences that
-// drew a stop token or completed a stop string.
+// drew a stop token.
 void Engine::Accept(const std::vector<Sequence*>& sampling, const SamplingBatch& rows, const SampledTokens& sampled) {
   for (size_t r = 0; r < sampling.size(); ++r) AcceptToken(*sampling[r], sampled, r, rows.max_logprobs);
 }

@@ -97,6 +97,15 @@ class Engine {
   // Cancels a queued or running request: it comes back from a later Step with
   // aborted set, its blocks released. False if no such request is unfinished.
   bool Abort(const std::string& id);
+  // Ends a queued or running single-turn request after its first `num_generated` tokens, as
+  // if it had stopped there: a stop string that the server matched off the engine thread
+  // while the engine ran on. Later tokens and their logprobs go, and it finishes normally,
+  // stopped, from a later Step: its rows up to there are stored and kept (with
+  // include_output_tokens, those of its first prompt + num_generated - 1 tokens), so a
+  // capture sink writes what it would have had the engine stopped there itself. A count
+  // outside [1, num_generated] (or a request of several turns) fails the request instead.
+  // False if no such request is unfinished.
+  bool FinishAt(const std::string& id, int num_generated);
   int num_free_blocks() const { return blocks_.num_free_blocks(); }
   int num_blocks() const { return blocks_.num_blocks(); }
   bool has_work() const { return scheduler_.has_work() || pending_ != nullptr || !aborted_.empty(); }
@@ -170,7 +179,7 @@ class Engine {
   // that reuse cached blocks also get those blocks' hidden states. [slots, L, H].
   Tensor capture_cache_;
   std::unique_ptr<PendingCapture> pending_;
-  std::vector<std::unique_ptr<Sequence>> aborted_;  // handed back by the next Step
+  std::vector<std::unique_ptr<Sequence>> aborted_;  // aborted or finished early: handed back by the next Step
   // HSX_PROFILE=1: seconds waiting for capture copies and storing rows (the runner
   // reports its steps).
   bool profile_ = std::getenv("HSX_PROFILE") != nullptr;

@@ -67,6 +67,17 @@ void EngineReplicas::Abort(const std::string& id) {
   replicas_[r]->Abort(id);
 }
 
+void EngineReplicas::FinishAt(const std::string& id, int num_generated) {
+  size_t r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = owner_.find(id);
+    if (it == owner_.end()) return;  // finished already: the server cuts it itself
+    r = it->second;
+  }
+  replicas_[r]->FinishAt(id, num_generated);
+}
+
 void EngineReplicas::AbortAll() {
   for (auto& r : replicas_) r->AbortAll();
 }

@@ -33,6 +33,7 @@ class EngineReplicas {
   const EngineConfig& engine_config() const { return replicas_[0]->engine_config(); }
   size_t max_queued() const { return replicas_[0]->max_queued(); }  // per completion: one replica takes it
   void Abort(const std::string& id);
+  void FinishAt(const std::string& id, int num_generated);
   void AbortAll();
   void GatherNextStep(int64_t prompt_tokens);  // on every replica (EngineService's)
   void Close();     // every replica refuses new requests and drains; returns at once

@@ -40,6 +40,14 @@ void EngineService::Abort(const std::string& id) {
   wake_.notify_one();
 }
 
+void EngineService::FinishAt(const std::string& id, int num_generated) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finish_at_.emplace(id, num_generated);
+  }
+  wake_.notify_one();
+}
+
 void EngineService::AbortAll() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -86,11 +94,12 @@ void EngineService::Loop() {
   for (;;) {
     std::deque<Pending> incoming;
     std::unordered_set<std::string> aborts;
+    std::unordered_map<std::string, int> finish_at;
     bool abort_all = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] {
-        if (stopping_ || !aborts_.empty() || engine_.has_work()) return true;
+        if (stopping_ || !aborts_.empty() || !finish_at_.empty() || engine_.has_work()) return true;
         if (incoming_.empty()) return false;
         return gather_tokens_ <= 0 || abort_all_ || incoming_tokens_ >= gather_tokens_ ||
                incoming_.size() + in_flight_ >= max_queued_;
@@ -103,6 +112,7 @@ void EngineService::Loop() {
       // Submit sees no free room in between.
       in_flight_ += incoming.size();
       aborts.swap(aborts_);
+      finish_at.swap(finish_at_);
       abort_all = abort_all_;
     }
     if (abort_all) {
@@ -134,6 +144,7 @@ void EngineService::Loop() {
       stats_.prompt_tokens += prompt;
     }
     for (const std::string& id : aborts) engine_.Abort(id);
+    for (const auto& [id, n] : finish_at) engine_.FinishAt(id, n);
 
     const uint64_t computed_before = engine_.stats().tokens_computed;
     std::vector<std::unique_ptr<Sequence>> finished;

@@ -51,6 +51,9 @@ class EngineService {
   void GatherNextStep(int64_t prompt_tokens);
   // Drops a request that has not finished; its callback gets an error.
   void Abort(const std::string& id);
+  // Ends an unfinished request after its first `num_generated` tokens (Engine::FinishAt):
+  // a stop string the server found on its own threads. Its callback gets the cut sequence.
+  void FinishAt(const std::string& id, int num_generated);
   // Fails every unfinished request (each callback gets an error) and refuses new ones:
   // a server whose drain was cut short.
   void AbortAll();
@@ -82,6 +85,7 @@ class EngineService {
   std::condition_variable wake_;
   std::deque<Pending> incoming_;
   std::unordered_set<std::string> aborts_;
+  std::unordered_map<std::string, int> finish_at_;  // FinishAt's, applied after the aborts
   std::unordered_map<std::string, Callback> callbacks_;  // accepted, unfinished; engine thread only
   size_t in_flight_ = 0;  // callbacks_.size() plus requests taken from incoming_ and not yet admitted, under mu_
   int64_t incoming_tokens_ = 0;  // incoming_'s prompt tokens

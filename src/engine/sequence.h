@@ -30,9 +30,10 @@ struct Request {
   std::vector<int32_t> stop_token_ids;  // generation ends after emitting one of these
   int min_new_tokens = 0;  // stop tokens are not sampled before this many new tokens
   SamplingParams sampling;
-  // Called on the engine's thread with each generated token (streaming, stop strings);
-  // true ends the sequence after this token.
-  std::function<bool(int32_t)> on_token;
+  // Called on the engine's thread with each generated token, to hand it over (streaming;
+  // the server's stop strings, which it matches on its own threads and ends the request
+  // with Engine::FinishAt): keep it cheap, the engine thread waits for it.
+  std::function<void(int32_t)> on_token;
   // The client request this is one choice of (a completion's n choices share one); the
   // scheduler shares sequence slots between groups, so one large request cannot starve
   // the others. Empty: a group of its own.
@@ -113,6 +114,17 @@ class Sequence {
   }
   void Append(int32_t token) { tokens_.push_back(token); }
   void Stop() { stopped_ = true; }
+  // Keeps only the first n generated tokens (n at most num_generated()) and their logprobs,
+  // and counts as stopped there: a stop string found after the engine ran on
+  // (Engine::FinishAt; the server, for a sequence that ended first). Rows past the new end
+  // go where hidden_states is trimmed to num_capture_rows() (the engine's Retire).
+  void KeepGenerated(int n) {
+    tokens_.resize(static_cast<size_t>(prompt_len() + n));
+    if (logprobs.size() > static_cast<size_t>(n)) logprobs.resize(static_cast<size_t>(n));
+    num_computed = std::min(num_computed, num_tokens());
+    drafts.clear();
+    stopped_ = true;
+  }
   // Ended by a stop token or string rather than by reaching max_new_tokens.
   bool stopped() const { return stopped_; }
   // Set when the request was cancelled (a client went away): it ends without a result.

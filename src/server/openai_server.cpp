@@ -12,7 +12,6 @@
 #include <sstream>
 #include <string_view>
 
-#include "capture/file_lock.h"
 #include "engine/capture_record.h"
 #include "engine/regeneration_request.h"
 #include "server/chat_request.h"
@@ -344,24 +343,31 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
   }
   if (c.stream) return Stream(std::move(requests[0]), names[0], claims[0], c, req, res);
 
-  // Each choice finishes through its own promise. Its text is built from its tokens
-  // once it is done, or, with stop strings, on the engine thread as they arrive (a stop
-  // string ends the sequence there); the engine thread decodes nothing otherwise.
+  // Each choice finishes through its own promise. With stop strings, the engine thread
+  // hands each choice's tokens over as they come and this thread decodes them, ending a
+  // choice at its stop string (ChoiceText); else its text is built once it is done.
   const bool stop_strings = tokenizer_ != nullptr && !c.stop.empty();
-  std::vector<std::shared_ptr<CompletionText>> texts;
+  auto signal = std::make_shared<ChoiceText::Signal>();
+  std::vector<std::shared_ptr<ChoiceText>> outputs;  // each choice's
   std::vector<std::future<Completion>> futures;
   std::vector<std::pair<Request, EngineService::Callback>> submits;
   for (size_t i = 0; i < requests.size(); ++i) {
-    auto text = std::make_shared<CompletionText>(tokenizer_, requests[i].prompt, TextOptions(c, requests[i]));
-    if (stop_strings) requests[i].on_token = [text](int32_t token) { return text->Add(token); };
+    auto choice = std::make_shared<ChoiceText>(signal, tokenizer_, requests[i].prompt, TextOptions(c, requests[i]));
+    if (stop_strings) {
+      requests[i].on_token = [weak = std::weak_ptr<ChoiceText>(choice)](int32_t token) {
+        if (const std::shared_ptr<ChoiceText> choice = weak.lock()) choice->Push(token);
+      };
+    }
     auto promise = std::make_shared<std::promise<Completion>>();
     futures.push_back(promise->get_future());
-    texts.push_back(std::move(text));
-    submits.emplace_back(std::move(requests[i]), [this, promise, name = names[i], claim = claims[i],
-                                                  regeneration = c.regeneration](const Status& status,
-                                                                                 std::unique_ptr<Sequence> seq) {
-      promise->set_value(Finish(status, std::move(seq), name, claim, regeneration));
+    submits.emplace_back(std::move(requests[i]), [this, promise, signal, name = names[i], claim = claims[i],
+                                                  regeneration = c.regeneration,
+                                                  settle = stop_strings ? choice : nullptr](const Status& status,
+                                                                                            std::unique_ptr<Sequence> seq) {
+      promise->set_value(Finish(status, std::move(seq), name, claim, regeneration, settle));
+      signal->Notify();
     });
+    outputs.push_back(std::move(choice));
   }
   if (!engine_.SubmitAll(std::move(submits))) {
     res.set_header("Retry-After", "1");
@@ -371,12 +377,28 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
     for (size_t i = 0; i < futures.size(); ++i) engine_.Abort(id + "-" + std::to_string(i));
   };
 
-  // Wait without delaying the answer (a result wakes us at once), looking at the
-  // client every 50 ms: one that went away cancels its prompts and frees their blocks.
+  // Wait without delaying the answer (a result or a token wakes us at once), decoding the
+  // tokens that came and finishing each choice whose stop string they complete, and
+  // looking at the client every 50 ms: one that went away cancels its prompts and frees
+  // their blocks.
   ClientWatch client(req);
-  for (auto& f : futures) {
-    while (f.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+  auto look = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  for (;;) {
+    std::vector<std::pair<size_t, int>> stops;  // choice, tokens it keeps
+    bool all_done = true;
+    {
+      std::unique_lock<std::mutex> lock(signal->mu);
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        if (auto n = outputs[i]->Decode()) stops.emplace_back(i, *n);
+        all_done = all_done && futures[i].wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+      }
+      if (all_done) break;
+      if (stops.empty()) signal->cv.wait_until(lock, look);
+    }
+    for (const auto& [i, n] : stops) engine_.FinishAt(id + "-" + std::to_string(i), n);
+    if (std::chrono::steady_clock::now() >= look) {
       if (client.Gone()) return abort_all();  // nobody is left to read a response
+      look = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
     }
   }
 
@@ -403,12 +425,16 @@ void OpenAiServer::Complete(const CompletionRequest& c, const httplib::Request& 
       if (c.regeneration->generated_spans().empty()) return ReplyError(res, 500, "the conversation ended before its first answer");
       return ReplyJson(res, RegenerationResponse(c, *r.seq, id, r.written.get().receipt->transfer_params));
     }
+    std::string text;
+    {  // its tokens up to its stop string (the engine may have run on), and their text
+      std::lock_guard<std::mutex> lock(signal->mu);
+      outputs[i]->Settle(*r.seq);
+      outputs[i]->text().Finish();
+      text = outputs[i]->text().text();
+    }
     const std::vector<int32_t> out = r.seq->generated();
-    if (!stop_strings)
-      for (int32_t token : out) texts[i]->Add(token);
-    texts[i]->Finish();
     const auto& prompt = c.prompts[i / static_cast<size_t>(c.n)];
-    json choice = {{"index", i}, {"text", (c.echo ? PromptText(prompt) : "") + texts[i]->text()},
+    json choice = {{"index", i}, {"text", (c.echo ? PromptText(prompt) : "") + text},
                    {"logprobs", c.sampling.logprobs >= 0
                                     ? LogprobsJson(out, r.seq->logprobs, 0, out.size(), 0, c.chat) : json()},
                    {"finish_reason", r.seq->stopped() ? "stop" : "length"}};
@@ -570,7 +596,8 @@ nlohmann::json OpenAiServer::LogprobsJson(const std::vector<int32_t>& generated,
 // failed after admission is reported to the sink, whose readers may be waiting for it.
 OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_ptr<Sequence> seq,
                                               const std::string& name, SaveNames::Claim claim,
-                                              std::shared_ptr<const ConversationRegeneration> regeneration) {
+                                              std::shared_ptr<const ConversationRegeneration> regeneration,
+                                              std::shared_ptr<ChoiceText> choice) {
   Completion c{status, std::move(seq), !status.ok() && cut_short_};  // failed by StopNow: not the client's fault
   // A turn the template could not continue in one sequence ended it early: it fails, no file.
   if (c.status.ok() && regeneration && !regeneration->error().ok()) c.status = regeneration->error();
@@ -592,9 +619,11 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
     return c;
   }
   c.written = written->get_future().share();
-  writers_->Submit([this, shared, name, written, claim, regeneration]() mutable {
+  writers_->Submit([this, shared, name, written, claim, regeneration, choice]() mutable {
     const auto t0 = std::chrono::steady_clock::now();
-    CaptureRecord record = CaptureRecordOf(*shared, name, config_.capture_metadata);
+    // Its stop string may have been found after the engine ran on: the rows up to it.
+    const std::shared_ptr<const Sequence> kept = choice ? choice->Settled(shared) : shared;
+    CaptureRecord record = CaptureRecordOf(*kept, name, config_.capture_metadata);
     if (regeneration) {  // 1 on the answers the target generated, as extract --regenerate's files
       record.extras.emplace_back("loss_mask", RegenerationLossMask(*regeneration, static_cast<int64_t>(record.token_ids.size())));
     }
@@ -622,49 +651,44 @@ OpenAiServer::Completion OpenAiServer::Finish(const Status& status, std::unique_
 // the response before its process_request returns).
 void OpenAiServer::Stream(Request request, const std::string& name, SaveNames::Claim claim, const CompletionRequest& c,
                           const httplib::Request& req, httplib::Response& res) {
+  // The choice (its tokens as the engine thread hands them over, its text) and the stream's
+  // progress, under the choice's signal's lock.
   struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<int32_t> tokens;
-    // Their logprobs, when asked for. The engine's on_token passes only the token, so
+    std::shared_ptr<ChoiceText::Signal> signal = std::make_shared<ChoiceText::Signal>();
+    std::shared_ptr<ChoiceText> choice;
+    // Its tokens' logprobs, when asked for. The engine's on_token passes only the token, so
     // these come with the finished sequence and a stream with logprobs holds its tokens
     // (and their text) until then.
     std::vector<Sequence::TokenLogprobs> logprobs;
-    std::unique_ptr<CompletionText> text;
     bool finished = false;
+    bool settled = false;  // the finished sequence is cut back to its stop string
     Completion result;
     size_t sent_tokens = 0, sent_text = 0;
     int64_t sent_chars = 0;  // characters of sent_text, where the next chunk's text_offset starts
-    size_t decoded = 0;  // tokens given to `text`
     bool echoed = false;
+    std::chrono::steady_clock::time_point look = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
   };
   auto state = std::make_shared<State>();
-  state->text = std::make_unique<CompletionText>(tokenizer_, request.prompt, TextOptions(c, request));
+  state->choice = std::make_shared<ChoiceText>(state->signal, tokenizer_, request.prompt, TextOptions(c, request));
   const std::string id = request.id;
-  // A weak reference: the finished sequence (and so this callback) ends up in state->result,
-  // and a strong one would keep the state, and the sequence's hidden states, alive forever.
-  // Tokens are decoded where they are sent, unless stop strings must end the sequence on
-  // the engine thread.
-  const bool stop_strings = tokenizer_ != nullptr && !c.stop.empty();
-  request.on_token = [weak = std::weak_ptr<State>(state), stop_strings](int32_t token) {
-    const std::shared_ptr<State> state = weak.lock();
-    if (!state) return false;
-    std::lock_guard<std::mutex> lock(state->mu);
-    state->tokens.push_back(token);
-    state->cv.notify_one();
-    if (!stop_strings) return false;
-    ++state->decoded;
-    return state->text->Add(token);
+  // The engine thread only hands the token over; this stream's thread decodes it (with
+  // logprobs too, while its tokens are held), and ends the request at a stop string. A
+  // weak reference: once the stream is gone, nothing keeps what is pushed.
+  request.on_token = [weak = std::weak_ptr<ChoiceText>(state->choice)](int32_t token) {
+    if (const std::shared_ptr<ChoiceText> choice = weak.lock()) choice->Push(token);
   };
-  const bool accepted = engine_.Submit(std::move(request), [this, state, name, claim](const Status& status,
-                                                                                     std::unique_ptr<Sequence> seq) {
-    Completion done = Finish(status, std::move(seq), name, claim);
-    std::lock_guard<std::mutex> lock(state->mu);
-    if (done.seq) state->logprobs = done.seq->logprobs;
-    state->result = std::move(done);
-    state->finished = true;
-    state->cv.notify_one();
-  });
+  const bool stop_strings = tokenizer_ != nullptr && !c.stop.empty();
+  const bool accepted = engine_.Submit(
+      std::move(request), [this, state, name, claim, settle = stop_strings ? state->choice : nullptr](
+                              const Status& status, std::unique_ptr<Sequence> seq) {
+        Completion done = Finish(status, std::move(seq), name, claim, nullptr, settle);
+        {
+          std::lock_guard<std::mutex> lock(state->signal->mu);
+          state->result = std::move(done);
+          state->finished = true;
+        }
+        state->signal->cv.notify_all();
+      });
   if (!accepted) {
     res.set_header("Retry-After", "1");
     return ReplyError(res, 503, "the server is at capacity; retry shortly");
@@ -679,20 +703,40 @@ void OpenAiServer::Stream(Request request, const std::string& name, SaveNames::C
   auto client = std::make_shared<ClientWatch>(req);
   res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
     try {
-      std::unique_lock<std::mutex> lock(state->mu);
-      // Tokens go out once their logprobs (when asked for) are known, and their text with them.
-      auto sendable = [&] {
-        return logprobs ? std::min(state->tokens.size(), state->logprobs.size()) : state->tokens.size();
-      };
-      while (!state->cv.wait_for(lock, std::chrono::milliseconds(50),
-                                 [&] { return state->finished || sendable() > state->sent_tokens; })) {
-        lock.unlock();  // finding the socket reads /proc: never with the engine thread waiting
-        const bool gone = client->Gone();
-        lock.lock();
-        if (gone) {
-          engine_.Abort(id);
-          return false;
+      std::unique_lock<std::mutex> lock(state->signal->mu);
+      ChoiceText& own = *state->choice;
+      // Tokens go out once their logprobs (when asked for) are known, and their text with
+      // them; none past a stop string's token, which the engine may have run beyond.
+      auto sendable = [&] { return logprobs ? std::min(own.kept(), state->logprobs.size()) : own.kept(); };
+      // Wakes for each token to decode, so the client is looked at every 50 ms by the clock.
+      for (;;) {
+        const bool woke = state->signal->cv.wait_until(lock, state->look, [&] {
+          return state->finished || own.undecoded() || sendable() > state->sent_tokens;
+        });
+        if (std::chrono::steady_clock::now() >= state->look) {
+          state->look = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+          lock.unlock();  // finding the socket reads /proc: never with the engine thread waiting
+          const bool gone = client->Gone();
+          lock.lock();
+          if (gone) {
+            engine_.Abort(id);
+            return false;
+          }
         }
+        if (woke) break;
+      }
+      const std::optional<int> stop_at = own.Decode();
+      if (stop_at && !state->finished) {  // the engine ends it there; its result wakes us
+        lock.unlock();
+        engine_.FinishAt(id, *stop_at);
+        lock.lock();
+      }
+      if (state->finished && state->result.written.valid()) {
+        // Its put settles the sequence under this lock (ChoiceText::Settled): wait without it.
+        const std::shared_future<Written> written = state->result.written;
+        lock.unlock();
+        written.wait();
+        lock.lock();
       }
       auto chunk = [&](json choices, json usage = nullptr) {
         json body = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
@@ -705,18 +749,23 @@ void OpenAiServer::Stream(Request request, const std::string& name, SaveNames::C
       const Completion& result = state->result;
       const bool write_failed = done && result.status.ok() && result.written.valid() && !result.written.get().receipt.ok();
       const bool failed = done && (!result.status.ok() || write_failed);
+      if (done && !failed && !state->settled) {  // the tokens up to its stop string, and their logprobs
+        own.Settle(*state->result.seq);
+        state->logprobs = state->result.seq->logprobs;
+        own.text().Finish();
+        state->settled = true;
+      }
+      const std::vector<int32_t>& tokens = own.tokens();
       const size_t ready_tokens = sendable();
-      const bool held = ready_tokens < state->tokens.size();
-      for (; state->decoded < ready_tokens; ++state->decoded) state->text->Add(state->tokens[state->decoded]);
-      if (done && !failed) state->text->Finish();
+      const bool held = ready_tokens < own.kept();
       std::string out;
-      const std::string& text = state->text->text();
-      const size_t ready = failed || held ? state->sent_text : state->text->ready();
+      const std::string& text = own.text().text();
+      const size_t ready = failed || held ? state->sent_text : own.text().ready();
       // A chat stream's first chunk names the role, even before any text.
       if (ready_tokens > state->sent_tokens || ready > state->sent_text || ((chat || !echo.empty()) && !state->echoed)) {
         const std::string delta = (state->echoed ? "" : echo) + text.substr(state->sent_text, ready - state->sent_text);
         json choice = {{"index", 0}, {"text", delta},
-                       {"logprobs", logprobs ? LogprobsJson(state->tokens, state->logprobs, state->sent_tokens,
+                       {"logprobs", logprobs ? LogprobsJson(tokens, state->logprobs, state->sent_tokens,
                                                             ready_tokens, state->sent_chars, chat)
                                              : json()},
                        {"finish_reason", nullptr}};
@@ -728,8 +777,8 @@ void OpenAiServer::Stream(Request request, const std::string& name, SaveNames::C
         // level, in a completion chunk's choice.
         const bool first = !state->echoed;
         if (return_token_ids) {
-          choice["token_ids"] = std::vector<int32_t>(state->tokens.begin() + static_cast<int64_t>(state->sent_tokens),
-                                                     state->tokens.begin() + static_cast<int64_t>(ready_tokens));
+          choice["token_ids"] = std::vector<int32_t>(tokens.begin() + static_cast<int64_t>(state->sent_tokens),
+                                                     tokens.begin() + static_cast<int64_t>(ready_tokens));
           if (first && !chat) choice["prompt_token_ids"] = prompt_ids;
         }
         std::string text_chunk = chunk(json::array({std::move(choice)}));
@@ -782,7 +831,7 @@ void OpenAiServer::Stream(Request request, const std::string& name, SaveNames::C
       return false;
     }
   }, [this, state, id](bool success) {
-    std::lock_guard<std::mutex> lock(state->mu);
+    std::lock_guard<std::mutex> lock(state->signal->mu);
     if (!success && !state->finished) engine_.Abort(id);
   });
 }

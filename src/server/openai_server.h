@@ -16,6 +16,7 @@
 #include "capture/capture_sink.h"
 #include "capture/writer_pool.h"
 #include "server/completion_request.h"
+#include "server/choice_text.h"
 #include "server/completion_text.h"
 #include "engine/engine_replicas.h"
 #include "server/save_names.h"
@@ -98,9 +99,11 @@ class OpenAiServer {
   };
   // name: the record's place in the sink (a file name in storage_dir; empty: the sink's rule).
   // regeneration: a regenerated conversation's (its record carries loss_mask; its failure
-  // to regenerate fails the request).
+  // to regenerate fails the request). choice: a choice with stop strings, whose writer cuts
+  // the sequence back to its stop (ChoiceText::Settled) before its states are put.
   Completion Finish(const Status& status, std::unique_ptr<Sequence> seq, const std::string& name, SaveNames::Claim claim,
-                    std::shared_ptr<const ConversationRegeneration> regeneration = nullptr);
+                    std::shared_ptr<const ConversationRegeneration> regeneration = nullptr,
+                    std::shared_ptr<ChoiceText> choice = nullptr);
   nlohmann::json RegenerationResponse(const CompletionRequest& c, const Sequence& seq, const std::string& id,
                                       const nlohmann::json& transfer_params) const;
   nlohmann::json LogprobsJson(const std::vector<int32_t>& generated, const std::vector<Sequence::TokenLogprobs>& logprobs,
