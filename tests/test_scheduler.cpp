@@ -17,8 +17,7 @@ namespace {
 class SchedulerSim {
  public:
   SchedulerSim(int num_blocks, int max_num_seqs, int budget = 256)
-      : blocks_(num_blocks, /*block_size=*/4, /*prefix_caching=*/false),
-        scheduler_(SchedulerConfig{budget, max_num_seqs}, blocks_) {}
+      : scheduler_(SchedulerConfig{budget, max_num_seqs}, BlockManager(num_blocks, /*block_size=*/4, /*prefix_caching=*/false)) {}
 
   void Add(const std::string& id, const std::string& group, int prompt_len, int max_new_tokens) {
     Request r;
@@ -44,7 +43,7 @@ class SchedulerSim {
     }
     for (Sequence* seq : finished) {
       done_[seq->id()] = steps_;
-      blocks_.Release(*scheduler_.Detach(seq));
+      scheduler_.Release(*scheduler_.Detach(seq));
     }
     ++steps_;
     return ids;
@@ -58,7 +57,6 @@ class SchedulerSim {
   std::map<std::string, int> first_step_, done_;
 
  private:
-  BlockManager blocks_;
   Scheduler scheduler_;
   int steps_ = 0;
 };

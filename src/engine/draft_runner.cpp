@@ -10,7 +10,7 @@ namespace hsx {
 DeviceDrafter::DeviceDrafter(int k, const DrafterContext& context, bool has_moe)
     : Drafter(k),
       runner_(context.runner),
-      blocks_(context.blocks),
+      scheduler_(context.scheduler),
       block_size_(context.block_size),
       enable_prefix_caching_(context.enable_prefix_caching),
       has_moe_(has_moe) {}
@@ -50,7 +50,7 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
     if (end <= start || (!seq->wants_more_tokens() && !enable_prefix_caching_)) continue;
     int room = Room(*seq);
     // The chained steps write the draft's KV up to position num_computed + k - 2.
-    if (room > 0 && !blocks_.Reserve(*seq, seq->num_computed + k - 1)) room = 0;  // no KV room: plain decode
+    if (room > 0 && !scheduler_.ReserveLookahead(*seq, seq->num_computed + k - 1)) room = 0;  // no KV room: plain decode
     SequenceSlice slice;
     slice.q_start = static_cast<int32_t>(first.token_ids.size());
     slice.q_len = end - start;

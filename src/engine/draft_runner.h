@@ -52,7 +52,7 @@ class DeviceDrafter : public Drafter {
   std::vector<std::vector<int32_t>> DownloadDrafts(const Tensor& tokens, int rows, int requests, int drafts);
 
   ModelRunner& runner_;
-  BlockManager& blocks_;
+  Scheduler& scheduler_;  // owns the KV blocks: reserves the chained steps' slots
   int block_size_;
   bool enable_prefix_caching_;
   bool has_moe_;  // MoE routing downloads expert counts: a round cannot be recorded

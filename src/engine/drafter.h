@@ -15,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "engine/block_manager.h"
 #include "engine/draft_length.h"
 #include "engine/model_runner.h"
 #include "engine/ngram_proposer.h"
@@ -107,10 +106,10 @@ class NgramDrafter : public Drafter {
 };
 
 // What a drafter may use of the engine: the runner (device, target KV, graph settings)
-// and the block manager (EAGLE-3 reserves its chained steps' slots).
+// and the scheduler, which owns the KV blocks (EAGLE-3 reserves its chained steps' slots).
 struct DrafterContext {
   ModelRunner& runner;
-  BlockManager& blocks;
+  Scheduler& scheduler;
   int block_size;
   bool enable_prefix_caching;
   int64_t max_model_len;

@@ -2,14 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <span>
 
 #include "engine/sampler.h"
-#include "util/thread_pool.h"
 
 namespace hsx {
 namespace {
@@ -42,13 +39,26 @@ EngineConfig Resolve(const Model& model, EngineConfig c) {
   return c;
 }
 
-RunnerConfig RunnerConfigFor(const EngineConfig& c) {
+CaptureConfig CaptureConfigFor(const Model& model, const EngineConfig& c) {
+  CaptureConfig r;
+  r.layers = c.capture_layers;
+  r.dtype = c.capture_dtype;
+  r.hidden_size = model.config().hidden_size;
+  r.max_model_len = c.max_model_len;
+  r.max_step_rows = c.scheduler.max_num_batched_tokens;
+  r.prefix_caching = c.enable_prefix_caching;
+  r.num_blocks = c.num_blocks;
+  r.block_size = c.block_size;
+  return r;
+}
+
+RunnerConfig RunnerConfigFor(const EngineConfig& c, CaptureStaging* staging) {
   RunnerConfig r;
   r.num_blocks = c.num_blocks;
   r.block_size = c.block_size;
   r.capture_layers = c.capture_layers;
+  r.capture_staging = staging;
   r.max_model_len = c.max_model_len;
-  r.max_step_rows = c.scheduler.max_num_batched_tokens;
   r.graphs = c.graphs;
   r.max_graph_batch = c.scheduler.max_num_seqs;
   r.eagle3 = c.eagle3.draft;
@@ -62,28 +72,23 @@ RunnerConfig RunnerConfigFor(const EngineConfig& c) {
 Engine::Engine(Model& model, EngineConfig config)
     : model_(model),
       config_(Resolve(model, std::move(config))),
-      runner_(model, RunnerConfigFor(config_)),
+      capture_(CaptureConfigFor(model, config_)),
+      runner_(model, RunnerConfigFor(config_, capture_.staging())),
       // A cached block holds the EAGLE-3 draft's KV too, made with the token after it.
-      blocks_(runner_.num_blocks(), config_.block_size, config_.enable_prefix_caching, config_.eagle3.draft ? 1 : 0),
-      scheduler_(config_.scheduler, blocks_),
+      scheduler_(config_.scheduler, BlockManager(runner_.num_blocks(), config_.block_size,
+                                                 config_.enable_prefix_caching, config_.eagle3.draft ? 1 : 0)),
       drafter_(MakeDrafter(config_.ngram, config_.eagle3.draft, config_.eagle3.num_speculative_tokens,
                            config_.mtp.drafter, config_.mtp.num_speculative_tokens,
-                           {runner_, blocks_, config_.block_size, config_.enable_prefix_caching, config_.max_model_len})) {
+                           {runner_, scheduler_, config_.block_size, config_.enable_prefix_caching, config_.max_model_len})) {
   if (drafter_ && config_.draft_length.adaptive) {
     drafter_->EnableAdaptive(config_.draft_length.policy, config_.draft_length.cost_model);
-  }
-  if (config_.enable_prefix_caching && !config_.capture_layers.empty()) {
-    // Host pages are committed only as rows land in them.
-    capture_cache_ = Tensor::Host(config_.capture_dtype,
-                                  {static_cast<int64_t>(runner_.num_blocks()) * config_.block_size,
-                                   static_cast<int64_t>(config_.capture_layers.size()), model.config().hidden_size});
   }
 }
 
 Engine::~Engine() {
   if (profile_) {
     std::fprintf(stderr, "hsx profile: engine waiting for capture copies %.2f s, capture store %.2f s, %lu steps\n",
-                 profile_seconds_[0], profile_seconds_[1], static_cast<unsigned long>(stats_.steps));
+                 capture_.wait_seconds(), capture_.store_seconds(), static_cast<unsigned long>(stats_.steps));
   }
 }
 
@@ -113,9 +118,9 @@ Status Engine::Validate(const Request& request) const {
                  std::to_string(request.max_new_tokens) + " new tokens exceed max_model_len " +
                  std::to_string(config_.max_model_len));
   }
-  if (BlockManager::BlocksFor(static_cast<int>(total), config_.block_size) > blocks_.num_blocks()) {
+  if (!scheduler_.Fits(total)) {
     return Error(who + ": " + std::to_string(total) + " tokens do not fit the KV cache (" +
-                 std::to_string(blocks_.num_blocks() * config_.block_size) + " token slots)");
+                 std::to_string(scheduler_.num_blocks() * config_.block_size) + " token slots)");
   }
   return {};
 }
@@ -123,16 +128,7 @@ Status Engine::Validate(const Request& request) const {
 Status Engine::Add(Request request) {
   HSX_RETURN_IF_ERROR(Validate(request));
   auto seq = std::make_unique<Sequence>(std::move(request));
-  if (seq->request().capture && !config_.capture_layers.empty()) {
-    const int64_t layers = static_cast<int64_t>(config_.capture_layers.size());
-    // A conversation regenerated turn by turn also holds the known tokens after each
-    // answer: room for them from the start, so a single answer's conversation never
-    // grows its buffer (large buffers are mmapped: rows never written take no memory).
-    const int64_t rows = seq->request().next_turn
-                             ? std::min<int64_t>(config_.max_model_len, seq->max_capture_rows() + kTurnHeadroomRows)
-                             : seq->max_capture_rows();
-    seq->hidden_states = Tensor::Host(config_.capture_dtype, {rows, layers, model_.config().hidden_size});
-  }
+  capture_.Allocate(*seq);
   scheduler_.Add(std::move(seq));
   return {};
 }
@@ -159,129 +155,29 @@ ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const
   return batch;
 }
 
-// Copies a step's rows out of its [L, T, H] capture (now on the host) into each
-// sequence's [rows, L, H] buffer by position, converting to the output dtype; rows in
-// parallel. Positions are absolute, so a recompute after preemption rewrites the same
-// rows instead of adding any.
-void Engine::StoreCaptured(const PendingCapture& step) {
-  const Tensor& captured = step.copy->rows();
-  // total is the capture's row stride: a graph-replayed step's padded rows follow the real ones.
-  const int64_t layers = captured.size(0), total = captured.size(1), h = captured.size(2);
-  const size_t in_size = DTypeSize(captured.dtype());
-  ThreadPool::Global().ParallelFor(static_cast<int64_t>(step.rows.size()), [&](int64_t b, int64_t e) {
-    std::vector<float> f32(static_cast<size_t>(h));
-    for (int64_t r = b; r < e; ++r) {
-      const auto& [seq, pos, slot, preemptions] = step.rows[r];
-      Tensor& dst = seq->hidden_states;
-      if (!dst.defined() || pos >= dst.size(0)) continue;
-      const size_t out_size = DTypeSize(dst.dtype());
-      for (int64_t l = 0; l < layers; ++l) {
-        const char* src = captured.data<char>() + (l * total + r) * h * in_size;
-        char* out = dst.data<char>() + (pos * layers + l) * h * out_size;
-        if (captured.dtype() == dst.dtype()) {
-          std::memcpy(out, src, h * in_size);
-        } else {
-          ConvertToF32(captured.dtype(), src, f32.data(), f32.size());
-          ConvertFromF32(f32.data(), dst.dtype(), out, f32.size());
-        }
-      }
-      if (capture_cache_.defined()) {
-        const size_t row_bytes = static_cast<size_t>(layers * h) * out_size;
-        std::memcpy(capture_cache_.data<char>() + slot * row_bytes, dst.data<char>() + pos * row_bytes, row_bytes);
-      }
-    }
-  });
-}
-
-// Names the lowest layer, then the lowest position in it, where the inf or NaN is: where
-// it arose (attention may spread it to earlier positions, as 0 * NaN in P·V).
-void Engine::FailNonFinite(const PendingCapture& step) {
-  const int64_t layers = step.copy->rows().size(0), total = step.copy->rows().size(1);
-  const int32_t* flags = step.copy->non_finite();
-  for (int64_t l = 0; l < layers; ++l) {
-    for (int64_t r = 0; r < static_cast<int64_t>(step.rows.size()); ++r) {  // padded rows after them: not read
-      Sequence& seq = *step.rows[r].seq;
-      if (flags[l * total + r] == 0 || !seq.hidden_states.defined() || !seq.error.ok()) continue;
-      seq.error = Error("request '" + seq.id() + "': the hidden state of layer " +
-                        std::to_string(config_.capture_layers[l]) + " at token position " +
-                        std::to_string(step.rows[r].pos) + " is not finite (inf or NaN); its states are not stored");
-      seq.Stop();  // ends once its prompt has run; its remaining steps are wasted, not written
-    }
-  }
-}
-
-// Which sequence, position and KV slot each row of a step's capture belongs to.
-std::unique_ptr<Engine::PendingCapture> Engine::TrackCapture(const std::vector<ScheduledChunk>& chunks,
-                                                             std::unique_ptr<CapturedRows> copy) const {
-  auto step = std::make_unique<PendingCapture>();
-  const int bs = config_.block_size;
-  for (const auto& [seq, n] : chunks) {
-    for (int i = 0; i < n; ++i) {
-      const int64_t pos = seq->num_computed + i;
-      step->rows.push_back(
-          {seq, pos, SlotOf(seq->block_table, pos, bs), seq->preemptions});
-    }
-  }
-  step->copy = std::move(copy);
-  return step;
-}
-
-// Waits for the pending step's copy, stores its rows and hands back the sequences that
-// were waiting for them.
-void Engine::FinishCapture(std::vector<std::unique_ptr<Sequence>>& finished) {
-  if (!pending_) return;
-  const auto t0 = Clock::now();
-  pending_->copy->Wait();
-  const auto t1 = Clock::now();
-  StoreCaptured(*pending_);
-  FailNonFinite(*pending_);
-  profile_seconds_[0] += Seconds(t0, t1);
-  profile_seconds_[1] += Seconds(t1, Clock::now());
+void Engine::LandCapture(std::vector<std::unique_ptr<Sequence>>& finished) {
+  HiddenStateCapture::Landed landed = capture_.Land();
   // Blocks whose rows are now all stored can be shared; then the finished let go of theirs.
-  // A sequence preempted since this step ran holds other blocks now, whose rows (from
-  // its recompute) are still to come: registering those would share unstored rows.
-  // A failed sequence's rows are not shared: its block with the bad row is never registered.
-  for (const auto& row : pending_->rows) {
-    if (row.seq->preemptions != row.preemptions || !row.seq->error.ok()) continue;
-    Commit(*row.seq, static_cast<int>(row.pos) + 1);
-  }
-  for (auto& seq : pending_->finishing) Retire(std::move(seq), finished);
-  pending_.reset();
+  for (const auto& [seq, tokens] : landed.stored) Commit(*seq, tokens);
+  for (auto& seq : landed.finishing) Retire(std::move(seq), finished);
 }
 
 void Engine::Commit(Sequence& seq, int tokens) {
-  if (capture_cache_.defined() && !seq.hidden_states.defined()) return;  // its blocks lack rows
-  blocks_.Commit(seq, tokens);
+  if (capture_.Shareable(seq)) scheduler_.Commit(seq, tokens);  // else its blocks lack rows
 }
 
 void Engine::Retire(std::unique_ptr<Sequence> seq, std::vector<std::unique_ptr<Sequence>>& finished) {
-  blocks_.Release(*seq);
-  if (seq->hidden_states.defined()) seq->hidden_states = seq->hidden_states.Rows(0, seq->num_capture_rows());
+  scheduler_.Release(*seq);
+  capture_.Trim(*seq);
   finished.push_back(std::move(seq));
-}
-
-// A sequence admitted onto cached blocks gets those blocks' captured rows.
-void Engine::CopyCachedRows(Sequence& seq) {
-  const int cached = seq.num_cached_tokens;
-  seq.num_cached_tokens = 0;
-  if (cached == 0 || !capture_cache_.defined() || !seq.hidden_states.defined()) return;
-  const int bs = config_.block_size;
-  const size_t row_bytes = seq.hidden_states.nbytes() / static_cast<size_t>(seq.hidden_states.size(0));
-  for (int pos = 0; pos < cached; ++pos) {
-    const int64_t slot = SlotOf(seq.block_table, pos, bs);
-    std::memcpy(seq.hidden_states.data<char>() + pos * row_bytes, capture_cache_.data<char>() + slot * row_bytes,
-                row_bytes);
-  }
 }
 
 bool Engine::Abort(const std::string& id) {
   std::unique_ptr<Sequence> seq = scheduler_.Remove(id);
   if (!seq) return false;
   seq->aborted = true;
-  if (pending_) {
-    pending_->finishing.push_back(std::move(seq));  // the in-flight step may still name it
-  } else {
-    blocks_.Release(*seq);
+  if (!capture_.Hold(seq)) {  // else the step in flight may still name it
+    scheduler_.Release(*seq);
     aborted_.push_back(std::move(seq));
   }
   return true;
@@ -298,11 +194,7 @@ bool Engine::FinishAt(const std::string& id, int num_generated) {
     seq->KeepGenerated(num_generated);
   }
   // As Abort: the in-flight step may still name it, and its rows are stored before it goes.
-  if (pending_) {
-    pending_->finishing.push_back(std::move(seq));
-  } else {
-    Retire(std::move(seq), aborted_);
-  }
+  if (!capture_.Hold(seq)) Retire(std::move(seq), aborted_);
   return true;
 }
 
@@ -376,8 +268,7 @@ void Engine::BeginTurn(Sequence& seq, const Request::Turn& turn) {
   }
   const int64_t total = static_cast<int64_t>(seq.num_tokens()) + static_cast<int64_t>(turn.known.size()) +
                         std::max(0, turn.max_new_tokens);
-  if (turn.max_new_tokens < 0 || total > config_.max_model_len ||
-      BlockManager::BlocksFor(static_cast<int>(std::min<int64_t>(total, INT32_MAX)), config_.block_size) > blocks_.num_blocks()) {
+  if (turn.max_new_tokens < 0 || total > config_.max_model_len || !scheduler_.Fits(total)) {
     seq.error = Error(who + ": the next turn (" + std::to_string(turn.known.size()) + " known + " +
                       std::to_string(turn.max_new_tokens) + " new tokens) takes the conversation to " +
                       std::to_string(total) + " tokens, past max_model_len " + std::to_string(config_.max_model_len) +
@@ -385,18 +276,7 @@ void Engine::BeginTurn(Sequence& seq, const Request::Turn& turn) {
     return seq.Stop();
   }
   seq.BeginTurn(turn);
-  const Tensor& old = seq.hidden_states;
-  if (old.defined() && old.size(0) < total) {
-    // On the engine thread: grown at least twofold (and with room for the next known
-    // tokens), so a conversation of many turns copies its rows O(log turns) times, and
-    // only the rows computed so far (the step in flight stores its rows into the new one).
-    const int64_t rows = std::min<int64_t>(config_.max_model_len,
-                                           std::max<int64_t>(total + kTurnHeadroomRows, 2 * old.size(0)));
-    Tensor grown = Tensor::Host(old.dtype(), {rows, old.size(1), old.size(2)});
-    const int64_t written = std::min<int64_t>(seq.num_computed, old.size(0));
-    std::memcpy(grown.raw(), old.raw(), static_cast<size_t>(written) * (old.nbytes() / static_cast<size_t>(old.size(0))));
-    seq.hidden_states = std::move(grown);
-  }
+  capture_.Grow(seq, total);
 }
 
 // Appends each sampling sequence's token (and its logprobs), and stops the sequences that
@@ -447,10 +327,10 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   // Schedule.
   const std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
   if (chunks.empty()) {
-    FinishCapture(finished);
+    LandCapture(finished);
     return finished;
   }
-  for (const auto& [seq, n] : chunks) CopyCachedRows(*seq);
+  for (const auto& [seq, n] : chunks) capture_.AdoptCachedRows(*seq);
   // Run: the forward and, on the device, one sampled token per sequence whose known tokens
   // this step completes.
   const ForwardBatch batch = BuildBatch(chunks);
@@ -471,8 +351,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
     rows = SamplingRows(chunks, sampling);
     result = runner_.Run(batch, rows);
   }
-  std::unique_ptr<PendingCapture> capture;
-  if (result.captured) capture = TrackCapture(chunks, std::move(result.captured));
+  if (result.captured) capture_.Track(chunks, std::move(result.captured));
   ++stats_.steps;
   stats_.tokens_computed += batch.token_ids.size();
   for (const auto& [seq, n] : chunks) seq->num_computed += n;
@@ -500,20 +379,16 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   }
   end_stage(EngineStats::kPropose);
   // Retire.
+  const bool captured = capture_.tracking();
   for (const auto& [seq, n] : chunks) {
-    if (!capture) Commit(*seq, seq->num_computed);  // no rows to wait for
+    if (!captured) Commit(*seq, seq->num_computed);  // no rows to wait for
     if (seq->num_computed >= seq->must_compute() && !seq->wants_more_tokens()) {
       // A finished sequence keeps its blocks until this step's captured rows are stored.
       std::unique_ptr<Sequence> done = scheduler_.Detach(seq);
-      if (capture) {
-        capture->finishing.push_back(std::move(done));
-      } else {
-        Retire(std::move(done), finished);
-      }
+      if (!captured || !capture_.Hold(done)) Retire(std::move(done), finished);
     }
   }
-  FinishCapture(finished);  // the previous step's, overlapping the forward just queued
-  pending_ = std::move(capture);
+  LandCapture(finished);  // the previous step's, overlapping the forward just queued
   end_stage(EngineStats::kRetire);
   return finished;
 }

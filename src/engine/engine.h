@@ -1,7 +1,8 @@
-// The engine: sequences, their KV blocks and the scheduler, over a ModelRunner that does
-// everything on the device. Add requests, call Step until there is no work; each Step
-// returns the sequences that finished in it. Every entry point (extract, generate, serve,
-// bench) drives this one loop.
+// The engine: sequences and their steps, over a Scheduler (which alone owns the KV
+// blocks), a ModelRunner that does everything on the device, the capture object that
+// brings captured rows to each request, and a Drafter. Add requests, call Step until
+// there is no work; each Step returns the sequences that finished in it. Every entry point
+// (extract, generate, serve, bench) drives this one loop.
 #pragma once
 
 #include <cstdlib>
@@ -9,9 +10,9 @@
 #include <optional>
 #include <vector>
 
-#include "engine/block_manager.h"
-#include "engine/model_runner.h"
 #include "engine/drafter.h"
+#include "engine/hidden_state_capture.h"
+#include "engine/model_runner.h"
 #include "engine/ngram_proposer.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
@@ -79,10 +80,7 @@ struct EngineStats {
 
 class Engine {
  public:
-  // Capture rows a regenerated conversation's buffer keeps beyond what it needs so far: the
-  // template's known tokens after an answer (its end, the next turn's header) fit without
-  // growing it.
-  static constexpr int64_t kTurnHeadroomRows = 256;
+  static constexpr int64_t kTurnHeadroomRows = HiddenStateCapture::kTurnHeadroomRows;
 
   Engine(Model& model, EngineConfig config);
   ~Engine();
@@ -106,14 +104,12 @@ class Engine {
   // outside [1, num_generated] (or a request of several turns) fails the request instead.
   // False if no such request is unfinished.
   bool FinishAt(const std::string& id, int num_generated);
-  int num_free_blocks() const { return blocks_.num_free_blocks(); }
-  int num_blocks() const { return blocks_.num_blocks(); }
-  bool has_work() const { return scheduler_.has_work() || pending_ != nullptr || !aborted_.empty(); }
+  int num_free_blocks() const { return scheduler_.num_free_blocks(); }
+  int num_blocks() const { return scheduler_.num_blocks(); }
+  bool has_work() const { return scheduler_.has_work() || capture_.in_flight() || !aborted_.empty(); }
   uint64_t num_preemptions() const { return scheduler_.num_preemptions(); }
   // Prompt tokens served from cached blocks, over prompt tokens looked up.
-  double prefix_cache_hit_rate() const {
-    return blocks_.queries() ? static_cast<double>(blocks_.hits()) / blocks_.queries() : 0.0;
-  }
+  double prefix_cache_hit_rate() const { return scheduler_.prefix_cache_hit_rate(); }
 
   const EngineConfig& config() const { return config_; }
   const EngineStats& stats() const { return stats_; }
@@ -141,25 +137,9 @@ class Engine {
   // sequence's drafts and accepted drafts to outcomes.
   std::vector<int32_t> AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
                                       const VerifiedTokens& verified, std::vector<DraftOutcome>& outcomes);
-  // A step whose captured rows are still being copied to the host.
-  struct PendingCapture {
-    struct Row {
-      Sequence* seq;
-      int64_t pos;
-      int64_t slot;  // KV slot: where the row lives in the capture cache
-      int preemptions;  // the sequence's count when the row ran (see FinishCapture)
-    };
-    std::vector<Row> rows;  // one per batch row
-    std::unique_ptr<CapturedRows> copy;
-    std::vector<std::unique_ptr<Sequence>> finishing;  // done once these rows are stored
-  };
-  std::unique_ptr<PendingCapture> TrackCapture(const std::vector<ScheduledChunk>& chunks,
-                                               std::unique_ptr<CapturedRows> copy) const;
-  void FinishCapture(std::vector<std::unique_ptr<Sequence>>& finished);
-  void StoreCaptured(const PendingCapture& step);
-  // Fails (and stops) each sequence with a non-finite row in the step, naming the first.
-  void FailNonFinite(const PendingCapture& step);
-  void CopyCachedRows(Sequence& seq);
+  // Stores the previous step's captured rows (HiddenStateCapture::Land), registers the
+  // blocks they complete, and hands back the sequences that were waiting for them.
+  void LandCapture(std::vector<std::unique_ptr<Sequence>>& finished);
   // Lets a finished sequence's blocks go (cached ones stay reusable) and hands it back.
   void Retire(std::unique_ptr<Sequence> seq, std::vector<std::unique_ptr<Sequence>>& finished);
   // Registers seq's prompt blocks within `tokens` for reuse, if they hold what a reuser
@@ -168,22 +148,17 @@ class Engine {
 
   Model& model_;
   EngineConfig config_;
+  HiddenStateCapture capture_;  // before the runner, which copies into its staging
   ModelRunner runner_;
-  BlockManager blocks_;
   Scheduler scheduler_;
   // The speculative config's drafter (draft state is its own), called once per step after
   // accept; null without drafts.
   std::unique_ptr<Drafter> drafter_;
   EngineStats stats_;
-  // Prefix caching with capture: every computed prompt row, by KV slot, so sequences
-  // that reuse cached blocks also get those blocks' hidden states. [slots, L, H].
-  Tensor capture_cache_;
-  std::unique_ptr<PendingCapture> pending_;
   std::vector<std::unique_ptr<Sequence>> aborted_;  // aborted or finished early: handed back by the next Step
-  // HSX_PROFILE=1: seconds waiting for capture copies and storing rows (the runner
-  // reports its steps).
+  // HSX_PROFILE=1: the capture object's seconds waiting for copies and storing rows (the
+  // runner reports its steps).
   bool profile_ = std::getenv("HSX_PROFILE") != nullptr;
-  double profile_seconds_[2] = {0, 0};
 };
 
 }  // namespace hsx

@@ -19,11 +19,6 @@ Tensor Unowned(const Tensor& t) {
 
 }  // namespace
 
-void CapturedRows::Wait() {
-  rows_copy_->Wait();
-  flags_copy_->Wait();
-}
-
 ModelRunner::ModelRunner(Model& model, RunnerConfig config)
     : model_(model),
       config_(std::move(config)),
@@ -245,30 +240,15 @@ ForwardOutput ModelRunner::RealRows(const ForwardBatch& batch, const GraphShape&
 
 std::unique_ptr<CapturedRows> ModelRunner::StartCaptureCopy(Tensor captured) {
   Backend& backend = model_.backend();
-  auto rows = std::make_unique<CapturedRows>();
   // Flags for non-finite rows, computed where the rows are (a reduction on the device).
   const int64_t flag_rows = captured.size(0) * captured.size(1);
-  rows->device_flags_ = backend.Empty(DType::kI32, {flag_rows});
-  backend.FlagNonFiniteRows(captured.View({flag_rows, captured.size(2)}), rows->device_flags_);
-  // One pinned buffer holds the rows, then (4-byte aligned) their flags. Two alternate:
-  // the engine still reads the previous step's while this one's copy runs.
-  const int64_t flags_at = static_cast<int64_t>((captured.nbytes() + 3) / 4);
-  Tensor& buffer = host_buffers_[capture_runs_++ % 2];
-  if (buffer.numel() < flags_at + flag_rows) {  // made once for the largest step (RunnerConfig::max_step_rows)
-    const int64_t rows = std::max<int64_t>(captured.size(1), config_.max_step_rows);
-    const int64_t row_bytes = static_cast<int64_t>(captured.nbytes()) / std::max<int64_t>(1, captured.size(1));
-    const int64_t words = (row_bytes * rows + 3) / 4 + captured.size(0) * rows;
-    buffer = backend.HostBuffer(DType::kI32, {words});
-    // The other buffer too, the first time (not in use yet), so the next step does not pin.
-    Tensor& other = host_buffers_[capture_runs_ % 2];
-    if (!other.defined()) other = backend.HostBuffer(DType::kI32, {words});
-  }
-  rows->host_rows_ = Tensor(buffer.raw(), captured.dtype(), captured.shape(), Device::kCPU, nullptr);
-  rows->host_flags_ = Tensor(buffer.data<int32_t>() + flags_at, DType::kI32, {flag_rows}, Device::kCPU, nullptr);
-  rows->device_rows_ = std::move(captured);
-  rows->rows_copy_ = backend.DownloadAsync(rows->device_rows_, rows->host_rows_);
-  rows->flags_copy_ = backend.DownloadAsync(rows->device_flags_, rows->host_flags_);
-  return rows;
+  Tensor flags = backend.Empty(DType::kI32, {flag_rows});
+  backend.FlagNonFiniteRows(captured.View({flag_rows, captured.size(2)}), flags);
+  CaptureStaging::Landing host = config_.capture_staging->Next(backend, captured);
+  std::unique_ptr<PendingDownload> rows_copy = backend.DownloadAsync(captured, host.rows);
+  std::unique_ptr<PendingDownload> flags_copy = backend.DownloadAsync(flags, host.flags);
+  return std::make_unique<CapturedRows>(std::move(captured), std::move(flags), std::move(host.rows),
+                                        std::move(host.flags), std::move(rows_copy), std::move(flags_copy));
 }
 
 ForwardOutput ModelRunner::Forward(const ForwardBatch& batch, const std::vector<int>& capture_layers) {

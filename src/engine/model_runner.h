@@ -1,8 +1,9 @@
-// The model runner: everything one engine does on the device. It owns the KV cache, the
-// buffers captured rows come home in and the recorded step graphs; it runs a scheduled
-// batch (the forward, then sampling of its logit rows on the device) and hands back token
-// ids, requested logprobs and the captured rows on their way to the host. The engine
-// schedules and keeps sequences; it never holds a device tensor.
+// The model runner: everything one engine does on the device. It owns the KV cache and
+// the recorded step graphs; it runs a scheduled batch (the forward with its capture taps,
+// then sampling of its logit rows on the device) and hands back token ids, requested
+// logprobs and the captured rows on their way to the host, whose copy it starts into the
+// capture object's pinned staging (capture_staging.h). The engine schedules and keeps
+// sequences; it never holds a device tensor.
 #pragma once
 
 #include <array>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/capture_staging.h"
 #include "model/eagle3_draft.h"
 #include "model/kv_cache.h"
 #include "model/mtp_drafter.h"
@@ -27,10 +29,9 @@ struct RunnerConfig {
   int block_size = 16;
   std::vector<int> capture_layers;  // ascending unique layer ids; empty: no capture
   int max_model_len = 0;            // the longest sequence: bounds a block table
-  // The scheduler's token budget: the pinned buffers for captured rows are sized for a step
-  // this large when first made (pinning 512 MB takes ~90 ms, which a buffer grown a step at
-  // a time would cost again mid-run).
-  int max_step_rows = 0;
+  // Where captured rows land on the host (the engine's capture object owns it); required
+  // with capture_layers.
+  CaptureStaging* capture_staging = nullptr;
   // Decode steps (every row one token that samples) and verification steps (every
   // sequence K + 1 rows that all verify) replay a graph recorded per (batch-size bucket,
   // rows per sequence), where the backend can record (CUDA), capturing or not; so do the
@@ -48,21 +49,6 @@ struct RunnerConfig {
   // device; rank 0's thread is the caller's, and rank 0 alone samples and copies captured
   // rows home. Not with drafts or decode graphs.
   std::vector<Model*> peer_ranks;
-};
-
-// One step's captured rows on their way to a pinned host buffer.
-class CapturedRows {
- public:
-  void Wait();  // returns once rows() and non_finite() hold the step's data
-  const Tensor& rows() const { return host_rows_; }  // [L, T, H] in the compute dtype
-  // Per captured row ([L, T] as one list), nonzero where it holds an inf or NaN.
-  const int32_t* non_finite() const { return host_flags_.data<int32_t>(); }
-
- private:
-  friend class ModelRunner;
-  Tensor device_rows_, device_flags_;  // kept alive until the copies land
-  Tensor host_rows_, host_flags_;
-  std::unique_ptr<PendingDownload> rows_copy_, flags_copy_;
 };
 
 struct StepResult {
@@ -154,6 +140,7 @@ class ModelRunner {
     int64_t steps = 0, rows = 0;
   };
   void Profile(StepTimes& times, const ForwardBatch& batch, std::chrono::steady_clock::time_point start);
+  // Flags captured's non-finite rows on the device and starts copying both into the staging.
   std::unique_ptr<CapturedRows> StartCaptureCopy(Tensor captured);
   // The forward on every rank at once; rank 0's output.
   ForwardOutput Forward(const ForwardBatch& batch, const std::vector<int>& capture_layers);
@@ -166,8 +153,6 @@ class ModelRunner {
   Tensor aux_;                            // EAGLE-3: the last step's aux states [A, T, H]
   Tensor final_hidden_;                   // MTP: the last step's final-normed logit rows
   bool has_moe_ = false;  // MoE routing downloads expert counts: it cannot be recorded
-  int64_t capture_runs_ = 0;
-  Tensor host_buffers_[2];  // captured rows and flags alternate between two pinned buffers
 
   // The target's graphs of one number of rows per sequence share one set of fixed inputs
   // (ids, positions, slots, sequence info, block tables at a stride of max_blocks_per_seq_).

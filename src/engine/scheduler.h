@@ -12,12 +12,18 @@
 // its share. So a request arriving behind a large one runs within a few steps instead of
 // after all of it. Sequences of single-choice requests are each their own group, so
 // among them this is plain FCFS.
+//
+// The scheduler alone owns the KV blocks (its BlockManager): it reserves them for what it
+// schedules, and the engine and drafters go through it to register blocks for prefix
+// sharing, reserve a drafter's lookahead slots and free a finished sequence's blocks.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/block_manager.h"
@@ -37,7 +43,7 @@ struct ScheduledChunk {
 
 class Scheduler {
  public:
-  Scheduler(SchedulerConfig config, BlockManager& blocks) : config_(config), blocks_(blocks) {}
+  Scheduler(SchedulerConfig config, BlockManager blocks) : config_(config), blocks_(std::move(blocks)) {}
 
   void Add(std::unique_ptr<Sequence> seq) { waiting_.push_back(std::move(seq)); }
   std::vector<ScheduledChunk> Schedule();
@@ -46,6 +52,26 @@ class Scheduler {
   std::unique_ptr<Sequence> Detach(Sequence* seq);
   // Removes a waiting or running sequence by request id (nullptr if unknown); blocks stay held.
   std::unique_ptr<Sequence> Remove(const std::string& id);
+  // Frees the blocks of a sequence Detach or Remove handed back (cached ones stay reusable).
+  void Release(Sequence& seq) { blocks_.Release(seq); }
+  // Registers seq's full prompt blocks within its first `tokens` tokens for prefix sharing
+  // (BlockManager::Commit): the caller knows their KV and captured rows are complete.
+  void Commit(Sequence& seq, int tokens) { blocks_.Commit(seq, tokens); }
+  // A drafter's slots past what this step scheduled (EAGLE-3's chained steps write draft
+  // KV up to position tokens - 1): grows seq's block table; false (no change) if short of blocks.
+  bool ReserveLookahead(Sequence& seq, int tokens) { return blocks_.Reserve(seq, tokens); }
+
+  // Whether a sequence of `tokens` tokens could ever fit the KV cache (all blocks its own).
+  bool Fits(int64_t tokens) const {
+    return tokens <= static_cast<int64_t>(blocks_.num_blocks()) * blocks_.block_size();
+  }
+  int num_blocks() const { return blocks_.num_blocks(); }
+  int num_free_blocks() const { return blocks_.num_free_blocks(); }
+  int block_size() const { return blocks_.block_size(); }
+  // Prompt tokens served from cached blocks, over prompt tokens looked up.
+  double prefix_cache_hit_rate() const {
+    return blocks_.queries() ? static_cast<double>(blocks_.hits()) / blocks_.queries() : 0.0;
+  }
 
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   size_t num_waiting() const { return waiting_.size(); }
@@ -61,7 +87,7 @@ class Scheduler {
   int Held(const Sequence& seq) const;
 
   SchedulerConfig config_;
-  BlockManager& blocks_;
+  BlockManager blocks_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   uint64_t preemptions_ = 0;
