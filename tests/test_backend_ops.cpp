@@ -23,6 +23,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -63,11 +64,13 @@ struct Output {
 // values on both backends), outputs poisoned, results collected.
 class OpEnv {
  public:
-  OpEnv(Backend& b, uint64_t seed) : b(b), rng_(seed) {}
+  OpEnv(Backend& b, uint64_t seed, bool padding) : b(b), padding(padding), rng_(seed) {}
   Backend& b;
-  // Padding sequences (no context: a CUDA graph's padded batch) are a device contract; the
-  // CPU runs the live sequences into zeros, which is what a padding row must hold.
-  bool runs_padding() const { return b.device() != Device::kCPU; }
+  // Whether attention batches keep their padding sequences (no context: a CUDA graph's
+  // padded batch), which only the split-KV decode kernel takes. They are a device contract:
+  // the CPU runs the live sequences into zeros, which is what a padding row must hold.
+  const bool padding;
+  bool on_device() const { return b.device() != Device::kCPU; }
   std::vector<Output> outputs;
 
   std::mt19937& rng() { return rng_; }
@@ -195,8 +198,8 @@ std::vector<std::string> CompareAll(const std::vector<Output>& want, const std::
   return failures;
 }
 
-std::vector<Output> RunOn(const OpCase& c, Backend& b, uint64_t seed) {
-  OpEnv env(b, seed);
+std::vector<Output> RunOn(const OpCase& c, Backend& b, uint64_t seed, bool padding = true) {
+  OpEnv env(b, seed, padding);
   c.run(env);
   b.Synchronize();
   return std::move(env.outputs);
@@ -239,7 +242,14 @@ struct PagedBatch {
 };
 constexpr int kBlock = 16;
 
-PagedBatch MakePaged(std::mt19937& rng, const std::vector<int>& contexts, const std::vector<int>& q_lens) {
+PagedBatch MakePaged(std::mt19937& rng, std::vector<int> contexts, std::vector<int> q_lens, bool padding) {
+  if (!padding) {
+    for (size_t i = contexts.size(); i-- > 0;) {
+      if (contexts[i] != 0) continue;
+      contexts.erase(contexts.begin() + static_cast<std::ptrdiff_t>(i));
+      if (i < q_lens.size()) q_lens.erase(q_lens.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
   int64_t num_blocks = 0;
   for (int ctx : contexts) num_blocks += (ctx + kBlock - 1) / kBlock;
   std::vector<int32_t> blocks(static_cast<size_t>(num_blocks));
@@ -303,20 +313,20 @@ AttentionParams Params(const AttentionCase& a, const Tensor* sinks) {
   return p;
 }
 
-// A device with padding rows writes into poison; the CPU into zeros (OpEnv::runs_padding).
+// A device writes into poison; the CPU into zeros (OpEnv::padding).
 Tensor AttentionOut(OpEnv& env, const Shape& shape) {
-  return env.runs_padding() ? env.PoisonAct(shape) : env.Activation(Tensor::Host(DType::kF32, shape));
+  return env.on_device() ? env.PoisonAct(shape) : env.Activation(Tensor::Host(DType::kF32, shape));
 }
 
 void RunAttention(OpEnv& env, const AttentionCase& a) {
-  const PagedBatch p = MakePaged(env.rng(), a.contexts, a.q_lens);
+  const PagedBatch p = MakePaged(env.rng(), a.contexts, a.q_lens, env.padding);
   const Tensor q = env.Random({p.rows, a.heads, a.d});
   Tensor kc = env.HostRandom({p.num_slots, a.kv_heads, a.d}), vc = env.HostRandom({p.num_slots, a.kv_heads, a.d});
   PoisonPastContexts(p, a.kv_heads * a.d, kc);
   PoisonPastContexts(p, a.kv_heads * a.d, vc);
   const Tensor sinks = env.RandomF32({a.heads}, 4.0f);  // large enough to take most of some rows
   Tensor out = AttentionOut(env, {p.rows, a.heads, a.d});
-  env.b.Attention(q, env.Activation(kc), env.Activation(vc), MakeAttentionBatch(env.b, env.runs_padding() ? p.seqs : p.live),
+  env.b.Attention(q, env.Activation(kc), env.Activation(vc), MakeAttentionBatch(env.b, env.on_device() ? p.seqs : p.live),
                   Params(a, a.sinks ? &sinks : nullptr), out);
   env.Add("out", out, Tolerance::Roundings(5), a.d);
 }
@@ -343,7 +353,7 @@ HeadNorms MakeNorms(const QkvCase& c, const Tensor& qw, const Tensor& kw) {
 // row pads (slot -1: its key is the cache's); the step's own slots start as NaN.
 void RunQkvAttention(OpEnv& env, const QkvCase& c) {
   const AttentionCase& a = c.a;
-  PagedBatch p = MakePaged(env.rng(), a.contexts, a.q_lens);
+  PagedBatch p = MakePaged(env.rng(), a.contexts, a.q_lens, env.padding);
   for (const SequenceSlice& s : p.seqs) {
     if (s.q_len > 1) {
       p.slots[static_cast<size_t>(s.q_start)] = -1;
@@ -363,7 +373,7 @@ void RunQkvAttention(OpEnv& env, const QkvCase& c) {
   Tensor k_cache = env.Activation(kc), v_cache = env.Activation(vc);
   Tensor out = AttentionOut(env, {p.rows, a.heads, a.d});
   env.b.QkvAttention(qkv, c.values_are_keys, MakeNorms(c, qw, kw), env.Ints(p.positions), rope, env.Ints(p.slots),
-                     k_cache, v_cache, MakeAttentionBatch(env.b, env.runs_padding() ? p.seqs : p.live), Params(a, nullptr),
+                     k_cache, v_cache, MakeAttentionBatch(env.b, env.on_device() ? p.seqs : p.live), Params(a, nullptr),
                      out);
   env.Add("out", out, Tolerance::Roundings(5), a.d);
   env.Add("k_cache", k_cache, Tolerance::Roundings(2), a.d);
@@ -452,7 +462,7 @@ std::vector<OpCase> Table() {
   }
   // FP8: weights and x quantized by one rule on both backends, so the products are of the
   // same codes; a zero row takes scale 1.
-  for (const int64_t k : {208, 4096, 12288, 32784}) {
+  for (const int64_t k : {208, 4096, 12288, 28672, 32784}) {  // 2-16 register chunks, and past them
     add("QuantizeRowsFp8", Dims({{"rows", 300}, {"k", k}}), [=](OpEnv& env) {
       Tensor w = env.HostRandom({300, k}, 0.05f);
       std::fill(w.data<float>() + k, w.data<float>() + 2 * k, 0.0f);
@@ -470,7 +480,7 @@ std::vector<OpCase> Table() {
 
   // Norms: widths of one warp to many register chunks a thread, rows not a multiple of a
   // block's, in place, without a weight, 1 + weight.
-  for (const int64_t d : {16, 64, 100, 256, 1000, 4096, 5376, 12288}) {
+  for (const int64_t d : {16, 32, 64, 100, 128, 256, 512, 1000, 4096, 5376, 12288}) {
     for (const int64_t rows : {1, 37, 301}) {
       for (const int w : {0, 1, 2}) {  // no weight, weight, 1 + weight
         add("RmsNorm", Dims({{"rows", rows}, {"d", d}, {"weight", w}}), [=](OpEnv& env) {
@@ -490,7 +500,8 @@ std::vector<OpCase> Table() {
         add("RmsNormFp8", Dims({{"rows", rows}, {"d", d}, {"weight", w}}), [=](OpEnv& env) {
           Tensor x = env.Random({rows, d}, 3.0f);
           const Tensor branch = env.Random({rows, d}), wt = env.Weight({d}, 0.5f);
-          env.Add("normed", env.b.RmsNormFp8(x, &branch, w ? &wt : nullptr, 1e-6f, w == 2), Tolerance::Fp8());
+          const Tensor* b = rows == 37 ? nullptr : &branch;  // 37 rows: RmsNorm's, the others AddRmsNorm's
+          env.Add("normed", env.b.RmsNormFp8(x, b, w ? &wt : nullptr, 1e-6f, w == 2), Tolerance::Fp8());
           env.Add("residual", x, Tolerance::Roundings(1));
         });
       }
@@ -685,11 +696,19 @@ std::vector<OpCase> Table() {
       // contexts past half of H200's L2 (the wgmma kernel's KV-head sections)
       {128, 8, 8, 0, 0, false, {60000, 700}, {40, 300}}, {128, 16, 8, 5000, 0, false, {60000, 700}, {40, 300}},
       {256, 4, 2, 0, 0, false, {60000, 700}, {40, 300}},
-      // gpt-oss's sinks: prefill, decode (few and many blocks), verification
-      {64, 8, 2, 16, 0, true, {1, 17, 300, 200, 700}, {1, 17, 5, 130, 700}},
-      {128, 16, 2, 100, 0, true, {1, 32768}, {}},      {128, 8, 2, 0, 0, true, many, {}},
-      {512, 4, 1, 0, 0, true, {5000, 40}, {3, 8}},
   };
+  // gpt-oss's sinks (large enough to take most of some rows' probability), windows
+  // included: prefill and chunked prefill, decode over few blocks (the cluster merge) and
+  // many (the merge kernel), verification rows.
+  std::vector<int> many_short(200);
+  for (int& c : many_short) c = std::uniform_int_distribution<int>(1, 300)(shapes_rng);
+  for (auto [d, heads, kv_heads, window] : std::vector<std::tuple<int64_t, int64_t, int64_t, int>>{
+           {64, 8, 2, 16}, {64, 64, 8, 128}, {128, 8, 2, 0}, {128, 16, 2, 100}, {256, 4, 2, 0}, {512, 4, 1, 0}}) {
+    attention.push_back({d, heads, kv_heads, window, 0, true, {1, 17, 300, 200, 700}, {1, 17, 5, 130, 700}});
+    attention.push_back({d, heads, kv_heads, window, 0, true, {1, 32768}, {}});
+    attention.push_back({d, heads, kv_heads, window, 0, true, many_short, {}});
+    attention.push_back({d, heads, kv_heads, window, 0, true, {5000, 40}, {3, 8}});
+  }
   for (const AttentionCase& a : attention) {
     add("Attention", Describe(a), [=](OpEnv& env) { RunAttention(env, a); });
   }
@@ -735,24 +754,28 @@ std::vector<OpCase> Table() {
     }
   }
 
-  // Gemma 4 MTP's centroid-masked head: ties and NaN among the centroid logits.
-  for (auto [rows, clusters, top_k] : std::vector<std::tuple<int64_t, int64_t, int>>{{1, 8, 2}, {5, 32, 4}, {9, 64, 64}}) {
-    add("CentroidMaskedLogits", Dims({{"rows", rows}, {"clusters", clusters}, {"top", top_k}}), [=](OpEnv& env) {
-      const int64_t hidden = 64, per = 12, vocab = clusters * per;
-      const Tensor x = env.Random({rows, hidden});
-      Tensor centroids = env.HostRandom({rows, clusters});
-      centroids.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
-      if (clusters > 2) centroids.data<float>()[2] = centroids.data<float>()[1];  // a tie: the lower index wins
-      std::vector<int32_t> order(static_cast<size_t>(vocab));
-      std::iota(order.begin(), order.end(), 0);
-      std::shuffle(order.begin(), order.end(), env.rng());
-      Tensor ordering = Tensor::Host(DType::kI32, {clusters, per});
-      std::copy(order.begin(), order.end(), ordering.data<int32_t>());
-      const Tensor lm_head = env.Weight({vocab, hidden}, 0.1f);
-      Tensor logits = env.Poison(DType::kF32, {rows, vocab});
-      env.b.CentroidMaskedLogits(x, env.b.Upload(centroids), env.b.Upload(ordering), lm_head, top_k, logits);
-      env.Add("logits", logits, Tolerance::Roundings(0));
-    });
+  // Gemma 4 MTP's centroid-masked head: the fixture's shape, E2B's (2048 centroids, top 32,
+  // 262144 tokens), odd ones; ties (halves) and a NaN among the centroid scores. The logits
+  // are f32 sums of the same bf16 products on both sides.
+  for (auto [rows, hidden, clusters, vocab, top_k] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int>>{
+           {1, 32, 16, 512, 4}, {3, 256, 2048, 262144, 32}, {7, 40, 5, 35, 5}, {2, 72, 300, 600, 256}}) {
+    add("CentroidMaskedLogits", Dims({{"rows", rows}, {"h", hidden}, {"clusters", clusters}, {"vocab", vocab}, {"top", top_k}}),
+        [=](OpEnv& env) {
+          const Tensor x = env.Random({rows, hidden});
+          Tensor centroids = env.HostRandom({rows, clusters});
+          for (int64_t i = 0; i < centroids.numel(); ++i)
+            centroids.data<float>()[i] = std::round(centroids.data<float>()[i] * 2.0f) / 2.0f;
+          centroids.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+          std::vector<int32_t> order(static_cast<size_t>(vocab));
+          std::iota(order.begin(), order.end(), 0);
+          std::shuffle(order.begin(), order.end(), env.rng());
+          Tensor ordering = Tensor::Host(DType::kI32, {clusters, vocab / clusters});
+          std::copy(order.begin(), order.end(), ordering.data<int32_t>());
+          const Tensor lm_head = env.Weight({vocab, hidden}, 1.0f);
+          Tensor logits = env.Poison(DType::kF32, {rows, vocab});
+          env.b.CentroidMaskedLogits(x, env.b.Upload(centroids), env.b.Upload(ordering), lm_head, top_k, logits);
+          env.Add("logits", logits, Tolerance::Roundings(0));
+        });
   }
 
   // Non-finite rows: inf, -inf or NaN first, last, in a vector tail or not; every third row.
@@ -844,32 +867,89 @@ std::string Failures(const std::vector<std::string>& failures) {
 
 // ---- The CUDA backend against the reference, one test per case ----
 
-class CudaBackendOps : public ::testing::TestWithParam<size_t> {
- protected:
-  static void SetUpTestSuite() {
-    auto b = MakeBackend("cuda");
-    if (b.ok()) target_ = std::move(b).value();
-    reference_ = std::make_unique<CpuBackend>();
-  }
-  static void TearDownTestSuite() {
-    target_.reset();
-    reference_.reset();
-  }
-  static std::unique_ptr<Backend> target_;
-  static std::unique_ptr<Backend> reference_;
+// The CUDA backend as made by default, and with a switch that sends some ops down another
+// path (a backend reads its switches when made): each path is held to the same reference.
+struct Target {
+  std::string name;
+  const char* var = nullptr;  // the environment switch set while the backend is made
+  const char* value = nullptr;
+  bool batch_invariant = false;
+  std::vector<std::string> ops;  // the cases it runs; empty: all
+  bool padding = true;  // its attention takes padding sequences (runs the split-KV decode kernel)
 };
-std::unique_ptr<Backend> CudaBackendOps::target_;
-std::unique_ptr<Backend> CudaBackendOps::reference_;
 
-TEST_P(CudaBackendOps, MatchesTheCpuReference) {
-  if (!target_) GTEST_SKIP() << "no CUDA device";
-  const OpCase& c = Cases()[GetParam()];
-  const std::vector<std::string> failures = RunCase(c, *reference_, *target_, CaseSeed(GetParam()));
-  EXPECT_TRUE(failures.empty()) << c.op << " " << c.shape << Failures(failures);
+const std::vector<Target>& Targets() {
+  static const std::vector<Target> targets = {
+      {"default"},
+      {"batch_invariant", nullptr, nullptr, true, {}, false},
+      {"mma_attention", "HSX_ATTENTION", "mma", false, {"Attention", "QkvAttention"}},
+      {"no_decode_kernel", "HSX_DECODE_ATTENTION", "0", false, {"Attention", "QkvAttention"}, false},
+      {"no_verify_kernel", "HSX_VERIFY_ATTENTION", "0", false, {"Attention", "QkvAttention"}, false},
+      {"no_decode_cluster", "HSX_DECODE_CLUSTER", "0", false, {"Attention", "QkvAttention"}},
+      {"unfused_attention_inputs", "HSX_FUSE_ATTENTION_INPUTS", "0", false, {"QkvAttention"}},
+      {"no_norm_rope_store", "HSX_NORM_ROPE_STORE", "0", false, {"NormRopeStoreKV", "QkvAttention"}},
+      {"no_gemv", "HSX_GEMV", "0", false, {"Linear", "GatedLinear"}},
+      {"no_gated_gemv", "HSX_GATED_GEMV", "0", false, {"GatedLinear"}},
+      {"unfused_fp8_inputs", "HSX_FP8_FUSED_INPUTS", "0", false, {"RmsNormFp8", "GatedActivationFp8"}},
+  };
+  return targets;
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, CudaBackendOps, ::testing::Range<size_t>(0, Cases().size()),
-                         [](const auto& info) { return CaseName(info.param); });
+// (target, case) pairs: every case on the default backend, then each switch's cases.
+std::vector<std::pair<size_t, size_t>> TargetCases() {
+  std::vector<std::pair<size_t, size_t>> pairs;
+  for (size_t t = 0; t < Targets().size(); ++t) {
+    const std::vector<std::string>& ops = Targets()[t].ops;
+    for (size_t c = 0; c < Cases().size(); ++c) {
+      if (ops.empty() || std::find(ops.begin(), ops.end(), Cases()[c].op) != ops.end()) pairs.emplace_back(t, c);
+    }
+  }
+  return pairs;
+}
+
+class CudaBackendOps : public ::testing::TestWithParam<std::pair<size_t, size_t>> {
+ protected:
+  static void TearDownTestSuite() {
+    targets_.clear();
+    references_.clear();
+  }
+  // The target's backend, made on first use; null without a device.
+  static Backend* TargetBackend(size_t t) {
+    auto it = targets_.find(t);
+    if (it != targets_.end()) return it->second.get();
+    const Target& target = Targets()[t];
+    if (target.var != nullptr) setenv(target.var, target.value, 1);
+    auto b = MakeBackend("cuda", target.batch_invariant);
+    if (target.var != nullptr) unsetenv(target.var);
+    return (targets_[t] = b.ok() ? std::move(b).value() : nullptr).get();
+  }
+  // The CPU's outputs of a case, computed once for every target.
+  static const std::vector<Output>& Reference(size_t c, bool padding) {
+    auto it = references_.find({c, padding});
+    if (it != references_.end()) return it->second;
+    CpuBackend cpu;
+    return references_[{c, padding}] = RunOn(Cases()[c], cpu, CaseSeed(c), padding);
+  }
+  static std::map<size_t, std::unique_ptr<Backend>> targets_;
+  static std::map<std::pair<size_t, bool>, std::vector<Output>> references_;
+};
+std::map<size_t, std::unique_ptr<Backend>> CudaBackendOps::targets_;
+std::map<std::pair<size_t, bool>, std::vector<Output>> CudaBackendOps::references_;
+
+TEST_P(CudaBackendOps, MatchesTheCpuReference) {
+  const auto [t, c] = GetParam();
+  Backend* target = TargetBackend(t);
+  if (target == nullptr) GTEST_SKIP() << "no CUDA device";
+  const bool padding = Targets()[t].padding;
+  const std::vector<std::string> failures =
+      CompareAll(Reference(c, padding), RunOn(Cases()[c], *target, CaseSeed(c), padding));
+  EXPECT_TRUE(failures.empty()) << Cases()[c].op << " " << Cases()[c].shape << " on the " << Targets()[t].name
+                                << " backend" << Failures(failures);
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, CudaBackendOps, ::testing::ValuesIn(TargetCases()), [](const auto& info) {
+  return Targets()[info.param.first].name + "__" + CaseName(info.param.second);
+});
 
 // ---- The table and comparator on the CPU ----
 
@@ -883,6 +963,15 @@ TEST(BackendOps, TableCoversEveryComputeOp) {
                          "Attention", "QkvAttention", "GatherRows", "SliceColumns", "WriteColumns", "DraftLayerInput",
                          "MoeMlp", "CentroidMaskedLogits", "FlagNonFiniteRows", "Sample", "GreedyTokens", "Copy"}) {
     EXPECT_NE(std::find(ops.begin(), ops.end(), op), ops.end()) << op << " has no case";
+  }
+}
+
+// GoogleTest needs each parameter's name once.
+TEST(BackendOps, CaseNamesAreUnique) {
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < Cases().size(); ++i) {
+    const auto [it, added] = seen.emplace(CaseName(i), i);
+    EXPECT_TRUE(added) << CaseName(i) << ": cases " << it->second << " and " << i;
   }
 }
 
