@@ -954,7 +954,7 @@ INSTANTIATE_TEST_SUITE_P(Table, CudaBackendOps, ::testing::ValuesIn(TargetCases(
 // ---- The table and comparator on the CPU ----
 
 // Every op of the Backend interface that computes is in the table (a new op must be added).
-TEST(BackendOps, TableCoversEveryComputeOp) {
+TEST(BackendOpsTable, CoversEveryComputeOp) {
   std::vector<std::string> ops;
   for (const OpCase& c : Cases()) ops.push_back(c.op);
   for (const char* op : {"Embed", "Linear", "QuantizeRowsFp8", "LinearFp8", "RmsNorm", "Add", "AddRmsNorm",
@@ -967,7 +967,7 @@ TEST(BackendOps, TableCoversEveryComputeOp) {
 }
 
 // GoogleTest needs each parameter's name once.
-TEST(BackendOps, CaseNamesAreUnique) {
+TEST(BackendOpsTable, CaseNamesAreUnique) {
   std::map<std::string, size_t> seen;
   for (size_t i = 0; i < Cases().size(); ++i) {
     const auto [it, added] = seen.emplace(CaseName(i), i);
@@ -975,60 +975,62 @@ TEST(BackendOps, CaseNamesAreUnique) {
   }
 }
 
-// The reference side of every case writes a finite value into every output (a case whose
+class BackendOps : public ::testing::TestWithParam<size_t> {};
+
+// The reference side of the case writes a finite value into every output (a case whose
 // output stays poison compares nothing), and the CPU against itself passes.
-TEST(BackendOps, EveryCaseComparesSomethingAndPassesAgainstItself) {
+TEST_P(BackendOps, ComparesSomethingAndPassesAgainstItself) {
+  const size_t i = GetParam();
   CpuBackend cpu;
-  for (size_t i = 0; i < Cases().size(); ++i) {
-    const std::vector<Output> outputs = RunOn(Cases()[i], cpu, CaseSeed(i));
-    ASSERT_FALSE(outputs.empty()) << CaseName(i);
-    for (const Output& o : outputs) {
-      EXPECT_TRUE(std::any_of(o.values.begin(), o.values.end(), [](float v) { return std::isfinite(v); }))
-          << CaseName(i) << " " << o.name << " holds no finite value";
-    }
-    const std::vector<std::string> failures = CompareAll(outputs, RunOn(Cases()[i], cpu, CaseSeed(i)));
-    EXPECT_TRUE(failures.empty()) << CaseName(i) << Failures(failures);
+  const std::vector<Output> outputs = RunOn(Cases()[i], cpu, CaseSeed(i));
+  ASSERT_FALSE(outputs.empty());
+  for (const Output& o : outputs) {
+    EXPECT_TRUE(std::any_of(o.values.begin(), o.values.end(), [](float v) { return std::isfinite(v); }))
+        << o.name << " holds no finite value";
   }
+  const std::vector<std::string> failures = CompareAll(outputs, RunOn(Cases()[i], cpu, CaseSeed(i)));
+  EXPECT_TRUE(failures.empty()) << Failures(failures);
 }
 
-// The comparator sees one changed value in every output of every case: its largest
-// ordinary element moved to twice its tolerance, or left as poison (NaN), fails that
-// output and only that one.
-TEST(BackendOps, ComparatorFailsOnOnePerturbedValue) {
+// The comparator sees one changed value in every output of the case: its largest ordinary
+// element moved to twice its tolerance, or left as poison (NaN), fails that output and only
+// that one.
+TEST_P(BackendOps, ComparatorFailsOnOnePerturbedValue) {
+  const size_t i = GetParam();
   CpuBackend cpu;
-  for (size_t i = 0; i < Cases().size(); ++i) {
-    const std::vector<Output> want = RunOn(Cases()[i], cpu, CaseSeed(i));
-    for (size_t o = 0; o < want.size(); ++o) {
-      const std::vector<float>& values = want[o].values;
-      size_t at = values.size();
-      for (size_t k = 0; k < values.size(); ++k) {
-        if (!Special(values[k]) && (at == values.size() || std::abs(values[k]) > std::abs(values[at]))) at = k;
-      }
-      ASSERT_LT(at, values.size()) << CaseName(i) << " " << want[o].name;
-      const Tolerance& tol = want[o].tol;
-      const float v = values[at];
-      const float moved = tol.exact() ? v + std::max(1.0f, std::abs(v) * 1e-3f)
-                                      : v + static_cast<float>(2 * (tol.absolute + tol.relative * std::abs(v)));
-      for (const float changed : {moved, std::numeric_limits<float>::quiet_NaN()}) {
-        std::vector<Output> got = want;
-        got[o].values[at] = changed;
-        const std::vector<std::string> failures = CompareAll(want, got);
-        EXPECT_EQ(failures.size(), 1u) << CaseName(i) << " output " << want[o].name << " element " << at << ": " << v
-                                       << " -> " << changed << Failures(failures);
-      }
+  const std::vector<Output> want = RunOn(Cases()[i], cpu, CaseSeed(i));
+  for (size_t o = 0; o < want.size(); ++o) {
+    const std::vector<float>& values = want[o].values;
+    size_t at = values.size();
+    for (size_t k = 0; k < values.size(); ++k) {
+      if (!Special(values[k]) && (at == values.size() || std::abs(values[k]) > std::abs(values[at]))) at = k;
+    }
+    ASSERT_LT(at, values.size()) << want[o].name;
+    const Tolerance& tol = want[o].tol;
+    const float v = values[at];
+    const float moved = tol.exact() ? v + std::max(1.0f, std::abs(v) * 1e-3f)
+                                    : v + static_cast<float>(2 * (tol.absolute + tol.relative * std::abs(v)));
+    for (const float changed : {moved, std::numeric_limits<float>::quiet_NaN()}) {
+      std::vector<Output> got = want;
+      got[o].values[at] = changed;
+      const std::vector<std::string> failures = CompareAll(want, got);
+      EXPECT_EQ(failures.size(), 1u) << want[o].name << " element " << at << ": " << v << " -> " << changed
+                                     << Failures(failures);
     }
   }
 }
 
 // The batch-invariant CPU backend (other kernels: row-wise attention, fixed-order sums)
-// against the reference, through the same table.
-TEST(BackendOps, BatchInvariantCpuMatchesTheReference) {
+// against the reference.
+TEST_P(BackendOps, BatchInvariantCpuMatchesTheReference) {
+  const size_t i = GetParam();
   CpuBackend cpu, invariant(true);
-  for (size_t i = 0; i < Cases().size(); ++i) {
-    const std::vector<std::string> failures = RunCase(Cases()[i], cpu, invariant, CaseSeed(i));
-    EXPECT_TRUE(failures.empty()) << CaseName(i) << Failures(failures);
-  }
+  const std::vector<std::string> failures = RunCase(Cases()[i], cpu, invariant, CaseSeed(i));
+  EXPECT_TRUE(failures.empty()) << Failures(failures);
 }
+
+INSTANTIATE_TEST_SUITE_P(Table, BackendOps, ::testing::Range<size_t>(0, Cases().size()),
+                         [](const auto& info) { return CaseName(info.param); });
 
 }  // namespace
 }  // namespace hsx
