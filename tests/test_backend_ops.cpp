@@ -140,6 +140,7 @@ class OpEnv {
 struct OpCase {
   std::string op, shape;  // the Backend op, and what this case varies
   std::function<void(OpEnv&)> run;
+  bool large = false;  // seconds of CPU work: run against CUDA only, not in the CPU self-checks
 };
 
 // Reference magnitudes at or past this are sentinels (the lowest float of a masked logit),
@@ -303,6 +304,12 @@ std::string Describe(const AttentionCase& a) {
   return s.str();
 }
 
+// Long contexts and many sequences: seconds on the CPU.
+bool Large(const AttentionCase& a) {
+  return *std::max_element(a.contexts.begin(), a.contexts.end()) > 4099 || a.contexts.size() > 100 ||
+         a.heads * a.d > 2048;
+}
+
 AttentionParams Params(const AttentionCase& a, const Tensor* sinks) {
   AttentionParams p;
   p.scale = 1.0f / std::sqrt(static_cast<float>(a.d));
@@ -436,8 +443,8 @@ std::string Dims(std::initializer_list<std::pair<const char*, int64_t>> dims) {
 
 std::vector<OpCase> Table() {
   std::vector<OpCase> t;
-  const auto add = [&](std::string op, std::string shape, std::function<void(OpEnv&)> run) {
-    t.push_back({std::move(op), std::move(shape), std::move(run)});
+  const auto add = [&](std::string op, std::string shape, std::function<void(OpEnv&)> run, bool large = false) {
+    t.push_back({std::move(op), std::move(shape), std::move(run), large});
   };
   const Activation acts[] = {Activation::kSilu, Activation::kGeluTanh};
   const char* act_names[] = {"silu", "gelu"};
@@ -467,7 +474,7 @@ std::vector<OpCase> Table() {
       Tensor w = env.HostRandom({300, k}, 0.05f);
       std::fill(w.data<float>() + k, w.data<float>() + 2 * k, 0.0f);
       env.Add("codes", env.b.QuantizeRowsFp8(env.b.UploadWeight(w)), Tolerance::Exact());
-    });
+    }, k > 12288);
   }
   for (const Mnk s : {Mnk{1, 64, 64}, Mnk{7, 1024, 4096}, Mnk{33, 96, 208}, Mnk{300, 4096, 4096}}) {
     add("LinearFp8", Dims({{"m", s.m}, {"n", s.n}, {"k", s.k}}), [=](OpEnv& env) {
@@ -475,7 +482,7 @@ std::vector<OpCase> Table() {
       Tensor y = env.PoisonAct({s.m, s.n});
       env.b.Linear(x, env.b.QuantizeRowsFp8(w), &b, y);
       env.Add("y", y, Tolerance::Roundings(2));
-    });
+    }, s.m * s.n * s.k > 1e9);
   }
 
   // Norms: widths of one warp to many register chunks a thread, rows not a multiple of a
@@ -710,7 +717,7 @@ std::vector<OpCase> Table() {
     attention.push_back({d, heads, kv_heads, window, 0, true, {5000, 40}, {3, 8}});
   }
   for (const AttentionCase& a : attention) {
-    add("Attention", Describe(a), [=](OpEnv& env) { RunAttention(env, a); });
+    add("Attention", Describe(a), [=](OpEnv& env) { RunAttention(env, a); }, Large(a));
   }
   const std::vector<QkvCase> qkv_cases = {
       {{128, 32, 8, 0, 0, false, {512}, {1}}, 1, false, false},
@@ -725,7 +732,7 @@ std::vector<OpCase> Table() {
   for (const QkvCase& c : qkv_cases) {
     add("QkvAttention", Describe(c.a) + "_norms" + std::to_string(c.norms) + (c.values_are_keys ? "_v_is_k" : "") +
                             (c.partial ? "_partial" : ""),
-        [=](OpEnv& env) { RunQkvAttention(env, c); });
+        [=](OpEnv& env) { RunQkvAttention(env, c); }, Large(c.a));
   }
 
   // EAGLE-3's draft input: norm widths of each thread count, one off a multiple of 8.
@@ -775,7 +782,7 @@ std::vector<OpCase> Table() {
           Tensor logits = env.Poison(DType::kF32, {rows, vocab});
           env.b.CentroidMaskedLogits(x, env.b.Upload(centroids), env.b.Upload(ordering), lm_head, top_k, logits);
           env.Add("logits", logits, Tolerance::Roundings(0));
-        });
+        }, vocab > 100000);
   }
 
   // Non-finite rows: inf, -inf or NaN first, last, in a vector tail or not; every third row.
@@ -1035,7 +1042,15 @@ TEST_P(BackendOps, BatchInvariantCpuMatchesTheReference) {
   EXPECT_TRUE(failures.empty()) << Failures(failures);
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, BackendOps, ::testing::Range<size_t>(0, Cases().size()),
+// The cases cheap on the CPU (the large ones differ in size only, not in what they check here).
+std::vector<size_t> CpuCases() {
+  std::vector<size_t> cases;
+  for (size_t i = 0; i < Cases().size(); ++i)
+    if (!Cases()[i].large) cases.push_back(i);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BackendOps, ::testing::ValuesIn(CpuCases()),
                          [](const auto& info) { return CaseName(info.param); });
 
 }  // namespace
