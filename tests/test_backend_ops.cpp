@@ -851,6 +851,53 @@ std::vector<OpCase> Table() {
       env.AddHost("top_logprobs", s.top_logprobs, 1, Tolerance::Absolute(1e-4));
     });
   }
+  // Greedy verification of one-hot drafts: requests of 0 to 5 drafts, each accepting a
+  // known prefix (drafts equal to the rows' arg max, then a wrong one, or all right: the
+  // bonus token); logprobs as Sample reports them. (Seeded rows, draft probabilities and
+  // forced acceptance: tests/test_cuda_verification.cpp.)
+  for (const int64_t vocab : {10, 1000, 151936}) {
+    add("VerifyDrafts", Dims({{"requests", 5}, {"vocab", vocab}}) + "_greedy", [=](OpEnv& env) {
+      const std::vector<int32_t> num_drafts = {0, 1, 3, 5, 2}, right = {0, 1, 1, 5, 0};
+      int64_t rows = 0;
+      for (int32_t k : num_drafts) rows += k + 1;
+      const Tensor logits = env.HostRandom({rows, vocab}, 3.0f);
+      VerificationBatch batch;
+      batch.num_drafts = num_drafts;
+      batch.sampling.max_logprobs = 3;
+      for (size_t r = 0, row = 0; r < num_drafts.size(); ++r) {
+        for (int32_t j = 0; j <= num_drafts[r]; ++j, ++row) {
+          const float* l = logits.data<float>() + row * vocab;
+          const auto top = static_cast<int32_t>(std::max_element(l, l + vocab) - l);
+          if (j < num_drafts[r]) batch.drafts.push_back(j < right[r] ? top : (top + 1) % static_cast<int32_t>(vocab));
+          SamplingRow s;
+          s.num_logprobs = static_cast<int32_t>(row % 4);
+          batch.sampling.rows.push_back(s);
+        }
+      }
+      const VerifiedTokens v = env.b.VerifyDrafts(env.b.Upload(logits), nullptr, batch, nullptr);
+      const SampledTokens& e = v.emitted;
+      env.AddHost("num_accepted", std::vector<float>(v.num_accepted.begin(), v.num_accepted.end()), 1,
+                  Tolerance::Exact());
+      env.AddHost("tokens", std::vector<float>(e.tokens.begin(), e.tokens.end()), 1, Tolerance::Exact());
+      env.AddHost("top_ids", std::vector<float>(e.top_ids.begin(), e.top_ids.end()), 1, Tolerance::Exact());
+      env.AddHost("logprobs", e.logprobs, 1, Tolerance::Absolute(1e-4));
+      env.AddHost("top_logprobs", e.top_logprobs, 1, Tolerance::Absolute(1e-4));
+    });
+  }
+
+  // The copies between host and device the engine uses (pinned buffers, async download).
+  for (const int64_t n : {1, 4099}) {
+    add("Transfers", Dims({{"rows", 3}, {"cols", n}}), [=](OpEnv& env) {
+      const Tensor x = env.Random({3, n});
+      Tensor pinned = env.b.HostBuffer(env.b.compute_dtype(), {3, n});
+      env.b.DownloadTo(x, pinned);
+      Tensor y = env.PoisonAct({3, n});
+      env.b.UploadTo(pinned, y);
+      Tensor back = env.b.HostBuffer(env.b.compute_dtype(), {3, n});
+      env.b.DownloadAsync(y, back)->Wait();
+      env.AddHost("downloaded", OpEnv::Floats(back), n, Tolerance::Exact());
+    });
+  }
   return t;
 }
 
@@ -976,7 +1023,8 @@ TEST(BackendOpsTable, CoversEveryComputeOp) {
                          "RmsNormFp8", "Multiply", "Scale", "ScaleByTensor", "Softcap", "Activate", "GatedActivation",
                          "GatedActivationFp8", "GatedLinear", "Rope", "RmsNormRope", "NormRopeStoreKV", "StoreKV",
                          "Attention", "QkvAttention", "GatherRows", "SliceColumns", "WriteColumns", "DraftLayerInput",
-                         "MoeMlp", "CentroidMaskedLogits", "FlagNonFiniteRows", "Sample", "GreedyTokens", "Copy"}) {
+                         "MoeMlp", "CentroidMaskedLogits", "FlagNonFiniteRows", "Sample", "GreedyTokens", "VerifyDrafts",
+                         "Copy", "Transfers"}) {
     EXPECT_NE(std::find(ops.begin(), ops.end(), op), ops.end()) << op << " has no case";
   }
 }
