@@ -1,9 +1,14 @@
 // Op conformance: one table of cases, each running a Backend op on the CPU backend (the
 // f32 reference) and on a target backend from the same seeded inputs, every output of the
-// target poisoned (NaN) before the op, compared by value. The target is the CUDA backend
-// (CudaBackendOps.*, skipped without a device); on the CPU the same table runs against the
-// batch-invariant CPU backend and against itself with one output value perturbed, so the
-// table and its comparator are checked where there is no GPU (BackendOps.*).
+// target poisoned (NaN) before the op, compared by value; a failure names the op, the case,
+// the target and the worst element. The targets are the CUDA backend as made by default, in
+// batch-invariant mode, and with each HSX_* switch that sends an op down another kernel
+// (CudaBackendOps.*, skipped without a device). On the CPU the table's cheaper cases run
+// against the batch-invariant CPU backend and against themselves with one output value
+// perturbed, so the cases and the comparator are checked where there is no GPU
+// (BackendOps.*). Ops a plain call cannot set up (paged attention, MoE experts, draft
+// verification) have case builders, not exceptions. Not in the table: FillUniform (each
+// backend has its own generator), Record/graphs and peak memory (test_cuda_*.cpp).
 //
 // Tolerances come from bf16 rounding. Inputs are bf16-exact, so both backends start from
 // the same values; each rounding of a value to bf16 on the device path costs at most u/2 of
