@@ -1,6 +1,8 @@
 // The CUDA backend, on a machine with a GPU (skipped elsewhere): each fixture model in
-// bf16 against the f32 goldens, held to 1.5x the error of Hugging Face's own bf16 run;
-// and each kernel against the CPU reference on random shapes.
+// bf16 against the f32 goldens, held to 1.5x the error of Hugging Face's own bf16 run; and
+// what the op table (test_backend_ops.cpp: each op's values against the CPU reference) does
+// not check: fused kernels giving the unfused path's bits, rows the same bits at every
+// batch size, graph replays, launch plans, and compositions of several ops.
 #ifdef HSX_HAS_CUDA
 #include <gtest/gtest.h>
 
@@ -141,26 +143,6 @@ RopeTable HostRopeTable(int64_t d, bool partial) {
   return table;
 }
 
-TEST(CudaKernelTest, LinearMatchesCpuOnOddShapes) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  CpuBackend cpu;
-  std::mt19937 rng(1);
-  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 64, 64}, {37, 96, 200}, {513, 1000, 136}}) {
-    Tensor x = RandomHost({m, k}, rng), w = RandomHost({n, k}, rng, 0.1f), b = RandomHost({n}, rng);
-    Tensor y_cpu = cpu.Empty(DType::kF32, {m, n});
-    cpu.Linear(x, w, &b, y_cpu);
-    Tensor y_gpu = Poisoned(*gpu, DType::kBF16, {m, n});
-    const Tensor wb = gpu->UploadWeight(w), bb = gpu->UploadWeight(b);
-    gpu->Linear(gpu->Upload(ToBf16(x)), wb, &bb, y_gpu);
-    EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << m << "x" << n << "x" << k;
-    Tensor y_f32 = Poisoned(*gpu, DType::kF32, {m, n});
-    gpu->Linear(gpu->Upload(ToBf16(x)), wb, nullptr, y_f32);
-    cpu.Linear(x, w, nullptr, y_cpu);
-    EXPECT_LE(GpuVsCpu(*gpu, y_f32, y_cpu), 1e-3) << "f32 output " << m << "x" << n << "x" << k;
-  }
-}
-
 // Decode-sized Linear calls (m <= kGemvMaxRows) run on the weight-streaming kernel
 // (gemv.cu). Weights are filled on the device (the LM head is 151936 x 4096) and given to
 // the CPU reference in bf16; one reference over kGemvMaxRows + 1 rows serves every m,
@@ -243,28 +225,6 @@ TEST(CudaKernelTest, GemvSupportsOnlyVectorAlignedCalls) {
   EXPECT_FALSE(cuda::GemvSupports(buffer, buffer, 1, 4100));
   EXPECT_FALSE(cuda::GemvSupports(buffer + 1, buffer, 1, 8));
   EXPECT_FALSE(cuda::GemvSupports(buffer, buffer + 4, 1, 8));
-}
-
-// Calls the kernel refuses (k not a multiple of 8) still compute, through cuBLASLt, and
-// a bias is added after either path, into bf16 or f32 output (a MoE router's logits are
-// f32, and gpt-oss's router has a bias: added as bf16 into them it scrambled the routing).
-TEST(CudaKernelTest, GemvFallsBackOnOddKAndAddsBias) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  CpuBackend cpu;
-  std::mt19937 rng(12);
-  const int64_t m = 3, n = 300;
-  for (int64_t k : {100, 4100, 256}) {
-    const Tensor x = RandomHost({m, k}, rng), w = RandomHost({n, k}, rng, 0.1f), b = RandomHost({n}, rng);
-    Tensor expected = cpu.Empty(DType::kF32, {m, n});
-    cpu.Linear(x, w, &b, expected);
-    const Tensor wg = gpu->UploadWeight(w), bg = gpu->UploadWeight(b);
-    for (DType out : {DType::kBF16, DType::kF32}) {
-      Tensor y = Poisoned(*gpu, out, {m, n});
-      gpu->Linear(gpu->Upload(ToBf16(x)), wg, &bg, y);
-      EXPECT_LE(GpuVsCpu(*gpu, y, expected), 1e-2) << "k=" << k << " " << DTypeName(out);
-    }
-  }
 }
 
 // The kernel and cuBLASLt (HSX_GEMV=0) agree on every m the kernel takes.
@@ -472,64 +432,6 @@ TEST(CudaKernelTest, NormRowsAreTheSameBitsInSmallAndLargeSteps) {
   }
 }
 
-TEST(CudaKernelTest, NormRopeAndActivationsMatchCpu) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  CpuBackend cpu;
-  std::mt19937 rng(2);
-  for (int64_t d : {16, 32, 128, 256, 512}) {
-    const int64_t t = 29, heads = 3;
-    Tensor x = RandomHost({t, heads, d}, rng), w = RandomHost({d}, rng, 0.2f);
-    for (bool one_plus : {false, true}) {
-      Tensor y_cpu = cpu.Empty(DType::kF32, {t, heads, d}), y_gpu = Poisoned(*gpu, DType::kBF16, {t, heads, d});
-      cpu.RmsNorm(x, &w, 1e-6f, one_plus, y_cpu);
-      const Tensor wg = gpu->UploadWeight(w);
-      gpu->RmsNorm(gpu->Upload(ToBf16(x)), &wg, 1e-6f, one_plus, y_gpu);
-      EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << "rmsnorm d=" << d;
-      // No weight (Gemma's v norm): t x heads rows, not a multiple of a block's rows.
-      y_gpu = Poisoned(*gpu, DType::kBF16, {t, heads, d});
-      cpu.RmsNorm(x, nullptr, 1e-6f, false, y_cpu);
-      gpu->RmsNorm(gpu->Upload(ToBf16(x)), nullptr, 1e-6f, false, y_gpu);
-      EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << "rmsnorm without a weight d=" << d;
-      // Fused residual add: both the updated residual and the normed output.
-      Tensor branch = RandomHost({t, heads, d}, rng);
-      Tensor res_cpu = RandomHost({t, heads, d}, rng);
-      Tensor res_gpu = gpu->Upload(ToBf16(res_cpu));
-      y_gpu = Poisoned(*gpu, DType::kBF16, {t, heads, d});  // not RmsNorm's output from above
-      cpu.AddRmsNorm(res_cpu, branch, &w, 1e-6f, one_plus, y_cpu);
-      gpu->AddRmsNorm(res_gpu, gpu->Upload(ToBf16(branch)), &wg, 1e-6f, one_plus, y_gpu);
-      EXPECT_LE(GpuVsCpu(*gpu, res_gpu, res_cpu), 1e-2) << "add_rmsnorm residual d=" << d;
-      EXPECT_LE(GpuVsCpu(*gpu, y_gpu, y_cpu), 1e-2) << "add_rmsnorm d=" << d;
-    }
-    // RoPE with a partially zero frequency table (Gemma 4's proportional variant).
-    const RopeTable table = HostRopeTable(d, true);
-    Tensor pos = Tensor::Host(DType::kI32, {t});
-    for (int64_t i = 0; i < t; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(i * 97 % 4000);
-    RopeTable gpu_table{gpu->Upload(table.inv_freq), table.rotary_dims};
-    Tensor xc = RandomHost({t, heads, d}, rng);
-    Tensor xg = gpu->Upload(ToBf16(xc));
-    cpu.Rope(xc, pos, table);
-    gpu->Rope(xg, gpu->Upload(pos), gpu_table);
-    EXPECT_LE(GpuVsCpu(*gpu, xg, xc), 1e-2) << "rope d=" << d;
-    // The fused q/k-norm + RoPE against the CPU's two steps.
-    Tensor xn = RandomHost({t, heads, d}, rng);
-    Tensor xng = gpu->Upload(ToBf16(xn));
-    cpu.RmsNormRope(xn, w, 1e-6f, false, pos, table);
-    gpu->RmsNormRope(xng, gpu->UploadWeight(w), 1e-6f, false, gpu->Upload(pos), gpu_table);
-    EXPECT_LE(GpuVsCpu(*gpu, xng, xn), 1e-2) << "norm+rope d=" << d;
-  }
-  // The strided gated activation, vectorized (cols a multiple of 8) and not.
-  for (int64_t cols : {300, 301}) {
-    Tensor gate_up = RandomHost({7, 2 * cols}, rng);
-    for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
-      Tensor o_cpu = cpu.Empty(DType::kF32, {7, cols}), o_gpu = Poisoned(*gpu, DType::kBF16, {7, cols});
-      cpu.GatedActivation(gate_up, act, o_cpu);
-      gpu->GatedActivation(gpu->Upload(ToBf16(gate_up)), act, o_gpu);
-      EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 1e-2) << "cols=" << cols;
-    }
-  }
-}
-
 // A layer's attention inputs read out of the fused q/k/v GEMM's rows (with v's columns, or
 // the values as the raw keys), made ready and stored in one launch: one warp a head at
 // decode sizes (norm_rope_store.cu), one block a token at prefill sizes (norm_rope.cu).
@@ -702,34 +604,6 @@ TEST(CudaKernelTest, FusedQkvProjectionMatchesSeparateProjectionsOnCpu) {
   }
 }
 
-// Column writes tile a wider tensor exactly (a copy: bit-equal to the CPU's), and leave
-// the columns they do not cover as they were.
-TEST(CudaKernelTest, WriteColumnsMatchesCpu) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  CpuBackend cpu;
-  std::mt19937 rng(5);
-  const int64_t t = 37, cols = 300;
-  Tensor out_cpu = cpu.Empty(DType::kF32, {t, cols});
-  Tensor out_gpu = Poisoned(*gpu, DType::kBF16, {t, cols});
-  for (auto [begin, width] : {std::pair<int64_t, int64_t>{64, 128}, {192, 108}}) {  // columns [0, 64) untouched
-    Tensor x = RandomHost({t, width}, rng);
-    cpu.WriteColumns(x, begin, out_cpu);
-    gpu->WriteColumns(gpu->Upload(ToBf16(x)), begin, out_gpu);
-  }
-  const Tensor got = gpu->Download(out_gpu);
-  for (int64_t r = 0; r < t; ++r) {
-    for (int64_t c = 0; c < cols; ++c) {
-      const uint16_t bits = got.data<uint16_t>()[r * cols + c];
-      if (c < 64) {
-        ASSERT_EQ(bits, 0xffff) << "row " << r << " column " << c << " was not to be written";
-      } else {
-        ASSERT_EQ(BF16ToF32(bits), out_cpu.data<float>()[r * cols + c]) << "row " << r << " column " << c;
-      }
-    }
-  }
-}
-
 // An EAGLE-3 draft layer's input in one kernel: the bits of the unfused Embed, RmsNorm,
 // WriteColumns and Copy (the base Backend's composition on the same device), at every norm
 // width's thread count (32, 128, 512) and a width the kernel leaves to that composition
@@ -769,78 +643,6 @@ TEST(CudaKernelTest, DraftLayerInputGivesTheBitsOfTheUnfusedOps) {
   }
 }
 
-// Routing, grouping and the grouped expert GEMMs against the CPU's per-expert loop.
-TEST(CudaKernelTest, MoeMlpMatchesCpu) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  CpuBackend cpu;
-  std::mt19937 rng(4);
-  for (auto [tokens, experts, top_k] : std::vector<std::tuple<int64_t, int, int>>{{1, 8, 2}, {77, 8, 2}, {300, 16, 4}}) {
-    const int64_t hidden = 64, inter = 48;
-    Tensor x = RandomHost({tokens, hidden}, rng), logits = RandomHost({tokens, experts}, rng);
-    MoeWeights cpu_w, gpu_w;
-    for (int e = 0; e < experts; ++e) {
-      for (auto [list, shape] : {std::pair{&cpu_w.gate, Shape{inter, hidden}}, std::pair{&cpu_w.up, Shape{inter, hidden}},
-                                 std::pair{&cpu_w.down, Shape{hidden, inter}}}) {
-        list->push_back(RandomHost(shape, rng, 0.15f));
-      }
-      gpu_w.gate.push_back(gpu->UploadWeight(cpu_w.gate.back()));
-      gpu_w.up.push_back(gpu->UploadWeight(cpu_w.up.back()));
-      gpu_w.down.push_back(gpu->UploadWeight(cpu_w.down.back()));
-    }
-    MoeSpec spec;
-    spec.top_k = top_k;
-    spec.renormalize = true;
-    Tensor o_cpu = cpu.Empty(DType::kF32, {tokens, hidden}), o_gpu = Poisoned(*gpu, DType::kBF16, {tokens, hidden});
-    cpu.MoeMlp(x, logits, cpu_w, spec, o_cpu);
-    gpu->MoeMlp(gpu->Upload(ToBf16(x)), gpu->Upload(logits), gpu_w, spec, o_gpu);
-    EXPECT_LE(GpuVsCpu(*gpu, o_gpu, o_cpu), 2e-2) << tokens << " tokens, " << experts << " experts, top " << top_k;
-    // gpt-oss: expert biases and the clamped SwiGLU (weights scaled so the clamp cuts).
-    spec.swiglu_limit = 7.0f;
-    spec.swiglu_alpha = 1.702f;
-    cpu_w.gate_bias = RandomHost({experts, inter}, rng, 0.5f);
-    cpu_w.up_bias = RandomHost({experts, inter}, rng, 0.5f);
-    cpu_w.down_bias = RandomHost({experts, hidden}, rng, 0.5f);
-    gpu_w.gate_bias = gpu->UploadWeight(cpu_w.gate_bias);
-    gpu_w.up_bias = gpu->UploadWeight(cpu_w.up_bias);
-    gpu_w.down_bias = gpu->UploadWeight(cpu_w.down_bias);
-    const Tensor x_big = RandomHost({tokens, hidden}, rng, 8.0f);
-    Tensor b_cpu = cpu.Empty(DType::kF32, {tokens, hidden}), b_gpu = Poisoned(*gpu, DType::kBF16, {tokens, hidden});
-    cpu.MoeMlp(x_big, logits, cpu_w, spec, b_cpu);
-    gpu->MoeMlp(gpu->Upload(ToBf16(x_big)), gpu->Upload(logits), gpu_w, spec, b_gpu);
-    EXPECT_LE(GpuVsCpu(*gpu, b_gpu, b_cpu), 2e-2) << "gpt-oss experts: " << tokens << " tokens, top " << top_k;
-  }
-}
-
-// Rows with an inf or NaN anywhere (first, last, in a vector load's tail or not) are
-// flagged, the rest are not; the flags start as poison (-1), so every row must be written.
-TEST(CudaKernelTest, FlagNonFiniteRowsMatchesCpu) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  CpuBackend cpu;
-  std::mt19937 rng(5);
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t cols : {64, 37, 4096}) {
-    const int64_t rows = 301;
-    Tensor x = RandomHost({rows, cols}, rng, 1e3f);
-    std::uniform_int_distribution<int64_t> col(0, cols - 1);
-    for (int64_t r = 0; r < rows; r += 3) {
-      const float bad[] = {inf, -inf, nan};
-      const int64_t c = r % 9 == 0 ? 0 : r % 9 == 3 ? cols - 1 : col(rng);
-      x.data<float>()[r * cols + c] = bad[(r / 3) % 3];
-    }
-    Tensor expected = cpu.Empty(DType::kI32, {rows});
-    cpu.FlagNonFiniteRows(x, expected);
-    Tensor flags = Poisoned(*gpu, DType::kI32, {rows});
-    gpu->FlagNonFiniteRows(gpu->Upload(ToBf16(x)), flags);
-    const Tensor got = gpu->Download(flags);
-    for (int64_t r = 0; r < rows; ++r) {
-      ASSERT_EQ(expected.data<int32_t>()[r], r % 3 == 0 ? 1 : 0) << "cpu, row " << r << " of " << cols;
-      ASSERT_EQ(got.data<int32_t>()[r], expected.data<int32_t>()[r]) << "row " << r << " of " << cols;
-    }
-  }
-}
-
 // Slots past a context in its last block may hold anything (a freed sequence's states,
 // never-written memory): fills them with NaN, which must not reach any output.
 void PoisonSlotsPastContexts(const std::vector<SequenceSlice>& seqs, int64_t block, int64_t slot_elems, Tensor& k_cache,
@@ -852,67 +654,6 @@ void PoisonSlotsPastContexts(const std::vector<SequenceSlice>& seqs, int64_t blo
     for (int64_t slot = slot0 + first_unused; slot < slot0 + block; ++slot) {
       std::fill_n(k_cache.data<float>() + slot * slot_elems, slot_elems, std::numeric_limits<float>::quiet_NaN());
       std::fill_n(v_cache.data<float>() + slot * slot_elems, slot_elems, std::numeric_limits<float>::quiet_NaN());
-    }
-  }
-}
-
-// Varlen paged attention: chunked (q_len < ctx_len), T = 1, long, GQA, windows, softcap,
-// every supported head dim; block tables deliberately out of order, and NaN in the
-// cache slots past each context.
-// Head dims 128, 256 and 512 run on the wgmma kernel on Hopper; each case also runs on
-// the mma.sync kernel (HSX_ATTENTION=mma), so both stay tested.
-TEST(CudaKernelTest, AttentionMatchesCpuOnRandomBatches) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  auto gpu_mma = GpuWith("HSX_ATTENTION", "mma");
-  CpuBackend cpu;
-  std::mt19937 rng(3);
-  constexpr int kBlock = 16;
-  // GQA groups of 1, 2, 4 and 8 exercise each way query heads share a block.
-  struct Case { int64_t d; int window; float softcap; int64_t heads, kv_heads; };
-  for (const Case& c : std::vector<Case>{{16, 0, 0, 8, 2}, {32, 16, 0, 4, 2}, {64, 0, 30, 8, 2}, {128, 0, 0, 8, 2},
-                                         {128, 100, 0, 4, 4}, {128, 0, 0, 16, 2}, {128, 0, 0, 6, 2},
-                                         {128, 0, 50, 32, 8}, {128, 300, 0, 2, 1},
-                                         {256, 0, 0, 8, 2}, {256, 100, 0, 8, 4}, {256, 0, 30, 4, 1},
-                                         {512, 0, 0, 8, 2}, {512, 100, 0, 8, 1}, {512, 0, 0, 4, 4}}) {
-    const int64_t heads = c.heads, kv_heads = c.kv_heads;
-    const std::vector<std::pair<int, int>> shapes = {{1, 1}, {17, 17}, {5, 300}, {1, 777}, {130, 200}, {2000, 2000}};
-    int64_t total_ctx = 0;
-    for (auto [q, ctx] : shapes) total_ctx += (ctx + kBlock - 1) / kBlock * kBlock;
-    const int64_t num_blocks = total_ctx / kBlock;
-    std::vector<int32_t> free_blocks(num_blocks);
-    std::iota(free_blocks.begin(), free_blocks.end(), 0);
-    std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
-    std::vector<SequenceSlice> seqs;
-    int64_t t = 0;
-    size_t next = 0;
-    for (auto [q, ctx] : shapes) {
-      SequenceSlice s;
-      s.q_start = static_cast<int32_t>(t);
-      s.q_len = q;
-      s.ctx_len = ctx;
-      for (int i = 0; i < (ctx + kBlock - 1) / kBlock; ++i) s.block_table.push_back(free_blocks[next++]);
-      seqs.push_back(s);
-      t += q;
-    }
-    Tensor q = RandomHost({t, heads, c.d}, rng);
-    Tensor kc = RandomHost({num_blocks * kBlock, kv_heads, c.d}, rng), vc = RandomHost({num_blocks * kBlock, kv_heads, c.d}, rng);
-    PoisonSlotsPastContexts(seqs, kBlock, kv_heads * c.d, kc, vc);
-    AttentionParams params;
-    params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
-    params.sliding_window = c.window;
-    params.softcap = c.softcap;
-    params.block_size = kBlock;
-    Tensor o_cpu = cpu.Empty(DType::kF32, {t, heads, c.d});
-    cpu.Attention(q, kc, vc, MakeAttentionBatch(cpu, seqs), params, o_cpu);
-    for (CudaBackend* g : {gpu.get(), gpu_mma.get()}) {
-      // Each kernel writes into fresh poison, never into the other kernel's correct output.
-      Tensor o_gpu = Poisoned(*g, DType::kBF16, {t, heads, c.d});
-      g->Attention(g->Upload(ToBf16(q)), g->Upload(ToBf16(kc)), g->Upload(ToBf16(vc)), MakeAttentionBatch(*g, seqs),
-                   params, o_gpu);
-      EXPECT_LE(GpuVsCpu(*g, o_gpu, o_cpu), 2e-2)
-          << (g == gpu.get() ? "default" : "mma") << " kernel, d=" << c.d << " window=" << c.window
-          << " softcap=" << c.softcap << " heads=" << heads << "/" << kv_heads;
     }
   }
 }
@@ -952,59 +693,6 @@ DecodeStep MakeDecodeStep(const std::vector<int>& contexts, int64_t heads, int64
   return step;
 }
 
-// gpt-oss's attention sinks on every CUDA kernel: prefill (mma.sync register and shared
-// kernels, Hopper's wgmma) and decode (split-KV with the cluster merge and with the merge
-// kernel), windows included; sinks large enough to take most of some rows' probability.
-TEST(CudaKernelTest, AttentionSinksMatchCpu) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  auto gpu_mma = GpuWith("HSX_ATTENTION", "mma");
-  CpuBackend cpu;
-  std::mt19937 rng(33);
-  constexpr int kBlock = 16;
-  struct Case { int64_t d, heads, kv_heads; int window; };
-  std::vector<std::pair<int, int>> many;
-  for (int i = 0; i < 200; ++i) many.push_back({1, std::uniform_int_distribution<int>(1, 300)(rng)});
-  const std::vector<std::vector<std::pair<int, int>>> batches = {
-      {{1, 1}, {17, 17}, {5, 300}, {130, 200}, {700, 700}},  // prefill and chunked prefill
-      {{1, 1}, {1, 32768}},                                  // decode, few blocks: cluster merge
-      many,                                                  // decode, many blocks: merge kernel
-      {{3, 5000}, {8, 40}}};                                 // verification rows
-  for (const Case& c : std::vector<Case>{{64, 8, 2, 16}, {64, 64, 8, 128}, {128, 8, 2, 0}, {128, 16, 2, 100},
-                                         {256, 4, 2, 0}, {512, 4, 1, 0}}) {
-    const Tensor sinks = RandomHost({c.heads}, rng, 4.0f);
-    for (const auto& shapes : batches) {
-      std::vector<int> contexts, q_lens;
-      for (auto [q, ctx] : shapes) {
-        q_lens.push_back(q);
-        contexts.push_back(ctx);
-      }
-      const DecodeStep step = MakeDecodeStep(contexts, c.heads, c.kv_heads, c.d, kBlock, rng, q_lens);
-      const std::vector<SequenceSlice>& seqs = step.seqs;
-      const Tensor &q = step.q, &kc = step.k_cache, &vc = step.v_cache;
-      const int64_t t = q.shape()[0];
-      AttentionParams params;
-      params.scale = 1.0f / std::sqrt(static_cast<float>(c.d));
-      params.sliding_window = c.window;
-      params.block_size = kBlock;
-      params.sinks = &sinks;
-      Tensor o_cpu = cpu.Empty(DType::kF32, {t, c.heads, c.d});
-      cpu.Attention(q, kc, vc, MakeAttentionBatch(cpu, seqs), params, o_cpu);
-      for (CudaBackend* g : {gpu.get(), gpu_mma.get()}) {
-        const Tensor sinks_dev = g->Upload(sinks);
-        AttentionParams gp = params;
-        gp.sinks = &sinks_dev;
-        Tensor o_gpu = Poisoned(*g, DType::kBF16, {t, c.heads, c.d});
-        g->Attention(g->Upload(ToBf16(q)), g->Upload(ToBf16(kc)), g->Upload(ToBf16(vc)), MakeAttentionBatch(*g, seqs), gp,
-                     o_gpu);
-        EXPECT_LE(GpuVsCpu(*g, o_gpu, o_cpu), 2e-2)
-            << (g == gpu.get() ? "default" : "mma") << " kernel, d=" << c.d << " window=" << c.window
-            << " heads=" << c.heads << "/" << c.kv_heads << " seqs=" << seqs.size() << " first q_len=" << shapes[0].first;
-      }
-    }
-  }
-}
-
 // The CPU's attention over the step's live rows; padding rows stay zero.
 Tensor CpuDecodeReference(const DecodeStep& step, const AttentionParams& params) {
   CpuBackend cpu;
@@ -1013,14 +701,6 @@ Tensor CpuDecodeReference(const DecodeStep& step, const AttentionParams& params)
     if (s.ctx_len > 0) live.push_back(s);
   Tensor out = Tensor::Host(DType::kF32, step.q.shape());  // zero-filled
   cpu.Attention(step.q, step.k_cache, step.v_cache, MakeAttentionBatch(cpu, live), params, out);
-  return out;
-}
-
-// The step on `gpu`, into poison.
-Tensor GpuDecode(CudaBackend& gpu, const DecodeStep& step, const AttentionParams& params) {
-  Tensor out = Poisoned(gpu, DType::kBF16, step.q.shape());
-  gpu.Attention(gpu.Upload(ToBf16(step.q)), gpu.Upload(ToBf16(step.k_cache)), gpu.Upload(ToBf16(step.v_cache)),
-                MakeAttentionBatch(gpu, step.seqs), params, out);
   return out;
 }
 
@@ -1054,131 +734,6 @@ void ExpectPaddingRowsZero(CudaBackend& gpu, const DecodeStep& step, const Tenso
     if (s.ctx_len != 0) continue;
     for (int64_t i = 0; i < row; ++i)
       ASSERT_EQ(got[s.q_start * row + i], 0.0f) << what << ": padding row " << s.q_start << " element " << i;
-  }
-}
-
-// The step on the GPU against the CPU: each head's output within 2% of its own largest
-// value, padding rows exactly zero.
-void ExpectDecodeMatchesCpu(CudaBackend& gpu, const DecodeStep& step, const AttentionParams& params,
-                            const std::string& what) {
-  const Tensor expected = CpuDecodeReference(step, params);
-  const Tensor got = GpuDecode(gpu, step, params);
-  EXPECT_LE(WorstHeadError(test::AsFloats(gpu.Download(got)), test::AsFloats(expected), step.q.size(2)), 2e-2)
-      << what;
-  ExpectPaddingRowsZero(gpu, step, got, what);
-}
-
-// Decode steps (q_len 1 everywhere) on the split-KV kernel: contexts from 1 to 33k, some
-// off the block size, padding rows, GQA groups 1 to 20 (past one 16-row tile), windows,
-// softcap, every head dim; many short sequences (one split, written directly); a 1-token
-// context beside a 32k one (the most splits). Each head's output is held to 2% of its
-// own largest value.
-TEST(CudaKernelTest, DecodeAttentionMatchesCpu) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  std::mt19937 rng(6);
-  constexpr int kBlock = 16;
-  const std::vector<int> mixed = {1, 0, 15, 16, 17, 100, 1000, 0, 4099, 33000, 2, 513};
-  struct Case { int64_t d; int window; float softcap; int64_t heads, kv_heads; std::vector<int> contexts; };
-  std::vector<int> many(200);
-  for (int& c : many) c = std::uniform_int_distribution<int>(0, 300)(rng);
-  for (const Case& c : std::vector<Case>{{16, 0, 0, 4, 2, mixed}, {32, 100, 0, 4, 1, mixed},
-                                         {64, 0, 0, 8, 8, mixed}, {64, 0, 30, 8, 4, mixed},
-                                         {128, 0, 0, 16, 4, mixed}, {128, 1000, 0, 16, 2, mixed},
-                                         {128, 0, 0, 40, 2, mixed}, {128, 0, 0, 32, 8, many},
-                                         {128, 0, 0, 16, 2, {1, 32768}}, {256, 0, 50, 8, 2, mixed},
-                                         {256, 4096, 0, 2, 2, mixed}, {512, 0, 0, 8, 1, mixed},
-                                         {512, 300, 20, 4, 1, {32768, 1}}}) {
-    const DecodeStep step = MakeDecodeStep(c.contexts, c.heads, c.kv_heads, c.d, kBlock, rng);
-    const AttentionParams params = DecodeParams(c.d, c.window, c.softcap, kBlock);
-    std::ostringstream what;
-    what << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap << " heads=" << c.heads << "/"
-         << c.kv_heads << " seqs=" << c.contexts.size();
-    ExpectDecodeMatchesCpu(*gpu, step, params, what.str());
-  }
-}
-
-// Verification steps (up to kDecodeMaxQueryRows queries per sequence, each seeing the
-// keys up to its own position) on the split-KV kernel: query counts 1 to 8 mixed in one
-// batch, so (query, head) pairs fill one or several row tiles, some tiles partly; GQA
-// groups 1 to 20, windows (a window shorter than the queries), softcap, head dims 64 to
-// 512, a 32k context (the most splits, where a split may hold no key an early query
-// sees). Against the CPU, each head's output within 2% of its own largest value.
-TEST(CudaKernelTest, VerificationAttentionMatchesCpu) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  std::mt19937 rng(9);
-  constexpr int kBlock = 16;
-  const std::vector<int> contexts = {1, 0, 15, 16, 17, 100, 1000, 4099, 33000, 2, 513, 8};
-  const std::vector<int> q_lens = {4, 1, 8, 2, 5, 3, 7, 6};
-  struct Case { int64_t d; int window; float softcap; int64_t heads, kv_heads; };
-  for (const Case& c : std::vector<Case>{{64, 0, 0, 8, 8}, {64, 0, 30, 8, 4}, {128, 0, 0, 32, 8},
-                                         {128, 1000, 0, 16, 2}, {128, 5, 0, 4, 1}, {128, 0, 0, 40, 2},
-                                         {256, 0, 50, 8, 2}, {512, 300, 20, 4, 1}}) {
-    const DecodeStep step = MakeDecodeStep(contexts, c.heads, c.kv_heads, c.d, kBlock, rng, q_lens);
-    const AttentionParams params = DecodeParams(c.d, c.window, c.softcap, kBlock);
-    std::ostringstream what;
-    what << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap << " heads=" << c.heads << "/"
-         << c.kv_heads;
-    ExpectDecodeMatchesCpu(*gpu, step, params, what.str());
-  }
-}
-
-// Prefill over a context whose K and V of one head outgrow half of H200's L2: the wgmma
-// kernel then runs the KV heads in sections, a head at a time (attention_hopper.cu's
-// Schedule), so a wrong section mapping leaves heads in poison or reads another head's
-// keys. A short sequence beside it shares each section's blocks; GQA groups 1 and 2, a
-// window, head dims 128 and 256. Each head's output against the CPU's.
-TEST(CudaKernelTest, AttentionOverContextsPastHalfTheL2MatchesCpu) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  std::mt19937 rng(23);
-  constexpr int kBlock = 16;
-  struct Case { int64_t d; int window; int64_t heads, kv_heads; };
-  for (const Case& c : std::vector<Case>{{128, 0, 8, 8}, {128, 5000, 16, 8}, {256, 0, 4, 2}}) {
-    const DecodeStep step = MakeDecodeStep({60000, 700}, c.heads, c.kv_heads, c.d, kBlock, rng, {40, 300});
-    const AttentionParams params = DecodeParams(c.d, c.window, 0, kBlock);
-    std::ostringstream what;
-    what << "d=" << c.d << " window=" << c.window << " heads=" << c.heads << "/" << c.kv_heads;
-    ExpectDecodeMatchesCpu(*gpu, step, params, what.str());
-  }
-}
-
-// The split-KV decode kernel and the prefill kernels it replaces in decode steps
-// (HSX_DECODE_ATTENTION=0) agree within bf16 rounding.
-TEST(CudaKernelTest, DecodeAttentionAgreesWithPrefillKernels) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  auto gpu_old = GpuWith("HSX_DECODE_ATTENTION", "0");
-  std::mt19937 rng(7);
-  constexpr int kBlock = 16;
-  struct Case { int64_t d; int window; float softcap; int64_t heads, kv_heads; };
-  for (const Case& c : std::vector<Case>{{64, 0, 0, 8, 2}, {128, 0, 0, 32, 8}, {128, 500, 30, 8, 1},
-                                         {256, 0, 0, 8, 4}, {512, 0, 0, 4, 2}}) {
-    const DecodeStep step = MakeDecodeStep({3, 8191, 64, 20000, 777}, c.heads, c.kv_heads, c.d, kBlock, rng);
-    const AttentionParams params = DecodeParams(c.d, c.window, c.softcap, kBlock);
-    const std::vector<float> split = test::AsFloats(gpu->Download(GpuDecode(*gpu, step, params)));
-    const std::vector<float> old = test::AsFloats(gpu_old->Download(GpuDecode(*gpu_old, step, params)));
-    EXPECT_LE(WorstHeadError(split, old, c.d), 2e-2)
-        << "d=" << c.d << " window=" << c.window << " softcap=" << c.softcap << " heads=" << c.heads << "/"
-        << c.kv_heads;
-  }
-}
-
-// Verification steps (2-8 queries a sequence) run the split-KV kernel; HSX_VERIFY_ATTENTION=0
-// sends them to the prefill kernels for comparison. Both paths match the CPU, so an A/B
-// run with the switch compares two right answers.
-TEST(CudaKernelTest, VerificationStepsMatchTheCpuOnEitherAttentionPath) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  auto prefill_kernels = GpuWith("HSX_VERIFY_ATTENTION", "0");
-  std::mt19937 rng(17);
-  constexpr int kBlock = 16;
-  for (const int64_t d : {64, 128, 256}) {
-    const DecodeStep step = MakeDecodeStep({3, 8191, 64, 2000, 777}, 16, 4, d, kBlock, rng, {2, 8, 5, 4, 3});
-    const AttentionParams params = DecodeParams(d, 0, 0, kBlock);
-    ExpectDecodeMatchesCpu(*gpu, step, params, "split-KV, d=" + std::to_string(d));
-    ExpectDecodeMatchesCpu(*prefill_kernels, step, params, "HSX_VERIFY_ATTENTION=0, d=" + std::to_string(d));
   }
 }
 
@@ -1452,28 +1007,6 @@ TEST(CudaKernelTest, DecodeAttentionReplaysInCudaGraphWithNewContexts) {
     cudaStreamDestroy(stream);
   }
   EXPECT_EQ(longer_bits[true], longer_bits[false]);
-}
-
-// --quantization fp8: the device quantizes weights to the CPU reference's codes and
-// scales bit for bit (bf16-representable inputs), and its FP8 GEMM (cuBLASLt, per-row
-// scales on both sides) matches the CPU's products of the same codes.
-TEST(CudaFp8Test, WeightQuantizationEqualsTheCpuReference) {
-  auto gpu = Gpu();
-  REQUIRE_GPU(gpu);
-  CpuBackend cpu;
-  std::mt19937 rng(21);
-  // Rows held in registers (up to 32768 wide, in 2 to 16 chunks per thread), and wider ones.
-  for (int64_t k : {208, 4096, 12288, 28672, 32784}) {
-    Tensor w = RandomHost({300, k}, rng, 0.05f);
-    std::fill(w.data<float>() + k, w.data<float>() + 2 * k, 0.0f);  // an all-zero row takes scale 1
-    const Tensor want = cpu.QuantizeRowsFp8(w);
-    const Tensor got = gpu->QuantizeRowsFp8(gpu->UploadWeight(w));
-    ASSERT_EQ(got.dtype(), DType::kF8E4M3);
-    const Tensor codes = gpu->Download(got), scales = gpu->Download(*got.row_scales());
-    EXPECT_EQ(std::memcmp(codes.raw(), want.raw(), want.nbytes()), 0) << k;
-    EXPECT_EQ(std::memcmp(scales.raw(), want.row_scales()->raw(), scales.nbytes()), 0) << k;
-    EXPECT_EQ(scales.data<float>()[1], 1.0f);
-  }
 }
 
 TEST(CudaFp8Test, LinearMatchesCpuFp8) {
