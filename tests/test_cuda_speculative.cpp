@@ -143,7 +143,9 @@ TEST(CudaSpeculativeGraphs, AdaptiveDraftLengthsOnGraphsGiveTheEagerTokens) {
       EXPECT_EQ(graphs.drafted, eager.drafted) << what;
       EXPECT_GT(graphs.drafted, 0u) << what;
       EXPECT_EQ(eager.kv_only_replays, 0);
-      if (rate == 0.0f) EXPECT_GT(graphs.kv_only_replays, 0) << what << ": no KV-only first pass replayed";
+      if (rate == 0.0f) {
+        EXPECT_GT(graphs.kv_only_replays, 0) << what << ": no KV-only first pass replayed";
+      }
     }
   }
 }
