@@ -214,14 +214,15 @@ ForwardOutput ModelRunner::RealRows(const ForwardBatch& batch, const GraphShape&
   }
   const int64_t n = static_cast<int64_t>(rows.size());
   Backend& backend = this->backend();
+  // Only what a step made: a step without capture or MTP leaves those outputs empty.
   auto gather = [&](const Tensor& t) {  // [R, W] -> [n, W]
-    if (!t.defined()) return Tensor();
+    if (!t.defined() || t.numel() == 0) return t;
     Tensor out = backend.Empty(t.dtype(), {n, t.size(1)});
     backend.GatherRows(t, rows, out);
     return out;
   };
   auto gather_layers = [&](const Tensor& t) {  // [L, R, H] -> [L, n, H]
-    if (!t.defined()) return Tensor();
+    if (!t.defined() || t.numel() == 0) return t;
     const int64_t layers = t.size(0), total = t.size(1), h = t.size(2);
     std::vector<int32_t> layer_rows;
     layer_rows.reserve(static_cast<size_t>(layers * n));
