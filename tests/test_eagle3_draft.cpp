@@ -330,10 +330,16 @@ TEST_P(Eagle3GoldenTest, CudaBf16WithinTwiceTheBf16Reference) {
     ExpectMatchesGolden(RunDraft(**gpu, GetParam(), {.chunks = chunks, .teacher_forced = true}), GetParam(), bound,
                         2 * bound.draft_logits);
   }
-  // Early parts that only keep the KV (StoreKV's k/v projections alone) leave what Forward does.
-  ExpectMatchesGolden(
-      RunDraft(**gpu, GetParam(), {.chunks = 3, .teacher_forced = true, .kv_only_early_chunks = true, .store_kv = true}),
-      GetParam(), bound, 2 * bound.draft_logits);
+  // Early parts that only keep the KV (StoreKV's k/v projections alone) leave what Forward
+  // does: the draft steps that read that KV (early parts give no prefill logits to compare).
+  const DraftResults whole = RunDraft(**gpu, GetParam(), {.teacher_forced = true});
+  const DraftResults kept =
+      RunDraft(**gpu, GetParam(), {.chunks = 3, .teacher_forced = true, .kv_only_early_chunks = true, .store_kv = true});
+  ASSERT_EQ(kept.draft_logits.size(), whole.draft_logits.size());
+  for (size_t k = 0; k < whole.draft_logits.size(); ++k) {
+    EXPECT_LE(MaxAbsError(kept.draft_logits[k], whole.draft_logits[k]), bound.draft_logits) << "prompt " << k;
+    EXPECT_LE(MaxAbsError(kept.draft_prenorm[k], whole.draft_prenorm[k]), bound.draft_prenorm) << "prompt " << k;
+  }
 }
 #endif
 
