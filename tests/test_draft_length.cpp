@@ -157,6 +157,45 @@ TEST(DraftCostModel, FirstStepOfEachKindIsNoMeasurement) {
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.2);
 }
 
+// A scripted draft, useless for 2,000 steps and then always right: its probes (one draft
+// each, on multiples of the wait) come ever further apart while they fail (the wait doubles
+// from 32 to 128 steps), and once the draft is right again the next probe brings the
+// request back to K_max.
+TEST(DraftLengthPolicy, FailedProbesBackOffAndARightDraftComesBack) {
+  const DraftLengthPolicy policy(Config(4));
+  const DraftCostModel cost = H200Like();
+  const int most = policy.config().max_probe_interval;
+  ASSERT_EQ(most, 4 * policy.config().probe_interval);
+  DraftHistory h;
+  constexpr int kUseless = 2000;
+  std::vector<int> probes;  // steps where an idle request drafted
+  int back_at = -1, full_at = -1;
+  for (int step = 0; step < kUseless + 600 && full_at < 0; ++step) {
+    const bool probe = policy.Probing(h, step);
+    const int room = probe ? std::min(4, policy.config().probe_drafts) : 4;
+    const int k = policy.Choose({room}, {policy.Acceptance(h, step)}, cost)[0];
+    if (probe) {
+      EXPECT_LE(k, 1) << "a probe drafts one token, step " << step;
+      if (k > 0) probes.push_back(step);
+    }
+    policy.Record(h, k, step < kUseless ? 0 : k);
+    if (step >= kUseless && k > 0 && back_at < 0) back_at = step;
+    if (step >= kUseless && k == 4 && full_at < 0) full_at = step;
+  }
+  std::vector<int> gaps;
+  for (size_t i = 1; i < probes.size() && probes[i] < kUseless; ++i) gaps.push_back(probes[i] - probes[i - 1]);
+  ASSERT_GE(gaps.size(), 5u);
+  EXPECT_GE(gaps[0], 64) << "after the first failed probe the wait doubles";
+  for (size_t i = 1; i < gaps.size(); ++i) EXPECT_GE(gaps[i], gaps[i - 1]) << "gap " << i;
+  for (size_t i = 0; i < gaps.size(); ++i) EXPECT_LE(gaps[i], most) << "gap " << i;
+  EXPECT_EQ(gaps.back(), most);
+  EXPECT_LE(static_cast<int>(probes.size()), 5 + kUseless / most) << "probes while useless";
+  ASSERT_GE(back_at, 0) << "never drafted again";
+  EXPECT_LE(back_at, kUseless + most) << "drafted again only at step " << back_at;
+  ASSERT_GE(full_at, 0) << "never back to K_max";
+  EXPECT_LE(full_at, back_at + 8);
+}
+
 // A first round that captures its CUDA graph can take hundreds of times its cost: as a
 // measurement it would keep every later step from drafting, and so from measuring the
 // round anew, at any acceptance (the H200's "K=4 adaptive drafts nothing").

@@ -79,6 +79,16 @@ void DraftLengthPolicy::Record(DraftHistory& h, int proposed, int accepted) cons
     ++h.idle_steps;
     return;
   }
+  if (h.idle_steps + 1 >= ProbeInterval(h)) {  // this verification was a probe
+    if (accepted == 0) {
+      h.failed_probes = std::min(h.failed_probes + 1, 30);
+    } else {  // the draft works again: its old record no longer says how well
+      h.failed_probes = 0;
+      h.observed = 0;
+    }
+  } else if (accepted > 0) {
+    h.failed_probes = 0;
+  }
   h.idle_steps = 0;
   if (h.observed == 0) {  // its first verification (any later one leaves observed > 0)
     h.accepted = config_.prior_acceptance * config_.prior_weight;
@@ -88,9 +98,21 @@ void DraftLengthPolicy::Record(DraftHistory& h, int proposed, int accepted) cons
   h.observed = config_.discount * h.observed + accepted + (accepted < proposed ? 1 : 0);
 }
 
+int DraftLengthPolicy::ProbeInterval(const DraftHistory& h) const {
+  int interval = std::max(1, config_.probe_interval);
+  for (int i = 0; i < h.failed_probes && interval <= config_.max_probe_interval / 2; ++i) interval *= 2;
+  return interval;
+}
+
+bool DraftLengthPolicy::Probing(const DraftHistory& h, int64_t step) const {
+  const int interval = ProbeInterval(h);
+  // idle_steps counts the steps since its last draft before this one: a request that stopped
+  // drafting at a multiple of the interval probes again exactly one interval later.
+  return h.idle_steps + 1 >= interval && step % interval == 0;
+}
+
 double DraftLengthPolicy::Acceptance(const DraftHistory& h, int64_t step) const {
-  const bool probe = h.idle_steps >= config_.probe_interval && step % config_.probe_interval == 0;
-  if (h.observed == 0 || probe) return config_.prior_acceptance;
+  if (h.observed == 0 || Probing(h, step)) return config_.prior_acceptance;
   return std::clamp(h.accepted / h.observed, 0.0, 1.0);
 }
 

@@ -54,6 +54,7 @@ struct DraftHistory {
   double accepted = 0;   // discounted drafts accepted
   double observed = 0;   // discounted drafts accepted + rejections (a geometric run's trials)
   int idle_steps = 0;    // consecutive steps it decoded without drafts
+  int failed_probes = 0; // probes in a row that had no draft accepted (each doubles the wait)
 };
 
 struct DraftLengthConfig {
@@ -61,7 +62,13 @@ struct DraftLengthConfig {
   double prior_acceptance = 0.6;  // a request's acceptance before it has drafted
   double prior_weight = 2.0;      // in trials
   double discount = 0.9;          // per verification: older outcomes weigh less
-  int probe_interval = 32;        // after this many steps without drafts, assume the prior again
+  // After probe_interval steps without drafts a request probes: it drafts probe_drafts with
+  // the prior's acceptance. A probe that has none accepted doubles the wait before the
+  // next, up to max_probe_interval, so a useless draft costs ever less; an accepted one
+  // restarts the request's history from the prior.
+  int probe_interval = 32;
+  int max_probe_interval = 128;
+  int probe_drafts = 1;
 };
 
 class DraftLengthPolicy {
@@ -71,10 +78,15 @@ class DraftLengthPolicy {
   // One verification of a request: `proposed` drafts, `accepted` of them.
   void Record(DraftHistory& history, int proposed, int accepted) const;
   // The estimated per-draft acceptance (with the prior; the prior again when probing) at
-  // the drafter's step `step`. A request idle for probe_interval steps probes only on steps
-  // that are multiples of probe_interval, so idle requests probe together: one verification
-  // step of equal draft counts (a graph) instead of one with mixed counts every few steps.
+  // the drafter's step `step`. A request idle for its probe interval probes only on steps
+  // that are multiples of it (each a multiple of probe_interval), so idle requests probe
+  // together: one verification step of equal draft counts (a graph) instead of one with
+  // mixed counts every few steps.
   double Acceptance(const DraftHistory& history, int64_t step = 0) const;
+  // Whether the request probes at step `step` (it then drafts at most probe_drafts).
+  bool Probing(const DraftHistory& history, int64_t step) const;
+  // Steps without drafts before the request's next probe (doubled by each failed probe).
+  int ProbeInterval(const DraftHistory& history) const;
   // K per request for one step: rooms[i] is request i's most (0: it does not decode next),
   // acceptance[i] its estimate. Non-decoding requests get 0 and cost nothing.
   std::vector<int> Choose(const std::vector<int>& rooms, const std::vector<double>& acceptance,

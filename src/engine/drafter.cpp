@@ -52,7 +52,9 @@ void Drafter::Plan(const DraftStep& step) {
   for (const auto& [seq, n] : step.chunks) {
     if (!seq->wants_more_tokens() || seq->num_tokens() - seq->num_computed != 1) continue;
     seqs.push_back(seq);
-    rooms.push_back(DraftRoom(*seq, k_));
+    const int room = DraftRoom(*seq, k_);
+    const bool probe = policy_->Probing(seq->draft_history, steps_planned_);
+    rooms.push_back(probe ? std::min(room, policy_->config().probe_drafts) : room);
     acceptance.push_back(policy_->Acceptance(seq->draft_history, steps_planned_));
   }
   const std::vector<int> ks = policy_->Choose(rooms, acceptance, *cost_);

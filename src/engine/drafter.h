@@ -29,8 +29,9 @@ struct DraftStep {
   // The sequences that got tokens, with the logit row their last emitted token came from
   // (whose final-normed hidden an MTP round starts from).
   const std::vector<std::pair<Sequence*, int32_t>>& sampled;
-  // The run stage's host seconds, its rows, and whether every chunk was a decode or
-  // verification (one row and its drafts): what the adaptive cost model measures.
+  // The step's seconds (the engine's cycle since the last draft round: host work and the
+  // forward), its rows, and whether every chunk was a decode or verification (one row and
+  // its drafts): what the adaptive cost model measures.
   double run_seconds = 0;
   int rows = 0;
   bool decode_only = false;

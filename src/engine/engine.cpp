@@ -327,6 +327,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   // Schedule.
   const std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
   if (chunks.empty()) {
+    last_round_end_.reset();  // idle: the next cycle's time would include the wait
     LandCapture(finished);
     return finished;
   }
@@ -375,7 +376,12 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   // with capture layers).
   if (drafter_ && config_.capture_layers.empty()) {
     drafter_->Accept(outcomes);
-    drafter_->Propose({batch, chunks, sampled, run_seconds, static_cast<int>(batch.token_ids.size()), decode_only});
+    // The step's cost to the policy: everything since the last draft round ended (the last
+    // step's retire, this one's schedule, run and accept: host work grows with rows and
+    // drafts as the forward does), or the run alone after an idle step.
+    const double cycle_seconds = last_round_end_ ? Seconds(*last_round_end_, Clock::now()) : run_seconds;
+    drafter_->Propose({batch, chunks, sampled, cycle_seconds, static_cast<int>(batch.token_ids.size()), decode_only});
+    last_round_end_ = Clock::now();
   }
   end_stage(EngineStats::kPropose);
   // Retire.

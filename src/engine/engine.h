@@ -5,6 +5,7 @@
 // (extract, generate, serve, bench) drives this one loop.
 #pragma once
 
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -154,6 +155,10 @@ class Engine {
   // The speculative config's drafter (draft state is its own), called once per step after
   // accept; null without drafts.
   std::unique_ptr<Drafter> drafter_;
+  // When the last step's draft round ended (unset after an idle Step): the next step's
+  // whole cycle to its own round, host work included, is what the adaptive cost model
+  // measures of a target step.
+  std::optional<std::chrono::steady_clock::time_point> last_round_end_;
   EngineStats stats_;
   std::vector<std::unique_ptr<Sequence>> aborted_;  // aborted or finished early: handed back by the next Step
   // HSX_PROFILE=1: the capture object's seconds waiting for copies and storing rows (the
