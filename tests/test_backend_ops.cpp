@@ -760,8 +760,16 @@ std::vector<OpCase> Table() {
     }
   }
 
-  // MoE: routing, grouping, grouped GEMMs; gpt-oss's biases and clamped SwiGLU.
-  for (auto [tokens, experts, top_k] : std::vector<std::tuple<int64_t, int, int>>{{1, 8, 2}, {77, 8, 2}, {300, 16, 4}}) {
+  // MoE: routing, grouping, the experts' GEMMs; gpt-oss's biases and clamped SwiGLU. On
+  // CUDA up to 256 tokens run the host-free grouped GEMVs (the no_moe_gemv target: the
+  // host-sized grouped GEMMs), more tokens (300) the GEMMs: decode sizes with 8, 32 (gpt-oss
+  // 20b) and 128 (120b, Qwen3-30B-A3B) experts, from 1 expert used to all of them, several
+  // rows an expert (100 tokens) where the GEMVs loop over row groups.
+  std::vector<std::tuple<int64_t, int, int>> moe_shapes = {{1, 8, 2}, {77, 8, 2}, {300, 16, 4}};
+  for (int64_t tokens : {1, 4, 32, 100}) {
+    for (int experts : {8, 32, 128}) moe_shapes.emplace_back(tokens, experts, 4);
+  }
+  for (auto [tokens, experts, top_k] : moe_shapes) {
     for (const bool gpt_oss : {false, true}) {
       add("MoeMlp", Dims({{"tokens", tokens}, {"experts", experts}, {"top", top_k}}) + (gpt_oss ? "_gpt_oss" : ""),
           [=](OpEnv& env) { RunMoe(env, tokens, experts, top_k, gpt_oss); });
@@ -953,6 +961,7 @@ const std::vector<Target>& Targets() {
       {"no_norm_rope_store", "HSX_NORM_ROPE_STORE", "0", false, {"NormRopeStoreKV", "QkvAttention"}},
       {"no_gemv", "HSX_GEMV", "0", false, {"Linear", "GatedLinear"}},
       {"no_gated_gemv", "HSX_GATED_GEMV", "0", false, {"GatedLinear"}},
+      {"no_moe_gemv", "HSX_MOE_GEMV", "0", false, {"MoeMlp"}},
       {"unfused_fp8_inputs", "HSX_FP8_FUSED_INPUTS", "0", false, {"RmsNormFp8", "GatedActivationFp8"}},
   };
   return targets;

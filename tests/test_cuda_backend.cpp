@@ -479,6 +479,105 @@ TEST(CudaKernelTest, NormRowsAreTheSameBitsInSmallAndLargeSteps) {
   }
 }
 
+// A MoE layer on the device (gpt-oss's biases and clamped SwiGLU, or Qwen3-MoE's plain
+// SiLU), its x and f32 router logits for `tokens` rows.
+struct DeviceMoe {
+  MoeWeights w;
+  MoeSpec spec;
+  Tensor x, logits;  // host f32
+};
+
+DeviceMoe MakeDeviceMoe(CudaBackend& gpu, int64_t tokens, int64_t hidden, int64_t inter, int experts, bool gpt_oss,
+                        std::mt19937& rng) {
+  DeviceMoe m;
+  for (int e = 0; e < experts; ++e) {
+    m.w.gate.push_back(gpu.UploadWeight(ToBf16(RandomHost({inter, hidden}, rng, 0.05f))));
+    m.w.up.push_back(gpu.UploadWeight(ToBf16(RandomHost({inter, hidden}, rng, 0.05f))));
+    m.w.down.push_back(gpu.UploadWeight(ToBf16(RandomHost({hidden, inter}, rng, 0.05f))));
+  }
+  m.spec.top_k = 4;
+  m.spec.renormalize = true;
+  if (gpt_oss) {
+    m.spec.swiglu_limit = 7.0f;
+    m.spec.swiglu_alpha = 1.702f;
+    m.w.gate_bias = gpu.UploadWeight(ToBf16(RandomHost({experts, inter}, rng, 0.5f)));
+    m.w.up_bias = gpu.UploadWeight(ToBf16(RandomHost({experts, inter}, rng, 0.5f)));
+    m.w.down_bias = gpu.UploadWeight(ToBf16(RandomHost({experts, hidden}, rng, 0.5f)));
+  }
+  m.x = RandomHost({tokens, hidden}, rng, gpt_oss ? 4.0f : 1.0f);
+  m.logits = RandomHost({tokens, experts}, rng);
+  return m;
+}
+
+// Decode-sized MoE layers (up to kMoeGemvMaxTokens tokens) run on the grouped GEMVs, whose
+// sums for a row involve only that row: a token's output is the same bits whichever other
+// tokens share the step and however they route (batch invariant by construction), and
+// within bf16 rounding of the host-sized grouped GEMMs (HSX_MOE_GEMV=0).
+TEST(CudaKernelTest, MoeRowsAreTheSameBitsWhateverTheOtherTokens) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  auto gemm = GpuWith("HSX_MOE_GEMV", "0");
+  std::mt19937 rng(33);
+  const int64_t many = CudaBackend::kMoeGemvMaxTokens, hidden = 512, inter = 384;
+  for (int experts : {32, 128}) {
+    for (bool gpt_oss : {false, true}) {
+      ASSERT_TRUE(gpu->MoeRecordable(many, experts, hidden, inter));
+      ASSERT_FALSE(gemm->MoeRecordable(1, experts, hidden, inter));
+      const DeviceMoe m = MakeDeviceMoe(*gpu, many, hidden, inter, experts, gpt_oss, rng);
+      const Tensor x = gpu->Upload(ToBf16(m.x)), logits = gpu->Upload(m.logits);
+      std::vector<Tensor> outs;  // the first row's of each step, host bf16 [hidden]
+      Tensor all;
+      for (int64_t rows : {many, int64_t{37}, int64_t{1}}) {
+        Tensor out = Poisoned(*gpu, DType::kBF16, {rows, hidden});
+        gpu->MoeMlp(x.Rows(0, rows), logits.Rows(0, rows), m.w, m.spec, out);
+        outs.push_back(gpu->Download(out.Rows(0, 1)));
+        if (rows == many) all = out;
+      }
+      for (size_t i = 1; i < outs.size(); ++i) {
+        EXPECT_EQ(std::memcmp(outs[0].raw(), outs[i].raw(), outs[0].nbytes()), 0)
+            << "token 0's output depends on the step's other tokens: experts=" << experts << " gpt_oss=" << gpt_oss;
+      }
+      Tensor reference = Poisoned(*gemm, DType::kBF16, {many, hidden});
+      gemm->MoeMlp(gemm->Upload(ToBf16(m.x)), gemm->Upload(m.logits), m.w, m.spec, reference);
+      EXPECT_LE(test::RelativeMaxError(test::AsFloats(gpu->Download(all)), test::AsFloats(gemm->Download(reference))),
+                2e-2)
+          << "experts=" << experts << " gpt_oss=" << gpt_oss;
+    }
+  }
+}
+
+// A decode-sized MoE layer records as a CUDA graph (nothing leaves the device: the expert
+// offsets are computed there) and a replay routes anew: new x and router logits in the
+// recorded inputs give the eager step's bits, though other experts are chosen.
+TEST(CudaKernelTest, MoeMlpReplaysInCudaGraphWithNewRouting) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  ASSERT_TRUE(gpu->can_record());
+  std::mt19937 rng(34);
+  const int64_t tokens = 32, hidden = 256, inter = 128;
+  const int experts = 32;
+  for (bool gpt_oss : {false, true}) {
+    const DeviceMoe first = MakeDeviceMoe(*gpu, tokens, hidden, inter, experts, gpt_oss, rng);
+    Tensor x = gpu->Upload(ToBf16(first.x)), logits = gpu->Upload(first.logits);
+    Tensor out = Poisoned(*gpu, DType::kBF16, {tokens, hidden});
+    auto graph = gpu->Record([&] { gpu->MoeMlp(x, logits, first.w, first.spec, out); });
+    ASSERT_NE(graph, nullptr) << "gpt_oss=" << gpt_oss;
+    for (int step = 0; step < 3; ++step) {
+      const Tensor new_x = ToBf16(RandomHost({tokens, hidden}, rng, gpt_oss ? 4.0f : 1.0f));
+      const Tensor new_logits = RandomHost({tokens, experts}, rng);
+      gpu->UploadTo(new_x, x);
+      gpu->UploadTo(new_logits, logits);
+      graph->Replay();
+      const Tensor replayed = gpu->Download(out);
+      Tensor eager = Poisoned(*gpu, DType::kBF16, {tokens, hidden});
+      gpu->MoeMlp(gpu->Upload(new_x), gpu->Upload(new_logits), first.w, first.spec, eager);
+      const Tensor expected = gpu->Download(eager);
+      EXPECT_EQ(std::memcmp(replayed.raw(), expected.raw(), expected.nbytes()), 0)
+          << "step " << step << " gpt_oss=" << gpt_oss;
+    }
+  }
+}
+
 // A layer's attention inputs read out of the fused q/k/v GEMM's rows (with v's columns, or
 // the values as the raw keys), made ready and stored in one launch: one warp a head at
 // decode sizes (norm_rope_store.cu), one block a token at prefill sizes (norm_rope.cu).

@@ -2,6 +2,7 @@
 // bound: against the config's parameter count, and against FP8 weights' codes and scales.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "backend/cpu/cpu_backend.h"
@@ -50,6 +51,31 @@ TEST(DecodeTrafficTest, Fp8WeightsCountTheirCodesAndRowScales) {
     ASSERT_EQ(w.layers[0].qkv_proj.dtype(), DType::kF8E4M3) << model;
     EXPECT_EQ(DecodeWeightBytes(w), unquantized - saved) << model;
   }
+}
+
+// A decode step of a MoE reads the experts its tokens chose: at batch 1 top_k of E per
+// layer, towards all of them as the batch grows; dense models are unaffected.
+TEST(DecodeTrafficTest, MoeStepsCountTheExpertsTheyAreExpectedToUse) {
+  CpuBackend cpu;
+  auto dense = LoadModelConfig(test::ModelDir("llama"));
+  ASSERT_TRUE(dense.ok());
+  const ModelWeights dw = DummyWeights(*dense, cpu);
+  EXPECT_DOUBLE_EQ(ExpectedDecodeWeightBytes(dw, 1, 0), static_cast<double>(DecodeWeightBytes(dw)));
+  auto config = LoadModelConfig(test::ModelDir("qwen3_moe"));
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  const ModelWeights w = DummyWeights(*config, cpu);
+  int64_t experts_bytes = 0;
+  for (const LayerWeights& l : w.layers) {
+    for (const auto* m : {&l.experts.gate, &l.experts.up, &l.experts.down})
+      for (const Tensor& e : *m) experts_bytes += static_cast<int64_t>(e.nbytes());
+  }
+  ASSERT_GT(experts_bytes, 0);
+  const double all = static_cast<double>(DecodeWeightBytes(w)), rest = all - static_cast<double>(experts_bytes);
+  const int e = config->num_experts, k = config->experts_per_token;
+  EXPECT_NEAR(ExpectedDecodeWeightBytes(w, 1, k), rest + experts_bytes * static_cast<double>(k) / e, 1.0);
+  EXPECT_NEAR(ExpectedDecodeWeightBytes(w, 2, k),
+              rest + experts_bytes * (1.0 - std::pow(1.0 - static_cast<double>(k) / e, 2)), 1.0);
+  EXPECT_NEAR(ExpectedDecodeWeightBytes(w, 100000, k), all, 1.0);
 }
 
 }  // namespace

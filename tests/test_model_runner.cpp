@@ -147,7 +147,7 @@ double PaddingTolerance(const std::string& name) {
 TEST(ModelRunnerPadding, PaddedDecodeRowsChangeNoRealRowOnCuda) {
   auto gpu = Gpu();
   if (!gpu) GTEST_SKIP() << "no CUDA device";
-  for (const std::string name : {"llama", "qwen3", "gemma3", "gemma4", "gemma4_kvshare"}) {
+  for (const std::string name : {"llama", "qwen3", "gemma3", "gemma4", "gemma4_kvshare", "gpt_oss", "qwen3_moe"}) {
     ExpectPaddingChangesNothing(*gpu, name, PaddingTolerance(name));
   }
 }
@@ -256,10 +256,13 @@ TEST_P(CudaGraphTest, FusedAttentionInputsGiveTheUnfusedTokens) {
   }
 }
 
-// MoE runs eagerly (its routing downloads expert counts), so it is not listed.
 INSTANTIATE_TEST_SUITE_P(DenseArchitectures, CudaGraphTest,
                          ::testing::Values("llama", "llama31", "qwen2", "qwen3", "qwen3_tied", "gemma3", "gemma4",
                                            "gemma4_kvshare"),
+                         [](const auto& info) { return info.param; });
+// MoE decode steps are recorded too: their layers stay on the device up to 256 tokens
+// (CudaBackend::MoeRecordable), these tests' steps have at most 8.
+INSTANTIATE_TEST_SUITE_P(MoeArchitectures, CudaGraphTest, ::testing::Values("gpt_oss", "gpt_oss_mxfp4", "qwen3_moe"),
                          [](const auto& info) { return info.param; });
 
 #endif  // HSX_HAS_CUDA

@@ -233,6 +233,12 @@ class Backend {
   // experts' MLPs, weighted.
   virtual void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, const MoeSpec& spec,
                       Tensor& out) = 0;
+  // Whether MoeMlp on `tokens` rows of a layer of `experts` experts ([inter, hidden] gate
+  // and up) queues no host synchronization, so a step of it can be recorded.
+  virtual bool MoeRecordable(int64_t tokens, int experts, int64_t hidden, int64_t inter) const {
+    (void)tokens, (void)experts, (void)hidden, (void)inter;
+    return false;
+  }
   // Gemma 4 MTP's centroid-masked LM head (vLLM's Gemma4MTPMaskedEmbedder). Per row r of
   // x [R, H]: the top_k highest of centroid_logits f32 [R, C] (NaN lowest, ties to the lower
   // index) select clusters; cluster c holds the tokens in row c of token_ordering int32

@@ -211,9 +211,11 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
     if (warm.ok()) warm = run(o.new_tokens, &seconds, &tokens, &steps);
     if (!warm.ok()) return Fail("bench", warm);
     const double step_ms = 1e3 * seconds / std::max<uint64_t>(steps, 1);
-    // The bound: each step reads the weights once and every sequence's KV (mean context).
+    // The bound: each step reads the weights once (a MoE's experts: those its batch is
+    // expected to use) and every sequence's KV (mean context).
     const double mean_context = o.prompt_len + o.new_tokens / 2.0;
-    const double step_bytes = weight_bytes + static_cast<double>(batch) * mean_context * kv_per_token;
+    const double step_weight_bytes = ExpectedDecodeWeightBytes(model.weights(), batch, c.experts_per_token);
+    const double step_bytes = step_weight_bytes + static_cast<double>(batch) * mean_context * kv_per_token;
     const double bound_tok_s = bandwidth > 0 ? batch * bandwidth / step_bytes : 0.0;
     const double tok_s = tokens / seconds;
     nlohmann::json result = {
@@ -223,7 +225,7 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
         {"bound_tokens_per_s", bound_tok_s}, {"fraction_of_bound", bound_tok_s > 0 ? tok_s / bound_tok_s : 0.0},
         {"device", o.model.device}, {"tensor_parallel_size", ranks},
         {"quantization", QuantizationLabel(o.model, c)},
-        {"weight_bytes_per_step", weight_bytes}};
+        {"weight_bytes_per_step", step_weight_bytes}, {"weight_bytes", weight_bytes}};
     if (!o.speculative_config.empty()) result["speculative_config"] = o.speculative_config;
     AddSpeculativeFigures(decode_start, decode_end, result);
     if (o.accept_rate && result.contains("verifications")) result["forced_accept_rate"] = *o.accept_rate;  // not the target's output

@@ -57,7 +57,8 @@ ModelRunner::GraphShape ModelRunner::GraphShapeOf(const ForwardBatch& batch) con
   const int seqs = static_cast<int>(batch.seqs.size());
   // Under tensor parallelism steps run eagerly: the ranks' graphs would have to be recorded
   // and replayed together, NCCL calls inside them.
-  if (!config_.graphs || graphs_failed_ || !backend().can_record() || has_moe_ || !config_.peer_ranks.empty() || seqs == 0 || seqs > config_.max_graph_batch) {
+  if (!config_.graphs || graphs_failed_ || !backend().can_record() || !config_.peer_ranks.empty() || seqs == 0 ||
+      seqs > config_.max_graph_batch) {
     return {};
   }
   const size_t rows = batch.token_ids.size();
@@ -78,6 +79,10 @@ ModelRunner::GraphShape ModelRunner::GraphShapeOf(const ForwardBatch& batch) con
   const int bucket = BucketFor(seqs);
   const bool padded = rows != static_cast<size_t>(seqs) * q;
   if (padded && bucket * q > kMaxPaddedGraphRows) return {};
+  if (has_moe_) {  // the graph runs bucket * q rows, padding included
+    const ModelConfig& c = model_.rank_config();
+    if (!backend().MoeRecordable(int64_t{bucket} * q, c.num_experts, c.hidden_size, c.moe_intermediate_size)) return {};
+  }
   return {bucket, q, padded};
 }
 

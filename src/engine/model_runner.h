@@ -152,7 +152,9 @@ class ModelRunner {
   std::unique_ptr<ThreadPool> rank_threads_;           // one per rank, the caller's for rank 0
   Tensor aux_;                            // EAGLE-3: the last step's aux states [A, T, H]
   Tensor final_hidden_;                   // MTP: the last step's final-normed logit rows
-  bool has_moe_ = false;  // MoE routing downloads expert counts: it cannot be recorded
+  // A step with MoE layers is recorded only where the backend keeps MoeMlp on the device
+  // at its rows (MoeRecordable: CUDA's grouped GEMVs, up to 256 tokens).
+  bool has_moe_ = false;
 
   // The target's graphs of one number of rows per sequence share one set of fixed inputs
   // (ids, positions, slots, sequence info, block tables at a stride of max_blocks_per_seq_).

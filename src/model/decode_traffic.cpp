@@ -1,5 +1,7 @@
 #include "model/decode_traffic.h"
 
+#include <algorithm>
+#include <cmath>
 #include <initializer_list>
 
 namespace hsx {
@@ -28,6 +30,21 @@ int64_t DecodeWeightBytes(const ModelWeights& w) {
     for (const std::vector<Tensor>* experts : {&l.experts.gate, &l.experts.up, &l.experts.down}) {
       for (const Tensor& e : *experts) bytes += StoredBytes(e);
     }
+  }
+  return bytes;
+}
+
+double ExpectedDecodeWeightBytes(const ModelWeights& w, int batch, int top_k) {
+  double bytes = static_cast<double>(DecodeWeightBytes(w));
+  for (const LayerWeights& l : w.layers) {
+    const size_t experts = l.experts.gate.size();
+    if (experts == 0) continue;
+    int64_t expert_bytes = 0;
+    for (const std::vector<Tensor>* matrices : {&l.experts.gate, &l.experts.up, &l.experts.down}) {
+      for (const Tensor& e : *matrices) expert_bytes += StoredBytes(e);
+    }
+    const double unused = std::pow(1.0 - std::min(1.0, static_cast<double>(top_k) / experts), batch);
+    bytes -= unused * static_cast<double>(expert_bytes);
   }
   return bytes;
 }

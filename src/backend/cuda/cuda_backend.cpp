@@ -47,6 +47,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device_index, bool 
   impl->hopper_attention = prop.major == 9 && !(attention && std::string(attention) == "mma");
   impl->decode_attention = !batch_invariant && EnvOn("HSX_DECODE_ATTENTION");
   impl->gemv = !batch_invariant && EnvOn("HSX_GEMV");
+  impl->moe_gemv = !batch_invariant && EnvOn("HSX_MOE_GEMV");
   impl->sm_count = prop.multiProcessorCount;
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   HSX_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->copy_stream, cudaStreamNonBlocking));

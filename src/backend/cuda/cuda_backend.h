@@ -87,6 +87,10 @@ class CudaBackend final : public Backend {
                        Tensor& residual) override;
   void MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, const MoeSpec& spec,
               Tensor& out) override;
+  // MoeMlp up to this many tokens runs on the device alone (cuda_moe.cpp): decode and
+  // verification steps of up to 64 sequences of 4 rows, or 256 of 1.
+  static constexpr int64_t kMoeGemvMaxTokens = 256;
+  bool MoeRecordable(int64_t tokens, int experts, int64_t hidden, int64_t inter) const override;
   void CentroidMaskedLogits(const Tensor& x, const Tensor& centroid_logits, const Tensor& token_ordering,
                             const Tensor& lm_head, int top_k, Tensor& logits) override;
   void FlagNonFiniteRows(const Tensor& x, Tensor& flags) override;
@@ -99,6 +103,9 @@ class CudaBackend final : public Backend {
   struct Impl;
   explicit CudaBackend(std::unique_ptr<Impl> impl);
   void LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
+  // MoeMlp's experts once routed (ids, weights, counts: MoeRoute's), host-free.
+  void MoeGemvPath(const Tensor& x, const MoeWeights& experts, const MoeSpec& spec, const Tensor& ids,
+                   const Tensor& weights, const Tensor& counts, Tensor& out);
   static constexpr int64_t kFusedNormRopeMaxTokens = 256;
   bool FusedNormRopeTakes(int64_t tokens) const;
   void LaunchNormRopeStore(const cuda::NormRopeStoreArgs& a, bool decode_sized);

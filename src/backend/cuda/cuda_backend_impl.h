@@ -67,6 +67,12 @@ struct CudaBackend::Impl {
   // HSX_VERIFY_ATTENTION=0: on the prefill kernels, for comparison.
   int decode_attention_rows = EnvOn("HSX_VERIFY_ATTENTION") ? cuda::kDecodeMaxQueryRows : 1;
   bool gated_gemv = EnvOn("HSX_GATED_GEMV");
+  // MoE layers of up to kMoeGemvMaxTokens tokens on the grouped GEMVs (moe_gemv.cu), which
+  // keep a step on the device so it can be recorded; HSX_MOE_GEMV=0 keeps the grouped
+  // cuBLAS GEMMs sized on the host, for comparison. Off in batch-invariant mode, whose
+  // per-expert GEMMs serve every size alike (the GEMVs are invariant too, but prefill-sized
+  // MoE layers need the GEMMs, and a token's bits must not depend on the step's size).
+  bool moe_gemv = false;
   // --quantization fp8: the norms and the gated activation before FP8 projections write
   // their codes and row scales directly (HSX_FP8_FUSED_INPUTS=0: bf16, then QuantizeRowsFp8).
   bool fp8_fused_inputs = EnvOn("HSX_FP8_FUSED_INPUTS");

@@ -6,13 +6,20 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/moe_gemv.h"
 
 namespace hsx {
 
-// Routing on the device; one small download (tokens per expert) sizes the grouped
-// GEMMs. Pairs (token, choice) are permuted so each expert's rows are contiguous, the
-// three expert GEMMs run as grouped GEMMs (one cuBLAS call each, one group per active
-// expert), and a combine kernel sums each token's choices in a fixed order.
+bool CudaBackend::MoeRecordable(int64_t tokens, int experts, int64_t hidden, int64_t inter) const {
+  return impl_->moe_gemv && tokens <= kMoeGemvMaxTokens && cuda::MoeGemvSupports(experts, hidden, inter);
+}
+
+// Routing on the device. Pairs (token, choice) are permuted so each expert's rows are
+// contiguous, the expert MLPs run on them, and a combine kernel sums each token's choices
+// in a fixed order. Up to kMoeGemvMaxTokens tokens nothing leaves the device (MoeGemvPath:
+// the offsets are a prefix sum there, the experts grouped GEMVs), so a step can be
+// recorded; above, one small download (tokens per expert) sizes grouped cuBLAS GEMMs,
+// which read an expert's weights at a fraction of the cost per row once rows are many.
 void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const MoeWeights& experts, const MoeSpec& spec,
                          Tensor& out) {
   const int top_k = spec.top_k;
@@ -32,6 +39,10 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   cuda::MoeRoute(router_logits.data<float>(), tokens, num_experts, top_k, renormalize, ids.data<int32_t>(), weights.data<float>(),
                  counts.data<int32_t>(), stream);
   HSX_LAUNCH_CHECK();
+  if (MoeRecordable(tokens, num_experts, hidden, inter)) {
+    MoeGemvPath(x, experts, spec, ids, weights, counts, out);
+    return;
+  }
   const Tensor host_counts = Download(counts);
   std::vector<int32_t> offsets(num_experts + 1, 0);
   for (int e = 0; e < num_experts; ++e) offsets[e + 1] = offsets[e] + host_counts.data<int32_t>()[e];
@@ -125,6 +136,46 @@ void CudaBackend::MoeMlp(const Tensor& x, const Tensor& router_logits, const Moe
   }
   grouped(experts.down, g, ys);
   add_bias(experts.down_bias, ys);
+  cuda::MoeCombine(B(ys), inverse.data<int32_t>(), weights.data<float>(), tokens, top_k, hidden, B(out), stream);
+  HSX_LAUNCH_CHECK();
+}
+
+// The decode-sized pass: offsets and the permutation on the device, gate and up (their
+// biases and the activation) in one grouped GEMV, down (and its bias) in another; the
+// experts' weight pointers travel in the launches, so no step uploads or downloads.
+void CudaBackend::MoeGemvPath(const Tensor& x, const MoeWeights& experts, const MoeSpec& spec, const Tensor& ids,
+                              const Tensor& weights, const Tensor& counts, Tensor& out) {
+  cudaStream_t stream = impl_->stream;
+  const int top_k = spec.top_k;
+  const int64_t tokens = x.size(0), hidden = x.size(1), pairs = tokens * top_k, inter = experts.gate[0].size(0);
+  const int num_experts = static_cast<int>(counts.size(0));
+  // offsets [E + 1], cursor [E], active [E + 1]
+  Tensor index = Empty(DType::kI32, {3 * int64_t{num_experts} + 2});
+  int32_t* offsets = index.data<int32_t>();
+  int32_t* cursor = offsets + num_experts + 1;
+  int32_t* active = cursor + num_experts;
+  cuda::MoeOffsets(counts.data<int32_t>(), num_experts, offsets, cursor, active, stream);
+  Tensor rows = Empty(DType::kI32, {pairs}), inverse = Empty(DType::kI32, {pairs});
+  cuda::MoePermute(ids.data<int32_t>(), pairs, top_k, cursor, rows.data<int32_t>(), inverse.data<int32_t>(), stream);
+  Tensor xs = Empty(DType::kBF16, {pairs, hidden});
+  cuda::GatherRows(x.raw(), rows.data<int32_t>(), pairs, hidden * 2, xs.raw(), stream);
+  HSX_LAUNCH_CHECK();
+
+  cuda::MoeExpertPointers gate{}, up{}, down{};
+  for (int e = 0; e < num_experts; ++e) {
+    gate.w[e] = B(experts.gate[e]);
+    up.w[e] = B(experts.up[e]);
+    down.w[e] = B(experts.down[e]);
+  }
+  auto bias = [](const Tensor& b) -> const cuda::bf16* { return b.defined() ? B(b) : nullptr; };
+  const cuda::MoeActivation act{spec.act == Activation::kSilu ? 0 : 1, spec.swiglu_limit, spec.swiglu_alpha};
+  Tensor h = Empty(DType::kBF16, {pairs, inter}), ys = Empty(DType::kBF16, {pairs, hidden});
+  cuda::MoeGatedGemv(B(xs), gate, up, bias(experts.gate_bias), bias(experts.up_bias), offsets, active, num_experts,
+                     pairs, inter, hidden, act, B(h), stream);
+  HSX_LAUNCH_CHECK();
+  cuda::MoeGemv(B(h), down, bias(experts.down_bias), offsets, active, num_experts, pairs, hidden, inter, B(ys),
+                stream);
+  HSX_LAUNCH_CHECK();
   cuda::MoeCombine(B(ys), inverse.data<int32_t>(), weights.data<float>(), tokens, top_k, hidden, B(out), stream);
   HSX_LAUNCH_CHECK();
 }

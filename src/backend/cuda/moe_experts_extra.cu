@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/moe_gemv.h"
 
 namespace hsx::cuda {
 namespace {
@@ -32,10 +33,7 @@ __global__ void AddExpertBiasKernel(bf16* y, int64_t rows, int64_t cols, const i
 
 __global__ void ClampedSwigluKernel(const bf16* gate, const bf16* up, int64_t n, float limit, float alpha, bf16* out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float gv = __bfloat162float(gate[i]), uv = __bfloat162float(up[i]);
-    const float g = gv > limit ? limit : gv;
-    const float u = uv < -limit ? -limit : (uv > limit ? limit : uv);
-    out[i] = __float2bfloat16((u + 1.0f) * (g / (1.0f + __expf(-alpha * g))));
+    out[i] = __float2bfloat16(ClampedSwigluValue(__bfloat162float(gate[i]), __bfloat162float(up[i]), limit, alpha));
   }
 }
 
