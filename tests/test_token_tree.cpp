@@ -21,6 +21,8 @@
 #include "engine/speculative_config.h"
 #include "engine/token_tree.h"
 #include "model/eagle3_draft.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
 #include "sampling_reference.h"
 #include "test_util.h"
 
@@ -57,7 +59,7 @@ TEST(TokenTree, ParsesVllmsLiteralInVllmsOrder) {
 TEST(TokenTree, RefusesBadTreesNamingTheField) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"[]", "has no nodes"},
-      {"[(0,), (0, 1)]", "path (0, 1) has no parent (0,)"},
+      {"[(0,), (1, 1)]", "path (1, 1) has no parent (1,)"},
       {"[(1,), (1, 0, 0)]", "has no parent (1, 0)"},
       {"[(0,), (0,)]", "is given twice"},
       {"[(0)]", "is not a tuple"},
@@ -97,8 +99,8 @@ TEST(TokenTree, SpeculativeConfigTakesTheTreeForEagle3Only) {
       {R"({"method": "eagle3", "model": "d", "num_speculative_tokens": 2, "speculative_token_tree": "[(0,), (1,), (0, 0)]"})",
        "\"num_speculative_tokens\" (2) must equal the number of nodes of \"speculative_token_tree\" (3)"},
       {R"({"method": "eagle3", "model": "d", "speculative_token_tree": [[0], [1]]})", "must be a string"},
-      {R"({"method": "eagle3", "model": "d", "speculative_token_tree": "[(0,), (0, 1)]"})",
-       "\"speculative_token_tree\": path (0, 1) has no parent"},
+      {R"({"method": "eagle3", "model": "d", "speculative_token_tree": "[(0,), (1, 1)]"})",
+       "\"speculative_token_tree\": path (1, 1) has no parent"},
       {R"({"method": "eagle3", "model": "d", "draft_length": "adaptive", "speculative_token_tree": "[(0,), (1,)]"})",
        "does not go with"},
       {R"({"method": "mtp", "model": "d", "num_speculative_tokens": 2, "speculative_token_tree": "[(0,), (1,)]"})",
@@ -203,6 +205,32 @@ TEST(TreeAttention, ARowSeesItsAncestorsOnly) {
   const int64_t slot = SlotOf(table, ctx + 1 + 3, bs);
   for (int c = 0; c < kv_heads * d; ++c) kp.data<float>()[slot * kv_heads * d + c] = 1e4f;
   EXPECT_NE(row_of(run(kp, v), 1 + 3), row_of(out, 1 + 3));
+  }
+}
+
+// Accept's KV compaction: every layer's K/V of the source slots land at the destinations,
+// with sources read before any destination is written (a destination may be a later source).
+TEST(TreeAttention, MoveSlotsCompactsThePath) {
+  CpuBackend cpu;
+  auto model = Model::Load(test::ModelDir("llama"), cpu);
+  ASSERT_TRUE(model.ok());
+  KVCache cache((*model)->config(), cpu, 4, 4);
+  std::vector<Tensor*> tensors;
+  for (int l = 0; l < (*model)->config().num_layers; ++l) tensors.insert(tensors.end(), {&cache.k(l), &cache.v(l)});
+  auto at = [](Tensor& t, int64_t slot) { return t.data<float>() + slot * (t.numel() / t.size(0)); };
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    for (int64_t e = 0; e < tensors[i]->numel(); ++e) tensors[i]->data<float>()[e] = static_cast<float>(i * 100000 + e);
+  }
+  std::vector<std::vector<float>> before;
+  for (Tensor* t : tensors) before.emplace_back(t->data<float>(), t->data<float>() + t->numel());
+  // The path of nodes 1 and 3 under a root at slot 4: slot 6 -> 5, slot 8 -> 6.
+  cache.MoveSlots(cpu, {6, 8}, {5, 6});
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    Tensor& t = *tensors[i];
+    const int64_t w = t.numel() / t.size(0);
+    EXPECT_TRUE(std::equal(at(t, 5), at(t, 5) + w, before[i].begin() + 6 * w)) << i;
+    EXPECT_TRUE(std::equal(at(t, 6), at(t, 6) + w, before[i].begin() + 8 * w)) << i;
+    EXPECT_TRUE(std::equal(at(t, 7), at(t, 7) + w, before[i].begin() + 7 * w)) << i;  // untouched
   }
 }
 
