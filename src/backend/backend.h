@@ -36,11 +36,21 @@ class DeviceGraph {
 // One sequence's slice of a packed batch: its new tokens are rows [q_start, q_start + q_len)
 // and sit at the end of its ctx_len-token context, whose KV lives in the cache blocks
 // listed in block_table (token p at slot block_table[p / block_size] * block_size + p % block_size).
+//
+// Tree attention (speculative token trees): with tree_base >= 0 the keys at positions
+// [tree_base, ctx_len) are a token tree's rows (at most 64), and tree_mask holds one word
+// per query row. A row whose word is 0 is causal as usual. A row with word m sees every key
+// before tree_base and, of the tree's, the key at tree_base + j iff bit j of m is set (its
+// ancestors and itself): never a sibling's. Its logical position (RoPE, sliding window) is
+// tree_base + popcount(m) - 1; the window applies to the keys before tree_base, the tree's
+// keys are always in it. The same words can go to a device kernel as they are.
 struct SequenceSlice {
   int32_t q_start = 0;
   int32_t q_len = 0;
   int32_t ctx_len = 0;
   std::vector<int32_t> block_table;
+  int32_t tree_base = -1;           // -1: no tree rows
+  std::vector<uint64_t> tree_mask;  // [q_len] when tree_base >= 0
 };
 
 // Token `pos`'s KV slot under `block_table`, in 64 bits: blocks x block size outgrows int32.

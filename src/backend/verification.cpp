@@ -1,5 +1,6 @@
 #include "backend/verification.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -72,6 +73,110 @@ void WriteProbabilities(const ProcessedRow& p, float* out) {
   for (int32_t i = 0; i < vocab; ++i) out[i] = static_cast<float>(p.weight[i] / z);
 }
 
+// A tree node's children tried against row p (backend/verification.h): the accepted
+// child's index into `kids`, or -1 with the emitted token in *token.
+int VerifyChildren(const ProcessedRow& p, const SamplingRow& row, const std::vector<int32_t>& kids,
+                   const std::vector<int32_t>& tokens, float forced, int32_t* token) {
+  const auto vocab = static_cast<int32_t>(p.scaled.size());
+  auto valid = [&](int32_t t) { return t >= 0 && t < vocab; };
+  if (forced >= 0.0f && valid(tokens[kids[0]]) && sampling::ForcedAccept(row.seed_lo, row.seed_hi, row.draw, forced)) {
+    return 0;
+  }
+  if (p.greedy()) {
+    for (size_t c = 0; c < kids.size() && forced < 0.0f; ++c) {
+      if (tokens[kids[c]] == p.argmax) return static_cast<int>(c);
+    }
+    *token = p.argmax;
+    return -1;
+  }
+  const double z = KeptMass(p);
+  std::vector<int32_t> tried;  // distinct valid child tokens, each counted once
+  if (forced < 0.0f) {
+    const double u = sampling::AcceptUniform(row.seed_lo, row.seed_hi, row.draw);
+    double acc = 0.0;
+    for (size_t c = 0; c < kids.size(); ++c) {
+      const int32_t t = tokens[kids[c]];
+      if (!valid(t) || std::find(tried.begin(), tried.end(), t) != tried.end()) continue;
+      tried.push_back(t);
+      acc += p.weight[t] / z;
+      if (p.weight[t] > 0.0f && u <= acc) return static_cast<int>(c);
+    }
+  } else {
+    for (int32_t k : kids) {
+      if (valid(tokens[k]) && std::find(tried.begin(), tried.end(), tokens[k]) == tried.end()) tried.push_back(tokens[k]);
+    }
+  }
+  // Rejected: a draw from p without the children's tokens. One excluded token is the chain's
+  // draw; more, a Gumbel-max over the rest with the Sample op's noise for this draw.
+  if (tried.size() <= 1) {
+    *token = DrawOnHost(p, row, tried.empty() ? -1 : tried[0]);
+    return -1;
+  }
+  float best = kNegInf;
+  int32_t pick = -1;
+  for (int32_t i = 0; i < vocab; ++i) {
+    if (!(p.weight[i] > 0.0f) || std::find(tried.begin(), tried.end(), i) != tried.end()) continue;
+    const float score = std::log(p.weight[i]) + sampling::Gumbel(row.seed_lo, row.seed_hi, row.draw, i);
+    if (pick < 0 || score > best) best = score, pick = i;
+  }
+  *token = pick >= 0 ? pick : DrawOnHost(p, row, -1);  // the children hold all of p: draw from p
+  return -1;
+}
+
+// VerifyDraftsOnHost for token trees.
+VerifiedTokens VerifyTreeOnHost(const Tensor& logits, const VerificationBatch& batch, const std::vector<int32_t>& begins,
+                                Tensor* target_probs) {
+  const auto vocab = static_cast<int32_t>(logits.size(1));
+  const int64_t rows = begins.back(), width = batch.sampling.max_logprobs;
+  VerifiedTokens out;
+  out.num_accepted.assign(batch.num_drafts.size(), 0);
+  out.path.assign(rows, -1);
+  SampledTokens& e = out.emitted;
+  e.tokens.assign(rows, -1);
+  e.logprobs.assign(rows, kNegInf);
+  e.top_ids.assign(rows * width, -1);
+  e.top_logprobs.assign(rows * width, kNegInf);
+  for (size_t r = 0; r < batch.num_drafts.size(); ++r) {
+    const int32_t n = batch.num_drafts[r];
+    const int64_t first_draft = begins[r] - static_cast<int64_t>(r);
+    const std::vector<int32_t> tokens(batch.drafts.begin() + first_draft, batch.drafts.begin() + first_draft + n);
+    std::vector<std::vector<int32_t>> kids(n + 1);  // kids[0]: the root's; kids[1 + i]: node i's
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t parent = batch.parents[first_draft + i];
+      if (parent < -1 || parent >= i) Fail("a tree node's parent (it must come before the node)", parent, i - 1);
+      kids[parent + 1].push_back(i);
+    }
+    auto process = [&](int32_t node_row) {  // node_row: 0 the root, 1 + i node i
+      const int64_t g = begins[r] + node_row;
+      return ProcessRowOnHost(logits.data<float>() + g * vocab, vocab, batch.sampling.rows[g], batch.sampling.adjust.data());
+    };
+    if (target_probs != nullptr) {
+      for (int32_t j = 0; j <= n; ++j) WriteProbabilities(process(j), target_probs->data<float>() + (begins[r] + j) * vocab);
+    }
+    int32_t at = 0;  // the node row verifying now
+    for (int32_t j = 0;; ++j) {
+      const int64_t g = begins[r] + at, emit = begins[r] + j;
+      const SamplingRow& row = batch.sampling.rows[g];
+      const ProcessedRow p = process(at);
+      int32_t token = -1;
+      const int c = kids[at].empty() ? -1 : VerifyChildren(p, row, kids[at], tokens, batch.forced_accept_rate, &token);
+      if (kids[at].empty()) token = DrawOnHost(p, row, -1);  // a leaf: the bonus, the Sample op's draw
+      if (c >= 0) token = tokens[kids[at][c]];
+      const float* raw = logits.data<float>() + g * vocab;
+      const float lse = RawLogprobsOnHost(raw, vocab, row.num_logprobs, e.top_ids.data() + emit * width,
+                                          e.top_logprobs.data() + emit * width);
+      e.tokens[emit] = token;
+      e.logprobs[emit] = raw[token] - lse;
+      if (c < 0) break;
+      out.path[emit] = kids[at][c];
+      ++out.num_accepted[r];
+      at = kids[at][c] + 1;
+    }
+  }
+  return out;
+}
+
+
 }  // namespace
 
 std::vector<int32_t> VerificationRowBegins(const VerificationBatch& batch, int64_t logit_rows, int32_t vocab) {
@@ -88,6 +193,9 @@ std::vector<int32_t> VerificationRowBegins(const VerificationBatch& batch, int64
   if (logit_rows != rows) Fail("the number of logit rows", logit_rows, rows);
   if (static_cast<int64_t>(batch.sampling.rows.size()) != rows) Fail("the number of sampling rows", batch.sampling.rows.size(), rows);
   if (static_cast<int64_t>(batch.drafts.size()) != drafts) Fail("the number of drafts", batch.drafts.size(), drafts);
+  if (!batch.parents.empty() && static_cast<int64_t>(batch.parents.size()) != drafts) {
+    Fail("the number of tree parents", batch.parents.size(), drafts);
+  }
   for (const TokenAdjust& a : batch.sampling.adjust) {
     if (a.token < 0 || a.token >= vocab) Fail("a TokenAdjust token", a.token, vocab - 1);
   }
@@ -100,6 +208,10 @@ VerifiedTokens VerifyDraftsOnHost(const Tensor& logits, const Tensor* draft_prob
   const std::vector<int32_t> begins = VerificationRowBegins(batch, logits.size(0), vocab);
   if (draft_probs != nullptr && draft_probs->size(0) != static_cast<int64_t>(batch.drafts.size())) {
     Fail("the number of draft probability rows", draft_probs->size(0), batch.drafts.size());
+  }
+  if (!batch.parents.empty()) {
+    if (draft_probs != nullptr) Fail("draft probability rows with a token tree (one-hot drafts only)", draft_probs->size(0), 0);
+    return VerifyTreeOnHost(logits, batch, begins, target_probs);
   }
   const int64_t rows = begins.back(), width = batch.sampling.max_logprobs;
   VerifiedTokens out;

@@ -15,6 +15,18 @@
 //    Gumbel-max with the Sample op's noise for that draw, and the request stops there.
 //  - A draft outside [0, vocab) (vLLM's -1 placeholder) is rejected.
 //  - All K accepted: row K emits a bonus token drawn exactly as the Sample op draws it.
+// Token trees (parents not empty): a request's K_r drafts are tree nodes, row begin_r the
+// root (the last known token), row begin_r + 1 + i node i, each node after its parent. From
+// the root, at each node the children (in draft order) are tried:
+//  - Greedy rows: the child equal to the row's argmax is accepted (SGLang's
+//    verify_tree_greedy); none: the argmax is emitted and the request stops there.
+//  - Random rows (SGLang's tree_speculative_sampling_target_only with thresholds 1, i.e.
+//    SpecInfer's multi-candidate verification with one-hot drafts): one uniform u per
+//    node; child c is accepted iff u < p(t_1) + ... + p(t_c) over the children up to it
+//    (each child with probability p of its token: a draw from p kept if it is a child);
+//    none: a draw from p without every child's token, renormalised. With one child this is
+//    the chain's rule bit for bit (u from the same stream, the same rejection draw).
+//  - A leaf accepted: its row emits the bonus token.
 // Every emitted token is thereby distributed as the target's processed distribution at
 // its position: verification is lossless (tests/test_verification.cpp checks this).
 // Except under forced_accept_rate (hsx bench --spec-bench-accept-rate): a valid draft is
@@ -43,6 +55,10 @@ struct VerificationBatch {
   // In [0, 1]: a benchmark's forced acceptance, a Bernoulli(rate) draw per draft position
   // (not lossless); negative: the rules above.
   float forced_accept_rate = -1.0f;
+  // Empty: chains. Else [sum K_r]: each draft's parent, an index into its request's drafts,
+  // or -1 for the root; parents come before their children. (Forced acceptance takes the
+  // first child of a node.)
+  std::vector<int32_t> parents;
 };
 
 struct VerifiedTokens {
@@ -52,6 +68,9 @@ struct VerifiedTokens {
   // with its raw logprob and top logprobs as the Sample op reports them; rows past those
   // hold token -1, logprob -inf, top ids -1 and top logprobs -inf.
   SampledTokens emitted;
+  // Trees only: row begin_r + j, j < num_accepted[r], holds the index (into the request's
+  // drafts) of the j-th accepted node; -1 elsewhere.
+  std::vector<int32_t> path;
 };
 
 // The first row of each request and the total, checked against the batch's sizes:

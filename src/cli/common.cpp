@@ -265,7 +265,13 @@ Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text
         return Error("--speculative-config: \"num_speculative_tokens\" is required (" + spec.model +
                      " names no proposal length)");
       }
-      ec.eagle3 = {loaded.eagle3.get(), k};
+      ec.eagle3 = {loaded.eagle3.get(), k, spec.token_tree};
+      // The CUDA attention kernels read no tree mask yet: refused here, not wrong tokens later.
+      if (spec.token_tree && loaded.backend->device() != Device::kCPU) {
+        return Error("--speculative-config: \"speculative_token_tree\" runs on the CPU backend only for now (the " +
+                     loaded.backend->name() + " backend's attention kernels do not take the tree mask yet); "
+                     "leave it out for chain drafts");
+      }
       break;
     }
     case SpeculativeConfig::Method::kMtp: {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <functional>
 
 namespace hsx {
@@ -29,6 +30,7 @@ bool HasMoe(const MtpDrafter& drafter) {
 Eagle3Drafter::Eagle3Drafter(Eagle3Draft& draft, int k, const DrafterContext& context)
     : DeviceDrafter(k, context, false),
       draft_(draft),
+      tree_(context.tree),
       cache_(draft.decoder(), context.runner.backend(), context.runner.num_blocks(), context.block_size) {}
 
 // The draft's first pass covers every position of the step whose KV stays (a chunk's, up to
@@ -42,15 +44,22 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
   std::vector<int32_t> step_rows;
   std::vector<DraftRequest> requests;
   std::vector<std::pair<Sequence*, int>> drafting;  // with its room
+  std::vector<int> tree_nodes;  // token trees: each drafting request's nodes
   for (size_t i = 0; i < step.chunks.size(); ++i) {
     Sequence* seq = step.chunks[i].seq;
     const SequenceSlice& ran = batch.seqs[i];
+    // A verified tree: its root's row runs at position tree_base, the accepted node at
+    // depth d came from row root + 1 + path[d - 1] and its KV now sits at tree_base + d.
+    const bool tree_chunk = ran.tree_base >= 0 && step.tree_paths != nullptr && i < step.tree_paths->size();
     const int start = batch.positions[ran.q_start];
-    const int end = std::min({seq->num_computed, seq->num_tokens() - 1, start + ran.q_len});
+    const int end = std::min({seq->num_computed, seq->num_tokens() - 1, tree_chunk ? seq->num_computed : start + ran.q_len});
     if (end <= start || (!seq->wants_more_tokens() && !enable_prefix_caching_)) continue;
     int room = Room(*seq);
-    // The chained steps write the draft's KV up to position num_computed + k - 2.
-    if (room > 0 && !scheduler_.ReserveLookahead(*seq, seq->num_computed + k - 1)) room = 0;  // no KV room: plain decode
+    const int nodes = tree_ != nullptr ? tree_->NodesUpToDepth(room) : 0;
+    // The chained steps write the draft's KV up to position num_computed + k - 2; a tree's
+    // up to num_computed + nodes - 1.
+    const int64_t reach = tree_ != nullptr ? seq->num_computed + nodes : seq->num_computed + k - 1;
+    if (room > 0 && !scheduler_.ReserveLookahead(*seq, reach)) room = 0;  // no KV room: plain decode
     SequenceSlice slice;
     slice.q_start = static_cast<int32_t>(first.token_ids.size());
     slice.q_len = end - start;
@@ -59,17 +68,29 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
     for (int p = start; p < end; ++p) {
       first.token_ids.push_back(seq->tokens()[p + 1]);
       first.positions.push_back(p);
-      first.slot_mapping.push_back(batch.slot_mapping[ran.q_start + p - start]);
-      step_rows.push_back(ran.q_start + p - start);
+      if (tree_chunk && p > ran.tree_base) {
+        const int32_t node = (*step.tree_paths)[i][p - ran.tree_base - 1];
+        first.slot_mapping.push_back(static_cast<int32_t>(SlotOf(seq->block_table, p, block_size_)));
+        step_rows.push_back(ran.q_start + (ran.tree_base - start) + 1 + node);
+      } else {
+        first.slot_mapping.push_back(batch.slot_mapping[ran.q_start + p - start]);
+        step_rows.push_back(ran.q_start + p - start);
+      }
     }
     if (room > 0) {
       first.logit_rows.push_back(slice.q_start + slice.q_len - 1);
       requests.push_back({seq->num_computed, seq->block_table});
       drafting.emplace_back(seq, room);
+      tree_nodes.push_back(nodes);
     }
     first.seqs.push_back(std::move(slice));
   }
   const auto start = std::chrono::steady_clock::now();
+  if (tree_ != nullptr) {
+    const auto drafts = TreeRound(first, step_rows, requests, tree_nodes);
+    for (size_t i = 0; i < drafting.size(); ++i) drafting[i].first->drafts = drafts[i];
+    return;
+  }
   const auto drafts = Round(first, step_rows, requests, k);
   if (!requests.empty()) {
     ObserveRound(static_cast<int>(requests.size()), k,
@@ -228,6 +249,105 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
     round();
   }
   return DownloadDrafts(tokens, rows, n, num_drafts);
+}
+
+std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& first_pass,
+                                                           const std::vector<int32_t>& step_rows,
+                                                           const std::vector<DraftRequest>& requests,
+                                                           const std::vector<int>& nodes) {
+  Backend& backend = this->backend();
+  const int n = static_cast<int>(requests.size());
+  if (first_pass.token_ids.empty()) return std::vector<std::vector<int32_t>>(n);
+  if (n == 0) {
+    KeepKV(first_pass, step_rows);
+    return {};
+  }
+  const TokenTree& tree = *tree_;
+  const Tensor& step_aux = runner_.step_aux();
+  const int64_t layers = step_aux.size(0), h = step_aux.size(2), first_rows = static_cast<int64_t>(step_rows.size());
+  Tensor aux = backend.Empty(step_aux.dtype(), {layers * first_rows, h});
+  GatherAux(step_rows, aux);
+  Eagle3Output out = draft_.Forward(first_pass, draft_.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
+  std::vector<std::vector<int32_t>> kids(tree.size() + 1);  // kids[0]: the root's, kids[1 + i]: node i's
+  for (int i = 0; i < tree.size(); ++i) kids[tree.parent[i] + 1].push_back(i);
+  std::vector<std::vector<int32_t>> tokens(n);
+  for (int r = 0; r < n; ++r) tokens[r].assign(nodes[r], -1);
+  // Node `parent` (-1: the root) of request r gets its children from its logits row.
+  auto expand = [&](int r, int parent, const float* row, int64_t vocab) {
+    int count = 0;
+    for (int32_t c : kids[parent + 1]) {
+      if (c < nodes[r]) count = std::max(count, tree.rank[c] + 1);
+    }
+    if (count == 0) return;
+    const std::vector<int32_t> top = TopTargetTokens(row, vocab, count);
+    for (int32_t c : kids[parent + 1]) {
+      if (c < nodes[r]) tokens[r][c] = tree.rank[c] < static_cast<int>(top.size()) ? top[tree.rank[c]] : -1;
+    }
+  };
+  Tensor logits = backend.Download(out.logits);
+  int64_t vocab = logits.size(1);
+  for (int r = 0; r < n; ++r) expand(r, -1, logits.data<float>() + r * vocab, vocab);
+  Tensor hidden = out.next_hidden;  // the rows the next depth's parents left
+  std::vector<std::vector<int32_t>> row_of(n, std::vector<int32_t>(tree.size(), -1));  // node -> row of `hidden`
+  for (int d = 1; d < tree.max_depth; ++d) {
+    ForwardBatch batch;
+    std::vector<int32_t> hidden_rows;
+    std::vector<std::pair<int, int>> who;  // (request, node) per row
+    for (int r = 0; r < n; ++r) {
+      const int32_t position = requests[r].position;
+      SequenceSlice slice;
+      slice.q_start = static_cast<int32_t>(batch.token_ids.size());
+      for (int i = 0; i < nodes[r]; ++i) {
+        const bool has_kids = std::any_of(kids[i + 1].begin(), kids[i + 1].end(), [&](int32_t c) { return c < nodes[r]; });
+        if (tree.depth[i] != d || !has_kids) continue;
+        batch.token_ids.push_back(std::max(0, tokens[r][i]));  // -1 (no such rank): its children stay -1 too
+        batch.positions.push_back(position + d - 1);
+        batch.slot_mapping.push_back(static_cast<int32_t>(SlotOf(requests[r].block_table, position + i, block_size_)));
+        slice.tree_mask.push_back(tree.AncestorMask(i));
+        hidden_rows.push_back(d == 1 ? r : row_of[r][tree.parent[i]]);
+        who.emplace_back(r, i);
+      }
+      slice.q_len = static_cast<int32_t>(batch.token_ids.size()) - slice.q_start;
+      if (slice.q_len == 0) continue;
+      slice.ctx_len = position + nodes[r];
+      slice.tree_base = position;
+      slice.block_table = requests[r].block_table;
+      batch.seqs.push_back(std::move(slice));
+    }
+    if (who.empty()) break;
+    const auto rows = static_cast<int64_t>(who.size());
+    for (int64_t k = 0; k < rows; ++k) batch.logit_rows.push_back(static_cast<int32_t>(k));
+    Tensor in = backend.Empty(hidden.dtype(), {rows, hidden.size(1)});
+    backend.GatherRows(hidden, hidden_rows, in);
+    Eagle3Output step = draft_.Forward(batch, in, cache_);
+    logits = backend.Download(step.logits);
+    vocab = logits.size(1);
+    for (int64_t k = 0; k < rows; ++k) {
+      const auto [r, i] = who[k];
+      row_of[r][i] = static_cast<int32_t>(k);
+      if (tokens[r][i] >= 0) expand(r, i, logits.data<float>() + k * vocab, vocab);
+    }
+    hidden = step.next_hidden;
+  }
+  return tokens;
+}
+
+std::vector<int32_t> Eagle3Drafter::TopTargetTokens(const float* logits, int64_t vocab, int count) const {
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) ids[i] = static_cast<int32_t>(i);
+  const size_t k = std::min<size_t>(static_cast<size_t>(count), ids.size());
+  auto higher = [&](int32_t a, int32_t b) {
+    const float x = logits[a], y = logits[b];
+    if (std::isnan(x) || std::isnan(y)) return !std::isnan(x) && std::isnan(y) ? true : std::isnan(x) == std::isnan(y) && a < b;
+    return x > y || (x == y && a < b);
+  };
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), higher);
+  ids.resize(k);
+  const std::vector<int32_t>& d2t = draft_.weights().d2t;
+  if (!d2t.empty()) {
+    for (int32_t& id : ids) id += d2t[id];
+  }
+  return ids;
 }
 
 // The first pass's aux states, [R, A, H]: every aux layer's state of each of its rows.

@@ -79,6 +79,14 @@ class Eagle3Drafter : public DeviceDrafter {
   // num_drafts - 1 chained steps; returns each request's greedy drafts (target ids).
   std::vector<std::vector<int32_t>> Round(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
                                           const std::vector<DraftRequest>& requests, int num_drafts);
+  // The same round for a token tree (eagerly): the first pass, then one draft forward per
+  // depth over the nodes there that have children, each fed its token and its parent's
+  // hidden at position + depth - 1, its draft KV at the slot of position + node (scratch),
+  // attending to the request's draft KV before `position` and its tree ancestors; a node's
+  // children take the rank-th most likely tokens of its row. nodes[r]: request r's first
+  // nodes of the tree (a prefix: whole depths). Returns each request's node tokens.
+  std::vector<std::vector<int32_t>> TreeRound(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
+                                              const std::vector<DraftRequest>& requests, const std::vector<int>& nodes);
 
  protected:
   void ProposeDrafts(const DraftStep& step) override;
@@ -100,7 +108,12 @@ class Eagle3Drafter : public DeviceDrafter {
   std::vector<DeviceBatch> StageChainedSteps(const std::vector<DraftRequest>& requests, int rows, int steps,
                                              const Tensor& tokens, bool fixed);
 
+  // Of a draft logits row (draft vocabulary, f32), the target ids of its `count` most
+  // likely tokens, most likely first (ties: lower id first, as the greedy draft).
+  std::vector<int32_t> TopTargetTokens(const float* logits, int64_t vocab, int count) const;
+
   Eagle3Draft& draft_;
+  const TokenTree* tree_;  // tree drafts, or null
   KVCache cache_;  // the draft's KV at the target's slots
   ModelRunner::GraphInputs chain_inputs_;
   Tensor first_pass_aux_;

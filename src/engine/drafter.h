@@ -19,6 +19,7 @@
 #include "engine/model_runner.h"
 #include "engine/ngram_proposer.h"
 #include "engine/scheduler.h"
+#include "engine/token_tree.h"
 
 namespace hsx {
 
@@ -35,6 +36,11 @@ struct DraftStep {
   double run_seconds = 0;
   int rows = 0;
   bool decode_only = false;
+  // Token trees: per chunk, the accepted nodes of its verified tree in path order (node
+  // indices; empty: none accepted or no tree). Null without trees. The step row of the node
+  // at depth d is the chunk's root row + 1 + paths[i][d - 1]; its KV has been moved to
+  // position root + d.
+  const std::vector<std::vector<int32_t>>* tree_paths = nullptr;
 };
 
 // One sequence's verification in the step: drafts it proposed, how many were accepted.
@@ -114,6 +120,7 @@ struct DrafterContext {
   int block_size;
   bool enable_prefix_caching;
   int64_t max_model_len;
+  const TokenTree* tree = nullptr;  // EAGLE-3 tree drafts (its nodes are K), or chains
 };
 
 // The engine's drafter for its speculative config (ngram, eagle3 or mtp), or null.

@@ -79,7 +79,8 @@ Engine::Engine(Model& model, EngineConfig config)
                                                  config_.enable_prefix_caching, config_.eagle3.draft ? 1 : 0)),
       drafter_(MakeDrafter(config_.ngram, config_.eagle3.draft, config_.eagle3.num_speculative_tokens,
                            config_.mtp.drafter, config_.mtp.num_speculative_tokens,
-                           {runner_, scheduler_, config_.block_size, config_.enable_prefix_caching, config_.max_model_len})) {
+                           {runner_, scheduler_, config_.block_size, config_.enable_prefix_caching, config_.max_model_len,
+                            tree()})) {
   if (drafter_ && config_.draft_length.adaptive) {
     drafter_->EnableAdaptive(config_.draft_length.policy, config_.draft_length.cost_model);
   }
@@ -142,10 +143,16 @@ ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const
     slice.q_len = n;
     slice.ctx_len = seq->num_computed + n;
     slice.block_table = seq->block_table;
+    // A token tree's rows: the root (the last known token) and node i at position root +
+    // depth, their KV at the slots of root + 1 + i until the accepted path's is moved.
+    const TokenTree* t = seq->drafts.empty() ? nullptr : tree();
+    const int root = seq->num_tokens() - 1;
+    if (t != nullptr) slice.tree_base = root;
     for (int p = seq->num_computed; p < slice.ctx_len; ++p) {
       batch.token_ids.push_back(seq->token_at(p));
-      batch.positions.push_back(p);
+      batch.positions.push_back(t != nullptr && p > root ? root + t->depth[p - root - 1] : p);
       batch.slot_mapping.push_back(static_cast<int32_t>(SlotOf(seq->block_table, p, bs)));
+      if (t != nullptr) slice.tree_mask.push_back(p < root ? 0 : p == root ? 1 : t->AncestorMask(p - root - 1) << 1 | 1);
     }
     if (SamplesAfter(*seq, n)) {  // the last known token's row, and each draft's
       for (int r = n - 1 - static_cast<int>(seq->drafts.size()); r < n; ++r) batch.logit_rows.push_back(slice.q_start + r);
@@ -222,10 +229,18 @@ VerificationBatch Engine::VerificationRows(const std::vector<ScheduledChunk>& ch
     const auto& drafts = seq->drafts;
     batch.num_drafts.push_back(static_cast<int32_t>(drafts.size()));
     batch.drafts.insert(batch.drafts.end(), drafts.begin(), drafts.end());
-    for (size_t j = 0; j <= drafts.size(); ++j) {  // row j: the token after the first j drafts
-      const bool hold_stops = seq->turn_generated() + static_cast<int>(j) < seq->request().min_new_tokens;
+    const TokenTree* t = drafts.empty() ? nullptr : tree();
+    if (t != nullptr) batch.parents.insert(batch.parents.end(), t->parent.begin(), t->parent.begin() + drafts.size());
+    for (size_t j = 0; j <= drafts.size(); ++j) {
+      // Row j: the token after the first j drafts, or in a tree after node j - 1's path.
+      std::vector<int32_t> before(drafts.begin(), drafts.begin() + j);
+      if (t != nullptr) {
+        before.clear();
+        for (int i = static_cast<int>(j) - 1; i >= 0; i = t->parent[i]) before.insert(before.begin(), drafts[i]);
+      }
+      const bool hold_stops = seq->turn_generated() + static_cast<int>(before.size()) < seq->request().min_new_tokens;
       batch.sampling.rows.push_back(
-          MakeSamplingRowAfter(*seq, std::span<const int32_t>(drafts.data(), j),
+          MakeSamplingRowAfter(*seq, std::span<const int32_t>(before.data(), before.size()),
                                hold_stops ? seq->request().stop_token_ids : std::vector<int32_t>{}, batch.sampling.adjust));
       batch.sampling.max_logprobs = std::max(batch.sampling.max_logprobs, batch.sampling.rows.back().num_logprobs);
     }
@@ -289,8 +304,10 @@ void Engine::Accept(const std::vector<Sequence*>& sampling, const SamplingBatch&
 // bonus token) until one stops it, and takes back the KV of rejected drafts: their slots
 // hold what later steps overwrite.
 std::vector<int32_t> Engine::AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
-                                            const VerifiedTokens& verified, std::vector<DraftOutcome>& outcomes) {
+                                            const VerifiedTokens& verified, std::vector<DraftOutcome>& outcomes,
+                                            std::vector<std::vector<int32_t>>* tree_paths) {
   std::vector<int32_t> last_rows;
+  std::vector<int32_t> move_from, move_to;  // token trees: KV slots of accepted nodes, and of their path
   size_t row = 0;
   for (size_t r = 0; r < sampling.size(); ++r) {
     Sequence& seq = *sampling[r];
@@ -303,15 +320,31 @@ std::vector<int32_t> Engine::AcceptVerified(const std::vector<Sequence*>& sampli
     for (int j = 0; j < accepted; ++j) ++stats_.num_accepted_tokens_per_pos[j];
     // Computed positions: the last known token's and the accepted drafts'.
     const int computed = seq.num_computed - (drafts - accepted);
+    const bool is_tree = !batch.parents.empty() && drafts > 0;
+    std::vector<int32_t> path;
+    if (is_tree) {
+      // Node i's KV sits at root + 1 + i; the node at depth d belongs at root + d. Sources
+      // lie at or after their destinations and all are read before any is written.
+      const int root = seq.num_tokens() - 1, bs = config_.block_size;
+      for (int d = 1; d <= accepted; ++d) {
+        const int32_t node = verified.path[row + d - 1];
+        path.push_back(node);
+        if (node == d - 1) continue;
+        move_from.push_back(static_cast<int32_t>(SlotOf(seq.block_table, root + 1 + node, bs)));
+        move_to.push_back(static_cast<int32_t>(SlotOf(seq.block_table, root + d, bs)));
+      }
+    }
+    if (tree_paths != nullptr) tree_paths->push_back(path);
     for (int j = 0; j <= accepted; ++j) {
       if (!AcceptToken(seq, verified.emitted, row + j, batch.sampling.max_logprobs)) break;
     }
     seq.num_computed = std::min(computed, seq.num_tokens());
     seq.drafts.clear();
-    last_rows.push_back(static_cast<int32_t>(row + accepted));
+    last_rows.push_back(static_cast<int32_t>(is_tree ? row + (accepted > 0 ? 1 + path.back() : 0) : row + accepted));
     outcomes.push_back({&seq, drafts, accepted});
     row += drafts + 1;
   }
+  runner_.cache().MoveSlots(runner_.backend(), move_from, move_to);
   return last_rows;
 }
 
@@ -361,9 +394,18 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   // Accept.
   std::vector<std::pair<Sequence*, int32_t>> sampled;
   std::vector<DraftOutcome> outcomes;
+  std::vector<std::vector<int32_t>> tree_paths;  // per chunk, with token trees
   if (verifying) {
-    const std::vector<int32_t> last_rows = AcceptVerified(sampling, verification, result.verified, outcomes);
+    std::vector<std::vector<int32_t>> paths;  // per sampling sequence
+    const std::vector<int32_t> last_rows =
+        AcceptVerified(sampling, verification, result.verified, outcomes, tree() ? &paths : nullptr);
     for (size_t i = 0; i < sampling.size(); ++i) sampled.emplace_back(sampling[i], last_rows[i]);
+    if (tree()) {
+      for (const auto& [seq, n] : chunks) {
+        const auto it = std::find(sampling.begin(), sampling.end(), seq);
+        tree_paths.push_back(it == sampling.end() ? std::vector<int32_t>() : paths[it - sampling.begin()]);
+      }
+    }
   } else {
     Accept(sampling, rows, result.sampled);
     for (size_t i = 0; i < sampling.size(); ++i) {
@@ -380,7 +422,8 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
     // step's retire, this one's schedule, run and accept: host work grows with rows and
     // drafts as the forward does), or the run alone after an idle step.
     const double cycle_seconds = last_round_end_ ? Seconds(*last_round_end_, Clock::now()) : run_seconds;
-    drafter_->Propose({batch, chunks, sampled, cycle_seconds, static_cast<int>(batch.token_ids.size()), decode_only});
+    drafter_->Propose({batch, chunks, sampled, cycle_seconds, static_cast<int>(batch.token_ids.size()), decode_only,
+                       tree() ? &tree_paths : nullptr});
     last_round_end_ = Clock::now();
   }
   end_stage(EngineStats::kPropose);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/drafter.h"
+#include "engine/token_tree.h"
 #include "engine/hidden_state_capture.h"
 #include "engine/model_runner.h"
 #include "engine/ngram_proposer.h"
@@ -40,6 +41,9 @@ struct EngineConfig {
   struct Eagle3Drafting {
     Eagle3Draft* draft = nullptr;
     int num_speculative_tokens = 0;
+    // Tree drafts (vLLM's speculative_token_tree; num_speculative_tokens is its node
+    // count): each step drafts the tree's nodes and verifies them in one tree-masked pass.
+    std::optional<TokenTree> tree;
   } eagle3;
   // Speculative decoding by a Gemma 4 MTP drafter (no draft KV: it reads the target's).
   struct MtpDrafting {
@@ -135,9 +139,13 @@ class Engine {
   void BeginTurn(Sequence& seq, const Request::Turn& turn);
   void Accept(const std::vector<Sequence*>& sampling, const SamplingBatch& rows, const SampledTokens& sampled);
   // Returns, per sequence, the logit row its last emitted token came from; adds each
-  // sequence's drafts and accepted drafts to outcomes.
+  // sequence's drafts and accepted drafts to outcomes. With token trees, moves the KV of
+  // the accepted nodes to their path's positions and fills tree_paths (per sequence).
   std::vector<int32_t> AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
-                                      const VerifiedTokens& verified, std::vector<DraftOutcome>& outcomes);
+                                      const VerifiedTokens& verified, std::vector<DraftOutcome>& outcomes,
+                                      std::vector<std::vector<int32_t>>* tree_paths);
+  // The token tree that drafts, or null (chains).
+  const TokenTree* tree() const { return config_.eagle3.tree ? &*config_.eagle3.tree : nullptr; }
   // Stores the previous step's captured rows (HiddenStateCapture::Land), registers the
   // blocks they complete, and hands back the sequences that were waiting for them.
   void LandCapture(std::vector<std::unique_ptr<Sequence>>& finished);

@@ -63,6 +63,10 @@ ModelRunner::GraphShape ModelRunner::GraphShapeOf(const ForwardBatch& batch) con
   }
   const size_t rows = batch.token_ids.size();
   if (batch.logit_rows.size() != rows) return {};
+  // Token trees run eagerly: the graphs' fixed inputs carry no tree mask.
+  for (const SequenceSlice& s : batch.seqs) {
+    if (s.tree_base >= 0) return {};
+  }
   for (size_t i = 0; i < rows; ++i) {
     if (batch.logit_rows[i] != static_cast<int32_t>(i)) return {};
   }
@@ -304,6 +308,12 @@ StepResult ModelRunner::Verify(const ForwardBatch& batch, const VerificationBatc
   const auto start = Clock::now();
   StepResult result;
   const GraphShape shape = GraphShapeOf(batch);
+  if (!verification.parents.empty() && backend().device() != Device::kCPU) {
+    // The CLI refuses a tree config on such a backend; this is a caller's bug.
+    std::fprintf(stderr, "hsx: token-tree verification runs on the CPU backend only (the %s attention kernels take no tree mask)\n",
+                 backend().name().c_str());
+    std::abort();
+  }
   const Tensor logits = StepLogits(batch, shape, result);
   result.verified = backend().VerifyDrafts(logits, nullptr, verification, nullptr);
   if (profile_) Profile(shape.bucket > 0 ? verify_graph_times_ : verify_times_, batch, start);

@@ -59,6 +59,29 @@ Result<bool> AdaptiveDraftLength(const nlohmann::json& j) {
   return Error(std::string(kWhere) + "\"draft_length\" must be \"adaptive\" or \"fixed\" (got " + v.dump() + ")");
 }
 
+// vLLM's "speculative_token_tree": a string holding a Python list of paths. vLLM verifies
+// num_speculative_tokens drafts a request, one per node, so a given K must be the node count.
+Status ParseTree(const nlohmann::json& j, SpeculativeConfig& config) {
+  const std::string field = std::string(kWhere) + "\"speculative_token_tree\"";
+  const nlohmann::json& v = j["speculative_token_tree"];
+  if (!v.is_string()) {
+    return Error(field + " must be a string holding a Python list of paths, e.g. \"[(0,), (1,), (0, 0)]\" (got " +
+                 v.dump() + ")");
+  }
+  HSX_ASSIGN_OR_RETURN(TokenTree tree, TokenTree::Parse(v.get<std::string>(), field));
+  if (config.num_speculative_tokens > 0 && config.num_speculative_tokens != tree.size()) {
+    return Error(std::string(kWhere) + "\"num_speculative_tokens\" (" + std::to_string(config.num_speculative_tokens) +
+                 ") must equal the number of nodes of \"speculative_token_tree\" (" + std::to_string(tree.size()) +
+                 "), as in vLLM; leave it out to take the tree's");
+  }
+  if (config.adaptive_draft_length) {
+    return Error(std::string(kWhere) + "\"speculative_token_tree\" does not go with \"draft_length\": \"adaptive\" yet");
+  }
+  config.num_speculative_tokens = tree.size();
+  if (!tree.is_chain()) config.token_tree = std::move(tree);
+  return {};
+}
+
 }  // namespace
 
 Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int num_layers) {
@@ -101,7 +124,9 @@ Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int nu
     return config;
   }
   if (method == "eagle3" || method == "mtp") {
-    HSX_RETURN_IF_ERROR(RefuseOtherFields(j, {"method", "model", "num_speculative_tokens", "draft_length"}, method));
+    std::set<std::string> fields = {"method", "model", "num_speculative_tokens", "draft_length"};
+    if (method == "eagle3") fields.insert("speculative_token_tree");
+    HSX_RETURN_IF_ERROR(RefuseOtherFields(j, fields, method));
     HSX_ASSIGN_OR_RETURN(config.adaptive_draft_length, AdaptiveDraftLength(j));
     config.method = method == "eagle3" ? SpeculativeConfig::Method::kEagle3 : SpeculativeConfig::Method::kMtp;
     if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty()) {
@@ -111,6 +136,7 @@ Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int nu
     if (j.contains("num_speculative_tokens") || method == "mtp") {
       HSX_ASSIGN_OR_RETURN(config.num_speculative_tokens, PositiveInt(j, "num_speculative_tokens"));
     }
+    if (j.contains("speculative_token_tree")) HSX_RETURN_IF_ERROR(ParseTree(j, config));
     return config;
   }
   return Error(std::string(kWhere) + "unknown method \"" + method + "\" (expected extract_hidden_states, ngram, eagle3 or mtp)");

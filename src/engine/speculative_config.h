@@ -7,13 +7,17 @@
 //      K defaults to the checkpoint's proposal length)
 //   {"method": "mtp", "model": DIR, "num_speculative_tokens": K}  (a Gemma 4 assistant)
 // ngram, eagle3 and mtp also take "draft_length": "adaptive" | "fixed" (engine/draft_length.h).
+// eagle3 also takes vLLM's "speculative_token_tree": "[(0,), (1,), (0, 0)]" (engine/token_tree.h):
+//   tree drafts; num_speculative_tokens is then the tree's node count (vLLM's), derived when absent.
 // Fields a method does not take are refused by name, as are methods hsx does not run yet.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/ngram_proposer.h"
+#include "engine/token_tree.h"
 #include "util/status.h"
 
 namespace hsx {
@@ -28,6 +32,9 @@ struct SpeculativeConfig {
   // ngram, eagle3, mtp: "draft_length": "adaptive" (K in 0..num_speculative_tokens per
   // request per step) or "fixed" (the default: K every step).
   bool adaptive_draft_length = false;
+  // eagle3: "speculative_token_tree", a tree that is not the chain (a chain tree drafts as
+  // the chain does, so it is dropped here and num_speculative_tokens keeps its length).
+  std::optional<TokenTree> token_tree;
 };
 
 // text: the flag's JSON; num_layers: the target's (layer ids range over [0, num_layers]).

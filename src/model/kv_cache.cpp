@@ -1,5 +1,7 @@
 #include "model/kv_cache.h"
 
+#include <algorithm>
+
 namespace hsx {
 
 KVCache::KVCache(const ModelConfig& config, Backend& backend, int num_blocks, int block_size)
@@ -13,6 +15,21 @@ KVCache::KVCache(const ModelConfig& config, Backend& backend, int num_blocks, in
     cache_index_[i] = static_cast<int>(k_.size());
     k_.push_back(backend.Empty(backend.compute_dtype(), {slots, l.num_kv_heads, l.head_dim}));
     v_.push_back(backend.Empty(backend.compute_dtype(), {slots, l.num_kv_heads, l.head_dim}));
+  }
+}
+
+void KVCache::MoveSlots(Backend& backend, const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
+  if (src.empty()) return;
+  const auto n = static_cast<int64_t>(src.size());
+  Tensor slots = Tensor::Host(DType::kI32, {n});
+  std::copy(dst.begin(), dst.end(), slots.data<int32_t>());
+  if (backend.device() != Device::kCPU) slots = backend.Upload(slots);
+  for (size_t c = 0; c < k_.size(); ++c) {  // each cache once: a shared layer's is its source's
+    Tensor k = backend.Empty(k_[c].dtype(), {n, k_[c].size(1), k_[c].size(2)});
+    Tensor v = backend.Empty(v_[c].dtype(), {n, v_[c].size(1), v_[c].size(2)});
+    backend.GatherRows(k_[c], src, k);
+    backend.GatherRows(v_[c], src, v);
+    backend.StoreKV(k, v, slots, k_[c], v_[c]);
   }
 }
 

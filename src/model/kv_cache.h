@@ -18,6 +18,9 @@ class KVCache {
   // The cache a layer reads and writes: its own, or its KV-sharing source's.
   Tensor& k(int layer) { return k_[cache_index_[layer_source_[layer]]]; }
   Tensor& v(int layer) { return v_[cache_index_[layer_source_[layer]]]; }
+  // Copies every layer's K/V at slots src[i] to slots dst[i] (all read before any is
+  // written): a token tree's accepted rows moved to the positions of their path.
+  void MoveSlots(Backend& backend, const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
   // Bytes one token takes across all layers, for sizing the cache to a memory budget.
   static size_t BytesPerToken(const ModelConfig& config, DType dtype);
 

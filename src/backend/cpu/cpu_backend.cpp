@@ -1,6 +1,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <cmath>
 #include <cstring>
@@ -348,9 +349,15 @@ void CpuBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, 
 // over just the key range the block can see (causal, sliding window).
 void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                            const AttentionParams& params, Tensor& out) {
+  bool few_queries = true, tree = false;
+  for (const SequenceSlice& seq : batch.seqs) {
+    few_queries = few_queries && seq.q_len <= kFewQueries;
+    tree = tree || seq.tree_base >= 0;
+  }
+  // Both paths below give each row its own key list, so tree rows (speculative token
+  // trees) run there, with the bits a decode row of the same keys gets.
   if (batch_invariant_) return RowwiseAttention(q, k_cache, v_cache, batch, params, out);
-  bool few_queries = true;
-  for (const SequenceSlice& seq : batch.seqs) few_queries = few_queries && seq.q_len <= kFewQueries;
+  if (tree) return FewQueryAttention(q, k_cache, v_cache, batch, params, out);
   if (few_queries) return FewQueryAttention(q, k_cache, v_cache, batch, params, out);
   const std::vector<SequenceSlice>& seqs = batch.seqs;
   const int64_t num_heads = q.size(1), d = q.size(2);
@@ -432,12 +439,14 @@ void CpuBackend::FewQueryAttention(const Tensor& q, const Tensor& k_cache, const
   const int64_t items = static_cast<int64_t>(seqs.size()) * kv_heads;
   ForEach(items, [&](int64_t b, int64_t e) {
     std::vector<float> scores;
-    std::vector<int64_t> key_rows;
+    std::vector<int64_t> key_rows, tree_rows;
     for (int64_t item = b; item < e; ++item) {
       const SequenceSlice& seq = seqs[item / kv_heads];
       const int64_t g = item % kv_heads;
       const int64_t first_pos = seq.ctx_len - seq.q_len;
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+      // A tree row's logical position can lie before first_pos (never before tree_base).
+      const int64_t lo_pos = seq.tree_base >= 0 ? std::min<int64_t>(first_pos, seq.tree_base) : first_pos;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, lo_pos - window + 1) : 0;
       const int64_t n = seq.ctx_len - lo, nq = seq.q_len * group;
       key_rows.resize(static_cast<size_t>(n));  // each position's row (slot, KV head) in the cache
       for (int64_t j = 0; j < n; ++j) {
@@ -450,13 +459,33 @@ void CpuBackend::FewQueryAttention(const Tensor& q, const Tensor& k_cache, const
         const int64_t at = (seq.q_start + v / group) * num_heads + g * group + v % group;
         const float* qv = q.data<float>() + at * d;
         float* o = out.data<float>() + at * dv;
-        const int64_t pos = first_pos + v / group;
-        const int64_t first = (window > 0 ? std::max<int64_t>(lo, pos - window + 1) : lo) - lo, last = pos - lo;
+        int64_t pos = first_pos + v / group;
+        // The keys the row sees, in position order: keys[0, count).
+        const uint64_t tree_word = seq.tree_base >= 0 ? seq.tree_mask[v / group] : 0;
+        const int64_t* keys = nullptr;
+        int64_t count = 0;
+        if (tree_word == 0) {
+          const int64_t first = (window > 0 ? std::max<int64_t>(lo, pos - window + 1) : lo) - lo;
+          keys = key_rows.data() + first;
+          count = pos - lo + 1 - first;
+        } else {
+          pos = seq.tree_base + std::popcount(tree_word) - 1;  // the row's logical position
+          tree_rows.clear();
+          for (int64_t p = window > 0 ? std::max<int64_t>(lo, pos - window + 1) : lo; p < seq.tree_base; ++p) {
+            tree_rows.push_back(key_rows[p - lo]);
+          }
+          for (int j = 0; j < 64; ++j) {
+            if (tree_word >> j & 1) tree_rows.push_back(key_rows[seq.tree_base + j - lo]);
+          }
+          keys = tree_rows.data();
+          count = static_cast<int64_t>(tree_rows.size());
+        }
+        const int64_t first = 0, last = count - 1;
         float* row = scores.data();
         const int64_t head = g * group + v % group;
         float mx = sink != nullptr ? sink[head] : -INFINITY;
         for (int64_t j = first; j <= last; ++j) {
-          float x = Dot(qv, k_cache.data<float>() + key_rows[j] * d, d) * params.scale;
+          float x = Dot(qv, k_cache.data<float>() + keys[j] * d, d) * params.scale;
           if (params.softcap > 0.0f) x = params.softcap * std::tanh(x / params.softcap);
           row[j] = x;
           mx = std::max(mx, x);
@@ -470,15 +499,15 @@ void CpuBackend::FewQueryAttention(const Tensor& q, const Tensor& k_cache, const
           Float8 acc[4] = {};  // four chains of adds in flight, not one
           int64_t j = first;
           for (; j + 4 <= last + 1; j += 4) {
-            for (int u = 0; u < 4; ++u) acc[u] += row[j + u] * Load8(vc + key_rows[j + u] * dv);
+            for (int u = 0; u < 4; ++u) acc[u] += row[j + u] * Load8(vc + keys[j + u] * dv);
           }
-          for (; j <= last; ++j) acc[0] += row[j] * Load8(vc + key_rows[j] * dv);
+          for (; j <= last; ++j) acc[0] += row[j] * Load8(vc + keys[j] * dv);
           acc[0] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) * inv;
           std::memcpy(o + c0, &acc[0], sizeof acc[0]);
         }
         for (; c0 < dv; ++c0) {
           float acc = 0.0f;
-          for (int64_t j = first; j <= last; ++j) acc += row[j] * v_cache.data<float>()[key_rows[j] * dv + c0];
+          for (int64_t j = first; j <= last; ++j) acc += row[j] * v_cache.data<float>()[keys[j] * dv + c0];
           o[c0] = acc * inv;
         }
       }
@@ -501,28 +530,37 @@ void CpuBackend::RowwiseAttention(const Tensor& q, const Tensor& k_cache, const 
     auto slot = [&](int64_t p) { return SlotOf(seq.block_table, p, params.block_size); };
     Pool().ParallelFor(seq.q_len * num_heads, [&](int64_t b, int64_t e) {
       std::vector<float> scores;
+      std::vector<int64_t> keys;  // the positions the row sees, in order
       for (int64_t item = b; item < e; ++item) {
         const int64_t i = item / num_heads, h = item % num_heads, g = h / group;
-        const int64_t pos = first_pos + i, lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+        const uint64_t tree_word = seq.tree_base >= 0 ? seq.tree_mask[i] : 0;
+        // A tree row's logical position (backend.h's SequenceSlice).
+        const int64_t pos = tree_word != 0 ? seq.tree_base + std::popcount(tree_word) - 1 : first_pos + i;
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+        keys.clear();
+        for (int64_t p = lo; p <= pos && (tree_word == 0 || p < seq.tree_base); ++p) keys.push_back(p);
+        for (int j = 0; j < 64 && tree_word != 0; ++j) {
+          if (tree_word >> j & 1) keys.push_back(seq.tree_base + j);
+        }
         const float* qr = q.data<float>() + ((seq.q_start + i) * num_heads + h) * d;
-        scores.resize(static_cast<size_t>(pos + 1 - lo));
+        scores.resize(keys.size());
         float mx = sink != nullptr ? sink[h] : -INFINITY;
-        for (int64_t p = lo; p <= pos; ++p) {
-          const float* kr = k_cache.data<float>() + (slot(p) * kv_heads + g) * d;
+        for (size_t j = 0; j < keys.size(); ++j) {
+          const float* kr = k_cache.data<float>() + (slot(keys[j]) * kv_heads + g) * d;
           float s = 0.0f;
           for (int64_t c = 0; c < d; ++c) s += qr[c] * kr[c];
           s *= params.scale;
           if (params.softcap > 0.0f) s = params.softcap * std::tanh(s / params.softcap);
-          mx = std::max(mx, scores[p - lo] = s);
+          mx = std::max(mx, scores[j] = s);
         }
         float sum = sink != nullptr ? std::exp(sink[h] - mx) : 0.0f;
         for (float& s : scores) sum += (s = std::exp(s - mx));
         const float inv = 1.0f / sum;
         float* o = out.data<float>() + ((seq.q_start + i) * num_heads + h) * dv;
         std::fill(o, o + dv, 0.0f);
-        for (int64_t p = lo; p <= pos; ++p) {
-          const float* vr = v_cache.data<float>() + (slot(p) * kv_heads + g) * dv;
-          const float weight = scores[p - lo] * inv;
+        for (size_t j = 0; j < keys.size(); ++j) {
+          const float* vr = v_cache.data<float>() + (slot(keys[j]) * kv_heads + g) * dv;
+          const float weight = scores[j] * inv;
           for (int64_t c = 0; c < dv; ++c) o[c] += weight * vr[c];
         }
       }
