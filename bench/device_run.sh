@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|gptoss|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|specadaptive|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|mooncake|regen|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|gptoss|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|specadaptive|mtpadaptive|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|mooncake|regen|tp|scale]
 #   all = tests + bench; sweep includes moe; gptoss = the gpt-oss-20b shape (dummy bf16 experts, as
 #   hsx runs MXFP4 checkpoints after dequantizing them at load): the gpt-oss CUDA tests, extraction
 #   tok/s and MFU (with the matmul peak), decode at batch 1 and 32 (fraction of the memory bound); server = hsx serve under 32 and 64 clients
@@ -31,6 +31,8 @@
 #   "draft_length": "adaptive" (EAGLE-3 K=3 forced 0, K=4 forced 0.745, n-gram K=3);
 #   specab = specbench's batch-1 cases, K=3 forced 0 and K=4 forced 0.745, on the builds
 #   AB_BINS names in .devbin/, alternating, with plain decode before each round; twice;
+#   mtpadaptive = bench --decode at batch 1, 8, 32, 128 on the gemma-4-31b shape plain and with a random
+#   Gemma 4 MTP assistant, "draft_length": "adaptive" (K=3 zero acceptance, K=4 forced 0.745);
 #   mtpbench = bench --decode on the gemma-4-31b shape plain, with a random Gemma 4 MTP assistant of
 #   an estimated shape (bench/make_dummy_mtp.py: zero acceptance) and with forced acceptance;
 #   gemv = the decode GEMVs alone on the Qwen3-8B projections and a step's layers, at 1 and 4 rows
@@ -285,6 +287,14 @@ if [ "$what" = mtpbench ]; then  # Gemma 4 MTP at the gemma-4-31b shape (the ass
   { mb; mb --speculative-config "$(mtp 3)"; mb --speculative-config "$(mtp 4)" --spec-bench-accept-rate 0.745; } \
     | tee -a "$OUT/mtpbench.jsonl"
   tail -3 "$OUT/mtpbench.err"
+fi
+if [ "$what" = mtpadaptive ]; then  # issue 36's goals for MTP: adaptive K at batch 1..128 on the gemma-4-31b shape, plain beside
+  python3 bench/make_dummy_mtp.py /dev/shm/mtp-gemma-4-31b > /dev/null
+  ma() { timeout 240 .devbin/hsx bench --decode --device cuda --model gemma-4-31b --load-format dummy --prompt-len 512 \
+           --new-tokens 256 --kv-cache-gib 40 --batch-sizes "${MA_BATCHES:-1,8,32,128}" "$@" 2>>"$OUT/mtpadaptive.err" | grep batch; }
+  mtp() { echo "{\"method\": \"mtp\", \"model\": \"/dev/shm/mtp-gemma-4-31b\", \"num_speculative_tokens\": $1, \"draft_length\": \"adaptive\"}"; }
+  { ma; ma --speculative-config "$(mtp 3)"; ma --speculative-config "$(mtp 4)" --spec-bench-accept-rate 0.745; } \
+    | tee "$OUT/mtpadaptive.jsonl"
 fi
 if [ "$what" = devices ]; then  # nvidia-h200-x2: hsx serve --device cuda:1 beside cuda:0
   python3 tests/device/serve_on_devices.py .devbin/hsx cuda:0 cuda:1 2>&1 | tee "$OUT/devices.jsonl"
