@@ -130,7 +130,7 @@ TEST(DraftCostModel, InterpolatesAndExtrapolates) {
   cost.SetTarget(8, 2.0);
   cost.SetTarget(16, 4.0);
   EXPECT_DOUBLE_EQ(cost.TargetSeconds(12), 3.0);
-  EXPECT_DOUBLE_EQ(cost.TargetSeconds(4), 2.0);
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(4), 1.0);  // in proportion below the least
   EXPECT_DOUBLE_EQ(cost.TargetSeconds(24), 6.0);
   cost.SetDraft(8, 2, 1.0);
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(8, 4), 2.0);
@@ -140,6 +140,25 @@ TEST(DraftCostModel, InterpolatesAndExtrapolates) {
   cost.ObserveTarget(8, 3.0);  // smoothed toward it
   EXPECT_GT(cost.TargetSeconds(8), 2.0);
   EXPECT_LT(cost.TargetSeconds(8), 3.0);
+}
+
+// A large batch whose steps have all been verifications of K+1 rows a sequence: the plain
+// step, never measured, is estimated in proportion to rows, so the policy runs one (and so
+// measures it) rather than keep drafting on a guess that plain costs as much.
+TEST(DraftLengthPolicy, UnmeasuredPlainStepIsTriedAtALargeBatch) {
+  const DraftLengthPolicy policy(Config(4));
+  DraftCostModel cost;
+  cost.SetTarget(640, 26.0);  // batch 128, K = 4: compute-bound
+  cost.SetDraft(128, 4, 7.0);
+  const std::vector<int> rooms(128, 4);
+  const std::vector<double> acceptance(128, 0.745);
+  std::vector<int> ks = policy.Choose(rooms, acceptance, cost);
+  EXPECT_EQ(*std::max_element(ks.begin(), ks.end()), 0);
+  // Measured at what a memory-bound plain step costs, drafting pays again.
+  cost.SetTarget(128, 9.4);
+  cost.SetTarget(256, 11.0);
+  ks = policy.Choose(rooms, acceptance, cost);
+  EXPECT_GT(*std::max_element(ks.begin(), ks.end()), 0);
 }
 
 TEST(DraftCostModel, FirstStepOfEachKindIsNoMeasurement) {
@@ -162,7 +181,9 @@ TEST(DraftCostModel, FirstStepOfEachKindIsNoMeasurement) {
 // from 32 to 128 steps), and once the draft is right again the next probe brings the
 // request back to K_max.
 TEST(DraftLengthPolicy, FailedProbesBackOffAndARightDraftComesBack) {
-  const DraftLengthPolicy policy(Config(4));
+  DraftLengthConfig config = Config(4);
+  config.probe_drafts = 1;
+  const DraftLengthPolicy policy(config);
   const DraftCostModel cost = H200Like();
   const int most = policy.config().max_probe_interval;
   ASSERT_EQ(most, 4 * policy.config().probe_interval);
@@ -172,7 +193,7 @@ TEST(DraftLengthPolicy, FailedProbesBackOffAndARightDraftComesBack) {
   int back_at = -1, full_at = -1;
   for (int step = 0; step < kUseless + 600 && full_at < 0; ++step) {
     const bool probe = policy.Probing(h, step);
-    const int room = probe ? std::min(4, policy.config().probe_drafts) : 4;
+    const int room = probe ? 1 : 4;
     const int k = policy.Choose({room}, {policy.Acceptance(h, step)}, cost)[0];
     if (probe) {
       EXPECT_LE(k, 1) << "a probe drafts one token, step " << step;

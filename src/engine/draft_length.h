@@ -62,13 +62,15 @@ struct DraftLengthConfig {
   double prior_acceptance = 0.6;  // a request's acceptance before it has drafted
   double prior_weight = 2.0;      // in trials
   double discount = 0.9;          // per verification: older outcomes weigh less
-  // After probe_interval steps without drafts a request probes: it drafts probe_drafts with
-  // the prior's acceptance. A probe that has none accepted doubles the wait before the
-  // next, up to max_probe_interval, so a useless draft costs ever less; an accepted one
-  // restarts the request's history from the prior.
+  // After probe_interval steps without drafts a request probes: it drafts with the prior's
+  // acceptance (at most probe_drafts when > 0). A probe that has none accepted doubles the
+  // wait before the next, up to max_probe_interval, so a useless draft costs ever less; an
+  // accepted one restarts the request's history from the prior. Probes draft the policy's
+  // K by default: a capped probe is a step shape of its own, whose first sight (GEMM
+  // tuning, graph recording) cost more than the drafts it saved (H200: 0.87x at batch 2).
   int probe_interval = 32;
   int max_probe_interval = 128;
-  int probe_drafts = 1;
+  int probe_drafts = 0;
 };
 
 class DraftLengthPolicy {

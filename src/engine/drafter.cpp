@@ -54,7 +54,8 @@ void Drafter::Plan(const DraftStep& step) {
     seqs.push_back(seq);
     const int room = DraftRoom(*seq, k_);
     const bool probe = policy_->Probing(seq->draft_history, steps_planned_);
-    rooms.push_back(probe ? std::min(room, policy_->config().probe_drafts) : room);
+    const int cap = policy_->config().probe_drafts;
+    rooms.push_back(probe && cap > 0 ? std::min(room, cap) : room);
     acceptance.push_back(policy_->Acceptance(seq->draft_history, steps_planned_));
   }
   const std::vector<int> ks = policy_->Choose(rooms, acceptance, *cost_);
