@@ -102,7 +102,7 @@ TEST(GptOssEagle3Config, RefusesWhatItDoesNotRunByName) {
     EXPECT_CONTAINS(layer([&](json& l) { l[field] = 1; }), std::string("'") + field + "'") << field;
   }
   // RoPE fields of the yarn dict that the draft does not read are refused, not dropped.
-  EXPECT_CONTAINS(layer([](json& l) { l["rope_parameters"]["mscale_all_dim"] = 1.0; }), "mscale_all_dim");
+  EXPECT_CONTAINS(layer([](json& l) { l["rope_parameters"]["mrope_section"] = {4, 2, 2}; }), "mrope_section");
   EXPECT_CONTAINS(layer([](json& l) { l["rope_parameters"]["rope_type"] = "su"; }), "rope_type");
   // Speculators' per-layer-type RoPE (Laguna-style nesting) is not what a llama layer reads.
   EXPECT_CONTAINS(layer([](json& l) {
