@@ -117,7 +117,7 @@ TEST(CudaSpeculativeGraphs, Eagle3OverGptOssOnGraphsGivesTheEagerTokens) {
   if (!gpu) GTEST_SKIP() << "no CUDA device";
   auto model = Model::Load(test::ModelDir("gpt_oss"), *gpu);
   ASSERT_TRUE(model.ok()) << model.status().message();
-  for (const std::string variant : {"gpt_oss_copy", "gpt_oss_default"}) {
+  for (const std::string variant : {"gpt_oss_lookup", "gpt_oss_default"}) {
     auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, *gpu);
     ASSERT_TRUE(draft.ok()) << draft.status().message();
     for (int k : {1, 3}) {

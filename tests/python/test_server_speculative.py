@@ -88,13 +88,13 @@ def completion_tokens(url, prompt, n):
 
 @pytest.mark.parametrize("draft,extra", [
     ("gpt_oss_default", {}),
-    ("gpt_oss_copy", {}),
-    ("gpt_oss_copy", {"draft_length": "adaptive"}),
-], ids=["random-draft", "copy-draft", "copy-draft-adaptive"])
+    ("gpt_oss_lookup", {}),
+    ("gpt_oss_lookup", {"draft_length": "adaptive"}),
+], ids=["random-draft", "lookup-draft", "lookup-draft-adaptive"])
 def test_gpt_oss_eagle3_completions_are_the_plain_servers(tmp_path, draft, extra):
     """A gpt-oss target (MoE, attention sinks, yarn) served with an EAGLE-3 draft in the format
     speculators writes for it: streamed and non-streamed greedy completions are the plain
-    server's, and the copy draft's drafts get accepted."""
+    server's, and the lookup draft's drafts get accepted."""
     golden = read_safetensors(GPT_OSS / "golden.safetensors")
     prompts = [[int(t) for t in golden[f"prompt_{k}"]] for k in range(3)]
     prompts.append([prompts[1][i % 7] for i in range(40)])  # repeats itself: repeated tokens follow
@@ -113,7 +113,7 @@ def test_gpt_oss_eagle3_completions_are_the_plain_servers(tmp_path, draft, extra
         accepted = float(re.search(r"^vllm:spec_decode_num_accepted_tokens_total (\S+)$", metrics, re.M).group(1))
         assert drafts > 0
         assert 0 <= accepted <= drafts
-        if draft == "gpt_oss_copy" and not extra:
+        if draft == "gpt_oss_lookup" and not extra:
             assert accepted > 0
     finally:
         plain.stop()

@@ -24,10 +24,15 @@ create_transformer_layer_config, models/eagle3/core.py from_training_args, train
 
 Variants:
   gpt_oss_default  the defaults above; every trainable tensor random (seeded), lm_head too.
-  gpt_oss_copy     the same config with norm_before_residual and norm_output false and hand-set
-                   weights that propose "the current input token again" (attention reads the
-                   token embedding, lm_head = the embedding's t2d rows), so that the target's
-                   repeated tokens are accepted and the accept path runs.
+  gpt_oss_lookup   the same config with norm_before_residual and norm_output false and hand-set
+                   weights that propose, after token x, the token HF's greedy decode of the
+                   target put after x in its goldens (prompt_k's last token -> greedy_k[0],
+                   greedy_k[i] -> greedy_k[i+1]; the first successor where x has several):
+                   attention reads the token embedding and returns it, and lm_head's row of
+                   draft id d is the sum of the embeddings of the tokens whose successor is d.
+                   The target never repeats a token at once, so llama_copy's "the same token
+                   again" would never be accepted; this draft's chains are, for the goldens'
+                   8 tokens, so the accept path (whole and partial rounds) runs.
 
 Run: python3 make_gpt_oss_eagle3.py [tests/data]   (writes eagle3/gpt_oss_{default,copy}/)
 """
@@ -151,7 +156,7 @@ def draft_config(t, copy):
     }
 
 
-def draft_weights(t, embed, ids, copy, rng):
+def draft_weights(t, embed, ids, copy, rng, successor=None):
     """f32 weights of the draft (layer 0 reads [embedding | hidden], 2H wide)."""
     h, nh, nkv, hd, inter = (t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"],
                              t["intermediate_size"])
@@ -190,7 +195,11 @@ def draft_weights(t, embed, ids, copy, rng):
                 o[g * hd:(g + 1) * hd, head * hd:(head + 1) * hd] = eye / grp
         for p, m in zip("qkvo", (q, k, v, o)):
             w["layers.0.self_attn." + p + "_proj.weight"] = m
-        w["lm_head.weight"] = embed[ids]
+        head = np.zeros((DRAFT_VOCAB, h), dtype=np.float32)
+        index = {tid: i for i, tid in enumerate(ids)}
+        for x, nxt in successor.items():
+            head[index[nxt]] += embed[x]
+        w["lm_head.weight"] = head
     return w
 
 
@@ -204,10 +213,15 @@ def main():
     embed = bf16_to_f32(embed_raw, embed_shape)
     golden = read_golden_ints(os.path.join(target_dir, "golden.safetensors"))
     freq = Counter()
+    successor = {}  # token -> the token HF's greedy decode put after it first
     for k in range(3):
-        freq.update(int(x) for x in golden["greedy_%d" % k])
+        greedy = [int(x) for x in golden["greedy_%d" % k]]
+        freq.update(greedy)
+        chain = [int(golden["prompt_%d" % k][-1])] + greedy
+        for x, nxt in zip(chain, chain[1:]):
+            successor.setdefault(x, nxt)
     ids, d2t, t2d = vocab_mapping(freq, DRAFT_VOCAB, t["vocab_size"])
-    for name, copy in (("gpt_oss_default", False), ("gpt_oss_copy", True)):
+    for name, copy in (("gpt_oss_default", False), ("gpt_oss_lookup", True)):
         rng = np.random.default_rng(SEED + copy)
         out = os.path.join(data, "eagle3", name)
         os.makedirs(out, exist_ok=True)
@@ -216,7 +230,7 @@ def main():
             f.write("\n")
         tensors = {"embed_tokens.weight": ("BF16", embed_shape, embed_raw),
                    "d2t": ("I64", [DRAFT_VOCAB], d2t.tobytes()), "t2d": ("BOOL", [t["vocab_size"]], t2d.tobytes())}
-        for n, x in draft_weights(t, embed, ids, copy, rng).items():
+        for n, x in draft_weights(t, embed, ids, copy, rng, successor).items():
             tensors[n] = ("BF16", list(x.shape), bf16_bits(x).tobytes())
         write_safetensors(os.path.join(out, "model.safetensors"), tensors)
         print("wrote", out)
