@@ -110,6 +110,24 @@ TEST(CudaSpeculativeGraphs, Eagle3StepsOnGraphsGiveTheEagerTokens) {
   }
 }
 
+// The same over a gpt-oss target (MoE verification steps on graphs where MoeRecordable
+// holds) with the drafts speculators writes for it (a llama layer with yarn RoPE).
+TEST(CudaSpeculativeGraphs, Eagle3OverGptOssOnGraphsGivesTheEagerTokens) {
+  auto gpu = Gpu();
+  if (!gpu) GTEST_SKIP() << "no CUDA device";
+  auto model = Model::Load(test::ModelDir("gpt_oss"), *gpu);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  for (const std::string variant : {"gpt_oss_lookup", "gpt_oss_default"}) {
+    auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, *gpu);
+    ASSERT_TRUE(draft.ok()) << draft.status().message();
+    for (int k : {1, 3}) {
+      EngineConfig config;
+      config.eagle3 = {draft->get(), k};
+      ExpectGraphsGiveTheEagerRun(**model, config, "eagle3 " + variant + " K=" + std::to_string(k), true);
+    }
+  }
+}
+
 // Adaptive draft lengths (a fixed cost model, so both runs choose alike): at forced
 // acceptance 0 most steps draft nothing, and the EAGLE-3 draft keeps its KV by a KV-only
 // first pass on a graph; lossless runs mix draft counts in a step (padded graphs). The

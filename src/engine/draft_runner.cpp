@@ -8,27 +8,27 @@
 
 namespace hsx {
 
-DeviceDrafter::DeviceDrafter(int k, const DrafterContext& context, bool has_moe)
+DeviceDrafter::DeviceDrafter(int k, const DrafterContext& context, const ModelConfig* moe)
     : Drafter(k),
       runner_(context.runner),
       scheduler_(context.scheduler),
       block_size_(context.block_size),
       enable_prefix_caching_(context.enable_prefix_caching),
-      has_moe_(has_moe) {}
+      moe_(moe) {}
 
 namespace {
 
-bool HasMoe(const MtpDrafter& drafter) {
+const ModelConfig* MoeOf(const MtpDrafter& drafter) {
   for (const LayerSpec& layer : drafter.config().text.layers) {
-    if (layer.moe) return true;
+    if (layer.moe) return &drafter.config().text;
   }
-  return false;
+  return nullptr;
 }
 
 }  // namespace
 
 Eagle3Drafter::Eagle3Drafter(Eagle3Draft& draft, int k, const DrafterContext& context)
-    : DeviceDrafter(k, context, false),
+    : DeviceDrafter(k, context, nullptr),
       draft_(draft),
       tree_(context.tree),
       cache_(draft.decoder(), context.runner.backend(), context.runner.num_blocks(), context.block_size) {}
@@ -103,7 +103,7 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
 }
 
 MtpAssistantDrafter::MtpAssistantDrafter(MtpDrafter& drafter, int k, const DrafterContext& context)
-    : DeviceDrafter(k, context, HasMoe(drafter)), drafter_(drafter) {}
+    : DeviceDrafter(k, context, MoeOf(drafter)), drafter_(drafter) {}
 
 // The drafter's round for each sequence that decodes next: its queries sit at p, the last
 // position with KV (whose final-normed hidden starts the round), over the target's KV 0..p.
@@ -508,11 +508,17 @@ std::vector<DeviceBatch> Eagle3Drafter::StageChainedSteps(const std::vector<Draf
 }
 
 int DeviceDrafter::DraftGraphBucket(int sequences, size_t longest_block_table) const {
-  if (!runner_.graphs_on() || has_moe_ || sequences == 0 || sequences > runner_.max_graph_batch() ||
+  if (!runner_.graphs_on() || sequences == 0 || sequences > runner_.max_graph_batch() ||
       static_cast<int64_t>(longest_block_table) > runner_.max_blocks_per_seq()) {
     return 0;
   }
-  return ModelRunner::BucketFor(sequences);
+  const int bucket = ModelRunner::BucketFor(sequences);
+  // The round's forwards run bucket rows, padding included (ModelRunner::GraphShapeOf's rule).
+  if (moe_ != nullptr &&
+      !backend().MoeRecordable(bucket, moe_->num_experts, moe_->hidden_size, moe_->moe_intermediate_size)) {
+    return 0;
+  }
+  return bucket;
 }
 
 Tensor DeviceDrafter::DraftTokens() {

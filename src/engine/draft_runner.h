@@ -29,7 +29,8 @@ struct DraftRequest {
 // What both device drafters share: rounds on graphs, per (bucket, first-pass rows, K).
 class DeviceDrafter : public Drafter {
  public:
-  DeviceDrafter(int k, const DrafterContext& context, bool has_moe);
+  // moe: the drafter's decoder where it has MoE layers (its experts and sizes), else null.
+  DeviceDrafter(int k, const DrafterContext& context, const ModelConfig* moe);
   int64_t graph_replays() const override { return draft_graph_replays_; }
   int64_t first_pass_graph_replays() const override { return first_pass_graph_replays_; }
   int64_t kv_only_graph_replays() const override { return kv_only_graph_replays_; }
@@ -39,7 +40,8 @@ class DeviceDrafter : public Drafter {
   // Draft rounds (EAGLE-3's chained steps, MTP's steps) keep their drafts on the device,
   // int32 [drafts, rows] (row r of step s at s * rows + r), and download them once.
   // The bucket of a round over `sequences` whose longest block table has that many
-  // blocks, or 0: eager.
+  // blocks, or 0: eager. A drafter with MoE layers (forwards of one row a sequence) records
+  // only where the backend's MoE of bucket rows needs no host synchronization.
   int DraftGraphBucket(int sequences, size_t longest_block_table) const;
   // The fixed drafts every round graph writes (zeros at first: padding rows read them) and
   // the fixed hidden input a round starts from ([max_graph_batch, width]).
@@ -55,7 +57,9 @@ class DeviceDrafter : public Drafter {
   Scheduler& scheduler_;  // owns the KV blocks: reserves the chained steps' slots
   int block_size_;
   bool enable_prefix_caching_;
-  bool has_moe_;  // MoE routing downloads expert counts: a round cannot be recorded
+  // The drafter's MoE shape, or null: above the backend's host-free MoE size, routing
+  // downloads expert counts and a round cannot be recorded.
+  const ModelConfig* moe_;
   // Draft rounds on graphs, by DraftRound's key (a drafter has one kind of round), their
   // fixed inputs (MTP's steps and EAGLE-3's padded first passes by rows per sequence,
   // EAGLE-3's chained steps), the aux states of a first pass, the hidden rows a round

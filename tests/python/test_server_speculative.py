@@ -21,12 +21,12 @@ DRAFT = ROOT / "tests" / "data" / "eagle3" / "llama_copy"
 
 
 class PlainServer:
-    def __init__(self, tmp, *extra):
+    def __init__(self, tmp, *extra, model=MODEL):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         log_path = tmp / f"server-{self.port}.log"
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen([HSX, "serve", str(MODEL), "--port", str(self.port), "--served-model-name", "m",
+        self.proc = subprocess.Popen([HSX, "serve", str(model), "--port", str(self.port), "--served-model-name", "m",
                                       "--batch-invariant", *extra], stdout=self.log, stderr=subprocess.STDOUT)
         wait_for_server(self.url, self.proc, log_path, timeout=30)
 
@@ -70,6 +70,51 @@ def test_streamed_greedy_tokens_are_the_plain_servers(tmp_path, spec):
             assert re.search(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{position="0"\} [1-9]', metrics, re.M)
         plain_metrics = urllib.request.urlopen(plain.url + "/metrics").read().decode()
         assert re.search(r"^vllm:spec_decode_num_draft_tokens_total 0$", plain_metrics, re.M)
+    finally:
+        plain.stop()
+        speculative.stop()
+
+
+GPT_OSS = ROOT / "tests" / "data" / "models" / "gpt_oss"
+
+
+def completion_tokens(url, prompt, n):
+    """Non-streamed greedy completion through the openai client: its token ids."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+    r = client.completions.create(model="m", prompt=prompt, max_tokens=n, temperature=0,
+                                  extra_body={"return_token_ids": True, "ignore_eos": True})
+    return (r.choices[0].model_extra or {}).get("token_ids")
+
+
+@pytest.mark.parametrize("draft,extra", [
+    ("gpt_oss_default", {}),
+    ("gpt_oss_lookup", {}),
+    ("gpt_oss_lookup", {"draft_length": "adaptive"}),
+], ids=["random-draft", "lookup-draft", "lookup-draft-adaptive"])
+def test_gpt_oss_eagle3_completions_are_the_plain_servers(tmp_path, draft, extra):
+    """A gpt-oss target (MoE, attention sinks, yarn) served with an EAGLE-3 draft in the format
+    speculators writes for it: streamed and non-streamed greedy completions are the plain
+    server's, and the lookup draft's drafts get accepted."""
+    golden = read_safetensors(GPT_OSS / "golden.safetensors")
+    prompts = [[int(t) for t in golden[f"prompt_{k}"]] for k in range(3)]
+    prompts.append([prompts[1][i % 7] for i in range(40)])  # repeats itself: repeated tokens follow
+    spec = {"method": "eagle3", "model": str(ROOT / "tests" / "data" / "eagle3" / draft), "num_speculative_tokens": 3,
+            **extra}
+    plain = PlainServer(tmp_path, model=GPT_OSS)
+    speculative = PlainServer(tmp_path, "--speculative-config", json.dumps(spec), model=GPT_OSS)
+    try:
+        for prompt in prompts:
+            want = completion_tokens(plain.url, prompt, 24)
+            assert len(want) == 24
+            assert completion_tokens(speculative.url, prompt, 24) == want
+            assert streamed_tokens(speculative.url, prompt) == want
+        metrics = urllib.request.urlopen(speculative.url + "/metrics").read().decode()
+        drafts = float(re.search(r"^vllm:spec_decode_num_draft_tokens_total (\S+)$", metrics, re.M).group(1))
+        accepted = float(re.search(r"^vllm:spec_decode_num_accepted_tokens_total (\S+)$", metrics, re.M).group(1))
+        assert drafts > 0
+        assert 0 <= accepted <= drafts
+        if draft == "gpt_oss_lookup" and not extra:
+            assert accepted > 0
     finally:
         plain.stop()
         speculative.stop()
