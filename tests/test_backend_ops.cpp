@@ -392,6 +392,180 @@ void RunQkvAttention(OpEnv& env, const QkvCase& c) {
   env.Add("v_cache", v_cache, Tolerance::Roundings(2), a.d);
 }
 
+// ---- Token trees (SequenceSlice::tree_base / tree_mask) ----
+
+// One sequence of a tree case. kind 0: a decode row over `committed` keys (no tree).
+// kind 1: a target's verification, `extra` causal rows before the root, then the root at
+// tree_base = committed + extra and every node at tree_base + 1 + i (position root +
+// depth). kind 2: a draft's tree step at depth `extra`: tree_base = committed, the rows
+// the depth's nodes in place (node i at tree_base + i, position tree_base + depth - 1),
+// nodes before them that no row descends from poisoned (NaN K and V), as the draft's
+// unwritten or sibling slots may be. widths: nodes per depth; parents drawn from the case's
+// seed, in vLLM's order (a depth's nodes together, children of earlier parents first).
+struct TreeSeq {
+  int committed, kind, extra;
+  std::vector<int> widths;
+};
+
+struct TreeCase {
+  AttentionCase a;  // its contexts / q_lens unused
+  std::vector<TreeSeq> seqs;
+};
+
+std::string Describe(const TreeCase& c) {
+  std::ostringstream s;
+  int most = 0;
+  for (const TreeSeq& t : c.seqs) {
+    int n = 0;
+    for (int w : t.widths) n += w;
+    most = std::max(most, n);
+  }
+  s << "tree_d" << c.a.d << "_h" << c.a.heads << "_kv" << c.a.kv_heads << "_w" << c.a.window << "_cap" << c.a.softcap
+    << (c.a.sinks ? "_sinks" : "") << "_seqs" << c.seqs.size() << "_nodesmax" << most;
+  for (const TreeSeq& t : c.seqs) s << "_k" << t.kind;
+  return s.str();
+}
+
+// The tree batch; hidden: per sequence, the slots whose K and V hold NaN.
+struct TreeBatch {
+  PagedBatch p;
+  std::vector<int64_t> hidden;
+};
+
+TreeBatch MakeTreeBatch(std::mt19937& rng, const std::vector<TreeSeq>& specs) {
+  struct Shape {
+    int ctx, q_len, base;
+    std::vector<int32_t> parent, depth;
+    std::vector<uint64_t> ancestors;
+  };
+  std::vector<Shape> shapes;
+  for (const TreeSeq& t : specs) {
+    Shape sh;
+    std::vector<int> previous = {-1};
+    for (size_t d = 0; d < t.widths.size(); ++d) {
+      std::vector<int> ps;
+      for (int i = 0; i < t.widths[d]; ++i) ps.push_back(previous[rng() % previous.size()]);
+      std::sort(ps.begin(), ps.end());
+      previous.clear();
+      for (int parent : ps) {
+        previous.push_back(static_cast<int>(sh.parent.size()));
+        sh.parent.push_back(parent);
+        sh.depth.push_back(static_cast<int32_t>(d) + 1);
+        sh.ancestors.push_back((uint64_t{1} << (sh.parent.size() - 1)) | (parent >= 0 ? sh.ancestors[parent] : 0));
+      }
+    }
+    const int n = static_cast<int>(sh.parent.size());
+    if (t.kind == 0) {
+      sh.ctx = t.committed, sh.q_len = 1, sh.base = -1;
+    } else if (t.kind == 1) {
+      sh.base = t.committed + t.extra, sh.ctx = sh.base + 1 + n, sh.q_len = t.extra + 1 + n;
+    } else {
+      int first = n, last = -1;
+      for (int i = 0; i < n; ++i) {
+        if (sh.depth[i] == t.extra) first = std::min(first, i), last = i;
+      }
+      sh.base = t.committed, sh.ctx = t.committed + last + 1, sh.q_len = last - first + 1;
+    }
+    shapes.push_back(std::move(sh));
+  }
+  int64_t num_blocks = 0;
+  for (const Shape& sh : shapes) num_blocks += (sh.ctx + kBlock - 1) / kBlock;
+  std::vector<int32_t> blocks(static_cast<size_t>(num_blocks));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  TreeBatch out;
+  PagedBatch& p = out.p;
+  size_t next = 0;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const TreeSeq& t = specs[k];
+    const Shape& sh = shapes[k];
+    SequenceSlice s;
+    s.q_start = static_cast<int32_t>(p.rows);
+    s.ctx_len = sh.ctx;
+    s.q_len = sh.q_len;
+    s.tree_base = sh.base;
+    for (int b = 0; b < (s.ctx_len + kBlock - 1) / kBlock; ++b) s.block_table.push_back(blocks[next++]);
+    uint64_t seen = 0;
+    for (int j = 0; j < s.q_len; ++j) {
+      const int at = s.ctx_len - s.q_len + j;  // the row's place: its KV slot
+      int pos = at;
+      if (t.kind == 1 && at >= sh.base) {
+        const int i = at - sh.base - 1;  // node i, or the root (-1)
+        s.tree_mask.push_back(i < 0 ? 1 : sh.ancestors[i] << 1 | 1);
+        pos = i < 0 ? sh.base : sh.base + sh.depth[i];
+      } else if (t.kind == 2) {
+        const int i = at - sh.base;
+        s.tree_mask.push_back(sh.ancestors[i]);
+        pos = sh.base + t.extra - 1;
+      } else if (t.kind == 1) {
+        s.tree_mask.push_back(0);
+      }
+      if (!s.tree_mask.empty()) seen |= s.tree_mask.back();
+      p.slots.push_back(static_cast<int32_t>(SlotOf(s.block_table, at, kBlock)));
+      p.positions.push_back(pos);
+    }
+    if (t.kind == 2) {
+      for (int i = 0; i < sh.ctx - sh.base; ++i) {
+        if (!(seen >> i & 1)) out.hidden.push_back(SlotOf(s.block_table, sh.base + i, kBlock));
+      }
+    }
+    p.seqs.push_back(s);
+    p.live.push_back(s);
+    p.rows += s.q_len;
+  }
+  p.num_slots = std::max<int64_t>(num_blocks, 1) * kBlock;
+  return out;
+}
+
+void PoisonSlots(const std::vector<int64_t>& slots, int64_t slot_elems, Tensor& cache) {
+  for (int64_t slot : slots)
+    std::fill_n(cache.data<float>() + slot * slot_elems, slot_elems, std::numeric_limits<float>::quiet_NaN());
+}
+
+void RunTreeAttention(OpEnv& env, const TreeCase& c) {
+  const AttentionCase& a = c.a;
+  const TreeBatch t = MakeTreeBatch(env.rng(), c.seqs);
+  const PagedBatch& p = t.p;
+  const Tensor q = env.Random({p.rows, a.heads, a.d});
+  Tensor kc = env.HostRandom({p.num_slots, a.kv_heads, a.d}), vc = env.HostRandom({p.num_slots, a.kv_heads, a.d});
+  for (Tensor* cache : {&kc, &vc}) {
+    PoisonPastContexts(p, a.kv_heads * a.d, *cache);
+    PoisonSlots(t.hidden, a.kv_heads * a.d, *cache);
+  }
+  const Tensor sinks = env.RandomF32({a.heads}, 4.0f);
+  Tensor out = AttentionOut(env, {p.rows, a.heads, a.d});
+  env.b.Attention(q, env.Activation(kc), env.Activation(vc), MakeAttentionBatch(env.b, p.seqs),
+                  Params(a, a.sinks ? &sinks : nullptr), out);
+  env.Add("out", out, Tolerance::Roundings(5), a.d);
+}
+
+// QkvAttention of a tree step: the step's own slots start as NaN, the rows' positions are
+// their tree positions (root + depth), not their places.
+void RunTreeQkvAttention(OpEnv& env, const TreeCase& c, int norms, bool partial) {
+  const AttentionCase& a = c.a;
+  const QkvCase qc{a, norms, false, partial};
+  const TreeBatch t = MakeTreeBatch(env.rng(), c.seqs);
+  const PagedBatch& p = t.p;
+  const int64_t width = (a.heads + 2 * a.kv_heads) * a.d;
+  const Tensor qkv = env.Random({p.rows, width});
+  Tensor kc = env.HostRandom({p.num_slots, a.kv_heads, a.d}), vc = env.HostRandom({p.num_slots, a.kv_heads, a.d});
+  std::vector<int64_t> own(p.slots.begin(), p.slots.end());
+  for (Tensor* cache : {&kc, &vc}) {
+    PoisonPastContexts(p, a.kv_heads * a.d, *cache);
+    PoisonSlots(t.hidden, a.kv_heads * a.d, *cache);
+    PoisonSlots(own, a.kv_heads * a.d, *cache);
+  }
+  const Tensor qw = env.Weight({a.d}, 0.2f), kw = env.Weight({a.d}, 0.2f);
+  const RopeTable rope = MakeRope(env, a.d, partial);
+  Tensor k_cache = env.Activation(kc), v_cache = env.Activation(vc);
+  Tensor out = AttentionOut(env, {p.rows, a.heads, a.d});
+  env.b.QkvAttention(qkv, false, MakeNorms(qc, qw, kw), env.Ints(p.positions), rope, env.Ints(p.slots), k_cache,
+                     v_cache, MakeAttentionBatch(env.b, p.seqs), Params(a, nullptr), out);
+  env.Add("out", out, Tolerance::Roundings(5), a.d);
+  env.Add("k_cache", k_cache, Tolerance::Roundings(2), a.d);
+  env.Add("v_cache", v_cache, Tolerance::Roundings(2), a.d);
+}
+
 // NormRopeStoreKV on t rows, distinct slots in reverse order, row 2 padding (slot -1);
 // caches poisoned, so slots no row names must stay poison.
 void RunNormRopeStoreKV(OpEnv& env, int64_t t, const QkvCase& c) {
@@ -742,6 +916,54 @@ std::vector<OpCase> Table() {
         [=](OpEnv& env) { RunQkvAttention(env, c); }, Large(c.a));
   }
 
+  // Token trees: verification steps small enough for the split-KV kernel (8 rows) and
+  // larger (the mma.sync kernels; 63 nodes, every bit of the mask), a draft's tree steps at
+  // each depth with unseen nodes poisoned, beside plain decode rows; windows shorter than
+  // the tree (a row's window runs from its tree position, not its place), softcap, sinks.
+  const std::vector<TreeSeq> small_trees = {{40, 1, 0, {2, 3, 2}}, {7, 0, 0, {}}, {300, 1, 0, {3, 1}},
+                                            {17, 2, 2, {3, 4, 2}}, {100, 2, 1, {4, 2}}};
+  const std::vector<TreeSeq> large_trees = {{130, 1, 2, {4, 8, 8, 6}}, {33, 0, 0, {}}, {500, 1, 0, {8, 16, 20, 19}},
+                                            {61, 2, 3, {4, 8, 9, 5}}, {2000, 2, 2, {6, 10, 3}}};
+  std::vector<TreeCase> tree_cases;
+  for (const auto& [d, heads, kv_heads, window, softcap, sinks] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, int, float, bool>>{{64, 8, 2, 0, 0, false},
+                                                                            {128, 16, 4, 0, 0, false},
+                                                                            {128, 8, 2, 20, 0, false},
+                                                                            {128, 8, 8, 0, 30, true},
+                                                                            {256, 8, 2, 10, 0, false},
+                                                                            {512, 4, 1, 0, 20, false},
+                                                                            {16, 4, 2, 7, 0, true}}) {
+    for (const auto* seqs : {&small_trees, &large_trees}) {
+      tree_cases.push_back({{d, heads, kv_heads, window, softcap, sinks, {1}, {}}, *seqs});
+    }
+  }
+  for (const TreeCase& c : tree_cases) {
+    add("Attention", Describe(c), [=](OpEnv& env) { RunTreeAttention(env, c); }, false);
+  }
+  for (size_t i = 0; i < tree_cases.size(); ++i) {
+    const TreeCase& c = tree_cases[i];
+    if (c.a.sinks) continue;  // QkvAttention takes no sinks
+    const int norms = static_cast<int>(i % 3);
+    add("QkvAttention", Describe(c) + "_norms" + std::to_string(norms) + (i % 2 ? "_partial" : ""),
+        [=](OpEnv& env) { RunTreeQkvAttention(env, c, norms, i % 2 == 1); }, false);
+  }
+  // A tree's accepted KV moved onto its path: chains where a destination is another move's
+  // source, and more moves than shared memory stages (the scratch path).
+  for (const int64_t n : {3, 63, 9000}) {
+    add("MoveRows", Dims({{"n", n}}), [=](OpEnv& env) {
+      const int64_t slots = 2 * n + 20;
+      Tensor x = env.Random({slots, 2, 64});
+      std::vector<int32_t> order(static_cast<size_t>(slots));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), env.rng());
+      // Sources: the first n of a shuffle; destinations: n distinct slots that overlap them.
+      std::vector<int32_t> moves(order.begin(), order.begin() + n);
+      moves.insert(moves.end(), order.begin() + n / 2, order.begin() + n / 2 + n);
+      env.b.MoveRows(x, env.Ints(moves));
+      env.Add("x", x, Tolerance::Exact());
+    });
+  }
+
   // EAGLE-3's draft input: norm widths of each thread count, one off a multiple of 8.
   for (const int64_t h : {16, 1000, 1024, 4096, 5120}) {
     for (const bool normed_residual : {false, true}) {
@@ -1036,7 +1258,7 @@ TEST(BackendOpsTable, CoversEveryComputeOp) {
   for (const char* op : {"Embed", "Linear", "QuantizeRowsFp8", "LinearFp8", "RmsNorm", "Add", "AddRmsNorm",
                          "RmsNormFp8", "Multiply", "Scale", "ScaleByTensor", "Softcap", "Activate", "GatedActivation",
                          "GatedActivationFp8", "GatedLinear", "Rope", "RmsNormRope", "NormRopeStoreKV", "StoreKV",
-                         "Attention", "QkvAttention", "GatherRows", "SliceColumns", "WriteColumns", "DraftLayerInput",
+                         "Attention", "QkvAttention", "GatherRows", "MoveRows", "SliceColumns", "WriteColumns", "DraftLayerInput",
                          "MoeMlp", "CentroidMaskedLogits", "FlagNonFiniteRows", "Sample", "GreedyTokens", "VerifyDrafts",
                          "Copy", "Transfers"}) {
     EXPECT_NE(std::find(ops.begin(), ops.end(), op), ops.end()) << op << " has no case";

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstring>
 #include <utility>
+#include <vector>
 
 namespace hsx {
 
@@ -83,6 +85,16 @@ void Backend::QkvAttention(const Tensor& qkv, bool values_are_keys, const HeadNo
   Attention(q, k_cache, v_cache, batch, params, out);
 }
 
+void Backend::MoveRows(Tensor& x, const Tensor& moves) {
+  // The host path (the CPU backend's memory): stage every source, then write.
+  assert(x.device() == Device::kCPU && moves.device() == Device::kCPU);
+  const int64_t n = moves.numel() / 2, row = static_cast<int64_t>(x.nbytes()) / x.size(0);
+  const int32_t* m = moves.data<int32_t>();
+  std::vector<char> staged(static_cast<size_t>(n * row));
+  for (int64_t i = 0; i < n; ++i) std::memcpy(staged.data() + i * row, x.data<char>() + m[i] * row, row);
+  for (int64_t i = 0; i < n; ++i) std::memcpy(x.data<char>() + m[n + i] * row, staged.data() + i * row, row);
+}
+
 AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> seqs) {
   AttentionBatch batch;
   std::vector<int32_t> info, tables;
@@ -100,6 +112,24 @@ AttentionBatch MakeAttentionBatch(Backend& backend, std::vector<SequenceSlice> s
     batch.seq_info = upload(info, {static_cast<int64_t>(seqs.size()), 4});
     batch.seq_info_host = std::move(info);
     batch.block_tables = upload(tables, {static_cast<int64_t>(tables.size())});
+    // Token trees: one upload of the bases and the rows' mask words (AttentionBatch::tree).
+    if (std::any_of(seqs.begin(), seqs.end(), [](const SequenceSlice& s) { return s.tree_base >= 0; })) {
+      int64_t rows = 0;
+      for (const SequenceSlice& s : seqs) rows = std::max<int64_t>(rows, s.q_start + s.q_len);
+      const auto n = static_cast<int64_t>(seqs.size());
+      batch.tree_mask_offset = (n + 1) / 2 * 2;
+      Tensor t = Tensor::Host(DType::kI32, {batch.tree_mask_offset + 2 * std::max<int64_t>(rows, 1)});
+      std::fill_n(t.data<int32_t>(), t.numel(), 0);
+      auto* masks = reinterpret_cast<uint64_t*>(t.data<int32_t>() + batch.tree_mask_offset);
+      for (int64_t i = 0; i < n; ++i) {
+        const SequenceSlice& s = seqs[static_cast<size_t>(i)];
+        t.data<int32_t>()[i] = s.tree_base;
+        if (s.tree_base < 0) continue;
+        assert(static_cast<int32_t>(s.tree_mask.size()) == s.q_len);
+        std::copy(s.tree_mask.begin(), s.tree_mask.end(), masks + s.q_start);
+      }
+      batch.tree = backend.Upload(t);
+    }
   }
   batch.seqs = std::move(seqs);
   return batch;

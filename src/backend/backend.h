@@ -66,6 +66,11 @@ struct AttentionBatch {
   std::vector<int32_t> seq_info_host;  // the same on the host, where a backend schedules from it
   Tensor block_tables;  // int32, every sequence's block table, concatenated
   int32_t max_q_len = 0;
+  // Token trees on the device (undefined: no sequence has tree rows): int32 words, each
+  // sequence's tree_base ([S], -1: none), padded to an even count, then one 64-bit mask
+  // word per packed query row (SequenceSlice::tree_mask; 0 for rows of no tree).
+  Tensor tree;
+  int64_t tree_mask_offset = 0;  // the first mask word's int32 index in `tree`
 };
 
 struct AttentionParams {
@@ -128,6 +133,8 @@ class Backend {
   virtual Device device() const = 0;
   virtual DType compute_dtype() const = 0;
   virtual std::string name() const = 0;
+  // Made with batch_invariant (backend_factory.h).
+  virtual bool batch_invariant() const { return false; }
 
   // Memory.
   virtual Tensor Empty(DType dtype, Shape shape) = 0;
@@ -226,6 +233,10 @@ class Backend {
                             const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
                             const AttentionBatch& batch, const AttentionParams& params, Tensor& out);
   virtual void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) = 0;
+  // Row src[i] of x [rows, ...] copied to row dst[i] for each i, every source read before any
+  // destination is written (a token tree's accepted KV moved to its path: KVCache::MoveSlots).
+  // moves: int32 [2 n] on the backend's device, the n sources then the n destinations.
+  virtual void MoveRows(Tensor& x, const Tensor& moves);
   // out [T, w] = x[:, begin : begin + w] for x [T, C].
   virtual void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) = 0;
   // out[:, begin : begin + w] = x for x [T, w], out [T, C]: SliceColumns' inverse, which

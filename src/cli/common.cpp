@@ -266,11 +266,12 @@ Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text
                      " names no proposal length)");
       }
       ec.eagle3 = {loaded.eagle3.get(), k, spec.token_tree};
-      // The CUDA attention kernels read no tree mask yet: refused here, not wrong tokens later.
-      if (spec.token_tree && loaded.backend->device() != Device::kCPU) {
-        return Error("--speculative-config: \"speculative_token_tree\" runs on the CPU backend only for now (the " +
-                     loaded.backend->name() + " backend's attention kernels do not take the tree mask yet); "
-                     "leave it out for chain drafts");
+      // CUDA's tree rows run on the mma.sync and split-KV kernels, not the batch-invariant
+      // tiling's: refused here, not tokens that depend on the batch later.
+      if (spec.token_tree && loaded.backend->device() != Device::kCPU && loaded.backend->batch_invariant()) {
+        return Error("--speculative-config: \"speculative_token_tree\" does not run with --batch-invariant on the " +
+                     loaded.backend->name() + " backend (its tree rows are not batch-invariant); "
+                     "leave one of them out");
       }
       break;
     }

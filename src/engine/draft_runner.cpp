@@ -297,9 +297,20 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
       const int32_t position = requests[r].position;
       SequenceSlice slice;
       slice.q_start = static_cast<int32_t>(batch.token_ids.size());
+      // The rows: depth d's nodes from the first to the last with children (vLLM's order
+      // keeps a depth's nodes together), so that row k sits at the slot of its own step
+      // position position + node, where every backend's kernels expect a step's rows; the
+      // childless ones between them only fill the gaps.
+      auto has_kids = [&](int i) {
+        return std::any_of(kids[i + 1].begin(), kids[i + 1].end(), [&](int32_t c) { return c < nodes[r]; });
+      };
+      int first = -1, last = -1;
       for (int i = 0; i < nodes[r]; ++i) {
-        const bool has_kids = std::any_of(kids[i + 1].begin(), kids[i + 1].end(), [&](int32_t c) { return c < nodes[r]; });
-        if (tree.depth[i] != d || !has_kids) continue;
+        if (tree.depth[i] != d || !has_kids(i)) continue;
+        if (first < 0) first = i;
+        last = i;
+      }
+      for (int i = first; first >= 0 && i <= last; ++i) {
         batch.token_ids.push_back(std::max(0, tokens[r][i]));  // -1 (no such rank): its children stay -1 too
         batch.positions.push_back(position + d - 1);
         batch.slot_mapping.push_back(static_cast<int32_t>(SlotOf(requests[r].block_table, position + i, block_size_)));
@@ -309,7 +320,7 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
       }
       slice.q_len = static_cast<int32_t>(batch.token_ids.size()) - slice.q_start;
       if (slice.q_len == 0) continue;
-      slice.ctx_len = position + nodes[r];
+      slice.ctx_len = position + last + 1;
       slice.tree_base = position;
       slice.block_table = requests[r].block_table;
       batch.seqs.push_back(std::move(slice));

@@ -308,12 +308,6 @@ StepResult ModelRunner::Verify(const ForwardBatch& batch, const VerificationBatc
   const auto start = Clock::now();
   StepResult result;
   const GraphShape shape = GraphShapeOf(batch);
-  if (!verification.parents.empty() && backend().device() != Device::kCPU) {
-    // The CLI refuses a tree config on such a backend; this is a caller's bug.
-    std::fprintf(stderr, "hsx: token-tree verification runs on the CPU backend only (the %s attention kernels take no tree mask)\n",
-                 backend().name().c_str());
-    std::abort();
-  }
   const Tensor logits = StepLogits(batch, shape, result);
   result.verified = backend().VerifyDrafts(logits, nullptr, verification, nullptr);
   if (profile_) Profile(shape.bucket > 0 ? verify_graph_times_ : verify_times_, batch, start);

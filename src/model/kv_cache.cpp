@@ -20,16 +20,16 @@ KVCache::KVCache(const ModelConfig& config, Backend& backend, int num_blocks, in
 
 void KVCache::MoveSlots(Backend& backend, const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
   if (src.empty()) return;
+  // One upload of the moves for every cache; the backend orders reads before writes
+  // (Backend::MoveRows: on CUDA one kernel per tensor, no host round trip).
   const auto n = static_cast<int64_t>(src.size());
-  Tensor slots = Tensor::Host(DType::kI32, {n});
-  std::copy(dst.begin(), dst.end(), slots.data<int32_t>());
-  if (backend.device() != Device::kCPU) slots = backend.Upload(slots);
+  Tensor moves = Tensor::Host(DType::kI32, {2 * n});
+  std::copy(src.begin(), src.end(), moves.data<int32_t>());
+  std::copy(dst.begin(), dst.end(), moves.data<int32_t>() + n);
+  if (backend.device() != Device::kCPU) moves = backend.Upload(moves);
   for (size_t c = 0; c < k_.size(); ++c) {  // each cache once: a shared layer's is its source's
-    Tensor k = backend.Empty(k_[c].dtype(), {n, k_[c].size(1), k_[c].size(2)});
-    Tensor v = backend.Empty(v_[c].dtype(), {n, v_[c].size(1), v_[c].size(2)});
-    backend.GatherRows(k_[c], src, k);
-    backend.GatherRows(v_[c], src, v);
-    backend.StoreKV(k, v, slots, k_[c], v_[c]);
+    backend.MoveRows(k_[c], moves);
+    backend.MoveRows(v_[c], moves);
   }
 }
 

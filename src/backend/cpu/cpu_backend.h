@@ -15,6 +15,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCPU; }
   DType compute_dtype() const override { return DType::kF32; }
   std::string name() const override { return "cpu"; }
+  bool batch_invariant() const override { return batch_invariant_; }
 
   Tensor Empty(DType dtype, Shape shape) override { return Tensor::Host(dtype, std::move(shape)); }
   Tensor Upload(const Tensor& host) override { return host; }

@@ -1,7 +1,10 @@
 // Causal variable-length attention over a paged KV cache, flash style: each block owns
 // 16 query rows per warp of one head of one sequence, walks the visible keys in tiles
 // of 64, and keeps a running max and sum per row (online softmax). GQA, sliding windows
-// and logit softcapping are handled in the softmax step.
+// and logit softcapping are handled in the softmax step, and so are token-tree masks
+// (tree_mask.cuh): a tree sequence's tiles are masked key by key, and its tree keys that no
+// row of the block sees load as zeros (their slots may hold anything: a draft's deeper
+// nodes are not written yet, and 0 * NaN would reach P V).
 //
 // Two variants: for head dims up to 256 (RegisterKernel) scores, probabilities and the
 // output accumulator stay in registers, with QK^T and PV as raw mma.sync m16n8k16 fed by
@@ -15,6 +18,7 @@
 #include "backend/cuda/mma_sync.cuh"
 #include "backend/cuda/online_softmax.cuh"
 #include "backend/cuda/query_key_scores.cuh"
+#include "backend/cuda/tree_mask.cuh"
 
 namespace hsx::cuda {
 namespace {
@@ -40,15 +44,15 @@ constexpr size_t SharedBytes() {
          + size_t(rows) * 2 * 4;       // running max and sum
 }
 
-// Copies `rows` rows of D bf16 (16-byte chunks) into shared memory, zeros past `valid`;
-// row_ptr(r) gives row r's address in global memory.
-template <int D, class RowPtr>
-__device__ void LoadRows(bf16* dst, int rows, int valid, int threads, RowPtr row_ptr, int stride = D) {
+// Copies `rows` rows of D bf16 (16-byte chunks) into shared memory, zeros past `valid`
+// and where loads(r) is false; row_ptr(r) gives row r's address in global memory.
+template <int D, class RowPtr, class Loads>
+__device__ void LoadRows(bf16* dst, int rows, int valid, int threads, RowPtr row_ptr, Loads loads, int stride = D) {
   constexpr int kChunks = D / 8;
   for (int i = threadIdx.x; i < rows * kChunks; i += threads) {
     const int r = i / kChunks, c = i % kChunks;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < valid) v = reinterpret_cast<const uint4*>(row_ptr(r))[c];
+    if (r < valid && loads(r)) v = reinterpret_cast<const uint4*>(row_ptr(r))[c];
     reinterpret_cast<uint4*>(dst + r * stride)[c] = v;
   }
 }
@@ -130,12 +134,23 @@ __global__ void __launch_bounds__(32 * RegisterKernelWarps<D>()) RegisterKernel(
   }
 
   const int window = a.sliding_window;
-  int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
+  // A tree's rows measure their windows from their logical positions, at least its base.
+  const int tree_base = TreeBaseOr(a, seq, -1);
+  const bool tree = tree_base >= 0;
+  int key_begin = window > 0 ? max(0, (tree ? min(first_pos, tree_base) : first_pos) - window + 1) : 0;
   if (a.batch_invariant) key_begin -= key_begin % kKeyTile;  // tiles at fixed key positions
   const int key_end = first_pos + rows;
   const int32_t* table = a.block_tables + table_offset;
   const int num_tiles = (key_end - key_begin + kKeyTile - 1) / kKeyTile;
   const int pos_lo = first_pos + wr, pos_hi = pos_lo + 15;  // positions of this warp's rows
+  const int window_lo = tree ? min(pos_lo, tree_base) : pos_lo;  // the earliest a row's window starts from
+  const uint64_t block_keys = tree ? BlockTreeKeys(a, seq, tree_base, q_start + q0, first_pos, rows) : 0;
+  RowSight sight[2];  // rows g and g + 8 of the warp
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = min(wr + g + 8 * h, rows - 1);  // a dead row borrows a live one's (never written)
+    sight[h] = SightOf(a, seq, q_start + q0 + r, first_pos + wr + g + 8 * h);
+  }
   const bool warp_live = wr < rows;
   const float scale_log2 = a.scale * kLog2e;
   const bool softcap = a.softcap > 0.0f;
@@ -151,14 +166,16 @@ __global__ void __launch_bounds__(32 * RegisterKernelWarps<D>()) RegisterKernel(
   };
   auto tile_issue = [&](int tile) {
     const int stage = tile & 1, valid = min(kKeyTile, key_end - key_begin - tile * kKeyTile);
+    const int kt = key_begin + tile * kKeyTile;
     bf16* k_dst = kv_s + stage * 2 * kKeyTile * kLd;
     bf16* v_dst = k_dst + kKeyTile * kLd;
     constexpr int kChunks = D / 8;
     for (int i = threadIdx.x; i < kKeyTile * kChunks; i += kThreads) {
       const int r = i / kChunks, c = i % kChunks;
       const int64_t off = row_offset_s[stage][r] + c * 8;
-      CopyAsync16(k_dst + r * kLd + c * 8, a.k_cache + off, r < valid);
-      CopyAsync16(v_dst + r * kLd + c * 8, a.v_cache + off, r < valid);
+      const bool load = r < valid && LoadsKey(kt + r, tree_base, block_keys);
+      CopyAsync16(k_dst + r * kLd + c * 8, a.k_cache + off, load);
+      CopyAsync16(v_dst + r * kLd + c * 8, a.v_cache + off, load);
     }
     CommitAsync();
   };
@@ -179,7 +196,7 @@ __global__ void __launch_bounds__(32 * RegisterKernelWarps<D>()) RegisterKernel(
     }
     __syncthreads();  // this tile's K and V have landed
     // Skip tiles no row of this warp can see (past the diagonal, or before the window).
-    if (!warp_live || kt > pos_hi || (window > 0 && kt + kKeyTile - 1 <= pos_lo - window)) continue;
+    if (!warp_live || kt > pos_hi || (window > 0 && kt + kKeyTile - 1 <= window_lo - window)) continue;
     const bf16* k_s = kv_s + (tile & 1) * 2 * kKeyTile * kLd;
     const bf16* v_s = k_s + kKeyTile * kLd;
 
@@ -188,17 +205,14 @@ __global__ void __launch_bounds__(32 * RegisterKernelWarps<D>()) RegisterKernel(
     QueryKeyScores<D, kKeyBlocks, kQInRegisters, kLd>(s, q_frag, q_lane, k_s, 0, lane);
 
     // Online softmax in registers (base 2); a row's 64 scores are spread over one quad.
-    const bool masked = kt + kKeyTile - 1 > pos_lo || (window > 0 && kt <= pos_hi - window);
+    const bool masked = tree || kt + kKeyTile - 1 > pos_lo || (window > 0 && kt <= pos_hi - window);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kKeyBlocks; ++j) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float v = softcap ? a.softcap * tanhf(s[j][i] * a.scale / a.softcap) * kLog2e : s[j][i] * scale_log2;
-        if (masked) {
-          const int pos = pos_lo + g + 8 * (i / 2), p = kt + 8 * j + 2 * t + (i & 1);
-          if (p > pos || (window > 0 && pos - p >= window)) v = -INFINITY;
-        }
+        if (masked && !sight[i / 2].Sees(kt + 8 * j + 2 * t + (i & 1))) v = -INFINITY;
         s[j][i] = v;
         mx[i / 2] = fmaxf(mx[i / 2], v);
       }
@@ -279,7 +293,8 @@ __global__ void __launch_bounds__(32 * WarpsFor<D>()) SharedKernel(AttentionArgs
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   const bf16* q_base = a.q + (int64_t(q_start + q0) * a.num_heads + head) * D;
-  LoadRows<D>(q_s, kRows, rows, kThreads, [&](int r) { return q_base + int64_t(r) * a.num_heads * D; });
+  LoadRows<D>(q_s, kRows, rows, kThreads, [&](int r) { return q_base + int64_t(r) * a.num_heads * D; },
+              [](int) { return true; });
   for (int i = threadIdx.x; i < kRows * D; i += kThreads) o_s[i] = 0.0f;
   for (int i = threadIdx.x; i < kRows; i += kThreads) {  // a sink starts the sum at its own column
     m_s[i] = a.sinks != nullptr ? a.sinks[head] : -INFINITY;
@@ -287,9 +302,11 @@ __global__ void __launch_bounds__(32 * WarpsFor<D>()) SharedKernel(AttentionArgs
   }
 
   const int window = a.sliding_window;
-  int key_begin = window > 0 ? max(0, first_pos - window + 1) : 0;
+  const int tree_base = TreeBaseOr(a, seq, -1);  // tree rows: windows from their logical positions
+  int key_begin = window > 0 ? max(0, (tree_base >= 0 ? min(first_pos, tree_base) : first_pos) - window + 1) : 0;
   if (a.batch_invariant) key_begin -= key_begin % kKeyTile;  // tiles at fixed key positions
   const int key_end = first_pos + rows;  // exclusive: the last query's own position + 1
+  const uint64_t block_keys = tree_base >= 0 ? BlockTreeKeys(a, seq, tree_base, q_start + q0, first_pos, rows) : 0;
   const int32_t* table = a.block_tables + table_offset;
 
   const int wr = warp * 16;  // this warp's first row in the tile
@@ -305,8 +322,10 @@ __global__ void __launch_bounds__(32 * WarpsFor<D>()) SharedKernel(AttentionArgs
       const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
       return (slot * a.kv_heads + kvh) * D;
     };
-    LoadRows<D>(k_s, kKeyTile, valid, kThreads, [&](int r) { return a.k_cache + row_offset(r); });
-    LoadRows<D>(v_s, kKeyTile, valid, kThreads, [&](int r) { return a.v_cache + row_offset(r); });
+    LoadRows<D>(k_s, kKeyTile, valid, kThreads, [&](int r) { return a.k_cache + row_offset(r); },
+                [&](int r) { return LoadsKey(kt + r, tree_base, block_keys); });
+    LoadRows<D>(v_s, kKeyTile, valid, kThreads, [&](int r) { return a.v_cache + row_offset(r); },
+                [&](int r) { return LoadsKey(kt + r, tree_base, block_keys); });
     __syncthreads();
 
     // S = Q K^T for this warp's 16 rows.
@@ -327,15 +346,15 @@ __global__ void __launch_bounds__(32 * WarpsFor<D>()) SharedKernel(AttentionArgs
     // Online softmax, one row at a time: lane j takes keys j and j + 32, so shared
     // memory accesses are consecutive across the warp (no bank conflicts).
     for (int r = 0; r < 16; ++r) {
-      const int pos = first_pos + wr + r;
       const bool live = wr + r < rows;
+      const RowSight sight = SightOf(a, seq, q_start + q0 + min(wr + r, rows - 1), first_pos + wr + r);
       float s[2];
       float mx = -INFINITY;
       for (int h = 0; h < 2; ++h) {
         const int j = lane + 32 * h, p = kt + j;
         float v = s_w[r * kKeyTile + j] * a.scale;
         if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
-        const bool visible = live && p <= pos && (window <= 0 || pos - p < window);
+        const bool visible = live && sight.Sees(p);
         s[h] = visible ? v : -INFINITY;
         mx = fmaxf(mx, s[h]);
       }
@@ -407,7 +426,7 @@ void Launch(const AttentionArgs& a, cudaStream_t stream) {
 bool Attention(const AttentionArgs& a, cudaStream_t stream) {
   if (a.num_seqs == 0 || a.max_q_len == 0) return true;
   if (a.max_q_len <= kDecodeMaxQueryRows && a.decode_splits > 0) return AttentionDecode(a, stream);
-  if (a.hopper && AttentionHopper(a, stream)) return true;
+  if (a.hopper && a.tree_base == nullptr && AttentionHopper(a, stream)) return true;
   switch (a.head_dim) {
     case 16: Launch<16>(a, stream); return true;
     case 32: Launch<32>(a, stream); return true;

@@ -11,7 +11,9 @@
 // A block's mma rows are (query, head) pairs of one KV group, query-major, 16 to a tile:
 // the group's heads of every query of the sequence, so each K/V element is read from HBM
 // once per sequence and row tile (once, for Qwen3's groups of 4 up to 4 queries). Query j
-// of q sees the keys before ctx_len - q + 1 + j (causal), the others masked per row. Key tiles stream through a
+// of q sees the keys before ctx_len - q + 1 + j (causal), the others masked per row; a
+// token tree's rows see what their mask words allow (tree_mask.cuh), and tree keys no row
+// of the block sees load as zeros. Key tiles stream through a
 // cp.async pipeline; each warp computes the scores of a quarter of a tile's keys
 // (S = Q K^T on mma.sync), all warps then apply the tile's online softmax to the whole
 // tile (redundantly, from shared memory), and each warp accumulates a quarter of the
@@ -36,6 +38,7 @@
 #include "backend/cuda/online_softmax.cuh"
 #include "backend/cuda/programmatic_launch.cuh"
 #include "backend/cuda/query_key_scores.cuh"
+#include "backend/cuda/tree_mask.cuh"
 
 namespace hsx::cuda {
 namespace {
@@ -78,15 +81,17 @@ constexpr size_t SharedBytes() {
 }
 
 // The keys a sequence's queries see, [begin, end) (the first query's window begin to the
-// last query's end), and the chunk each split takes: an equal share rounded up to whole
-// tiles, so only the last chunk has a partial tile.
+// last query's end; a tree's rows measure windows from their logical positions, at least
+// its base), and the chunk each split takes: an equal share rounded up to whole tiles, so
+// only the last chunk has a partial tile.
 struct Chunks {
   int begin, end, size, count;
 };
-__device__ __forceinline__ Chunks SplitKeys(int ctx_len, int q_len, int window, int splits, int tile) {
+__device__ __forceinline__ Chunks SplitKeys(int ctx_len, int q_len, int tree_base, int window, int splits, int tile) {
   Chunks c;
   c.end = ctx_len;
-  c.begin = window > 0 ? max(0, ctx_len - q_len + 1 - window) : 0;
+  const int first = tree_base >= 0 ? min(ctx_len - q_len, tree_base) : ctx_len - q_len;
+  c.begin = window > 0 ? max(0, first + 1 - window) : 0;
   const int n = max(0, c.end - c.begin);
   c.size = ((n + splits - 1) / splits + tile - 1) / tile * tile;
   c.count = n == 0 ? 0 : (n + c.size - 1) / c.size;
@@ -248,7 +253,8 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
     const int pair = pair0 + r;
     return (int64_t(q_start + pair / group) * a.num_heads + kvh * group + pair % group) * D;
   };
-  const Chunks chunks = SplitKeys(ctx_len, q_len, a.sliding_window, a.decode_splits, kTile);
+  const int tree_base = TreeBaseOr(a, seq, -1);
+  const Chunks chunks = SplitKeys(ctx_len, q_len, tree_base, a.sliding_window, a.decode_splits, kTile);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
   if (chunks.count == 0) {  // a padding row (no keys): zeros, written once
@@ -273,6 +279,16 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
   if (fused)
     for (int j = 0; j < q_len; ++j) fresh |= (a.inputs.slots[q_start + j] >= 0 ? 1u : 0u) << j;
   const auto is_fresh = [&](int p) { return p >= first_new && p < key_end && (fresh >> (p - first_new) & 1u); };
+  // A tree's keys that no query of the block sees (a step input: read before the wait).
+  uint64_t block_keys = 0;
+  if (tree_base >= 0) {
+    for (int j = pair0 / group; j <= (pair0 + rows - 1) / group; ++j) {
+      uint64_t w = a.tree_mask[q_start + j];
+      const int pos = first_new + j;
+      if (w == 0 && pos >= tree_base) w = pos - tree_base >= 63 ? ~0ull : (2ull << (pos - tree_base)) - 1;
+      block_keys |= w;
+    }
+  }
 
   // Issues the cp.async copies of a tile's keys and values into its stage; keys past
   // key_end are zero-filled (their scores are masked, and zero values keep P V finite).
@@ -291,8 +307,9 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
         const int64_t slot = int64_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
         const int64_t off = (slot * a.kv_heads + kvh) * D + c * 8;
         if (before_wait && is_fresh(kt + r)) continue;
-        CopyAsync16(k_dst + r * kLd + c * 8, a.k_cache + off, kt + r < key_end);
-        CopyAsync16(v_dst + r * kLd + c * 8, a.v_cache + off, kt + r < key_end);
+        const bool load = kt + r < key_end && LoadsKey(kt + r, tree_base, block_keys);
+        CopyAsync16(k_dst + r * kLd + c * 8, a.k_cache + off, load);
+        CopyAsync16(v_dst + r * kLd + c * 8, a.v_cache + off, load);
       }
     }
     CommitAsync();  // an empty group past the end keeps the wait counts uniform
@@ -336,6 +353,14 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
     const int r = g + 8 * h;
     see_end[h] = r < rows ? ctx_len - q_len + 1 + (pair0 + r) / group : 0;
     see_begin[h] = a.sliding_window > 0 ? max(0, see_end[h] - a.sliding_window) : 0;
+  }
+  RowSight sight[2];  // tree rows (dead rows see nothing: position -1)
+  if (tree_base >= 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h, query = (pair0 + min(r, rows - 1)) / group;
+      sight[h] = SightOf(a, seq, q_start + query, r < rows ? first_new + query : -1);
+    }
   }
   __syncthreads();
   // A-operand addresses: lanes 0-15 give rows 0-15 at column 0, lanes 16-31 at column 8.
@@ -384,7 +409,9 @@ __global__ void __launch_bounds__(32 * Warps<D>()) DecodeKernel(AttentionArgs a)
       for (int i = 0; i < 4; ++i) {
         float v = softcap ? a.softcap * tanhf(s[j][i] * a.scale / a.softcap) * kLog2e : s[j][i] * scale_log2;
         const int abs_key = tile_key + key + (i & 1), h = i / 2;
-        if (abs_key >= key_end || abs_key >= see_end[h] || abs_key < see_begin[h]) v = -INFINITY;
+        if (abs_key >= key_end || (tree_base >= 0 ? !sight[h].Sees(abs_key)
+                                                  : abs_key >= see_end[h] || abs_key < see_begin[h]))
+          v = -INFINITY;
         s[j][i] = v;
       }
       *reinterpret_cast<float2*>(s_s + g * kSLd + key) = make_float2(s[j][0], s[j][1]);
@@ -547,7 +574,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(AttentionArgs a
   const int head = blockIdx.x, seq = blockIdx.y / a.max_q_len, query = blockIdx.y % a.max_q_len;
   const int q_start = a.seq_info[seq * 4], q_len = a.seq_info[seq * 4 + 1];
   const int ctx_len = a.seq_info[seq * 4 + 2];
-  const Chunks chunks = SplitKeys(ctx_len, q_len, a.sliding_window, a.decode_splits, Tile<D>());
+  const Chunks chunks = SplitKeys(ctx_len, q_len, TreeBaseOr(a, seq, -1), a.sliding_window, a.decode_splits, Tile<D>());
   if (query >= q_len || chunks.count <= 1) return;
   const Workspace ws(a);
   const int64_t token_head = int64_t(q_start + query) * a.num_heads + head;

@@ -26,6 +26,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sampling_kernel.h"
 #include "backend/cuda/verification_kernel.h"
+#include "backend/verification.h"
 
 namespace hsx {
 
@@ -88,6 +89,7 @@ CudaBackend::~CudaBackend() {
 }
 
 std::string CudaBackend::name() const { return impl_->name; }
+bool CudaBackend::batch_invariant() const { return impl_->batch_invariant; }
 size_t CudaBackend::peak_memory_bytes() const { return impl_->allocator->peak(); }
 
 Tensor CudaBackend::Empty(DType dtype, Shape shape) {
@@ -555,6 +557,10 @@ cuda::AttentionArgs CudaBackend::AttentionArgsFor(const Tensor& k_cache, const T
   a.scale = params.scale;
   a.softcap = params.softcap;
   a.sinks = params.sinks != nullptr ? params.sinks->data<float>() : nullptr;
+  if (batch.tree.defined()) {
+    a.tree_base = batch.tree.data<int32_t>();
+    a.tree_mask = reinterpret_cast<const uint64_t*>(batch.tree.data<int32_t>() + batch.tree_mask_offset);
+  }
   a.hopper = impl_->hopper_attention;
   a.batch_invariant = impl_->batch_invariant;
   a.programmatic = impl_->programmatic;
@@ -586,6 +592,16 @@ void CudaBackend::GatherRows(const Tensor& x, const std::vector<int32_t>& rows, 
   const Tensor idx = Upload(host);
   cuda::GatherRows(x.raw(), idx.data<int32_t>(), static_cast<int64_t>(rows.size()),
                    static_cast<int64_t>(x.nbytes() / x.size(0)), out.raw(), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::MoveRows(Tensor& x, const Tensor& moves) {
+  Impl::Timer timer(*impl_, "move_rows");
+  const int64_t n = moves.numel() / 2, row_bytes = static_cast<int64_t>(x.nbytes()) / x.size(0);
+  Tensor scratch;  // freed after the launch: the allocator reuses memory in stream order
+  if (const int64_t bytes = cuda::MoveRowsScratchBytes(n, row_bytes); bytes > 0) scratch = Empty(DType::kI32, {bytes / 4});
+  cuda::MoveRows(x.raw(), moves.data<int32_t>(), n, row_bytes, scratch.defined() ? scratch.raw() : nullptr,
+                 impl_->stream);
   HSX_LAUNCH_CHECK();
 }
 
@@ -635,6 +651,18 @@ void CudaBackend::GreedyTokens(const Tensor& logits, const Tensor* offsets, Tens
 VerifiedTokens CudaBackend::VerifyDrafts(const Tensor& logits, const Tensor* draft_probs, const VerificationBatch& batch,
                                          Tensor* target_probs) {
   Impl::Timer timer(*impl_, "verify");
+  if (!batch.parents.empty()) {
+    // Token trees: the verification kernel walks chains only, so the tree rules run on the
+    // host over the downloaded logits (backend/verification.h; rows x vocab f32 a step).
+    const Tensor host_logits = Download(logits);
+    Tensor host_probs;
+    if (target_probs != nullptr) host_probs = Tensor::Host(DType::kF32, target_probs->shape());
+    const Tensor host_draft_probs = draft_probs != nullptr ? Download(*draft_probs) : Tensor();
+    VerifiedTokens v = VerifyDraftsOnHost(host_logits, draft_probs != nullptr ? &host_draft_probs : nullptr, batch,
+                                          target_probs != nullptr ? &host_probs : nullptr);
+    if (target_probs != nullptr) UploadTo(host_probs, *target_probs);
+    return v;
+  }
   const auto vocab = static_cast<int32_t>(logits.size(1));
   const std::vector<int32_t> begins = VerificationRowBegins(batch, logits.size(0), vocab);
   const auto requests = static_cast<int32_t>(batch.num_drafts.size());

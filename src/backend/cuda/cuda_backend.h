@@ -26,6 +26,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::kCUDA; }
   DType compute_dtype() const override { return DType::kBF16; }
   std::string name() const override;
+  bool batch_invariant() const override;
   // Bytes of device memory held at the high-water mark (weights, cache, activations).
   size_t peak_memory_bytes() const override;
 
@@ -80,6 +81,7 @@ class CudaBackend final : public Backend {
   bool FusesAttentionInputs(const Tensor& qkv, const Tensor& k_cache, const RopeTable& rope,
                             const AttentionBatch& batch, const Tensor& out) const;
   void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) override;
+  void MoveRows(Tensor& x, const Tensor& moves) override;
   void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) override;
   void WriteColumns(const Tensor& x, int64_t begin, Tensor& out) override;
   void DraftLayerInput(const Tensor& table, const Tensor& ids, const Tensor& hidden, const Tensor& embed_norm,

@@ -75,6 +75,11 @@ void NormRopeStoreRows(const NormRopeStoreArgs& args, cudaStream_t stream);
 void StoreKV(const bf16* k, const bf16* v, const int32_t* slots, int64_t tokens, int64_t k_row, int64_t v_row,
              bf16* k_cache, bf16* v_cache, cudaStream_t stream);
 void GatherRows(const void* x, const int32_t* rows, int64_t n_rows, int64_t row_bytes, void* out, cudaStream_t stream);
+// Backend::MoveRows (move_rows.cu): moves int32 [2 n] on the device (sources, then
+// destinations), rows of row_bytes (a multiple of 4). scratch: null, or
+// MoveRowsScratchBytes' bytes where that is not 0.
+int64_t MoveRowsScratchBytes(int64_t n, int64_t row_bytes);
+void MoveRows(void* x, const int32_t* moves, int64_t n, int64_t row_bytes, void* scratch, cudaStream_t stream);
 void SliceColumns(const bf16* x, int64_t rows, int64_t cols, int64_t begin, int64_t width, bf16* out,
                   cudaStream_t stream);
 // out[:, begin : begin + width] = x for x [rows, width], out [rows, cols].
@@ -155,6 +160,11 @@ struct AttentionArgs {
   // column dropped); null: none. Every kernel starts a row's online softmax at max = sink,
   // sum = 1 (split-KV decode: only the first chunk, so the merge counts it once).
   const float* sinks = nullptr;
+  // Token trees (tree_mask.cuh): each sequence's tree base ([num_seqs], -1: none) and one
+  // mask word per packed query row; both null when no sequence has tree rows. The wgmma
+  // kernel takes no trees (such steps run on the mma.sync kernels).
+  const int32_t* tree_base = nullptr;
+  const uint64_t* tree_mask = nullptr;
   bool hopper;  // the device is sm_90: head dim 128 may run on warpgroup MMAs
   // Key tiles start at multiples of the tile size, not at a block's window start, so a
   // sliding-window row sees the same tiles whichever rows share its block.
