@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/speculative_config.h"
 #include "model/eagle3_draft.h"
+#include "engine_runs.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -242,26 +243,11 @@ TEST(DraftLengthPolicy, GraphCaptureRoundDoesNotStopDrafting) {
   EXPECT_EQ(drafted, 100);
 }
 
-struct Generation {
-  std::map<std::string, std::vector<int32_t>> tokens;
-  EngineStats stats;
-};
+using test::Generation;
 
+// The golden file's three prompts, batched.
 Generation Generate(Model& model, const SafetensorsFile& golden, const EngineConfig& config, int max_new_tokens) {
-  Engine engine(model, config);
-  for (int k = 0; k < 3; ++k) {
-    Request r;
-    r.id = "p" + std::to_string(k);
-    r.prompt = test::AsIds(golden.Get("prompt_" + std::to_string(k)).value());
-    r.max_new_tokens = max_new_tokens;
-    r.stop_token_ids = model.config().eos_token_ids;
-    EXPECT_TRUE(engine.Add(std::move(r)).ok());
-  }
-  Generation run;
-  while (engine.has_work())
-    for (auto& seq : engine.Step()) run.tokens[seq->id()] = seq->generated();
-  run.stats = engine.stats();
-  return run;
+  return test::Generate(model, test::GoldenPrompts(golden), config, max_new_tokens);
 }
 
 TEST(AdaptiveDraftLength, GreedyOutputIsThePlainDecodes) {

@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "model/eagle3_draft.h"
+#include "engine_runs.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -189,33 +190,12 @@ TEST(GptOssEagle3, AuxStatesAreTheCapturedLayers) {
   }
 }
 
-struct Generation {
-  std::map<std::string, std::vector<int32_t>> tokens;
-  EngineStats stats;
-};
+using test::Generation;
 
 // The golden prompts and one that repeats itself, batched, under chunked prefill.
 Generation Generate(Model& model, const EngineConfig& config, int max_new_tokens) {
   SafetensorsFile golden = test::Golden(test::ModelDir("gpt_oss") + "/golden.safetensors");
-  std::vector<std::vector<int32_t>> prompts;
-  for (int k = 0; k < 3; ++k) prompts.push_back(test::AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
-  std::vector<int32_t> loop;
-  for (int i = 0; i < 40; ++i) loop.push_back(prompts[1][i % 7]);
-  prompts.push_back(loop);
-  Engine engine(model, config);
-  for (size_t k = 0; k < prompts.size(); ++k) {
-    Request r;
-    r.id = "p" + std::to_string(k);
-    r.prompt = prompts[k];
-    r.max_new_tokens = max_new_tokens;
-    r.stop_token_ids = model.config().eos_token_ids;
-    EXPECT_TRUE(engine.Add(std::move(r)).ok());
-  }
-  Generation run;
-  while (engine.has_work())
-    for (auto& seq : engine.Step()) run.tokens[seq->id()] = seq->generated();
-  run.stats = engine.stats();
-  return run;
+  return test::Generate(model, test::GoldenPrompts(golden, /*with_loop=*/true), config, max_new_tokens);
 }
 
 // (target, draft): the bf16 and the MXFP4 gpt-oss fixtures under both drafts.

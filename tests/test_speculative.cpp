@@ -17,46 +17,20 @@
 #include "model/eagle3_draft.h"
 #include "model/kv_cache.h"
 #include "model/mtp_drafter.h"
+#include "engine_runs.h"
 #include "sampling_reference.h"
 #include "test_util.h"
 
 namespace hsx {
 namespace {
 
-struct Generation {
-  std::map<std::string, std::vector<int32_t>> tokens;
-  EngineStats stats;
-};
-
-// Runs `requests` to the end through an engine of `config`.
-Generation RunAll(Model& model, const EngineConfig& config, std::vector<Request> requests) {
-  Engine engine(model, config);
-  for (Request& r : requests) EXPECT_TRUE(engine.Add(std::move(r)).ok());
-  Generation run;
-  while (engine.has_work())
-    for (auto& seq : engine.Step()) run.tokens[seq->id()] = seq->generated();
-  run.stats = engine.stats();
-  return run;
-}
+using test::Generation;
+using test::RunAll;
 
 // The three golden prompts and one that repeats itself (so prompt lookup finds matches
 // from the start), batched.
 Generation Generate(Model& model, const SafetensorsFile& golden, const EngineConfig& config, int max_new_tokens) {
-  std::vector<std::vector<int32_t>> prompts;
-  for (int k = 0; k < 3; ++k) prompts.push_back(test::AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
-  std::vector<int32_t> loop;
-  for (int i = 0; i < 40; ++i) loop.push_back(prompts[1][i % 7]);
-  prompts.push_back(loop);
-  std::vector<Request> requests;
-  for (size_t k = 0; k < prompts.size(); ++k) {
-    Request r;
-    r.id = "p" + std::to_string(k);
-    r.prompt = prompts[k];
-    r.max_new_tokens = max_new_tokens;
-    r.stop_token_ids = model.config().eos_token_ids;
-    requests.push_back(std::move(r));
-  }
-  return RunAll(model, config, std::move(requests));
+  return test::Generate(model, test::GoldenPrompts(golden, /*with_loop=*/true), config, max_new_tokens);
 }
 
 class SpeculativeGreedyTest : public ::testing::TestWithParam<std::string> {};

@@ -24,6 +24,7 @@
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "sampling_reference.h"
+#include "engine_runs.h"
 #include "test_util.h"
 
 namespace hsx {
@@ -455,26 +456,11 @@ TEST(TreeVerificationLossless, FirstTwoTokensFollowTheTarget) {
 
 // ---------------------------------------------------------------- the engine
 
-struct Generation {
-  std::map<std::string, std::vector<int32_t>> tokens;
-  EngineStats stats;
-};
+using test::Generation;
 
+// The golden file's three prompts, batched.
 Generation Generate(Model& model, const SafetensorsFile& golden, const EngineConfig& config, int max_new_tokens) {
-  Engine engine(model, config);
-  for (int k = 0; k < 3; ++k) {
-    Request r;
-    r.id = "p" + std::to_string(k);
-    r.prompt = test::AsIds(golden.Get("prompt_" + std::to_string(k)).value());
-    r.max_new_tokens = max_new_tokens;
-    r.stop_token_ids = model.config().eos_token_ids;
-    EXPECT_TRUE(engine.Add(std::move(r)).ok());
-  }
-  Generation run;
-  while (engine.has_work())
-    for (auto& seq : engine.Step()) run.tokens[seq->id()] = seq->generated();
-  run.stats = engine.stats();
-  return run;
+  return test::Generate(model, test::GoldenPrompts(golden), config, max_new_tokens);
 }
 
 // Greedy output with tree drafts is the plain decode's, on every EAGLE-3 fixture (llama_copy

@@ -123,19 +123,27 @@ int VerifyChildren(const ProcessedRow& p, const SamplingRow& row, const std::vec
   return -1;
 }
 
-// VerifyDraftsOnHost for token trees.
-VerifiedTokens VerifyTreeOnHost(const Tensor& logits, const VerificationBatch& batch, const std::vector<int32_t>& begins,
-                                Tensor* target_probs) {
-  const auto vocab = static_cast<int32_t>(logits.size(1));
-  const int64_t rows = begins.back(), width = batch.sampling.max_logprobs;
+// Nothing accepted and every row unsampled (-1 tokens, -inf logprobs): what a row that
+// verification stops before keeps.
+VerifiedTokens UnverifiedTokens(size_t seqs, int64_t rows, int64_t width) {
   VerifiedTokens out;
-  out.num_accepted.assign(batch.num_drafts.size(), 0);
-  out.path.assign(rows, -1);
+  out.num_accepted.assign(seqs, 0);
   SampledTokens& e = out.emitted;
   e.tokens.assign(rows, -1);
   e.logprobs.assign(rows, kNegInf);
   e.top_ids.assign(rows * width, -1);
   e.top_logprobs.assign(rows * width, kNegInf);
+  return out;
+}
+
+// VerifyDraftsOnHost for token trees.
+VerifiedTokens VerifyTreeOnHost(const Tensor& logits, const VerificationBatch& batch, const std::vector<int32_t>& begins,
+                                Tensor* target_probs) {
+  const auto vocab = static_cast<int32_t>(logits.size(1));
+  const int64_t rows = begins.back(), width = batch.sampling.max_logprobs;
+  VerifiedTokens out = UnverifiedTokens(batch.num_drafts.size(), rows, width);
+  out.path.assign(rows, -1);
+  SampledTokens& e = out.emitted;
   for (size_t r = 0; r < batch.num_drafts.size(); ++r) {
     const int32_t n = batch.num_drafts[r];
     const int64_t first_draft = begins[r] - static_cast<int64_t>(r);
@@ -214,13 +222,8 @@ VerifiedTokens VerifyDraftsOnHost(const Tensor& logits, const Tensor* draft_prob
     return VerifyTreeOnHost(logits, batch, begins, target_probs);
   }
   const int64_t rows = begins.back(), width = batch.sampling.max_logprobs;
-  VerifiedTokens out;
-  out.num_accepted.assign(batch.num_drafts.size(), 0);
+  VerifiedTokens out = UnverifiedTokens(batch.num_drafts.size(), rows, width);
   SampledTokens& e = out.emitted;
-  e.tokens.assign(rows, -1);
-  e.logprobs.assign(rows, kNegInf);
-  e.top_ids.assign(rows * width, -1);
-  e.top_logprobs.assign(rows * width, kNegInf);
   for (size_t r = 0; r < batch.num_drafts.size(); ++r) {
     const int32_t num_drafts = batch.num_drafts[r];
     const int64_t first_draft = begins[r] - static_cast<int64_t>(r);

@@ -1,0 +1,61 @@
+// Runs requests to the end through an engine: the plain-against-speculative comparisons of
+// the engine tests (speculative, draft length, token trees, gpt-oss EAGLE-3, CUDA trees).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/engine.h"
+#include "test_util.h"
+
+namespace hsx::test {
+
+struct Generation {
+  std::map<std::string, std::vector<int32_t>> tokens;  // by request id
+  EngineStats stats;
+};
+
+// Runs `requests` to the end through an engine of `config`.
+inline Generation RunAll(Model& model, const EngineConfig& config, std::vector<Request> requests) {
+  Engine engine(model, config);
+  for (Request& r : requests) EXPECT_TRUE(engine.Add(std::move(r)).ok());
+  Generation run;
+  while (engine.has_work())
+    for (auto& seq : engine.Step()) run.tokens[seq->id()] = seq->generated();
+  run.stats = engine.stats();
+  return run;
+}
+
+// The golden file's three prompts; with `with_loop`, a fourth that repeats seven of prompt
+// 1's tokens (so prompt lookup and copy drafts find matches from the start).
+inline std::vector<std::vector<int32_t>> GoldenPrompts(const SafetensorsFile& golden, bool with_loop = false) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int k = 0; k < 3; ++k) prompts.push_back(AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
+  if (with_loop) {
+    std::vector<int32_t> loop;
+    for (int i = 0; i < 40; ++i) loop.push_back(prompts[1][i % 7]);
+    prompts.push_back(std::move(loop));
+  }
+  return prompts;
+}
+
+// `prompts` batched (ids p0, p1, ...), each to max_new_tokens or the model's EOS.
+inline Generation Generate(Model& model, const std::vector<std::vector<int32_t>>& prompts, const EngineConfig& config,
+                           int max_new_tokens) {
+  std::vector<Request> requests;
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    Request r;
+    r.id = "p" + std::to_string(k);
+    r.prompt = prompts[k];
+    r.max_new_tokens = max_new_tokens;
+    r.stop_token_ids = model.config().eos_token_ids;
+    requests.push_back(std::move(r));
+  }
+  return RunAll(model, config, std::move(requests));
+}
+
+}  // namespace hsx::test
