@@ -143,6 +143,66 @@ TEST_P(CudaFixtureTest, Bf16ErrorWithinOneAndAHalfTimesHuggingFaceBf16) {
   EXPECT_LE(mine_flipped, 3 * hf_flipped + 2);
 }
 
+// Greedy tokens against the goldens (HF's f32 greedy continuations), teacher-forced: the
+// prompt and its 8 golden tokens run as one prefill on CUDA and on the f32 CPU backend (the
+// goldens' own reference, within 1e-4 of HF), and each of the 8 next-token argmaxes on CUDA
+// must be the golden token wherever that choice is decisive: its f32 margin over the
+// runner-up exceeds twice the row's largest CUDA-vs-f32 logit difference. Nearer ties are
+// bf16 chance (a free run would diverge there, as HF's bf16 run can) and are counted, not
+// held; a broken path, whose logit error makes every step a "near tie", fails by the count:
+// at least half of the 24 steps must be decisive.
+TEST_P(CudaFixtureTest, GreedyTokensAreTheGoldensWhereverDecisive) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  auto model = Model::Load(test::ModelDir(GetParam()), *gpu);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  CpuBackend cpu;
+  auto reference = Model::Load(test::ModelDir(GetParam()), cpu);
+  ASSERT_TRUE(reference.ok()) << reference.status().message();
+  SafetensorsFile golden = test::Golden(test::ModelDir(GetParam()) + "/golden.safetensors");
+  std::vector<std::vector<int32_t>> sequences, greedy;
+  for (int k = 0; k < 3; ++k) {
+    sequences.push_back(test::AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
+    greedy.push_back(test::AsIds(golden.Get("greedy_" + std::to_string(k)).value()));
+    sequences.back().insert(sequences.back().end(), greedy.back().begin(), greedy.back().end());
+  }
+  const test::GoldenPrefill on_gpu = test::RunPrefill(**model, sequences), on_cpu = test::RunPrefill(**reference, sequences);
+  const int64_t v = (*model)->config().vocab_size;
+  int steps = 0, decisive = 0, near_ties = 0;
+  for (int k = 0; k < 3; ++k) {
+    const int64_t prompt_len = static_cast<int64_t>(sequences[k].size() - greedy[k].size());
+    for (size_t i = 0; i < greedy[k].size(); ++i) {
+      const int64_t row = prompt_len - 1 + static_cast<int64_t>(i);
+      const float* g = on_gpu.logits[k].data() + row * v;
+      const float* c = on_cpu.logits[k].data() + row * v;
+      const int32_t want = greedy[k][i];
+      float runner_up = -std::numeric_limits<float>::infinity();
+      double error = 0;
+      for (int64_t j = 0; j < v; ++j) {
+        if (j != want) runner_up = std::max(runner_up, c[j]);
+        const double d = std::abs(static_cast<double>(g[j]) - c[j]);
+        error = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(error, d);
+      }
+      const auto argmax = static_cast<int32_t>(std::max_element(g, g + v) - g);
+      const double margin = static_cast<double>(c[want]) - runner_up;
+      ++steps;
+      const double scale = std::abs(static_cast<double>(*std::max_element(c, c + v, [](float a, float b) {
+        return std::abs(a) < std::abs(b);
+      })));
+      ASSERT_GT(margin, -2e-4 * scale) << "the f32 CPU backend disagrees with the golden at prompt " << k << " token " << i;
+      if (margin > 2 * error) {
+        ++decisive;
+        EXPECT_EQ(argmax, want) << "prompt " << k << " token " << i << ": f32 margin " << margin << ", logit error " << error;
+      } else if (argmax != want) {
+        ++near_ties;
+      }
+    }
+  }
+  std::printf("[greedy] %-15s %d of %d steps decisive, all held; %d near ties went the other way\n", GetParam().c_str(),
+              decisive, steps, near_ties);
+  EXPECT_GE(2 * decisive, steps);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllArchitectures, CudaFixtureTest, ::testing::ValuesIn(test::FixtureModels()),
                          [](const auto& info) { return info.param; });
 INSTANTIATE_TEST_SUITE_P(GptOss, CudaFixtureTest, ::testing::ValuesIn(test::GptOssFixtureModels()),

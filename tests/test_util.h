@@ -84,20 +84,21 @@ inline double RelativeMaxError(const std::vector<float>& a, const std::vector<fl
   return ref > 0 ? err / ref : err;
 }
 
-// The three golden prompts packed into one forward with every layer captured; returns,
-// per prompt, the hidden states as [T, N+1, H] (the goldens' layout) and logits [T, V].
+// `prompts` packed into one forward with every layer captured; returns, per prompt, the
+// hidden states as [T, N+1, H] (the goldens' layout) and logits [T, V].
 struct GoldenPrefill {
   std::vector<std::vector<float>> hidden, logits;
 };
 
-inline GoldenPrefill RunGoldenPrefill(Model& model, const SafetensorsFile& golden) {
+inline GoldenPrefill RunPrefill(Model& model, const std::vector<std::vector<int32_t>>& prompts) {
   const ModelConfig& config = model.config();
   constexpr int kBlock = 16;
-  KVCache cache(config, model.backend(), 32, kBlock);
+  int64_t blocks = 0;
+  for (const auto& p : prompts) blocks += (static_cast<int64_t>(p.size()) + kBlock - 1) / kBlock;
+  KVCache cache(config, model.backend(), static_cast<int>(blocks), kBlock);
   ForwardBatch batch;
   int next_block = 0;
-  for (int k = 0; k < 3; ++k) {
-    const std::vector<int32_t> p = AsIds(golden.Get("prompt_" + std::to_string(k)).value());
+  for (const std::vector<int32_t>& p : prompts) {
     SequenceSlice seq;
     seq.q_start = static_cast<int32_t>(batch.token_ids.size());
     seq.q_len = seq.ctx_len = static_cast<int32_t>(p.size());
@@ -127,6 +128,13 @@ inline GoldenPrefill RunGoldenPrefill(Model& model, const SafetensorsFile& golde
     result.logits.emplace_back(logits.begin() + seq.q_start * v, logits.begin() + (seq.q_start + seq.q_len) * v);
   }
   return result;
+}
+
+// The three golden prompts through RunPrefill.
+inline GoldenPrefill RunGoldenPrefill(Model& model, const SafetensorsFile& golden) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int k = 0; k < 3; ++k) prompts.push_back(AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
+  return RunPrefill(model, prompts);
 }
 
 // The qwen3 fixture on the CPU backend, with its golden file, for engine-level tests.
