@@ -111,9 +111,11 @@ def wait_until_admitted(server, prompt_tokens):
 
 
 def stalled_stream(server, k):
-    """A streaming completion, under way, whose client never reads: once the socket's
-    buffers (kept small) are full, each write waits out the 5 s write timeout, and a
-    drain waits for it."""
+    """A streaming completion, under way, whose client never reads. The kernel's loopback
+    buffers take far more than its small receive buffer suggests (all 3000 tokens' events,
+    0.7 MB with logprobs, went through unread), so what keeps it under way is its length:
+    3000 tokens take about 1.8 s on a 2-core machine; only once the buffers are full does
+    each write wait out the 5 s write timeout."""
     before = metric(server, "hsx_prompt_tokens_total")
     c = socket.socket()
     c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -255,7 +257,9 @@ def test_sigterm_lets_streams_and_waiting_requests_finish_with_their_files(tmp_p
 # --- item 5: the drain deadline and a second signal --------------------------------------
 
 def test_the_drain_deadline_ends_slow_clients_and_the_server_exits(tmp_path):
-    s = Server(tmp_path, "--drain-timeout", "2")
+    # A deadline well inside the stalled request's 1.8 s (with 2 s it finished first in
+    # half the runs once handlers sent the tokens made so far as one event).
+    s = Server(tmp_path, "--drain-timeout", "0.3")
     slow_headers = SlowClients(s.port, 3)
     stalled = stalled_stream(s, 11)  # a request under way that does not end within the drain
     try:
