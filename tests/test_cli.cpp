@@ -317,6 +317,40 @@ TEST_F(CliTest, DecodeBenchCountsTheFp8WeightsBytes) {
 // EAGLE-3 draft's (never accepted by verification), so with 9 tokens at K = 3 each sequence
 // verifies twice and the mean acceptance length is K + 1; the JSON says the rate was forced.
 // Refused without --decode, without a speculative config, outside [0, 1] and elsewhere.
+// With "draft_length": "adaptive" the decode bench reports what the policy chose by: the
+// request-steps at each K (0..K_max; with every draft accepted, K_max the most) and the cost
+// model's figures in ms; with a fixed K, none.
+TEST_F(CliTest, DecodeBenchReportsTheAdaptivePolicysFigures) {
+  const std::string bench = "bench --decode --model " + test::ModelDir("llama") +
+                            " --prompt-len 8 --new-tokens 40 --kv-cache-gib 0.05 --batch-sizes 2 --spec-bench-accept-rate 1";
+  const auto spec = [](const std::string& length) {
+    return " --speculative-config '{\"method\": \"eagle3\", \"model\": \"" + test::DataPath("eagle3/llama_legacy") +
+           "\", \"num_speculative_tokens\": 3, \"draft_length\": \"" + length + "\"}'";
+  };
+  CommandResult r = Hsx(bench + spec("adaptive"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+  ASSERT_TRUE(j.contains("draft_length")) << r.out;
+  const auto counts = j.at("draft_length").at("request_steps_by_k").get<std::vector<int64_t>>();
+  ASSERT_EQ(counts.size(), 4u) << r.out;
+  EXPECT_EQ(std::max_element(counts.begin(), counts.end()) - counts.begin(), 3) << r.out;
+  const auto& target = j.at("draft_length").at("target_ms_by_rows");
+  const auto& draft = j.at("draft_length").at("draft_ms_by_requests_x_k");
+  EXPECT_FALSE(target.empty()) << r.out;
+  EXPECT_FALSE(draft.empty()) << r.out;
+  for (const auto& figures : {target, draft}) {
+    for (const auto& [key, ms] : figures.items()) {
+      EXPECT_GT(ms.get<double>(), 0.0) << key;
+      EXPECT_LT(ms.get<double>(), 1e4) << key;
+    }
+  }
+  for (const auto& [key, ms] : draft.items()) EXPECT_NE(key.find('x'), std::string::npos) << key;
+  r = Hsx(bench + spec("fixed"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  j = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+  EXPECT_FALSE(j.contains("draft_length")) << r.out;
+}
+
 TEST_F(CliTest, DecodeBenchForcesTheAcceptanceRateAndRefusesItElsewhere) {
   const std::string model = " --model " + test::ModelDir("llama");
   const std::string bench = "bench --decode" + model + " --prompt-len 8 --new-tokens 9 --kv-cache-gib 0.05 --batch-sizes 2";

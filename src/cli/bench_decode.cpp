@@ -58,6 +58,17 @@ void AddSpeculativeFigures(const EngineStats& start, const EngineStats& end, nlo
   result["accepted_tokens"] = accepted;
 }
 
+// With "draft_length": "adaptive": request-steps by the K chosen (both runs), and the cost
+// model's figures at the end, in ms (target steps by rows; draft rounds by requests x K):
+// what the policy chose by, to read beside the tok/s it got.
+nlohmann::json AdaptiveFigures(const Drafter& drafter) {
+  nlohmann::json target = nlohmann::json::object(), draft = nlohmann::json::object();
+  for (const auto& [rows, seconds] : drafter.cost_model().target_figures()) target[std::to_string(rows)] = 1e3 * seconds;
+  for (const auto& [key, seconds] : drafter.cost_model().draft_figures())
+    draft[std::to_string(key.first) + "x" + std::to_string(key.second)] = 1e3 * seconds;
+  return {{"request_steps_by_k", drafter.chosen_lengths()}, {"target_ms_by_rows", target}, {"draft_ms_by_requests_x_k", draft}};
+}
+
 struct PromptRun {
   int64_t requests = 0, output_tokens = 0;
   double seconds = 0;
@@ -247,6 +258,7 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
                                {"launch_ms_per_step", runner.graph_replays() > 0
                                                           ? 1e3 * runner.graph_launch_seconds() / runner.graph_replays()
                                                           : 0.0}};
+    if (drafter != nullptr && drafter->adaptive()) result["draft_length"] = AdaptiveFigures(*drafter);
     line(result);
   }
   return 0;

@@ -38,6 +38,9 @@ class DraftCostModel {
   void set_smoothing(double weight) { weight_ = weight; }
 
   double TargetSeconds(int rows) const;
+  // The figures as they stand (what bench reports beside its tok/s).
+  const std::map<int, double>& target_figures() const { return target_; }
+  const std::map<std::pair<int, int>, double>& draft_figures() const { return draft_; }
   double DraftSeconds(int seqs, int k) const;  // 0 when k == 0 or seqs == 0
 
  private:

@@ -16,6 +16,7 @@ int Drafter::DraftRoom(const Sequence& seq, int k) {
 void Drafter::EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected) {
   config.k_max = k_;
   policy_.emplace(config);
+  chosen_lengths_.assign(k_ + 1, 0);
   injected_ = injected != nullptr;
   cost_ = injected_ ? injected : &measured_;
 }
@@ -65,6 +66,7 @@ void Drafter::Plan(const DraftStep& step) {
   for (size_t i = 0; i < seqs.size(); ++i) {
     planned_[seqs[i]] = ks[i];
     round_k_ = std::max(round_k_, ks[i]);
+    ++chosen_lengths_[ks[i]];
   }
 }
 

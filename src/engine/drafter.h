@@ -67,6 +67,8 @@ class Drafter {
   void EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected);
   bool adaptive() const { return policy_.has_value(); }
   const DraftCostModel& cost_model() const { return *cost_; }
+  // Request-steps by the K the policy chose (index K, 0..K_max): what bench reports.
+  const std::vector<int64_t>& chosen_lengths() const { return chosen_lengths_; }
 
   // Draft rounds that replayed a graph, and of those EAGLE-3 rounds whose first pass was in it.
   virtual int64_t graph_replays() const { return 0; }
@@ -98,6 +100,7 @@ class Drafter {
   std::unordered_map<const Sequence*, int> planned_;  // this step's K per decoding sequence
   int round_k_ = 0;
   int64_t steps_planned_ = 0;  // the policy's clock: idle requests probe on its multiples of probe_interval
+  std::vector<int64_t> chosen_lengths_;
 };
 
 // vLLM's "ngram" method: prompt lookup on the host.
