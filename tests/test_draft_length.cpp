@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/draft_length.h"
@@ -138,9 +139,8 @@ TEST(DraftCostModel, InterpolatesAndExtrapolates) {
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(8, 0), 0.0);
   cost.ObserveTarget(8, 3.0);  // the first step of a size is no measurement (graph capture)
   EXPECT_DOUBLE_EQ(cost.TargetSeconds(8), 2.0);
-  cost.ObserveTarget(8, 3.0);  // smoothed toward it
-  EXPECT_GT(cost.TargetSeconds(8), 2.0);
-  EXPECT_LT(cost.TargetSeconds(8), 3.0);
+  cost.ObserveTarget(8, 3.0);  // the median of the set figure and this one
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(8), 2.5);
 }
 
 // A large batch whose steps have all been verifications of K+1 rows a sequence: the plain
@@ -170,11 +170,13 @@ TEST(DraftCostModel, FirstStepOfEachKindIsNoMeasurement) {
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.1 * 4);  // still the prior
   cost.ObserveDraft(1, 4, 0.5);
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.5);
-  cost.ObserveDraft(1, 4, 1.5);  // a slower one moves it part of the way
-  EXPECT_GT(cost.DraftSeconds(1, 4), 0.5);
-  EXPECT_LT(cost.DraftSeconds(1, 4), 1.5);
-  cost.ObserveDraft(1, 4, 0.2);  // a faster one replaces it
-  EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.2);
+  cost.ObserveDraft(1, 4, 0.7);
+  cost.ObserveDraft(1, 4, 0.6);
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.6);  // the median of the three
+  cost.ObserveDraft(1, 4, 50.0);                   // a spike (a host hiccup) is outvoted
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.65);
+  for (int i = 0; i < 8; ++i) cost.ObserveDraft(1, 4, 0.3);  // the last 8 alone count
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.3);
 }
 
 // A scripted draft, useless for 2,000 steps and then always right: its probes (one draft
@@ -241,6 +243,48 @@ TEST(DraftLengthPolicy, GraphCaptureRoundDoesNotStopDrafting) {
     }
   }
   EXPECT_EQ(drafted, 100);
+}
+
+// The policy against its own measurements: 32 requests whose every draft is accepted with
+// probability 0.745 (bench's forced acceptance), step costs shaped as the H200's Qwen3-8B
+// figures (5.8 ms at 32 rows, 6.9 ms at 160; a draft round 0.15 ms + 0.2 ms a draft step)
+// with 5% noise, everything measured by Observe* from nothing, first sights skipped as in
+// the engine. K_max = 4 is the best choice there (12.3 tokens a ms against 11.7 at K=3,
+// 10.6 at K=2); after 100 steps of warm-up the policy must choose it for 90% of the
+// request-steps over 8 seeds.
+TEST(DraftLengthPolicy, MeasuredCostsSettleOnTheBestK) {
+  const DraftLengthPolicy policy(Config(4));
+  const auto target = [](int rows) { return 5.8e-3 + std::max(0, rows - 32) * (1.1e-3 / 128); };
+  const auto round = [](int k) { return k > 0 ? 0.15e-3 + 0.2e-3 * k : 0.0; };
+  std::map<int, int> chosen;  // K -> request-steps after the warm-up, all seeds
+  for (uint32_t seed = 1; seed <= 8; ++seed) {
+    DraftCostModel cost;
+    std::mt19937 rng(seed);
+    std::bernoulli_distribution accept(0.745);
+    std::lognormal_distribution<double> noise(0.0, 0.05);
+    std::vector<DraftHistory> histories(32);
+    std::vector<int> ks(32, 0);
+    for (int step = 0; step < 200; ++step) {
+      int rows = 32, drafting = 0, round_k = 0;
+      for (int k : ks) rows += k, drafting += k > 0, round_k = std::max(round_k, k);
+      cost.ObserveTarget(rows, target(rows) * noise(rng));
+      if (round_k > 0) cost.ObserveDraft(drafting, round_k, round(round_k) * noise(rng));
+      for (size_t i = 0; i < ks.size(); ++i) {
+        int accepted = 0;
+        while (accepted < ks[i] && accept(rng)) ++accepted;
+        policy.Record(histories[i], ks[i], accepted);
+      }
+      std::vector<double> acceptance;
+      for (const DraftHistory& h : histories) acceptance.push_back(policy.Acceptance(h, step));
+      ks = policy.Choose(std::vector<int>(32, 4), acceptance, cost);
+      if (step >= 100)
+        for (int k : ks) ++chosen[k];
+    }
+  }
+  std::printf("[policy] K chosen after the warm-up, 8 seeds:");
+  for (const auto& [k, n] : chosen) std::printf(" K=%d %d", k, n);
+  std::printf("\n");
+  EXPECT_GE(chosen[4], 8 * 100 * 32 * 9 / 10);
 }
 
 using test::Generation;
