@@ -34,8 +34,6 @@ class DraftCostModel {
   // Fixed figures (tests, or a start-up measurement): each replaces what was measured there.
   void SetTarget(int rows, double seconds) { target_[rows] = seconds; }
   void SetDraft(int seqs, int k, double seconds) { draft_[{seqs, k}] = seconds; }
-  // Observations move a figure this far toward the new one (1: replace).
-  void set_smoothing(double weight) { weight_ = weight; }
 
   double TargetSeconds(int rows) const;
   // The figures as they stand (what bench reports beside its tok/s).
@@ -45,7 +43,7 @@ class DraftCostModel {
 
  private:
   double ratio_;
-  double weight_ = 0.2;
+  double weight_ = 0.2;  // a higher observation moves its figure this far toward it
   std::map<int, double> target_;                   // by rows
   std::map<std::pair<int, int>, double> draft_;    // by (requests, k)
   std::set<int> target_warm_;                      // sizes whose first step has run
