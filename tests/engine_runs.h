@@ -30,19 +30,6 @@ inline Generation RunAll(Model& model, const EngineConfig& config, std::vector<R
   return run;
 }
 
-// The golden file's three prompts; with `with_loop`, a fourth that repeats seven of prompt
-// 1's tokens (so prompt lookup and copy drafts find matches from the start).
-inline std::vector<std::vector<int32_t>> GoldenPrompts(const SafetensorsFile& golden, bool with_loop = false) {
-  std::vector<std::vector<int32_t>> prompts;
-  for (int k = 0; k < 3; ++k) prompts.push_back(AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
-  if (with_loop) {
-    std::vector<int32_t> loop;
-    for (int i = 0; i < 40; ++i) loop.push_back(prompts[1][i % 7]);
-    prompts.push_back(std::move(loop));
-  }
-  return prompts;
-}
-
 // `prompts` batched (ids p0, p1, ...), each to max_new_tokens or the model's EOS.
 inline Generation Generate(Model& model, const std::vector<std::vector<int32_t>>& prompts, const EngineConfig& config,
                            int max_new_tokens) {

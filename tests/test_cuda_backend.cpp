@@ -87,6 +87,18 @@ std::vector<double> TokenErrors(const std::vector<float>& x, const std::vector<f
   return errors;
 }
 
+// TokenErrors of HF's own bf16 run (hidden_bf16gpu_k) over the three golden prompts.
+std::vector<double> HfBf16TokenErrors(const SafetensorsFile& golden, const ModelConfig& config) {
+  std::vector<double> errors;
+  for (int k = 0; k < 3; ++k) {
+    for (double e : TokenErrors(test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()),
+                                test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value()), config.num_layers + 1,
+                                config.hidden_size))
+      errors.push_back(e);
+  }
+  return errors;
+}
+
 double Median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
   return v[v.size() / 2];
@@ -115,13 +127,12 @@ TEST_P(CudaFixtureTest, Bf16ErrorWithinOneAndAHalfTimesHuggingFaceBf16) {
   SafetensorsFile golden = test::Golden(test::ModelDir(GetParam()) + "/golden.safetensors");
   const test::GoldenPrefill out = test::RunGoldenPrefill(**model, golden);
   const int64_t layers = (*model)->config().num_layers + 1, h = (*model)->config().hidden_size;
-  std::vector<double> mine, hf;
+  std::vector<double> mine;
   for (int k = 0; k < 3; ++k) {
-    const std::vector<float> gold = test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value());
-    const std::vector<float> hf_bf16 = test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value());
-    for (double e : TokenErrors(out.hidden[k], gold, layers, h)) mine.push_back(e);
-    for (double e : TokenErrors(hf_bf16, gold, layers, h)) hf.push_back(e);
+    for (double e : TokenErrors(out.hidden[k], test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value()), layers, h))
+      mine.push_back(e);
   }
+  const std::vector<double> hf = HfBf16TokenErrors(golden, (*model)->config());
   const double mine_max = *std::max_element(mine.begin(), mine.end()), hf_max = *std::max_element(hf.begin(), hf.end());
   std::printf("[bf16] %-15s hsx %.3e  hf %.3e  ratio %.2f\n", GetParam().c_str(), mine_max, hf_max, mine_max / hf_max);
   RecordProperty("hsx_bf16_error", std::to_string(mine_max));
@@ -164,11 +175,10 @@ TEST_P(CudaFixtureTest, GreedyTokensAreTheGoldensWhereverDecisive) {
   auto reference = Model::Load(test::ModelDir(GetParam()), cpu);
   ASSERT_TRUE(reference.ok()) << reference.status().message();
   SafetensorsFile golden = test::Golden(test::ModelDir(GetParam()) + "/golden.safetensors");
-  std::vector<std::vector<int32_t>> sequences, greedy;
+  std::vector<std::vector<int32_t>> sequences = test::GoldenPrompts(golden), greedy;
   for (int k = 0; k < 3; ++k) {
-    sequences.push_back(test::AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
     greedy.push_back(test::AsIds(golden.Get("greedy_" + std::to_string(k)).value()));
-    sequences.back().insert(sequences.back().end(), greedy.back().begin(), greedy.back().end());
+    sequences[k].insert(sequences[k].end(), greedy.back().begin(), greedy.back().end());
   }
   const test::GoldenPrefill on_gpu = test::RunPrefill(**model, sequences), on_cpu = test::RunPrefill(**reference, sequences);
   const int64_t v = (*model)->config().vocab_size;
@@ -201,13 +211,7 @@ TEST_P(CudaFixtureTest, GreedyTokensAreTheGoldensWhereverDecisive) {
       }
     }
   }
-  std::vector<double> hf_errors;
-  for (int k = 0; k < 3; ++k) {
-    for (double e : TokenErrors(test::AsFloats(golden.Get("hidden_bf16gpu_" + std::to_string(k)).value()),
-                                test::AsFloats(golden.Get("hidden_" + std::to_string(k)).value()),
-                                (*model)->config().num_layers + 1, (*model)->config().hidden_size))
-      hf_errors.push_back(e);
-  }
+  const std::vector<double> hf_errors = HfBf16TokenErrors(golden, (*model)->config());
   const bool hf_bf16_close = *std::max_element(hf_errors.begin(), hf_errors.end()) < 0.05;
   std::printf("[greedy] %-15s %d of %d steps decisive, %d of them wrong; %d near ties went the other way\n",
               GetParam().c_str(), decisive, steps, wrong, near_ties);

@@ -130,11 +130,22 @@ inline GoldenPrefill RunPrefill(Model& model, const std::vector<std::vector<int3
   return result;
 }
 
-// The three golden prompts through RunPrefill.
-inline GoldenPrefill RunGoldenPrefill(Model& model, const SafetensorsFile& golden) {
+// The golden file's three prompts; with `with_loop`, a fourth that repeats seven of prompt
+// 1's tokens (so prompt lookup and copy drafts find matches from the start).
+inline std::vector<std::vector<int32_t>> GoldenPrompts(const SafetensorsFile& golden, bool with_loop = false) {
   std::vector<std::vector<int32_t>> prompts;
   for (int k = 0; k < 3; ++k) prompts.push_back(AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
-  return RunPrefill(model, prompts);
+  if (with_loop) {
+    std::vector<int32_t> loop;
+    for (int i = 0; i < 40; ++i) loop.push_back(prompts[1][i % 7]);
+    prompts.push_back(std::move(loop));
+  }
+  return prompts;
+}
+
+// The three golden prompts through RunPrefill.
+inline GoldenPrefill RunGoldenPrefill(Model& model, const SafetensorsFile& golden) {
+  return RunPrefill(model, GoldenPrompts(golden));
 }
 
 // The qwen3 fixture on the CPU backend, with its golden file, for engine-level tests.
