@@ -17,6 +17,7 @@ namespace hsx::test {
 struct Generation {
   std::map<std::string, std::vector<int32_t>> tokens;  // by request id
   EngineStats stats;
+  std::vector<int64_t> chosen_lengths;  // with adaptive draft lengths: request-steps by K
 };
 
 // Runs `requests` to the end through an engine of `config`.
@@ -27,6 +28,7 @@ inline Generation RunAll(Model& model, const EngineConfig& config, std::vector<R
   while (engine.has_work())
     for (auto& seq : engine.Step()) run.tokens[seq->id()] = seq->generated();
   run.stats = engine.stats();
+  if (engine.drafter() != nullptr && engine.drafter()->adaptive()) run.chosen_lengths = engine.drafter()->chosen_lengths();
   return run;
 }
 

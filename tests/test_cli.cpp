@@ -319,7 +319,7 @@ TEST_F(CliTest, DecodeBenchCountsTheFp8WeightsBytes) {
 // Refused without --decode, without a speculative config, outside [0, 1] and elsewhere.
 // With "draft_length": "adaptive" the decode bench reports what the policy chose by: the
 // request-steps at each K (0..K_max; with every draft accepted, K_max the most) and the cost
-// model's figures in ms; with a fixed K, none.
+// model's figures in ms (on the CPU, eager steps only); with a fixed K, none.
 TEST_F(CliTest, DecodeBenchReportsTheAdaptivePolicysFigures) {
   const std::string bench = "bench --decode --model " + test::ModelDir("llama") +
                             " --prompt-len 8 --new-tokens 40 --kv-cache-gib 0.05 --batch-sizes 2 --spec-bench-accept-rate 1";
@@ -334,17 +334,22 @@ TEST_F(CliTest, DecodeBenchReportsTheAdaptivePolicysFigures) {
   const auto counts = j.at("draft_length").at("request_steps_by_k").get<std::vector<int64_t>>();
   ASSERT_EQ(counts.size(), 4u) << r.out;
   EXPECT_EQ(std::max_element(counts.begin(), counts.end()) - counts.begin(), 3) << r.out;
+  // The CPU backend records no graphs: its steps are eager ones.
   const auto& target = j.at("draft_length").at("target_ms_by_rows");
+  const auto& eager = j.at("draft_length").at("eager_target_ms_by_rows");
   const auto& draft = j.at("draft_length").at("draft_ms_by_requests_x_k");
-  EXPECT_FALSE(target.empty()) << r.out;
+  EXPECT_TRUE(target.empty()) << r.out;
+  EXPECT_FALSE(eager.empty()) << r.out;
   EXPECT_FALSE(draft.empty()) << r.out;
-  for (const auto& figures : {target, draft}) {
+  EXPECT_EQ(j.at("draft_length").at("eager_penalty_ms").get<double>(), 0.0) << r.out;  // no graph step to be over
+  for (const auto& figures : {eager, draft}) {
     for (const auto& [key, ms] : figures.items()) {
       EXPECT_GT(ms.get<double>(), 0.0) << key;
       EXPECT_LT(ms.get<double>(), 1e4) << key;
     }
   }
   for (const auto& [key, ms] : draft.items()) EXPECT_NE(key.find('x'), std::string::npos) << key;
+  EXPECT_EQ(j.at("preemptions").get<uint64_t>(), 0u) << r.out;  // two short requests fit its KV
   r = Hsx(bench + spec("fixed"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   j = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));

@@ -57,6 +57,94 @@ TEST(DraftLengthPolicy, NeverAcceptedDraftsGoToZero) {
   EXPECT_GT(policy.Choose({4}, {policy.Acceptance(h)}, cost)[0], 0);
 }
 
+// A step costs no more for fewer rows: a plain step's figure inflated by a first-use cost
+// is capped by a verification step's measured at more rows.
+TEST(DraftCostModel, FewerRowsNeverCostMore) {
+  DraftCostModel cost;
+  cost.SetTarget(32, 8.0);   // inflated
+  cost.SetTarget(64, 6.1);
+  cost.SetTarget(128, 10.0);
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(32), 6.1);
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(48), 6.1);
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(96), 8.05);
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(16), 3.05);  // in proportion below the least, capped too
+}
+
+// The H200's trap at batch 32 (0.89x plain at zero acceptance): the plain step's figure was
+// measured inflated, drafting K=1 for every request looked cheaper than a plain step, and
+// plain steps were never run again to correct it. With the cap, a draft that is never
+// accepted goes to K=0 and stays there but for its probes.
+TEST(DraftLengthPolicy, InflatedPlainFigureDoesNotKeepAUselessDraft) {
+  const DraftLengthPolicy policy(Config(3));
+  const auto target = [](int rows) { return 5.8e-3 + std::max(0, rows - 32) * (1.1e-3 / 128); };
+  DraftCostModel cost;
+  cost.ObserveTarget(32, 1.0);     // the first sight: skipped
+  cost.ObserveTarget(32, 8.0e-3);  // a plain step at 32 rows, inflated
+  std::vector<DraftHistory> histories(32);
+  std::vector<int> ks(32, 0);
+  std::map<int, int> chosen;
+  for (int step = 0; step < 300; ++step) {
+    int rows = 32, drafting = 0, round_k = 0;
+    for (int k : ks) rows += k, drafting += k > 0, round_k = std::max(round_k, k);
+    if (step > 0) cost.ObserveTarget(rows, target(rows));
+    if (round_k > 0) cost.ObserveDraft(drafting, round_k, 0.15e-3 + 0.2e-3 * round_k);
+    for (size_t i = 0; i < ks.size(); ++i) policy.Record(histories[i], ks[i], 0);
+    std::vector<double> acceptance;
+    for (const DraftHistory& h : histories) acceptance.push_back(policy.Acceptance(h, step));
+    ks = policy.Choose(std::vector<int>(32, 3), acceptance, cost);
+    if (step >= 100)
+      for (int k : ks) ++chosen[k];
+  }
+  EXPECT_GE(chosen[0], 200 * 32 * 9 / 10) << "K=1: " << chosen[1] << ", K=2: " << chosen[2] << ", K=3: " << chosen[3];
+}
+
+// The runner's rule, as ModelRunner::ShapeFor: padded on a graph up to 192 rows, eager past.
+StepShape RunnerLike(int seqs, int q, int rows) {
+  const int bucket = seqs <= 4 ? (seqs <= 1 ? 1 : seqs <= 2 ? 2 : 4) : (seqs + 7) / 8 * 8;
+  if (rows != seqs * q && bucket * q > 192) return {rows, false};
+  return {bucket * q, true};
+}
+
+// Eager steps cost the graph step of their rows plus what the eager ones measured over it.
+TEST(DraftCostModel, EagerStepsCostTheGraphStepPlusAMeasuredPenalty) {
+  DraftCostModel cost(0.1, RunnerLike);
+  cost.SetTarget(128, 10.0);
+  cost.SetTarget(512, 17.0);
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(140, false), 10.0 + 7.0 * 12 / 384);  // unmeasured: no penalty
+  cost.ObserveTarget(140, 99.0, false);  // the first sight: skipped
+  cost.ObserveTarget(140, 11.2, false);
+  const double penalty = 11.2 - (10.0 + 7.0 * 12 / 384);
+  EXPECT_NEAR(cost.eager_penalty(), penalty, 1e-12);
+  EXPECT_NEAR(cost.TargetSeconds(150, false), 10.0 + 7.0 * 22 / 384 + penalty, 1e-12);
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(150), 10.0 + 7.0 * 22 / 384);  // a graph step: none
+  // The rule's shapes: 128 requests, 10 of them with 3 drafts, run eagerly; all 128 with 3
+  // on the graph of 512 rows; 16 requests with mixed drafts padded on the graph of 64.
+  EXPECT_NEAR(cost.StepSeconds(128, 4, 158), cost.TargetSeconds(158, false), 1e-12);
+  EXPECT_DOUBLE_EQ(cost.StepSeconds(128, 4, 512), 17.0);
+  EXPECT_DOUBLE_EQ(cost.StepSeconds(16, 4, 20), cost.TargetSeconds(64));
+}
+
+// n-gram at batch 128 (0.91x plain on the H200): a few requests have a match, so the step
+// mixes draft counts, runs eagerly, and pays the eager penalty; the policy weighs it.
+TEST(DraftLengthPolicy, MixedDraftsPastThePaddedGraphsPayTheEagerPenalty) {
+  const DraftLengthPolicy policy(Config(3));
+  std::vector<int> rooms(128, 0);
+  std::fill_n(rooms.begin(), 10, 3);  // ten matches
+  const std::vector<double> acceptance(128, 0.5);
+  auto drafted = [&](const DraftCostModel& cost) {
+    int total = 0;
+    for (int k : policy.Choose(rooms, acceptance, cost)) total += k;
+    return total;
+  };
+  DraftCostModel cost(0.1, RunnerLike);
+  cost.SetTarget(128, 10.0);
+  cost.SetTarget(512, 17.0);
+  cost.SetDraft(10, 3, 0.0);  // prompt lookup: no device round
+  EXPECT_GT(drafted(cost), 0);  // without a penalty the matches pay (about 8 tokens for 30 rows)
+  cost.SetEagerPenalty(1.0);    // 10% of the step: more than they yield
+  EXPECT_EQ(drafted(cost), 0);
+}
+
 // Idle requests probe on the same steps (multiples of probe_interval), whenever each went
 // idle: a probe is one verification step of equal draft counts, not a mixed one every step.
 TEST(DraftLengthPolicy, IdleRequestsProbeTogether) {
@@ -315,7 +403,14 @@ TEST(AdaptiveDraftLength, GreedyOutputIsThePlainDecodes) {
   EngineConfig ngram = plain;
   ngram.ngram = {3, 1, 3};
   ngram.draft_length = adaptive.draft_length;
-  EXPECT_EQ(Generate(**model, golden, ngram, 24).tokens, reference.tokens) << "ngram";
+  const Generation lookup = Generate(**model, golden, ngram, 24);
+  EXPECT_EQ(lookup.tokens, reference.tokens) << "ngram";
+  // The lookup runs before the policy chooses: it gives drafts only where a match has them,
+  // so every request-step it chose K > 0 for verified drafts.
+  int64_t planned = 0;
+  for (size_t k = 1; k < lookup.chosen_lengths.size(); ++k) planned += lookup.chosen_lengths[k];
+  EXPECT_GT(planned, 0);
+  EXPECT_EQ(planned, static_cast<int64_t>(lookup.stats.num_drafts));
 
   // Forced acceptance 0: the adaptive run proposes far fewer drafts than the fixed one;
   // forced acceptance 1: as many per verification (K_max each).

@@ -59,14 +59,21 @@ void AddSpeculativeFigures(const EngineStats& start, const EngineStats& end, nlo
 }
 
 // With "draft_length": "adaptive": request-steps by the K chosen (both runs), and the cost
-// model's figures at the end, in ms (target steps by rows; draft rounds by requests x K):
+// model's figures at the end, in ms (target steps by computed rows, on graphs and eager, and
+// what an eager step costs over a graph's; draft rounds by requests x K):
 // what the policy chose by, to read beside the tok/s it got.
 nlohmann::json AdaptiveFigures(const Drafter& drafter) {
-  nlohmann::json target = nlohmann::json::object(), draft = nlohmann::json::object();
-  for (const auto& [rows, seconds] : drafter.cost_model().target_figures()) target[std::to_string(rows)] = 1e3 * seconds;
-  for (const auto& [key, seconds] : drafter.cost_model().draft_figures())
+  const DraftCostModel& cost = drafter.cost_model();
+  nlohmann::json target = nlohmann::json::object(), eager = nlohmann::json::object(), draft = nlohmann::json::object();
+  for (const auto& [rows, seconds] : cost.target_figures()) target[std::to_string(rows)] = 1e3 * seconds;
+  for (const auto& [rows, seconds] : cost.eager_figures()) eager[std::to_string(rows)] = 1e3 * seconds;
+  for (const auto& [key, seconds] : cost.draft_figures())
     draft[std::to_string(key.first) + "x" + std::to_string(key.second)] = 1e3 * seconds;
-  return {{"request_steps_by_k", drafter.chosen_lengths()}, {"target_ms_by_rows", target}, {"draft_ms_by_requests_x_k", draft}};
+  return {{"request_steps_by_k", drafter.chosen_lengths()},
+          {"target_ms_by_rows", target},
+          {"eager_target_ms_by_rows", eager},
+          {"eager_penalty_ms", 1e3 * cost.eager_penalty()},
+          {"draft_ms_by_requests_x_k", draft}};
 }
 
 struct PromptRun {
@@ -259,6 +266,8 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
                                                           ? 1e3 * runner.graph_launch_seconds() / runner.graph_replays()
                                                           : 0.0}};
     if (drafter != nullptr && drafter->adaptive()) result["draft_length"] = AdaptiveFigures(*drafter);
+    // Over both runs: a preempted request's blocks were freed and its tokens are recomputed.
+    result["preemptions"] = engine.num_preemptions();
     line(result);
   }
   return 0;

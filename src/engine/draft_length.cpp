@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 #include <cstdlib>
+#include <limits>
 
 namespace hsx {
 namespace {
@@ -14,15 +15,47 @@ void Smooth(double& figure, double seconds, double weight, bool seen) {
   figure = seen && seconds > figure ? (1.0 - weight) * figure + weight * seconds : seconds;
 }
 
+// Linear between measured rows; past the most, on the slope of the last two (never
+// falling), or flat with one. Below the least, in proportion to rows: optimistic for fewer
+// rows, so a batch that has only run verification steps tries a plain one and measures it
+// (flat, a plain step looked as dear as a verification of K+1 rows a sequence, and a large
+// batch kept drafting where drafting lost: 0.89x plain at batch 128 on the H200). And never
+// above a figure measured at more rows: a step costs no more for fewer rows, and a figure
+// inflated by a first-use cost must not outprice the step that replaced it, which is then
+// never chosen to be measured again (the H200 drafted K=1 at zero acceptance, 0.89x, with
+// a plain step priced above a verification of twice its rows).
+double Interpolate(const std::map<int, double>& figures, int rows) {
+  auto hi = figures.lower_bound(rows);
+  double ceiling = std::numeric_limits<double>::infinity();
+  for (auto it = hi; it != figures.end(); ++it) ceiling = std::min(ceiling, it->second);
+  if (hi != figures.end() && hi->first == rows) return ceiling;
+  if (hi == figures.begin()) return ceiling * std::max(rows, 1) / hi->first;
+  if (hi == figures.end()) {
+    auto last = std::prev(figures.end());
+    if (last == figures.begin()) return last->second;
+    auto before = std::prev(last);
+    const double slope = std::max(0.0, (last->second - before->second) / (last->first - before->first));
+    return last->second + slope * (rows - last->first);
+  }
+  auto lo = std::prev(hi);
+  const double t = static_cast<double>(rows - lo->first) / (hi->first - lo->first);
+  return std::min(ceiling, lo->second + t * (hi->second - lo->second));
+}
+
 }  // namespace
 
-// The first step of each kind is not a measurement: it captures its CUDA graph (or tunes its
-// GEMMs), up to hundreds of times its cost. Taken as one it stops drafting, and with it the
-// measurements that would correct it.
-void DraftCostModel::ObserveTarget(int rows, double seconds) {
-  if (target_warm_.insert(rows).second) return;
-  const bool seen = target_.count(rows) > 0;
-  Smooth(target_[rows], seconds, weight_, seen);
+// The first step of each kind is not a measurement: it plans its GEMMs (a step that records
+// a graph is left out by the caller: up to hundreds of times its cost). Taken as one it
+// stops drafting, and with it the measurements that would correct it.
+void DraftCostModel::ObserveTarget(int rows, double seconds, bool graph) {
+  if (target_warm_.insert({graph, rows}).second) return;
+  if (!graph && !graph_.empty()) {  // what it cost over the graph step of its rows
+    Smooth(penalty_, seconds - Interpolate(graph_, rows), weight_, penalty_seen_);
+    penalty_seen_ = true;
+  }
+  std::map<int, double>& figures = graph ? graph_ : eager_;
+  const bool seen = figures.count(rows) > 0;
+  Smooth(figures[rows], seconds, weight_, seen);
 }
 
 void DraftCostModel::ObserveDraft(int seqs, int k, double seconds) {
@@ -31,48 +64,42 @@ void DraftCostModel::ObserveDraft(int seqs, int k, double seconds) {
   Smooth(draft_[{seqs, k}], seconds, weight_, seen);
 }
 
-// Linear between measured rows; past the most, on the slope of the last two (never
-// falling), or flat with one. Below the least, in proportion to rows: optimistic for fewer
-// rows, so a batch that has only run verification steps tries a plain one and measures it
-// (flat, a plain step looked as dear as a verification of K+1 rows a sequence, and a large
-// batch kept drafting where drafting lost: 0.89x plain at batch 128 on the H200).
-double DraftCostModel::TargetSeconds(int rows) const {
-  if (target_.empty()) return 1.0;
-  auto hi = target_.lower_bound(rows);
-  if (hi != target_.end() && hi->first == rows) return hi->second;
-  if (hi == target_.begin()) return hi->second * std::max(rows, 1) / hi->first;
-  if (hi == target_.end()) {
-    auto last = std::prev(target_.end());
-    if (last == target_.begin()) return last->second;
-    auto before = std::prev(last);
-    const double slope = std::max(0.0, (last->second - before->second) / (last->first - before->first));
-    return last->second + slope * (rows - last->first);
-  }
-  auto lo = std::prev(hi);
-  const double t = static_cast<double>(rows - lo->first) / (hi->first - lo->first);
-  return lo->second + t * (hi->second - lo->second);
+double DraftCostModel::TargetSeconds(int rows, bool graph) const {
+  if (!graph && !graph_.empty()) return Interpolate(graph_, rows) + (penalty_seen_ ? penalty_ : 0.0);
+  const std::map<int, double>& figures = graph ? graph_ : eager_;
+  const std::map<int, double>& other = graph ? eager_ : graph_;
+  if (!figures.empty()) return Interpolate(figures, rows);
+  return other.empty() ? 1.0 : Interpolate(other, rows);
 }
 
-// A round's time at a measured request count scales with k from the nearest measured k;
-// between measured request counts it is linear (flat outside them). Unmeasured: the prior.
+double DraftCostModel::StepSeconds(int seqs, int q, int rows) const {
+  const StepShape shape = rule_ ? rule_(seqs, q, rows) : StepShape{rows, true};
+  return TargetSeconds(shape.rows, shape.graph);
+}
+
+// A round's time at a measured request count scales with k from the nearest measured k
+// (the lower on a tie); between measured request counts it is linear (flat outside them).
+// Unmeasured: the prior. Called for every (requests, k) the policy weighs: no allocation.
 double DraftCostModel::DraftSeconds(int seqs, int k) const {
   if (k <= 0 || seqs <= 0) return 0.0;
   if (draft_.empty()) return ratio_ * k * TargetSeconds(seqs);
-  std::map<int, std::pair<int, double>> nearest;  // by request count: the measured k nearest k (lower on a tie)
-  for (const auto& [key, seconds] : draft_) {
-    const auto [s, kk] = key;
-    auto it = nearest.find(s);
-    if (it == nearest.end() || std::abs(kk - k) < std::abs(it->second.first - k)) nearest[s] = {kk, seconds};
-  }
-  std::map<int, double> at_k;
-  for (const auto& [s, measured] : nearest) at_k[s] = measured.second * k / measured.first;
-  auto hi = at_k.lower_bound(seqs);
-  if (hi != at_k.end() && hi->first == seqs) return hi->second;
-  if (hi == at_k.begin()) return hi->second;
-  if (hi == at_k.end()) return std::prev(hi)->second;
-  auto lo = std::prev(hi);
-  const double t = static_cast<double>(seqs - lo->first) / (hi->first - lo->first);
-  return lo->second + t * (hi->second - lo->second);
+  auto at_k = [&](int s) {  // s is a measured request count
+    double best = 0;
+    int best_k = 0;
+    for (auto it = draft_.lower_bound({s, 0}); it != draft_.end() && it->first.first == s; ++it) {
+      const int kk = it->first.second;
+      if (best_k == 0 || std::abs(kk - k) < std::abs(best_k - k)) best_k = kk, best = it->second;
+    }
+    return best * k / best_k;
+  };
+  auto hi = draft_.lower_bound({seqs, 0});  // the first entry of the least measured count >= seqs
+  if (hi != draft_.end() && hi->first.first == seqs) return at_k(seqs);
+  if (hi == draft_.begin()) return at_k(hi->first.first);
+  const int lo_seqs = std::prev(hi)->first.first;
+  if (hi == draft_.end()) return at_k(lo_seqs);
+  const int hi_seqs = hi->first.first;
+  const double t = static_cast<double>(seqs - lo_seqs) / (hi_seqs - lo_seqs);
+  return at_k(lo_seqs) + t * (at_k(hi_seqs) - at_k(lo_seqs));
 }
 
 // The prior enters as prior_weight trials at the first verification and is discounted with
@@ -135,8 +162,11 @@ std::vector<int> DraftLengthPolicy::Choose(const std::vector<int>& rooms, const 
   }
   if (order.empty()) return ks;
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return acceptance[a] > acceptance[b]; });
+  // The step's rows per sequence at most are round_k + 1: with fewer for some, the runner
+  // pads them on a graph or runs them eagerly, which the cost model prices.
   auto rate = [&](double extra_tokens, int extra_rows, int drafting, int round_k) {
-    return (n + extra_tokens) / (cost.TargetSeconds(n + extra_rows) + cost.DraftSeconds(drafting, round_k));
+    return (n + extra_tokens) /
+           (cost.StepSeconds(n, round_k + 1, n + extra_rows) + cost.DraftSeconds(drafting, round_k));
   };
   // The best (m, c): the first m of order draft min(c, room) each. Only a strictly better
   // rate replaces the best, so ties keep fewer drafts.

@@ -13,40 +13,69 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
+#include <utility>
 #include <vector>
 
 namespace hsx {
 
+// How the runner runs a decode or verification step: the rows it computes (a graph's
+// padding included) and whether it replays a graph.
+struct StepShape {
+  int rows = 0;
+  bool graph = true;
+};
+
 // What the step costs, in seconds: measured (Observe*) and interpolated, or injected.
+// Target steps are kept by the shape the runner runs them in: graph steps by their padded
+// rows, eager ones (mixed draft counts past the padded graphs' rows) as the graph step of
+// their rows plus a measured penalty, the launches a graph saves (H200, batch 128: 0.5-1 ms
+// of a 10 ms step). Without graph figures (a backend that never records) eager steps are
+// interpolated among themselves.
 class DraftCostModel {
  public:
+  // The runner's rule: a step of `seqs` sequences, at most q rows each and `rows` in all
+  // (seqs * q when every sequence runs q), runs in this shape.
+  using ShapeRule = std::function<StepShape(int seqs, int q, int rows)>;
+
   // Until a kind of step is measured: a target step costs 1 whatever its rows, a draft
   // round draft_step_ratio per draft step (a relative prior; any measurement replaces it).
-  explicit DraftCostModel(double draft_step_ratio = 0.1) : ratio_(draft_step_ratio) {}
+  // Without a rule every step runs on a graph of its own rows.
+  explicit DraftCostModel(double draft_step_ratio = 0.1, ShapeRule rule = nullptr)
+      : ratio_(draft_step_ratio), rule_(std::move(rule)) {}
 
-  // A target step of `rows` rows (decode and verification rows; no prefill) took seconds.
-  // The first of each size is skipped (graph capture, GEMM tuning).
-  void ObserveTarget(int rows, double seconds);
+  // A target step of `rows` computed rows (decode and verification rows; no prefill) took
+  // seconds. The first of each size is skipped (GEMM plans); the caller leaves out steps
+  // that recorded a graph.
+  void ObserveTarget(int rows, double seconds, bool graph = true);
   // A draft round over `seqs` requests of k drafts took seconds (the first of each skipped).
   void ObserveDraft(int seqs, int k, double seconds);
   // Fixed figures (tests, or a start-up measurement): each replaces what was measured there.
-  void SetTarget(int rows, double seconds) { target_[rows] = seconds; }
+  void SetTarget(int rows, double seconds, bool graph = true) { (graph ? graph_ : eager_)[rows] = seconds; }
   void SetDraft(int seqs, int k, double seconds) { draft_[{seqs, k}] = seconds; }
+  void SetEagerPenalty(double seconds) { penalty_ = seconds; penalty_seen_ = true; }
 
-  double TargetSeconds(int rows) const;
-  // The figures as they stand (what bench reports beside its tok/s).
-  const std::map<int, double>& target_figures() const { return target_; }
-  const std::map<std::pair<int, int>, double>& draft_figures() const { return draft_; }
+  // A step of `seqs` sequences, at most q rows each and `rows` in all, in the rule's shape.
+  double StepSeconds(int seqs, int q, int rows) const;
+  double TargetSeconds(int rows, bool graph = true) const;
   double DraftSeconds(int seqs, int k) const;  // 0 when k == 0 or seqs == 0
+  // The figures as they stand (what bench reports beside its tok/s).
+  const std::map<int, double>& target_figures() const { return graph_; }
+  const std::map<int, double>& eager_figures() const { return eager_; }
+  double eager_penalty() const { return penalty_; }
+  const std::map<std::pair<int, int>, double>& draft_figures() const { return draft_; }
 
  private:
   double ratio_;
+  ShapeRule rule_;
   double weight_ = 0.2;  // a higher observation moves its figure this far toward it
-  std::map<int, double> target_;                   // by rows
+  std::map<int, double> graph_, eager_;            // target steps by computed rows
+  double penalty_ = 0;                             // an eager step over the graph step of its rows
+  bool penalty_seen_ = false;
   std::map<std::pair<int, int>, double> draft_;    // by (requests, k)
-  std::set<int> target_warm_;                      // sizes whose first step has run
+  std::set<std::pair<bool, int>> target_warm_;     // (graph, rows) whose first step has run
   std::set<std::pair<int, int>> draft_warm_;
 };
 

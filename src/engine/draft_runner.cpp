@@ -86,6 +86,7 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
     first.seqs.push_back(std::move(slice));
   }
   const auto start = std::chrono::steady_clock::now();
+  round_recorded_ = false;
   if (tree_ != nullptr) {
     const auto drafts = TreeRound(first, step_rows, requests, tree_nodes);
     for (size_t i = 0; i < drafting.size(); ++i) drafting[i].first->drafts = drafts[i];
@@ -94,7 +95,7 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
   const auto drafts = Round(first, step_rows, requests, k);
   if (!requests.empty()) {
     ObserveRound(static_cast<int>(requests.size()), k,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), round_recorded_);
   }
   for (size_t i = 0; i < drafting.size(); ++i) {
     auto& [seq, room] = drafting[i];
@@ -126,10 +127,11 @@ void MtpAssistantDrafter::ProposeDrafts(const DraftStep& step) {
     drafting.emplace_back(seq, room);
   }
   const auto start = std::chrono::steady_clock::now();
+  round_recorded_ = false;
   const auto drafts = Round(batch, hidden_rows, k);
   if (!drafting.empty()) {
     ObserveRound(static_cast<int>(drafting.size()), k,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), round_recorded_);
   }
   for (size_t i = 0; i < drafting.size(); ++i) {
     auto& [seq, room] = drafting[i];
@@ -560,6 +562,7 @@ void DeviceDrafter::DraftRound(const std::array<int, 3>& key, const std::functio
   }
   round();
   if (runner_.recording_failed()) return;
+  round_recorded_ = true;
   std::unique_ptr<DeviceGraph> graph = backend().Record(round);
   if (!graph) {
     runner_.RecordingFailed();

@@ -68,6 +68,9 @@ class DeviceDrafter : public Drafter {
   std::map<int, ModelRunner::GraphInputs> draft_inputs_;
   Tensor draft_hidden_, draft_tokens_;
   int64_t draft_graph_replays_ = 0, first_pass_graph_replays_ = 0, kv_only_graph_replays_ = 0;
+  // Whether this step's round ran a graph's first time and recorded it (the first run
+  // also plans its GEMMs): its time is no measurement of the round.
+  bool round_recorded_ = false;
 };
 
 // vLLM's "eagle3" method: the draft's first pass covers every position of the step whose

@@ -13,9 +13,10 @@ int Drafter::DraftRoom(const Sequence& seq, int k) {
   return std::max(0, std::min(k, seq.turn_max_new_tokens() - seq.turn_generated() - 1));
 }
 
-void Drafter::EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected) {
+void Drafter::EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected, DraftCostModel::ShapeRule rule) {
   config.k_max = k_;
   policy_.emplace(config);
+  measured_ = DraftCostModel(0.1, std::move(rule));
   chosen_lengths_.assign(k_ + 1, 0);
   injected_ = injected != nullptr;
   cost_ = injected_ ? injected : &measured_;
@@ -38,22 +39,24 @@ int Drafter::Room(const Sequence& seq) const {
   return it == planned_.end() ? 0 : std::min(room, it->second);
 }
 
-void Drafter::ObserveRound(int seqs, int k, double seconds) {
-  if (policy_ && !injected_) measured_.ObserveDraft(seqs, k, seconds);
+void Drafter::ObserveRound(int seqs, int k, double seconds, bool recorded) {
+  if (policy_ && !injected_ && !recorded) measured_.ObserveDraft(seqs, k, seconds);
 }
 
 // The step just run is measured (a decode or verification step: prefill rows cost
 // otherwise), then every sequence that decodes next gets its K; those that may draft
 // none still add their row.
 void Drafter::Plan(const DraftStep& step) {
-  if (!injected_ && step.decode_only && step.rows > 0) measured_.ObserveTarget(step.rows, step.run_seconds);
+  if (!injected_ && step.decode_only && step.computed_rows > 0 && !step.recorded) {
+    measured_.ObserveTarget(step.computed_rows, step.run_seconds, step.graph);
+  }
   std::vector<const Sequence*> seqs;
   std::vector<int> rooms;
   std::vector<double> acceptance;
   for (const auto& [seq, n] : step.chunks) {
     if (!seq->wants_more_tokens() || seq->num_tokens() - seq->num_computed != 1) continue;
     seqs.push_back(seq);
-    const int room = DraftRoom(*seq, k_);
+    const int room = DraftsAvailable(*seq, DraftRoom(*seq, k_));
     const bool probe = policy_->Probing(seq->draft_history, steps_planned_);
     const int cap = policy_->config().probe_drafts;
     rooms.push_back(probe && cap > 0 ? std::min(room, cap) : room);
@@ -70,13 +73,21 @@ void Drafter::Plan(const DraftStep& step) {
   }
 }
 
+int NgramDrafter::DraftsAvailable(const Sequence& seq, int room) {
+  if (room == 0) return 0;
+  std::vector<int32_t>& drafts = looked_up_[&seq] = proposer_.Propose(seq.tokens());
+  return std::min(room, static_cast<int>(drafts.size()));
+}
+
 void NgramDrafter::ProposeDrafts(const DraftStep& step) {
   for (const auto& [seq, n] : step.chunks) {
     const int room = Room(*seq);
     if (room == 0) continue;
-    seq->drafts = proposer_.Propose(seq->tokens());
+    auto it = looked_up_.find(seq);
+    seq->drafts = it != looked_up_.end() ? std::move(it->second) : proposer_.Propose(seq->tokens());
     if (static_cast<int>(seq->drafts.size()) > room) seq->drafts.resize(room);
   }
+  looked_up_.clear();
 }
 
 std::unique_ptr<Drafter> MakeDrafter(const NgramConfig& ngram, Eagle3Draft* eagle3, int eagle3_k, MtpDrafter* mtp,

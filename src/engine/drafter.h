@@ -31,11 +31,14 @@ struct DraftStep {
   // (whose final-normed hidden an MTP round starts from).
   const std::vector<std::pair<Sequence*, int32_t>>& sampled;
   // The step's seconds (the engine's cycle since the last draft round: host work and the
-  // forward), its rows, and whether every chunk was a decode or verification (one row and
-  // its drafts): what the adaptive cost model measures.
+  // forward), whether every chunk was a decode or verification (one row and its drafts),
+  // and how the runner ran it (StepResult's rows computed, graph, recorded): what the
+  // adaptive cost model measures.
   double run_seconds = 0;
-  int rows = 0;
   bool decode_only = false;
+  int computed_rows = 0;
+  bool graph = false;
+  bool recorded = false;
   // Token trees: per chunk, the accepted nodes of its verified tree in path order (node
   // indices; empty: none accepted or no tree). Null without trees. The step row of the node
   // at depth d is the chunk's root row + 1 + paths[i][d - 1]; its KV has been moved to
@@ -63,8 +66,10 @@ class Drafter {
   // with adaptive draft lengths at most the K the policy chose for it this step.
   void Propose(const DraftStep& step);
   // "draft_length": "adaptive": K per request per step from its acceptance and the cost
-  // model, measured as steps run, or `injected` (fixed figures: tests).
-  void EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected);
+  // model, measured as steps run in the shapes `rule` says the runner runs them, or
+  // `injected` (fixed figures: tests).
+  void EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected,
+                      DraftCostModel::ShapeRule rule = nullptr);
   bool adaptive() const { return policy_.has_value(); }
   const DraftCostModel& cost_model() const { return *cost_; }
   // Request-steps by the K the policy chose (index K, 0..K_max): what bench reports.
@@ -86,8 +91,12 @@ class Drafter {
   int Room(const Sequence& seq) const;
   // How many draft steps a round runs this step: K_max, or the largest K chosen.
   int RoundLength() const { return policy_ ? round_k_ : k_; }
-  // A device round over `seqs` requests of k drafts took `seconds` (the cost model's).
-  void ObserveRound(int seqs, int k, double seconds);
+  // A device round over `seqs` requests of k drafts took `seconds` (the cost model's); one
+  // that recorded a graph is no measurement.
+  void ObserveRound(int seqs, int k, double seconds, bool recorded);
+  // How many drafts each decoding sequence could take this step at most, when a method
+  // knows before the policy chooses (n-gram: its prompt-lookup match); K_max otherwise.
+  virtual int DraftsAvailable(const Sequence& /*seq*/, int room) { return room; }
 
  private:
   void Plan(const DraftStep& step);
@@ -110,9 +119,13 @@ class NgramDrafter : public Drafter {
 
  protected:
   void ProposeDrafts(const DraftStep& step) override;
+  // With adaptive draft lengths the lookup runs first: a sequence without a match is a
+  // plain row to the policy, which prices the verification step the matches make.
+  int DraftsAvailable(const Sequence& seq, int room) override;
 
  private:
   NgramProposer proposer_;
+  std::unordered_map<const Sequence*, std::vector<int32_t>> looked_up_;  // this step's, adaptive
 };
 
 // What a drafter may use of the engine: the runner (device, target KV, graph settings)

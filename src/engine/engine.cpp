@@ -82,7 +82,13 @@ Engine::Engine(Model& model, EngineConfig config)
                            {runner_, scheduler_, config_.block_size, config_.enable_prefix_caching, config_.max_model_len,
                             tree()})) {
   if (drafter_ && config_.draft_length.adaptive) {
-    drafter_->EnableAdaptive(config_.draft_length.policy, config_.draft_length.cost_model);
+    // The policy prices a plan in the shape the runner will run it: a graph's padded rows,
+    // or eagerly past the padded graphs' rows.
+    drafter_->EnableAdaptive(config_.draft_length.policy, config_.draft_length.cost_model,
+                             [this](int seqs, int q, int rows) {
+                               const ModelRunner::GraphShape g = runner_.ShapeFor(seqs, q, rows != seqs * q);
+                               return g.bucket > 0 ? StepShape{g.bucket * g.q, true} : StepShape{rows, false};
+                             });
   }
 }
 
@@ -422,8 +428,8 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
     // step's retire, this one's schedule, run and accept: host work grows with rows and
     // drafts as the forward does), or the run alone after an idle step.
     const double cycle_seconds = last_round_end_ ? Seconds(*last_round_end_, Clock::now()) : run_seconds;
-    drafter_->Propose({batch, chunks, sampled, cycle_seconds, static_cast<int>(batch.token_ids.size()), decode_only,
-                       tree() ? &tree_paths : nullptr});
+    drafter_->Propose({batch, chunks, sampled, cycle_seconds, decode_only, result.computed_rows, result.graph,
+                       result.recorded, tree() ? &tree_paths : nullptr});
     last_round_end_ = Clock::now();
   }
   end_stage(EngineStats::kPropose);

@@ -54,15 +54,8 @@ ModelRunner::~ModelRunner() {
 }
 
 ModelRunner::GraphShape ModelRunner::GraphShapeOf(const ForwardBatch& batch) const {
-  const int seqs = static_cast<int>(batch.seqs.size());
-  // Under tensor parallelism steps run eagerly: the ranks' graphs would have to be recorded
-  // and replayed together, NCCL calls inside them.
-  if (!config_.graphs || graphs_failed_ || !backend().can_record() || !config_.peer_ranks.empty() || seqs == 0 ||
-      seqs > config_.max_graph_batch) {
-    return {};
-  }
   const size_t rows = batch.token_ids.size();
-  if (batch.logit_rows.size() != rows) return {};
+  if (batch.seqs.empty() || batch.logit_rows.size() != rows) return {};
   // Token trees run eagerly: the graphs' fixed inputs carry no tree mask.
   for (const SequenceSlice& s : batch.seqs) {
     if (s.tree_base >= 0) return {};
@@ -72,7 +65,6 @@ ModelRunner::GraphShape ModelRunner::GraphShapeOf(const ForwardBatch& batch) con
   }
   int q = 0;
   for (const SequenceSlice& s : batch.seqs) q = std::max(q, s.q_len);
-  if (q < 1 || q > kMaxGraphRowsPerSeq) return {};
   int32_t start = 0;
   for (const SequenceSlice& s : batch.seqs) {
     if (s.q_len < 1 || s.q_start != start || s.ctx_len < q || static_cast<int64_t>(s.block_table.size()) > max_blocks_per_seq_) {
@@ -80,8 +72,18 @@ ModelRunner::GraphShape ModelRunner::GraphShapeOf(const ForwardBatch& batch) con
     }
     start += s.q_len;
   }
+  const int seqs = static_cast<int>(batch.seqs.size());
+  return ShapeFor(seqs, q, rows != static_cast<size_t>(seqs) * q);
+}
+
+ModelRunner::GraphShape ModelRunner::ShapeFor(int seqs, int q, bool padded) const {
+  // Under tensor parallelism steps run eagerly: the ranks' graphs would have to be recorded
+  // and replayed together, NCCL calls inside them.
+  if (!config_.graphs || graphs_failed_ || !backend().can_record() || !config_.peer_ranks.empty() || seqs <= 0 ||
+      seqs > config_.max_graph_batch || q < 1 || q > kMaxGraphRowsPerSeq) {
+    return {};
+  }
   const int bucket = BucketFor(seqs);
-  const bool padded = rows != static_cast<size_t>(seqs) * q;
   if (padded && bucket * q > kMaxPaddedGraphRows) return {};
   if (has_moe_) {  // the graph runs bucket * q rows, padding included
     const ModelConfig& c = model_.rank_config();
@@ -192,8 +194,12 @@ ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, const GraphSh
 }
 
 Tensor ModelRunner::StepLogits(const ForwardBatch& batch, const GraphShape& shape, StepResult& result) {
-  if (shape.bucket == 0) return EagerLogits(batch, result);
+  result.graph = shape.bucket > 0;
+  result.computed_rows = result.graph ? shape.bucket * shape.q : static_cast<int>(batch.token_ids.size());
+  if (!result.graph) return EagerLogits(batch, result);
+  const size_t recorded = graphs_.size();
   ForwardOutput out = GraphForward(batch, shape);
+  result.recorded = graphs_.size() != recorded || graphs_failed_;
   if (shape.padded) out = RealRows(batch, shape, out);
   // Padded rows follow the real ones, which keep their indices.
   if (config_.eagle3 != nullptr) aux_ = std::move(out.captured);

@@ -55,6 +55,12 @@ struct StepResult {
   SampledTokens sampled;                    // Run: one entry per sampling row
   VerifiedTokens verified;                  // Verify: accepted counts and emitted tokens
   std::unique_ptr<CapturedRows> captured;  // null when no layers are captured
+  // How it ran (what the adaptive draft length's cost model keys a step by): the rows it
+  // computed (a graph's padding included), on a graph or eagerly, and whether it recorded
+  // that graph (then its time is no measurement of the step).
+  int computed_rows = 0;
+  bool graph = false;
+  bool recorded = false;
 };
 
 class ModelRunner {
@@ -100,6 +106,19 @@ class ModelRunner {
   // ctx_len >= q.
   DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& inputs);
 
+  // How a step runs on a graph: `bucket` (the recorded sequence count it pads to) sequences
+  // of q rows. bucket 0: eagerly.
+  struct GraphShape {
+    int bucket = 0;
+    int q = 0;
+    bool padded = false;  // some sequence runs fewer than q rows: its real rows are gathered out
+  };
+  // The shape of a decode or verification step of `seqs` sequences with at most q rows each
+  // (padded: some have fewer), by GraphShapeOf's rule for any batch of that kind (a batch's
+  // particulars, such as a block table past the graphs' or a token tree, may still run it
+  // eagerly): what the adaptive draft length prices a plan by.
+  GraphShape ShapeFor(int seqs, int q, bool padded) const;
+
   const RunnerConfig& config() const { return config_; }
   int64_t graph_replays() const { return graph_replays_; }  // decode and verification steps that replayed a graph
   int64_t verify_graph_replays() const { return verify_graph_replays_; }  // of which verification steps
@@ -110,13 +129,6 @@ class ModelRunner {
   Backend& backend() const { return model_.backend(); }
 
  private:
-  // How a step runs on a graph: `bucket` (the recorded sequence count it pads to) sequences
-  // of q rows. bucket 0: eagerly.
-  struct GraphShape {
-    int bucket = 0;
-    int q = 0;
-    bool padded = false;  // some sequence runs fewer than q rows: its real rows are gathered out
-  };
   // A step whose every row is a logit row, in order (decode: 1 a sequence; verification: its
   // drafts + 1) fits a graph: at q = its sequences' most rows, those with fewer padded, while
   // the padded step stays within kMaxPaddedGraphRows (mixed draft lengths).
