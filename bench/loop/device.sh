@@ -12,6 +12,8 @@
 #                                          (call it again until it says "loop done": each call
 #                                          stops before a step that would pass BUDGET)
 #   bash .loop/scripts/device.sh sweep     a draft trained on SWEEP rows of hsx's states, served
+#   bash .loop/scripts/device.sh trees     (after the parts) hsx's states and one draft on them, served
+#                                          as a chain of 3, a chain of 8 and a tree of 8 nodes
 #   Settings: EPOCHS (2), MAX_TOKENS (256), SWEEP (2500 rows), BUDGET (550 s a call)
 set -uo pipefail
 stage=.loop
@@ -25,7 +27,7 @@ SWEEP=${SWEEP:-2500}
 BUDGET=${BUDGET:-550}  # seconds this call may spend (the tool stops a call at 600 s)
 # What a step needs at least, in seconds: one that would not fit in what is left of this
 # call's budget waits for the next call rather than being stopped half done.
-declare -A NEED=([train]=$((60 + 120 * EPOCHS)) [hf_states]=60 [generate]=60 [convert]=45)
+declare -A NEED=([train]=$((60 + 120 * EPOCHS)) [train_hsx]=$((60 + 120 * EPOCHS)) [hf_states]=60 [generate]=60 [convert]=45)
 LAYERS=2,15,27,30  # speculators' default [2, N//2, N-3] for N = 30, plus the last layer
 K=3
 log() { echo "[$(date +%T) +$((SECONDS))s] $*" | tee -a "$R/loop.log"; }
@@ -127,19 +129,22 @@ finish() {  # what comes back: the summary, the log and one archive of everythin
 trap finish EXIT
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$R/loop.log"
 what=${1:-main}
-if [ "$what" = main ]; then
-  step convert python3 "$scripts/hf_tools.py" convert "$model" "$W/hf" || exit 1
+hsx_states() {  # what main and trees share: the model converted, answers regenerated, rows prepared, hsx's bf16 states
+  step convert python3 "$scripts/hf_tools.py" convert "$model" "$W/hf" || return 1
   # hsx regenerates every training conversation's answer with the target (greedy)
   step generate bash -c "'$hsx' generate --device cuda --model '$model' --input '$W/data/train.prompts.jsonl' \
-    --max-tokens $MAX_TOKENS --kv-cache-gib 40 > '$W/generated.jsonl' && wc -l < '$W/generated.jsonl'" || exit 1
-  step pretok python3 "$scripts/build_sets.py" pretok "$W/data/train.prompts.jsonl" "$W/generated.jsonl" "$W/train.pretok.jsonl" || exit 1
+    --max-tokens $MAX_TOKENS --kv-cache-gib 40 > '$W/generated.jsonl' && wc -l < '$W/generated.jsonl'" || return 1
+  step pretok python3 "$scripts/build_sets.py" pretok "$W/data/train.prompts.jsonl" "$W/generated.jsonl" "$W/train.pretok.jsonl" || return 1
   step prepare python3 -m speculators prepare-data --model "$W/hf" --data "$W/train.pretok.jsonl" --output "$S/prepared" \
-    --seq-length 8192 --no-skip-token-freq --num-preprocessing-workers 8 || exit 1
-  step extract_input python3 "$scripts/build_sets.py" extract-input "$S/prepared" "$W/extract.jsonl" || exit 1
+    --seq-length 8192 --no-skip-token-freq --num-preprocessing-workers 8 || return 1
+  step extract_input python3 "$scripts/build_sets.py" extract-input "$S/prepared" "$W/extract.jsonl" || return 1
   # hsx writes the states: one file per prepared row, hs_<row>.safetensors; in bf16, and in
   # hs-connectors' FP8 format (speculators reads those through --hidden-states-backend fp8)
   step extract "$hsx" extract --device cuda --model "$model" --layers $LAYERS --dtype bfloat16 \
-    --input "$W/extract.jsonl" --output "$S/hsx_states" --kv-cache-gib 40 || exit 1
+    --input "$W/extract.jsonl" --output "$S/hsx_states" --kv-cache-gib 40 || return 1
+}
+if [ "$what" = main ]; then
+  hsx_states || exit 1
   step extract_fp8 "$hsx" extract --device cuda --model "$model" --layers $LAYERS --dtype bfloat16 \
     --input "$W/extract.jsonl" --output "$S/hsx_fp8_states" --kv-cache-gib 40 \
     --kv-transfer-config '{"kv_connector": "FP8HiddenStatesConnector"}' || exit 1
@@ -160,6 +165,20 @@ if [ "$what" = main ]; then
     '$hsx' generate --device cuda --batch-invariant --model '$model' --input '$W/exact.jsonl' --max-tokens $MAX_TOKENS --speculative-config '$(eagle "$draft")' | sort > '$R/exact_eagle3.jsonl' &&
     cmp '$R/exact_plain.jsonl' '$R/exact_eagle3.jsonl' && echo identical"
   log "loop done"
+fi
+# Issue 36: tree drafts against chains on the loop's draft (hsx's bf16 states, trained alone),
+# served at batch 1 and 32: the chain of K=3 (the loop's), a chain and a tree of 8 nodes
+# (the same verification budget: 9 rows a request).
+if [ "$what" = trees ]; then
+  hsx_states || exit 1
+  step train_hsx train "$S/hsx_states" "$S/prepared" "$W/ckpt_hsx" || exit 1
+  draft=$(latest "$W/ckpt_hsx")
+  log "hsx-state draft: $draft"
+  step serve_plain serve plain
+  step serve_chain3 serve chain3 "$(eagle "$draft")"
+  step serve_chain8 serve chain8 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"num_speculative_tokens\": 8}"
+  step serve_tree8 serve tree8 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"speculative_token_tree\": \"[(0,), (1,), (2,), (0, 0), (1, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0)]\"}"
+  log "trees done"
 fi
 if [ "$what" = sweep ] && [ "$SWEEP" != 0 ]; then  # a smaller training set, same settings
   step prepare_small python3 -m speculators prepare-data --model "$W/hf" --data "$W/train.pretok.jsonl" \
