@@ -273,9 +273,12 @@ if [ "$what" = specadaptive ]; then  # issue 36's goals: adaptive K at batch 1..
   sa() { .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 \
            --new-tokens 256 --kv-cache-gib 40 --batch-sizes "${SA_BATCHES:-1,2,4,8,16,32,64,128}" "$@" 2>>"$OUT/specadaptive.err" | grep batch; }
   e3() { echo "{\"method\": \"eagle3\", \"model\": \"/dev/shm/eagle3-qwen3-8b\", \"num_speculative_tokens\": $1, \"draft_length\": \"adaptive\"}"; }
+  # Plain decode first and last: the ratios are against their mean, and their difference is
+  # the call's drift (later runs on the same GPU have measured a few percent slower).
   { sa; sa --speculative-config "$(e3 3)" --spec-bench-accept-rate 0; sa --speculative-config "$(e3 4)" --spec-bench-accept-rate 0.745
-    sa --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "draft_length": "adaptive"}'; } \
+    sa --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "draft_length": "adaptive"}'; sa; } \
     | tee "$OUT/specadaptive.jsonl"
+  python3 bench/speculative_ratios.py "$OUT/specadaptive.jsonl"
 fi
 if [ "$what" = mtpbench ]; then  # Gemma 4 MTP at the gemma-4-31b shape (the assistant's shape estimated), plain beside
   python3 bench/make_dummy_mtp.py /dev/shm/mtp-gemma-4-31b | tee "$OUT/mtpbench.jsonl"
@@ -293,8 +296,9 @@ if [ "$what" = mtpadaptive ]; then  # issue 36's goals for MTP: adaptive K at ba
   ma() { timeout 240 .devbin/hsx bench --decode --device cuda --model gemma-4-31b --load-format dummy --prompt-len 512 \
            --new-tokens 256 --kv-cache-gib 40 --batch-sizes "${MA_BATCHES:-1,8,32,128}" "$@" 2>>"$OUT/mtpadaptive.err" | grep batch; }
   mtp() { echo "{\"method\": \"mtp\", \"model\": \"/dev/shm/mtp-gemma-4-31b\", \"num_speculative_tokens\": $1, \"draft_length\": \"adaptive\"}"; }
-  { ma; ma --speculative-config "$(mtp 3)"; ma --speculative-config "$(mtp 4)" --spec-bench-accept-rate 0.745; } \
+  { ma; ma --speculative-config "$(mtp 3)"; ma --speculative-config "$(mtp 4)" --spec-bench-accept-rate 0.745; ma; } \
     | tee "$OUT/mtpadaptive.jsonl"
+  python3 bench/speculative_ratios.py "$OUT/mtpadaptive.jsonl"
 fi
 if [ "$what" = devices ]; then  # nvidia-h200-x2: hsx serve --device cuda:1 beside cuda:0
   python3 tests/device/serve_on_devices.py .devbin/hsx cuda:0 cuda:1 2>&1 | tee "$OUT/devices.jsonl"

@@ -282,6 +282,8 @@ TEST_F(CliTest, DecodeBenchReportsEachBatchAndRefusesEmptyOnes) {
     batches.push_back(j.at("batch").get<int>());
     EXPECT_EQ(j.at("new_tokens").get<int>(), 5);
     EXPECT_GT(j.at("value").get<double>(), 0.0);
+    EXPECT_GT(j.at("end_to_end_tokens_per_s").get<double>(), 0.0);
+    EXPECT_LT(j.at("end_to_end_tokens_per_s").get<double>(), 1e9);
   }
   EXPECT_EQ(batches, (std::vector<int>{1, 3}));
   for (const char* bad : {" --batch-sizes 0", " --batch-sizes 2,-1", " --prompt-len 0", " --new-tokens 0"}) {

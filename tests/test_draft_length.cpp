@@ -130,7 +130,7 @@ TEST(DraftLengthPolicy, MixedDraftsPastThePaddedGraphsPayTheEagerPenalty) {
   const DraftLengthPolicy policy(Config(3));
   std::vector<int> rooms(128, 0);
   std::fill_n(rooms.begin(), 10, 3);  // ten matches
-  const std::vector<double> acceptance(128, 0.5);
+  const std::vector<double> acceptance(128, 0.9);
   auto drafted = [&](const DraftCostModel& cost) {
     int total = 0;
     for (int k : policy.Choose(rooms, acceptance, cost)) total += k;
@@ -140,9 +140,23 @@ TEST(DraftLengthPolicy, MixedDraftsPastThePaddedGraphsPayTheEagerPenalty) {
   cost.SetTarget(128, 10.0);
   cost.SetTarget(512, 17.0);
   cost.SetDraft(10, 3, 0.0);  // prompt lookup: no device round
-  EXPECT_GT(drafted(cost), 0);  // without a penalty the matches pay (about 8 tokens for 30 rows)
-  cost.SetEagerPenalty(1.0);    // 10% of the step: more than they yield
+  EXPECT_GT(drafted(cost), 0);  // without a penalty the matches pay (24 tokens for 30 rows: +13%)
+  cost.SetEagerPenalty(1.0);    // 10% of the step: +3% left, under min_gain
   EXPECT_EQ(drafted(cost), 0);
+}
+
+// A plan is taken only where it beats plain decoding by min_gain (5%): a 3% gain is left.
+TEST(DraftLengthPolicy, MarginalGainsAreNotTaken) {
+  DraftCostModel cost;
+  cost.SetTarget(1, 1.0);
+  cost.SetTarget(2, 1.0);
+  cost.SetDraft(1, 1, 0.0);
+  // One draft at acceptance a costs a second row (free here) and yields a: a 3% gain at 0.03.
+  DraftLengthConfig config = Config(1);
+  EXPECT_EQ(DraftLengthPolicy(config).Choose({1}, {0.03}, cost)[0], 0);
+  EXPECT_EQ(DraftLengthPolicy(config).Choose({1}, {0.06}, cost)[0], 1);
+  config.min_gain = 0;
+  EXPECT_EQ(DraftLengthPolicy(config).Choose({1}, {0.03}, cost)[0], 1);
 }
 
 // Idle requests probe on the same steps (multiples of probe_interval), whenever each went

@@ -4,7 +4,7 @@
 # weights"). Every step leaves a marker in $W, so a call that finds the machine warm goes on
 # where the last one stopped; a fresh machine is told which parts it lacks.
 #
-#   bash .loop/scripts/device.sh part N    copy the model's part N to /tmp (calls 1 and 2)
+#   bash .loop/scripts/device.sh part N    copy the model's part N to /tmp (a call for each part but the last)
 #   bash .loop/scripts/device.sh main      (with the last part) reassemble + sha256, install the
 #                                          wheels, convert, regenerate, prepare, the states (hsx
 #                                          bf16, hsx FP8, HF), train the three drafts side by side,
@@ -33,19 +33,20 @@ K=3
 log() { echo "[$(date +%T) +$((SECONDS))s] $*" | tee -a "$R/loop.log"; }
 
 if [ "${1:-}" = part ]; then
-  cp "$stage/model.part$2" "$W/" && log "part $2 in $W: $(ls "$W" | grep -c model.part) of 3 parts there"
+  cp "$stage/model.part$2" "$W/" && log "part $2 in $W: $(ls "$W" | grep -c model.part) parts there"
   exit 0
 fi
 
 # ---- the model: parts -> one file, checked
 model=$W/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$model" ]; then
-  for p in 00 01 02; do
+  parts=$(seq -f %02g 0 $(($(cat "$stage/model.nparts") - 1)))
+  for p in $parts; do
     [ -f "$W/model.part$p" ] || cp "$stage/model.part$p" "$W/" 2>/dev/null || {
-      echo "model part $p is missing on this machine (a fresh one?): run 'part 00', 'part 01', then this again, back to back"
+      echo "model part $p is missing on this machine (a fresh one?): run 'part NN' for each part but the last, then this again, back to back"
       exit 3; }
   done
-  cat "$W"/model.part00 "$W"/model.part01 "$W"/model.part02 > "$model.partial"
+  (cd "$W" && cat $(printf 'model.part%s ' $parts)) > "$model.partial"
   echo "$(cat "$stage/model.sha256")  $model.partial" | sha256sum -c --quiet ||
     { log "sha256 mismatch: parts corrupt, removed; start again from part 00"; rm -f "$W"/model.part* "$model.partial"; exit 4; }
   mv "$model.partial" "$model"

