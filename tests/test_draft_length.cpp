@@ -70,6 +70,18 @@ TEST(DraftCostModel, FewerRowsNeverCostMore) {
   EXPECT_DOUBLE_EQ(cost.TargetSeconds(16), 3.05);  // in proportion below the least, capped too
 }
 
+// Nor does a draft round cost more for fewer requests or drafts than one measured.
+TEST(DraftCostModel, FewerRequestsOrDraftsNeverCostMore) {
+  DraftCostModel cost;
+  cost.SetDraft(31, 3, 10.75);  // inflated (new GEMM shapes)
+  cost.SetDraft(32, 3, 0.94);
+  cost.SetDraft(32, 1, 0.42);
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(31, 3), 0.94);
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(31, 2), 0.94);
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(32, 2), 0.84);  // from the nearest k (1; lower on a tie): 2 x 0.42
+  EXPECT_DOUBLE_EQ(cost.DraftSeconds(32, 4), 0.94 * 4 / 3);  // nothing measured above: scaled
+}
+
 // The H200's trap at batch 32 (0.89x plain at zero acceptance): the plain step's figure was
 // measured inflated, drafting K=1 for every request looked cheaper than a plain step, and
 // plain steps were never run again to correct it. With the cap, a draft that is never
