@@ -73,6 +73,7 @@ TEST(DraftCostModel, FewerRowsNeverCostMore) {
 // Nor does a draft round cost more for fewer requests or drafts than one measured.
 TEST(DraftCostModel, FewerRequestsOrDraftsNeverCostMore) {
   DraftCostModel cost;
+  cost.SetTarget(32, 5.93);
   cost.SetDraft(31, 3, 10.75);  // inflated (new GEMM shapes)
   cost.SetDraft(32, 3, 0.94);
   cost.SetDraft(32, 1, 0.42);
@@ -80,6 +81,12 @@ TEST(DraftCostModel, FewerRequestsOrDraftsNeverCostMore) {
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(31, 2), 0.94);
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(32, 2), 0.84);  // from the nearest k (1; lower on a tie): 2 x 0.42
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(32, 4), 0.94 * 4 / 3);  // nothing measured above: scaled
+  // A draft step never costs more than 0.3 of a plain step (the only figure inflated).
+  DraftCostModel only;
+  only.SetTarget(32, 5.93);
+  only.SetDraft(31, 3, 11.44);
+  EXPECT_DOUBLE_EQ(only.DraftSeconds(32, 4), 0.3 * 4 * 5.93);
+  EXPECT_DOUBLE_EQ(only.DraftSeconds(31, 1), 0.3 * 5.93 * 31 / 32);  // below 32 rows: in proportion
 }
 
 // The H200's trap at batch 32 (0.89x plain at zero acceptance): the plain step's figure was

@@ -61,6 +61,7 @@ class DraftCostModel {
   double StepSeconds(int seqs, int q, int rows) const;
   double TargetSeconds(int rows, bool graph = true) const;
   double DraftSeconds(int seqs, int k) const;  // 0 when k == 0 or seqs == 0
+  static constexpr double kMaxDraftStepRatio = 0.3;  // a draft step's cost at most, in plain steps
   // The figures as they stand (what bench reports beside its tok/s).
   const std::map<int, double>& target_figures() const { return graph_; }
   const std::map<int, double>& eager_figures() const { return eager_; }
