@@ -136,6 +136,9 @@ TEST(DraftCostModel, EagerStepsCostTheGraphStepPlusAMeasuredPenalty) {
   EXPECT_NEAR(cost.eager_penalty(), penalty, 1e-12);
   EXPECT_NEAR(cost.TargetSeconds(150, false), 10.0 + 7.0 * 22 / 384 + penalty, 1e-12);
   EXPECT_DOUBLE_EQ(cost.TargetSeconds(150), 10.0 + 7.0 * 22 / 384);  // a graph step: none
+  cost.ObserveTarget(160, 1.0, false);  // the first sight: skipped
+  cost.ObserveTarget(160, 9.0, false);  // below the graph figure at 160 rows: no negative penalty
+  EXPECT_DOUBLE_EQ(cost.eager_penalty(), 0.0);
   // The rule's shapes: 128 requests, 10 of them with 3 drafts, run eagerly; all 128 with 3
   // on the graph of 512 rows; 16 requests with mixed drafts padded on the graph of 64.
   EXPECT_NEAR(cost.StepSeconds(128, 4, 158), cost.TargetSeconds(158, false), 1e-12);

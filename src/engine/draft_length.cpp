@@ -49,8 +49,10 @@ double Interpolate(const std::map<int, double>& figures, int rows) {
 // stops drafting, and with it the measurements that would correct it.
 void DraftCostModel::ObserveTarget(int rows, double seconds, bool graph) {
   if (target_warm_.insert({graph, rows}).second) return;
-  if (!graph && !graph_.empty()) {  // what it cost over the graph step of its rows
-    Smooth(penalty_, seconds - Interpolate(graph_, rows), weight_, penalty_seen_);
+  if (!graph && !graph_.empty()) {  // what it cost over the graph step of its rows, never below 0
+    // (an eager step runs no more rows than the graph step of its rows; a sample below the
+    // graph figure is the graph figure's error past its measured rows)
+    Smooth(penalty_, std::max(0.0, seconds - Interpolate(graph_, rows)), weight_, penalty_seen_);
     penalty_seen_ = true;
   }
   std::map<int, double>& figures = graph ? graph_ : eager_;
