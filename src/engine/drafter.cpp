@@ -56,11 +56,12 @@ void Drafter::Plan(const DraftStep& step) {
   for (const auto& [seq, n] : step.chunks) {
     if (!seq->wants_more_tokens() || seq->num_tokens() - seq->num_computed != 1) continue;
     seqs.push_back(seq);
-    const int room = DraftsAvailable(*seq, DraftRoom(*seq, k_));
+    const double a = policy_->Acceptance(seq->draft_history, steps_planned_);
+    const int room = DraftsAvailable(*seq, DraftRoom(*seq, k_), a);
     const bool probe = policy_->Probing(seq->draft_history, steps_planned_);
     const int cap = policy_->config().probe_drafts;
     rooms.push_back(probe && cap > 0 ? std::min(room, cap) : room);
-    acceptance.push_back(policy_->Acceptance(seq->draft_history, steps_planned_));
+    acceptance.push_back(a);
   }
   const std::vector<int> ks = policy_->Choose(rooms, acceptance, *cost_);
   ++steps_planned_;
@@ -73,8 +74,8 @@ void Drafter::Plan(const DraftStep& step) {
   }
 }
 
-int NgramDrafter::DraftsAvailable(const Sequence& seq, int room) {
-  if (room == 0) return 0;
+int NgramDrafter::DraftsAvailable(const Sequence& seq, int room, double acceptance) {
+  if (room == 0 || acceptance < kMinLookupAcceptance) return 0;
   std::vector<int32_t>& drafts = looked_up_[&seq] = proposer_.Propose(seq.tokens());
   return std::min(room, static_cast<int>(drafts.size()));
 }
