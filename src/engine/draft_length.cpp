@@ -67,7 +67,7 @@ void DraftCostModel::ObserveDraft(int seqs, int k, double seconds) {
 }
 
 double DraftCostModel::TargetSeconds(int rows, bool graph) const {
-  if (!graph && !graph_.empty()) return Interpolate(graph_, rows) + (penalty_seen_ ? penalty_ : 0.0);
+  if (!graph && !graph_.empty()) return Interpolate(graph_, rows) + penalty_;  // 0 until measured
   const std::map<int, double>& figures = graph ? graph_ : eager_;
   const std::map<int, double>& other = graph ? eager_ : graph_;
   if (!figures.empty()) return Interpolate(figures, rows);

@@ -43,7 +43,8 @@ class DraftCostModel {
   // Until a kind of step is measured: a target step costs 1 whatever its rows, a draft
   // round draft_step_ratio per draft step (a relative prior; any measurement replaces it).
   // Without a rule every step runs on a graph of its own rows.
-  explicit DraftCostModel(double draft_step_ratio = 0.1, ShapeRule rule = nullptr)
+  static constexpr double kDraftStepPrior = 0.1;
+  explicit DraftCostModel(double draft_step_ratio = kDraftStepPrior, ShapeRule rule = nullptr)
       : ratio_(draft_step_ratio), rule_(std::move(rule)) {}
 
   // A target step of `rows` computed rows (decode and verification rows; no prefill) took

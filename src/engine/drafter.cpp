@@ -16,7 +16,7 @@ int Drafter::DraftRoom(const Sequence& seq, int k) {
 void Drafter::EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected, DraftCostModel::ShapeRule rule) {
   config.k_max = k_;
   policy_.emplace(config);
-  measured_ = DraftCostModel(0.1, std::move(rule));
+  measured_ = DraftCostModel(DraftCostModel::kDraftStepPrior, std::move(rule));
   chosen_lengths_.assign(k_ + 1, 0);
   injected_ = injected != nullptr;
   cost_ = injected_ ? injected : &measured_;
