@@ -268,6 +268,7 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
                                {"draft_rounds", drafter ? drafter->graph_replays() : 0},
                                {"draft_first_passes", drafter ? drafter->first_pass_graph_replays() : 0},
                                {"draft_kv_only_passes", drafter ? drafter->kv_only_graph_replays() : 0},
+                               {"draft_eager_first_passes", drafter ? drafter->eager_first_passes() : 0},
                                {"launch_ms_per_step", runner.graph_replays() > 0
                                                           ? 1e3 * runner.graph_launch_seconds() / runner.graph_replays()
                                                           : 0.0}};

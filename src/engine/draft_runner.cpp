@@ -196,25 +196,40 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
     KeepKV(first_pass, step_rows);
     return {};
   }
-  size_t longest_table = 0;
-  for (const DraftRequest& r : requests) longest_table = std::max(longest_table, r.block_table.size());
-  int bucket = DraftGraphBucket(n, longest_table);
-  const int q = bucket > 0 ? PaddedFirstPassRows(first_pass, num_drafts) : 0;
-  if (q == 0 && num_drafts == 1) bucket = 0;  // the first pass alone, eagerly: nothing to record
+  // The first pass on a graph of all its sequences (those that draft nothing ride along:
+  // their drafts are dropped, their chained rows pad), where it fits one; else eagerly, and
+  // the chained steps alone on a graph of the requests.
+  std::vector<int> seq_of_request;
+  const FirstPassShape shape = PaddedFirstPass(first_pass, seq_of_request);
+  const int q = shape.q;
+  std::vector<const DraftRequest*> chain_rows;  // the chained steps' rows: a request, or null (padding)
+  int bucket = shape.bucket;
+  if (q > 0) {
+    chain_rows.assign(first_pass.seqs.size(), nullptr);
+    for (int r = 0; r < n; ++r) chain_rows[seq_of_request[r]] = &requests[r];
+  } else {
+    size_t longest_table = 0;
+    for (const DraftRequest& r : requests) {
+      longest_table = std::max(longest_table, r.block_table.size());
+      chain_rows.push_back(&r);
+    }
+    // The first pass alone, eagerly, has nothing to record.
+    bucket = num_drafts > 1 ? DraftGraphBucket(n, longest_table) : 0;
+  }
   const int rows = bucket > 0 ? bucket : n;
   // Drafts stay on the device, step after step ([num_drafts, rows]); one download at the end.
   Tensor tokens = bucket > 0 ? DraftTokens() : backend.Empty(DType::kI32, {int64_t{num_drafts} * n});
   const int64_t layers = step_aux.size(0), h = step_aux.size(2);
-  auto gather_aux = [this](const std::vector<int32_t>& rows_of_step, Tensor& out) { GatherAux(rows_of_step, out); };
   DeviceBatch padded;  // the first pass on the graph (q > 0), and its aux states
   Tensor padded_aux;
   Tensor hidden;  // otherwise: the hidden rows the chained steps start from
   if (q > 0) {
-    padded = StagePaddedFirstPass(first_pass, step_rows, bucket, q, num_drafts, padded_aux, gather_aux);
+    padded = StagePaddedFirstPass(first_pass, step_rows, shape, padded_aux);
   } else {
+    ++eager_first_passes_;
     const int64_t first_rows = static_cast<int64_t>(step_rows.size());
     Tensor aux = backend.Empty(step_aux.dtype(), {layers * first_rows, h});
-    gather_aux(step_rows, aux);
+    GatherAux(step_rows, aux);
     const Eagle3Output out =
         draft.Forward(first_pass, draft.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
     Tensor first = tokens.Rows(0, n);
@@ -227,7 +242,7 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
     }
   }
   const std::vector<DeviceBatch> steps =
-      num_drafts > 1 ? StageChainedSteps(requests, rows, num_drafts - 1, tokens, bucket > 0) : std::vector<DeviceBatch>();
+      num_drafts > 1 ? StageChainedSteps(chain_rows, rows, num_drafts - 1, tokens, bucket > 0) : std::vector<DeviceBatch>();
   // [the first pass, then] step s: each request's draft s - 1 at the position after, fed the
   // hidden it left.
   auto round = [&] {
@@ -250,7 +265,12 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
   } else {
     round();
   }
-  return DownloadDrafts(tokens, rows, n, num_drafts);
+  std::vector<std::vector<int32_t>> drafts =
+      DownloadDrafts(tokens, rows, static_cast<int>(chain_rows.size()), num_drafts);
+  if (q == 0) return drafts;
+  std::vector<std::vector<int32_t>> of_requests(n);
+  for (int r = 0; r < n; ++r) of_requests[r] = std::move(drafts[seq_of_request[r]]);
+  return of_requests;
 }
 
 std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& first_pass,
@@ -378,21 +398,10 @@ void Eagle3Drafter::GatherAux(const std::vector<int32_t>& rows_of_step, Tensor& 
 // where the pass fits one, padded as a drafting first pass is. At zero acceptance, with
 // adaptive draft lengths, this is every step's draft work.
 void Eagle3Drafter::KeepKV(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows) {
-  const int seqs = static_cast<int>(first_pass.seqs.size());
-  size_t longest_table = 0;
-  int q = 1;
-  bool fits = true;
-  for (const SequenceSlice& s : first_pass.seqs) {
-    longest_table = std::max(longest_table, s.block_table.size());
-    q = std::max(q, s.q_len);
-  }
-  // A verification step's rows at most (the padded aux buffer's size), each sequence with
-  // as many positions before its end.
-  const int most = std::min(num_speculative_tokens() + 1, ModelRunner::kMaxGraphRowsPerSeq);
-  for (const SequenceSlice& s : first_pass.seqs) fits = fits && s.q_len >= 1 && s.ctx_len >= q;
-  const int bucket = fits && q <= most ? DraftGraphBucket(seqs, longest_table) : 0;
   Eagle3Draft& draft = draft_;
-  if (bucket == 0) {
+  std::vector<int> no_requests;
+  const FirstPassShape shape = PaddedFirstPass(first_pass, no_requests);
+  if (shape.bucket == 0) {
     const Tensor& step_aux = runner_.step_aux();
     const int64_t layers = step_aux.size(0), h = step_aux.size(2), rows = static_cast<int64_t>(step_rows.size());
     Tensor aux = backend().Empty(step_aux.dtype(), {layers * rows, h});
@@ -401,33 +410,43 @@ void Eagle3Drafter::KeepKV(const ForwardBatch& first_pass, const std::vector<int
     return;
   }
   Tensor aux;
-  const DeviceBatch padded = StagePaddedFirstPass(
-      first_pass, step_rows, bucket, q, num_speculative_tokens(), aux,
-      [this](const std::vector<int32_t>& rows_of_step, Tensor& out) { GatherAux(rows_of_step, out); });
+  const DeviceBatch padded = StagePaddedFirstPass(first_pass, step_rows, shape, aux);
   // Key (bucket, q, 0 drafts): a KV-only pass, apart from every drafting round's.
-  DraftRound({bucket, q, 0}, [&] { draft.StoreKV(padded, draft.CombineHiddenStates(aux), cache_); });
+  DraftRound({shape.bucket, shape.q, 0}, [&] { draft.StoreKV(padded, draft.CombineHiddenStates(aux), cache_); });
 }
 
-// A first pass fits a graph when every sequence in it drafts (its logit row its last) and
-// runs at most num_drafts + 1 rows (a verification step's), with at least as many positions
-// before its end as the widest: each is padded at its front to that width (q) with rows at
-// the positions before, which store no KV, so its last row stays the block's last.
-int Eagle3Drafter::PaddedFirstPassRows(const ForwardBatch& first_pass, int num_drafts) const {
+// A first pass fits a graph of its sequences' bucket when each logit row (one per request,
+// in order) is its sequence's last, and each sequence runs at most a verification step's
+// rows (K + 1) and has at least as many positions before its end as the widest (q): each is
+// padded at its front to q rows at the positions before, which store no KV, so its last row
+// stays the block's last. seq_of_request gets each logit row's sequence.
+Eagle3Drafter::FirstPassShape Eagle3Drafter::PaddedFirstPass(const ForwardBatch& first_pass,
+                                                             std::vector<int>& seq_of_request) const {
   const size_t seqs = first_pass.seqs.size();
-  if (first_pass.logit_rows.size() != seqs) return 0;
   int q = 1;
-  for (const SequenceSlice& s : first_pass.seqs) q = std::max(q, s.q_len);
-  if (q > num_drafts + 1 || q > ModelRunner::kMaxGraphRowsPerSeq) return 0;
-  for (size_t i = 0; i < seqs; ++i) {
-    const SequenceSlice& s = first_pass.seqs[i];
-    if (s.q_len < 1 || s.ctx_len < q || first_pass.logit_rows[i] != s.q_start + s.q_len - 1) return 0;
+  size_t longest_table = 0;
+  for (const SequenceSlice& s : first_pass.seqs) {
+    q = std::max(q, s.q_len);
+    longest_table = std::max(longest_table, s.block_table.size());
   }
-  return q;
+  if (q > std::min(num_speculative_tokens() + 1, ModelRunner::kMaxGraphRowsPerSeq)) return {};
+  for (const SequenceSlice& s : first_pass.seqs) {
+    if (s.q_len < 1 || s.ctx_len < q) return {};
+  }
+  seq_of_request.clear();
+  size_t i = 0;
+  for (int32_t row : first_pass.logit_rows) {
+    while (i < seqs && first_pass.seqs[i].q_start + first_pass.seqs[i].q_len - 1 < row) ++i;
+    if (i == seqs || first_pass.seqs[i].q_start + first_pass.seqs[i].q_len - 1 != row) return {};
+    seq_of_request.push_back(static_cast<int>(i++));
+  }
+  const int bucket = DraftGraphBucket(static_cast<int>(seqs), longest_table);
+  return bucket > 0 ? FirstPassShape{bucket, q} : FirstPassShape{};
 }
 
-DeviceBatch Eagle3Drafter::StagePaddedFirstPass(
-    const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows, int bucket, int q, int num_drafts, Tensor& aux,
-    const std::function<void(const std::vector<int32_t>&, Tensor&)>& gather_aux) {
+DeviceBatch Eagle3Drafter::StagePaddedFirstPass(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
+                                                const FirstPassShape& shape, Tensor& aux) {
+  const int bucket = shape.bucket, q = shape.q;
   ForwardBatch padded;
   std::vector<int32_t> rows_of_step;  // each padded row's row in the step (padding: its sequence's first)
   for (const SequenceSlice& s : first_pass.seqs) {
@@ -450,26 +469,27 @@ DeviceBatch Eagle3Drafter::StagePaddedFirstPass(
   for (int i = 1; i <= bucket; ++i) inputs.logit_rows.push_back(i * q - 1);
   const Tensor& step_aux = runner_.step_aux();
   const int64_t layers = step_aux.size(0), h = step_aux.size(2);
-  if (!first_pass_aux_.defined() || first_pass_aux_.numel() < layers * bucket * q * h) {
-    // Sized for the largest bucket and a verification step's rows (num_drafts + 1), once per
-    // runner in practice; graphs recorded on a smaller one go with it.
-    draft_graphs_.clear();
-    first_pass_aux_ = backend().Empty(step_aux.dtype(), {layers * runner_.max_graph_batch() * (num_drafts + 1) * h});
+  if (!first_pass_aux_.defined()) {
+    // Sized for the largest bucket and a verification step's rows (K + 1): graphs keep its address.
+    first_pass_aux_ =
+        backend().Empty(step_aux.dtype(), {layers * runner_.max_graph_batch() * (num_speculative_tokens() + 1) * h});
   }
   aux = first_pass_aux_.Rows(0, layers * bucket * q * h).View({layers * bucket * q, h});
-  gather_aux(rows_of_step, aux);
+  GatherAux(rows_of_step, aux);
   aux = aux.View({int64_t{bucket} * q, layers, h});
   return inputs;
 }
 
 // Layout, in int32 words, for S steps of R rows: per step positions [R], slots [R] and
 // sequence info [R, 4], then the block tables (one per row at a stride, shared by the steps).
-std::vector<DeviceBatch> Eagle3Drafter::StageChainedSteps(const std::vector<DraftRequest>& requests, int rows, int steps,
-                                                        const Tensor& tokens, bool fixed) {
+std::vector<DeviceBatch> Eagle3Drafter::StageChainedSteps(const std::vector<const DraftRequest*>& row_requests,
+                                                        int rows, int steps, const Tensor& tokens, bool fixed) {
   Backend& backend = this->backend();
-  const int n = static_cast<int>(requests.size()), bs = block_size_;
+  const int n = static_cast<int>(row_requests.size()), bs = block_size_;
   int64_t stride = 1;
-  for (const DraftRequest& r : requests) stride = std::max<int64_t>(stride, r.block_table.size());
+  for (const DraftRequest* r : row_requests) {
+    if (r != nullptr) stride = std::max<int64_t>(stride, r->block_table.size());
+  }
   const int64_t per_step = 6 * int64_t{rows}, words = steps * per_step + rows * stride;
   if (fixed && !chain_inputs_.device.defined()) {
     const int64_t most = ModelRunner::kMaxGraphRowsPerSeq * 6 * runner_.max_graph_batch() +
@@ -481,17 +501,20 @@ std::vector<DeviceBatch> Eagle3Drafter::StageChainedSteps(const std::vector<Draf
   int32_t* staged = host.data<int32_t>();
   int32_t* tables = staged + steps * per_step;
   std::fill_n(tables, rows * stride, 0);  // padding rows attend to the first slot of block 0
-  for (int i = 0; i < n; ++i) std::copy(requests[i].block_table.begin(), requests[i].block_table.end(), tables + i * stride);
+  for (int i = 0; i < n; ++i) {
+    if (row_requests[i] != nullptr) std::copy(row_requests[i]->block_table.begin(), row_requests[i]->block_table.end(), tables + i * stride);
+  }
   std::vector<std::vector<SequenceSlice>> seqs(steps);  // the host copies eager attention reads
   for (int s = 0; s < steps; ++s) {
     int32_t *positions = staged + s * per_step, *slots = positions + rows, *info = slots + rows;
     for (int i = 0; i < rows; ++i) {
-      // Padding: token at position 0, storing no KV.
-      const int32_t pos = i < n ? requests[i].position + s : 0;
+      // Padding: token at position 0, storing no KV, attending to the first slot of block 0.
+      const DraftRequest* r = i < n ? row_requests[i] : nullptr;
+      const int32_t pos = r != nullptr ? r->position + s : 0;
       positions[i] = pos;
-      slots[i] = i < n ? static_cast<int32_t>(SlotOf(requests[i].block_table, pos, bs)) : -1;
+      slots[i] = r != nullptr ? static_cast<int32_t>(SlotOf(r->block_table, pos, bs)) : -1;
       std::copy_n(std::array<int32_t, 4>{i, 1, pos + 1, static_cast<int32_t>(i * stride)}.begin(), 4, info + 4 * i);
-      if (!fixed) seqs[s].push_back({i, 1, pos + 1, requests[i].block_table});
+      if (!fixed) seqs[s].push_back({i, 1, pos + 1, r != nullptr ? r->block_table : std::vector<int32_t>{0}});
     }
   }
   Tensor device;
@@ -527,7 +550,7 @@ int DeviceDrafter::DraftGraphBucket(int sequences, size_t longest_block_table) c
   }
   const int bucket = ModelRunner::BucketFor(sequences);
   // The round's forwards run bucket rows, padding included (ModelRunner::GraphShapeOf's rule).
-  if (moe_ != nullptr &&
+  if (moe_ != nullptr && !runner_.replays_eagerly() &&
       !backend().MoeRecordable(bucket, moe_->num_experts, moe_->hidden_size, moe_->moe_intermediate_size)) {
     return 0;
   }
@@ -552,8 +575,14 @@ Tensor DeviceDrafter::DraftHidden(int64_t width) {
 // As GraphForward: replayed where its key has a graph, else run on the fixed inputs
 // (its GEMMs tune) and recorded for the next round.
 void DeviceDrafter::DraftRound(const std::array<int, 3>& key, const std::function<void()>& round) {
-  if (auto it = draft_graphs_.find(key); it != draft_graphs_.end()) {
-    it->second->Replay();
+  const bool eager = runner_.replays_eagerly();
+  auto it = draft_graphs_.find(key);
+  if (eager || it != draft_graphs_.end()) {
+    if (eager) {
+      round();
+    } else {
+      it->second->Replay();
+    }
     const bool drafts = key[2] > 0;
     draft_graph_replays_ += drafts;
     first_pass_graph_replays_ += drafts && key[1] > 0;

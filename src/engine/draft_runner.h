@@ -34,6 +34,7 @@ class DeviceDrafter : public Drafter {
   int64_t graph_replays() const override { return draft_graph_replays_; }
   int64_t first_pass_graph_replays() const override { return first_pass_graph_replays_; }
   int64_t kv_only_graph_replays() const override { return kv_only_graph_replays_; }
+  int64_t eager_first_passes() const override { return eager_first_passes_; }
 
  protected:
   Backend& backend() const { return runner_.backend(); }
@@ -67,7 +68,7 @@ class DeviceDrafter : public Drafter {
   std::map<std::array<int, 3>, std::unique_ptr<DeviceGraph>> draft_graphs_;
   std::map<int, ModelRunner::GraphInputs> draft_inputs_;
   Tensor draft_hidden_, draft_tokens_;
-  int64_t draft_graph_replays_ = 0, first_pass_graph_replays_ = 0, kv_only_graph_replays_ = 0;
+  int64_t draft_graph_replays_ = 0, first_pass_graph_replays_ = 0, kv_only_graph_replays_ = 0, eager_first_passes_ = 0;
   // Whether this step's round ran a graph's first time and recorded it (the first run
   // also plans its GEMMs): its time is no measurement of the round.
   bool round_recorded_ = false;
@@ -99,20 +100,22 @@ class Eagle3Drafter : public DeviceDrafter {
   void ProposeDrafts(const DraftStep& step) override;
 
  private:
-  // EAGLE-3's first pass on the round's graph: the rows per sequence it pads to, or 0 if
-  // it runs eagerly.
-  int PaddedFirstPassRows(const ForwardBatch& first_pass, int num_drafts) const;
+  // The padded graph a first pass fits (bucket 0: none, it runs eagerly) and its rows per
+  // sequence; seq_of_request gets the sequence of each logit row.
+  struct FirstPassShape {
+    int bucket = 0, q = 0;
+  };
+  FirstPassShape PaddedFirstPass(const ForwardBatch& first_pass, std::vector<int>& seq_of_request) const;
   void GatherAux(const std::vector<int32_t>& rows_of_step, Tensor& out);
   void KeepKV(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows);
   // Stages the padded first pass (bucket sequences of q rows, each ending with its logit
   // row) into fixed inputs and gathers its aux states into a fixed [bucket q, A, H].
-  DeviceBatch StagePaddedFirstPass(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows, int bucket,
-                                   int q, int num_drafts, Tensor& aux,
-                                   const std::function<void(const std::vector<int32_t>&, Tensor&)>& gather_aux);
-  // EAGLE-3's chained steps 1..steps of a round for `rows` rows (the requests, then padding
-  // rows that store no KV), staged in one upload, into the fixed inputs where `fixed`; step
-  // s reads its token ids from row s - 1 of tokens.
-  std::vector<DeviceBatch> StageChainedSteps(const std::vector<DraftRequest>& requests, int rows, int steps,
+  DeviceBatch StagePaddedFirstPass(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
+                                   const FirstPassShape& shape, Tensor& aux);
+  // EAGLE-3's chained steps 1..steps of a round for `rows` rows (row i: row_requests[i], or
+  // padding that stores no KV where null or past its end), staged in one upload, into the
+  // fixed inputs where `fixed`; step s reads its token ids from row s - 1 of tokens.
+  std::vector<DeviceBatch> StageChainedSteps(const std::vector<const DraftRequest*>& row_requests, int rows, int steps,
                                              const Tensor& tokens, bool fixed);
 
   // Of a draft logits row (draft vocabulary, f32), the target ids of its `count` most

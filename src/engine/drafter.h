@@ -80,6 +80,9 @@ class Drafter {
   virtual int64_t first_pass_graph_replays() const { return 0; }
   // EAGLE-3 steps where no request drafted whose KV-only first pass replayed a graph.
   virtual int64_t kv_only_graph_replays() const { return 0; }
+  // EAGLE-3 drafting rounds whose first pass ran eagerly, graphs on or not: it did not fit
+  // a padded graph (a prompt's rows, a sequence past the graphs' sizes).
+  virtual int64_t eager_first_passes() const { return 0; }
 
  protected:
   // How many drafts seq may take next step (0 if it does not decode next): its remaining

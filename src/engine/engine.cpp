@@ -60,6 +60,7 @@ RunnerConfig RunnerConfigFor(const EngineConfig& c, CaptureStaging* staging) {
   r.capture_staging = staging;
   r.max_model_len = c.max_model_len;
   r.graphs = c.graphs;
+  r.graph_shapes_without_recording = c.graph_shapes_without_recording;
   r.max_graph_batch = c.scheduler.max_num_seqs;
   r.eagle3 = c.eagle3.draft;
   r.mtp = c.mtp.drafter;

@@ -33,6 +33,8 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   // Decode steps replay recorded CUDA graphs (RunnerConfig::graphs); false: vLLM's --enforce-eager.
   bool graphs = true;
+  // Testing: graph shapes run eagerly where the backend cannot record (RunnerConfig's).
+  bool graph_shapes_without_recording = false;
   // Speculative decoding by prompt lookup: K > 0 proposes up to K drafts per decoding
   // sequence each step, verified losslessly by the next (not with capture layers).
   NgramConfig ngram;

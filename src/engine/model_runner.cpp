@@ -79,13 +79,13 @@ ModelRunner::GraphShape ModelRunner::GraphShapeOf(const ForwardBatch& batch) con
 ModelRunner::GraphShape ModelRunner::ShapeFor(int seqs, int q, bool padded) const {
   // Under tensor parallelism steps run eagerly: the ranks' graphs would have to be recorded
   // and replayed together, NCCL calls inside them.
-  if (!config_.graphs || graphs_failed_ || !backend().can_record() || !config_.peer_ranks.empty() || seqs <= 0 ||
+  if (!graphs_on() || !config_.peer_ranks.empty() || seqs <= 0 ||
       seqs > config_.max_graph_batch || q < 1 || q > kMaxGraphRowsPerSeq) {
     return {};
   }
   const int bucket = BucketFor(seqs);
   if (padded && bucket * q > kMaxPaddedGraphRows) return {};
-  if (has_moe_) {  // the graph runs bucket * q rows, padding included
+  if (has_moe_ && !replays_eagerly()) {  // the graph runs bucket * q rows, padding included
     const ModelConfig& c = model_.rank_config();
     if (!backend().MoeRecordable(int64_t{bucket} * q, c.num_experts, c.hidden_size, c.moe_intermediate_size)) return {};
   }
@@ -170,6 +170,11 @@ ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, const GraphSh
   const int bucket = shape.bucket, q = shape.q;
   const DeviceBatch inputs = StageGraphInputs(batch, bucket, q, graph_inputs_[q]);
   const auto key = std::make_pair(bucket, q);
+  if (replays_eagerly()) {
+    ++graph_replays_;
+    verify_graph_replays_ += q > 1;
+    return model_.Forward(inputs, cache_, StepCaptureLayers());
+  }
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     const auto launch = Clock::now();
     it->second.graph->Replay();

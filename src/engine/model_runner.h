@@ -38,6 +38,10 @@ struct RunnerConfig {
   // drafters' rounds (draft_runner.h), per bucket.
   bool graphs = true;
   int max_graph_batch = 256;  // larger batches (in sequences) run without a graph
+  // Where the backend cannot record (the CPU): steps and draft rounds still take their graph
+  // shapes (bucket padding, fixed inputs) and run them eagerly, so that CPU tests cover the
+  // padding the device's graphs run. Counted as replays.
+  bool graph_shapes_without_recording = false;
   // An EAGLE-3 draft: every step also captures its aux layers, kept on the device for
   // the drafter's next round (step_aux; not with capture_layers).
   Eagle3Draft* eagle3 = nullptr;
@@ -90,7 +94,11 @@ class ModelRunner {
   // Rows per sequence a graph may have: K + 1 for the speculative config's largest K (64).
   static constexpr int kMaxGraphRowsPerSeq = 65;
   // Whether steps may record and replay graphs (on, recordable, and no recording failed).
-  bool graphs_on() const { return config_.graphs && !graphs_failed_ && backend().can_record(); }
+  bool graphs_on() const {
+    return config_.graphs && !graphs_failed_ && (backend().can_record() || config_.graph_shapes_without_recording);
+  }
+  // Whether graph shapes run eagerly (graph_shapes_without_recording on a backend that cannot record).
+  bool replays_eagerly() const { return !backend().can_record(); }
   // A recording failed (said once): from now on every step and round runs eagerly.
   void RecordingFailed() { graphs_failed_ = true; }
   bool recording_failed() const { return graphs_failed_; }

@@ -349,6 +349,23 @@ void CpuBackend::StoreKV(const Tensor& k, const Tensor& v, const Tensor& slots, 
 // over just the key range the block can see (causal, sliding window).
 void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                            const AttentionParams& params, Tensor& out) {
+  if (batch.seqs.empty() && batch.seq_info.defined() && batch.seq_info.numel() > 0) {
+    // A graph shape's batch (RunnerConfig::graph_shapes_without_recording) has no host copy:
+    // its sequences are read out of seq_info and block_tables, as a device kernel reads them.
+    AttentionBatch with_seqs = batch;
+    const int32_t* info = batch.seq_info.data<int32_t>();
+    const int32_t* tables = batch.block_tables.data<int32_t>();
+    for (int64_t i = 0; i < batch.seq_info.size(0); ++i) {
+      const int32_t* row = info + 4 * i;
+      const int64_t blocks = (int64_t{row[2]} + params.block_size - 1) / params.block_size;
+      if (row[3] < 0 || row[3] + blocks > batch.block_tables.numel()) {
+        std::fprintf(stderr, "hsx: attention: sequence %ld's block table lies outside block_tables\n", long(i));
+        std::abort();
+      }
+      with_seqs.seqs.push_back({row[0], row[1], row[2], std::vector<int32_t>(tables + row[3], tables + row[3] + blocks)});
+    }
+    return Attention(q, k_cache, v_cache, with_seqs, params, out);
+  }
   bool few_queries = true, tree = false;
   for (const SequenceSlice& seq : batch.seqs) {
     few_queries = few_queries && seq.q_len <= kFewQueries;
