@@ -30,6 +30,7 @@ struct Run {
   std::map<std::string, std::vector<int32_t>> tokens;
   uint64_t accepted = 0, drafted = 0;
   int64_t verify_replays = 0, draft_replays = 0, first_pass_replays = 0, kv_only_replays = 0, eager_first_passes = 0;
+  int64_t recorded_later = 0;  // step graphs recorded after the engine started
 };
 
 // Five prompts of staggered lengths repeating a short loop (so prompt lookup and copy-style
@@ -39,6 +40,7 @@ Run Generate(Model& model, EngineConfig config, bool graphs, float temperature) 
   config.graph_shapes_without_recording = true;  // the CPU's; CUDA records
   config.num_blocks = 128;
   Engine engine(model, config);
+  const int64_t recorded_at_start = engine.runner().graphs_recorded();
   const int vocab = model.config().vocab_size;
   for (int i = 0; i < 5; ++i) {
     Request r;
@@ -59,6 +61,7 @@ Run Generate(Model& model, EngineConfig config, bool graphs, float temperature) 
   out.draft_replays = engine.drafter() ? engine.drafter()->graph_replays() : 0;
   out.first_pass_replays = engine.drafter() ? engine.drafter()->first_pass_graph_replays() : 0;
   out.eager_first_passes = engine.drafter() ? engine.drafter()->eager_first_passes() : 0;
+  out.recorded_later = engine.runner().graphs_recorded() - recorded_at_start;
   out.kv_only_replays = engine.drafter() ? engine.drafter()->kv_only_graph_replays() : 0;
   return out;
 }
@@ -245,6 +248,28 @@ TEST_P(SpeculativeGraphs, MtpVerificationOnGraphsGivesTheEagerTokens) {
   EngineConfig config;
   config.mtp = {drafter->get(), 3};
   ExpectGraphsGiveTheEagerRun(**model, config, "mtp", true);
+}
+
+// Every decode and verification shape of the buckets up to max_num_seqs is recorded when the
+// engine starts (where the backend records), and a run of mixed draft counts then records
+// none: its steps replay graphs recorded over padding-only inputs, with the eager tokens.
+TEST_P(SpeculativeGraphs, StepGraphsAreRecordedAtStartUp) {
+  Backend& backend = *backend_;
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  EngineConfig config;
+  config.ngram = {3, 1, 2};
+  config.scheduler.max_num_seqs = 8;
+  config.num_blocks = 128;
+  const int64_t expected = backend.can_record() ? 4 * 4 : 0;  // buckets 1, 2, 4, 8 at q = 1..K + 1
+  EXPECT_EQ(Engine(**model, config).runner().graphs_recorded(), expected);
+  config.graphs = false;
+  EXPECT_EQ(Engine(**model, config).runner().graphs_recorded(), 0);
+  const hsx::Run eager = Generate(**model, config, false, 0.0f);
+  const hsx::Run graphs = Generate(**model, config, true, 0.0f);
+  EXPECT_GT(graphs.verify_replays, 0);
+  EXPECT_EQ(graphs.tokens, eager.tokens);
+  EXPECT_EQ(graphs.recorded_later, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeGraphs, ::testing::Values("cpu", "cuda"),

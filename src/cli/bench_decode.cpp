@@ -160,12 +160,13 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
   for (int batch : o.batch_sizes) {
     EngineConfig ec = spec;
     ec.kv_cache_bytes = static_cast<size_t>(o.kv_cache_gib * (1ull << 30));
-    ec.scheduler.max_num_seqs = std::max(batch, ec.scheduler.max_num_seqs);
+    ec.scheduler.max_num_seqs = batch;  // the batch runs at once: its buckets alone get graphs at start-up
     ec.scheduler.max_num_batched_tokens = std::max(o.max_num_batched_tokens, batch);
     ec.enable_prefix_caching = false;  // random prompts share nothing; keep the bookkeeping out
     ec.graphs = !o.model.enforce_eager;
     ec.tensor_parallel_peers = loaded->peers();
     Engine engine(model, ec);
+    const int64_t graphs_at_start = engine.runner().graphs_recorded();
     if (!o.input.empty()) {
       // Warm-up on the first prompts (first-use costs), then the whole file.
       auto warm = RunPrompts(o, *loaded, engine, backend, batch, 4, batch);
@@ -269,6 +270,8 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
                                {"draft_first_passes", drafter ? drafter->first_pass_graph_replays() : 0},
                                {"draft_kv_only_passes", drafter ? drafter->kv_only_graph_replays() : 0},
                                {"draft_eager_first_passes", drafter ? drafter->eager_first_passes() : 0},
+                               {"step_graphs_recorded_at_start", graphs_at_start},
+                               {"step_graphs_recorded_later", runner.graphs_recorded() - graphs_at_start},
                                {"launch_ms_per_step", runner.graph_replays() > 0
                                                           ? 1e3 * runner.graph_launch_seconds() / runner.graph_replays()
                                                           : 0.0}};

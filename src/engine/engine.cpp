@@ -91,6 +91,13 @@ Engine::Engine(Model& model, EngineConfig config)
                                return g.bucket > 0 ? StepShape{g.bucket * g.q, true} : StepShape{rows, false};
                              });
   }
+  // Decode steps, and verification steps of every draft count (token trees verify eagerly).
+  const auto start = Clock::now();
+  runner_.RecordGraphs(drafter_ && !tree() ? 1 + drafter_->num_speculative_tokens() : 1);
+  if (runner_.graphs_recorded() > 0) {
+    std::fprintf(stderr, "hsx: recorded %ld step graphs in %.1f s\n", static_cast<long>(runner_.graphs_recorded()),
+                 Seconds(start, Clock::now()));
+  }
 }
 
 Engine::~Engine() {

@@ -92,6 +92,21 @@ ModelRunner::GraphShape ModelRunner::ShapeFor(int seqs, int q, bool padded) cons
   return {bucket, q, padded};
 }
 
+void ModelRunner::RecordGraphs(int max_q) {
+  if (!graphs_on() || replays_eagerly()) return;
+  const ForwardBatch padding_only;  // every sequence of the bucket is padding: stores no KV
+  for (int q = 1; q <= std::min(max_q, kMaxGraphRowsPerSeq); ++q) {
+    for (int seqs = 1; seqs <= config_.max_graph_batch; seqs = BucketFor(seqs) + 1) {
+      const GraphShape shape = ShapeFor(seqs, q, /*padded=*/false);
+      if (shape.bucket == 0 || shape.bucket * q > kMaxStartupGraphRows) continue;
+      if (graphs_.count({shape.bucket, q}) > 0) continue;
+      GraphForward(padding_only, shape);
+      backend().Synchronize();  // the next shape stages its inputs through the same pinned memory
+      if (graphs_failed_) return;
+    }
+  }
+}
+
 // Layout of one kind's fixed inputs, in int32 words, for B = max_graph_batch sequences of q
 // rows: ids [B q], positions [B q], slots [B q], sequence info [B, 4], then block tables.
 // Each bucket reads a prefix of every section, so one upload of a prefix serves any bucket

@@ -126,6 +126,14 @@ class ModelRunner {
   // particulars, such as a block table past the graphs' or a token tree, may still run it
   // eagerly): what the adaptive draft length prices a plan by.
   GraphShape ShapeFor(int seqs, int q, bool padded) const;
+  // Records the step graphs of every bucket for q = 1..max_q rows a sequence, up to
+  // kMaxStartupGraphRows rows (vLLM captures its sizes at start-up too): a shape first met
+  // while serving pays its recording in that step (H200, Qwen3-8B shape: ~45 ms, which
+  // cost n-gram's batch of 32 8% of a 256-step run in its three rare verification shapes).
+  // Larger shapes are still recorded at first use. Nothing where steps do not record.
+  void RecordGraphs(int max_q);
+  static constexpr int kMaxStartupGraphRows = 512;
+  int64_t graphs_recorded() const { return static_cast<int64_t>(graphs_.size()); }
 
   const RunnerConfig& config() const { return config_; }
   int64_t graph_replays() const { return graph_replays_; }  // decode and verification steps that replayed a graph
