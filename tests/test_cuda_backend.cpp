@@ -625,6 +625,31 @@ TEST(CudaKernelTest, MoeRowsAreTheSameBitsWhateverTheOtherTokens) {
   }
 }
 
+// A row whose router logits are all NaN (a padding row over a never-written KV block, as
+// the start-up recordings run) routes to experts in range on both paths: the other rows'
+// outputs are the bits they get when that row is finite, and the device reports no fault.
+TEST(CudaKernelTest, MoeRowOfNanLogitsRoutesInRange) {
+  auto gpu = Gpu();
+  REQUIRE_GPU(gpu);
+  auto gemm = GpuWith("HSX_MOE_GEMV", "0");
+  std::mt19937 rng(35);
+  const int64_t rows = 9, hidden = 256, inter = 128;
+  const int experts = 32;
+  for (CudaBackend* backend : {gpu.get(), gemm.get()}) {
+    const DeviceMoe m = MakeDeviceMoe(*backend, rows, hidden, inter, experts, false, rng);
+    Tensor nan_logits = Tensor::Host(DType::kF32, m.logits.shape());
+    std::memcpy(nan_logits.raw(), m.logits.raw(), m.logits.nbytes());
+    std::fill_n(nan_logits.data<float>(), experts, std::numeric_limits<float>::quiet_NaN());
+    const Tensor x = backend->Upload(ToBf16(m.x));
+    Tensor finite = Poisoned(*backend, DType::kBF16, {rows, hidden});
+    Tensor with_nan = Poisoned(*backend, DType::kBF16, {rows, hidden});
+    backend->MoeMlp(x, backend->Upload(m.logits), m.w, m.spec, finite);
+    backend->MoeMlp(x, backend->Upload(nan_logits), m.w, m.spec, with_nan);
+    const Tensor a = backend->Download(finite.Rows(1, rows)), b = backend->Download(with_nan.Rows(1, rows));
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << (backend == gpu.get() ? "gemv" : "gemm") << " path";
+  }
+}
+
 // A decode-sized MoE layer records as a CUDA graph (nothing leaves the device: the expert
 // offsets are computed there) and a replay routes anew: new x and router logits in the
 // recorded inputs give the eager step's bits, though other experts are chosen.

@@ -39,6 +39,7 @@ Run Generate(Model& model, EngineConfig config, bool graphs, float temperature) 
   config.graphs = graphs;
   config.graph_shapes_without_recording = true;  // the CPU's; CUDA records
   config.num_blocks = 128;
+  config.scheduler.max_num_seqs = 8;  // the five requests' buckets: 1, 2, 4, 8 (each recorded at start-up)
   Engine engine(model, config);
   const int64_t recorded_at_start = engine.runner().graphs_recorded();
   const int vocab = model.config().vocab_size;
@@ -270,6 +271,18 @@ TEST_P(SpeculativeGraphs, StepGraphsAreRecordedAtStartUp) {
   EXPECT_GT(graphs.verify_replays, 0);
   EXPECT_EQ(graphs.tokens, eager.tokens);
   EXPECT_EQ(graphs.recorded_later, 0);
+  // An adaptive EAGLE-3 drafter's rounds too: per bucket, first passes of q = 1..K + 1 rows
+  // with 0 (KV-only) to K drafts.
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/llama_copy"), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  EngineConfig eagle = config;
+  eagle.ngram = {};
+  eagle.graphs = true;
+  eagle.eagle3 = {draft->get(), 3};
+  eagle.draft_length.adaptive = true;
+  Engine engine(**model, eagle);
+  EXPECT_EQ(engine.drafter()->rounds_recorded(), backend.can_record() ? 4 * 4 * 4 : 0);
+  EXPECT_EQ(engine.drafter()->graph_replays() + engine.drafter()->kv_only_graph_replays(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeGraphs, ::testing::Values("cpu", "cuda"),

@@ -165,23 +165,34 @@ std::vector<std::vector<int32_t>> MtpAssistantDrafter::Round(const MtpDraftBatch
   const Tensor hidden = bucket > 0 ? DraftHidden(width).Rows(0, bucket) : backend.Empty(final_hidden.dtype(), {n, width});
   Tensor first_hidden = hidden.Rows(0, n);
   backend.GatherRows(final_hidden, hidden_rows, first_hidden);
-  // Step s reads draft s - 1 (step 0 the emitted token) and the hidden the step before left.
-  auto steps = [&] {
-    Tensor h = hidden;
-    for (int s = 0; s < num_drafts; ++s) {
-      const Tensor ids = s == 0 ? in.token_ids : tokens.Rows(int64_t{s - 1} * rows, int64_t{s} * rows);
-      MtpDraftOutput out = drafter_.Step(ids, in.positions, in.attention, h, runner_.cache());
-      Tensor next = tokens.Rows(int64_t{s} * rows, int64_t{s + 1} * rows);
-      backend.GreedyTokens(out.logits, nullptr, next);
-      h = std::move(out.hidden);
-    }
-  };
+  auto steps = [&] { RunSteps(in, hidden, tokens, rows, num_drafts); };
   if (bucket > 0) {
     DraftRound({bucket, 0, num_drafts}, steps);
   } else {
     steps();
   }
   return DownloadDrafts(tokens, rows, n, num_drafts);
+}
+
+// Step s reads draft s - 1 (step 0 the emitted token) and the hidden the step before left.
+void MtpAssistantDrafter::RunSteps(const DeviceBatch& in, const Tensor& hidden, const Tensor& tokens, int rows,
+                                   int num_drafts) {
+  Tensor h = hidden;
+  for (int s = 0; s < num_drafts; ++s) {
+    const Tensor ids = s == 0 ? in.token_ids : tokens.Rows(int64_t{s - 1} * rows, int64_t{s} * rows);
+    MtpDraftOutput out = drafter_.Step(ids, in.positions, in.attention, h, runner_.cache());
+    Tensor next = tokens.Rows(int64_t{s} * rows, int64_t{s + 1} * rows);
+    backend().GreedyTokens(out.logits, nullptr, next);
+    h = std::move(out.hidden);
+  }
+}
+
+void MtpAssistantDrafter::RecordPaddingRounds(int bucket, int drafts) {
+  if (drafts == 0) return;  // no KV-only pass: the assistant keeps no KV
+  const DeviceBatch in = runner_.StageGraphInputs(ForwardBatch(), bucket, 1, draft_inputs_[1]);
+  const Tensor hidden = DraftHidden(drafter_.config().backbone_hidden_size).Rows(0, bucket);  // the target's width
+  const Tensor tokens = DraftTokens();
+  DraftRound({bucket, 0, drafts}, [&] { RunSteps(in, hidden, tokens, bucket, drafts); });
 }
 
 std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first_pass,
@@ -243,23 +254,7 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
   }
   const std::vector<DeviceBatch> steps =
       num_drafts > 1 ? StageChainedSteps(chain_rows, rows, num_drafts - 1, tokens, bucket > 0) : std::vector<DeviceBatch>();
-  // [the first pass, then] step s: each request's draft s - 1 at the position after, fed the
-  // hidden it left.
-  auto round = [&] {
-    Tensor in = hidden;
-    if (q > 0) {
-      Eagle3Output out = draft.Forward(padded, draft.CombineHiddenStates(padded_aux), cache_);
-      Tensor first = tokens.Rows(0, rows);
-      draft.GreedyTargetTokens(out.logits, first);
-      in = std::move(out.next_hidden);
-    }
-    for (int s = 1; s < num_drafts; ++s) {
-      Eagle3Output step = draft.Forward(steps[s - 1], in, cache_);
-      Tensor next = tokens.Rows(int64_t{s} * rows, int64_t{s + 1} * rows);
-      draft.GreedyTargetTokens(step.logits, next);
-      in = std::move(step.next_hidden);
-    }
-  };
+  auto round = [&] { RunRound(q > 0 ? &padded : nullptr, padded_aux, hidden, steps, tokens, rows, num_drafts); };
   if (bucket > 0) {
     DraftRound({bucket, q, num_drafts}, round);
   } else {
@@ -271,6 +266,46 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
   std::vector<std::vector<int32_t>> of_requests(n);
   for (int r = 0; r < n; ++r) of_requests[r] = std::move(drafts[seq_of_request[r]]);
   return of_requests;
+}
+
+// [The first pass, then] step s: each request's draft s - 1 at the position after, fed the
+// hidden it left.
+void Eagle3Drafter::RunRound(const DeviceBatch* padded, const Tensor& padded_aux, const Tensor& hidden,
+                             const std::vector<DeviceBatch>& steps, const Tensor& tokens, int rows, int num_drafts) {
+  Eagle3Draft& draft = draft_;
+  Tensor in = hidden;
+  if (padded != nullptr) {
+    Eagle3Output out = draft.Forward(*padded, draft.CombineHiddenStates(padded_aux), cache_);
+    Tensor first = tokens.Rows(0, rows);
+    draft.GreedyTargetTokens(out.logits, first);
+    in = std::move(out.next_hidden);
+  }
+  for (int s = 1; s < num_drafts; ++s) {
+    Eagle3Output step = draft.Forward(steps[s - 1], in, cache_);
+    Tensor next = tokens.Rows(int64_t{s} * rows, int64_t{s + 1} * rows);
+    draft.GreedyTargetTokens(step.logits, next);
+    in = std::move(step.next_hidden);
+  }
+}
+
+// Every first-pass width q = 1..K + 1 (a verification step's rows), as a KV-only pass
+// (drafts 0) or a drafting round.
+void Eagle3Drafter::RecordPaddingRounds(int bucket, int drafts) {
+  if (tree_ != nullptr) return;  // token trees run eagerly
+  Eagle3Draft& draft = draft_;
+  for (int q = 1; q <= std::min(num_speculative_tokens() + 1, ModelRunner::kMaxGraphRowsPerSeq); ++q) {
+    Tensor aux;
+    const DeviceBatch padded = StagePaddedFirstPass(ForwardBatch(), {}, {bucket, q}, aux);
+    if (drafts == 0) {
+      DraftRound({bucket, q, 0}, [&] { draft.StoreKV(padded, draft.CombineHiddenStates(aux), cache_); });
+      continue;
+    }
+    const Tensor tokens = DraftTokens();
+    const std::vector<DeviceBatch> steps = drafts > 1 ? StageChainedSteps({}, bucket, drafts - 1, tokens, true)
+                                                      : std::vector<DeviceBatch>();
+    DraftRound({bucket, q, drafts}, [&] { RunRound(&padded, aux, Tensor(), steps, tokens, bucket, drafts); });
+    backend().Synchronize();  // the next stages its inputs through the same pinned memory
+  }
 }
 
 std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& first_pass,
@@ -463,19 +498,21 @@ DeviceBatch Eagle3Drafter::StagePaddedFirstPass(const ForwardBatch& first_pass, 
     slice.q_len = q;
     padded.seqs.push_back(std::move(slice));
   }
-  rows_of_step.resize(static_cast<size_t>(bucket) * q, rows_of_step.front());  // padding sequences
   DeviceBatch inputs = runner_.StageGraphInputs(padded, bucket, q, draft_inputs_[q]);
   inputs.logit_rows.clear();
   for (int i = 1; i <= bucket; ++i) inputs.logit_rows.push_back(i * q - 1);
-  const Tensor& step_aux = runner_.step_aux();
-  const int64_t layers = step_aux.size(0), h = step_aux.size(2);
+  const int64_t layers = draft_.config().num_aux(), h = draft_.decoder().hidden_size;  // the target's
   if (!first_pass_aux_.defined()) {
-    // Sized for the largest bucket and a verification step's rows (K + 1): graphs keep its address.
-    first_pass_aux_ =
-        backend().Empty(step_aux.dtype(), {layers * runner_.max_graph_batch() * (num_speculative_tokens() + 1) * h});
+    // Sized for the largest bucket and a verification step's rows (K + 1): graphs keep its
+    // address. Zeros: a round recorded at start-up runs once over them.
+    const int64_t words = layers * runner_.max_graph_batch() * (num_speculative_tokens() + 1) * h;
+    first_pass_aux_ = backend().Upload(Tensor::Host(backend().compute_dtype(), {words}));
   }
   aux = first_pass_aux_.Rows(0, layers * bucket * q * h).View({layers * bucket * q, h});
-  GatherAux(rows_of_step, aux);
+  if (!rows_of_step.empty()) {
+    rows_of_step.resize(static_cast<size_t>(bucket) * q, rows_of_step.front());  // padding sequences
+    GatherAux(rows_of_step, aux);
+  }
   aux = aux.View({int64_t{bucket} * q, layers, h});
   return inputs;
 }
@@ -541,6 +578,20 @@ std::vector<DeviceBatch> Eagle3Drafter::StageChainedSteps(const std::vector<cons
     for (int i = 0; i < rows; ++i) b.logit_rows.push_back(i);  // every row, in order: no gather
   }
   return batches;
+}
+
+void DeviceDrafter::RecordRounds() {
+  if (!runner_.graphs_on()) return;  // graph shapes without recording run each once: CPU tests cover this path
+  const int k = num_speculative_tokens();
+  for (int seqs = 1; seqs <= runner_.max_graph_batch() && !runner_.recording_failed();
+       seqs = ModelRunner::BucketFor(seqs) + 1) {
+    const int bucket = DraftGraphBucket(seqs, 0);
+    for (int drafts = adaptive() ? 0 : k; bucket > 0 && drafts <= k && !runner_.recording_failed(); ++drafts) {
+      RecordPaddingRounds(bucket, drafts);
+      backend().Synchronize();  // the next stages its inputs through the same pinned memory
+    }
+  }
+  draft_graph_replays_ = first_pass_graph_replays_ = kv_only_graph_replays_ = 0;  // what ran here served no round
 }
 
 int DeviceDrafter::DraftGraphBucket(int sequences, size_t longest_block_table) const {

@@ -35,6 +35,12 @@ class DeviceDrafter : public Drafter {
   int64_t first_pass_graph_replays() const override { return first_pass_graph_replays_; }
   int64_t kv_only_graph_replays() const override { return kv_only_graph_replays_; }
   int64_t eager_first_passes() const override { return eager_first_passes_; }
+  // The rounds of every bucket, with K drafts (adaptive draft lengths: also 0..K - 1), over
+  // padding-only inputs, where graphs record: as the runner's step graphs
+  // (ModelRunner::RecordGraphs), a round first met while serving pays its recording in that
+  // step. Rounds of larger first passes (after a prefill) are recorded at first use.
+  void RecordRounds() override;
+  int64_t rounds_recorded() const override { return static_cast<int64_t>(draft_graphs_.size()); }
 
  protected:
   Backend& backend() const { return runner_.backend(); }
@@ -51,6 +57,9 @@ class DeviceDrafter : public Drafter {
   // A round (its work reads fixed inputs and leaves its drafts in DraftTokens()) on the
   // graph of its key: (bucket, the first pass's rows per sequence or 0 without it, drafts).
   void DraftRound(const std::array<int, 3>& key, const std::function<void()>& round);
+  // The rounds of a bucket with `drafts` drafts (0: EAGLE-3's KV-only pass), each staged
+  // over padding only and run through DraftRound.
+  virtual void RecordPaddingRounds(int bucket, int drafts) = 0;
   // tokens [drafts, rows] as each of the first `requests` rows' drafts, in one download.
   std::vector<std::vector<int32_t>> DownloadDrafts(const Tensor& tokens, int rows, int requests, int drafts);
 
@@ -98,8 +107,13 @@ class Eagle3Drafter : public DeviceDrafter {
 
  protected:
   void ProposeDrafts(const DraftStep& step) override;
+  void RecordPaddingRounds(int bucket, int drafts) override;
 
  private:
+  // A round's work: the padded first pass (when padded is not null; its aux [R q, A, H]),
+  // else from `hidden`, then num_drafts - 1 chained steps; drafts into tokens [drafts, rows].
+  void RunRound(const DeviceBatch* padded, const Tensor& padded_aux, const Tensor& hidden,
+                const std::vector<DeviceBatch>& steps, const Tensor& tokens, int rows, int num_drafts);
   // The padded graph a first pass fits (bucket 0: none, it runs eagerly) and its rows per
   // sequence; seq_of_request gets the sequence of each logit row.
   struct FirstPassShape {
@@ -109,7 +123,8 @@ class Eagle3Drafter : public DeviceDrafter {
   void GatherAux(const std::vector<int32_t>& rows_of_step, Tensor& out);
   void KeepKV(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows);
   // Stages the padded first pass (bucket sequences of q rows, each ending with its logit
-  // row) into fixed inputs and gathers its aux states into a fixed [bucket q, A, H].
+  // row) into fixed inputs and gathers its aux states into a fixed [bucket q, A, H]
+  // (first_pass empty: padding only, aux as it is).
   DeviceBatch StagePaddedFirstPass(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
                                    const FirstPassShape& shape, Tensor& aux);
   // EAGLE-3's chained steps 1..steps of a round for `rows` rows (row i: row_requests[i], or
@@ -144,8 +159,11 @@ class MtpAssistantDrafter : public DeviceDrafter {
 
  protected:
   void ProposeDrafts(const DraftStep& step) override;
+  void RecordPaddingRounds(int bucket, int drafts) override;
 
  private:
+  // The round's num_drafts steps from inputs `in` (one row a sequence) and hidden [rows, H].
+  void RunSteps(const DeviceBatch& in, const Tensor& hidden, const Tensor& tokens, int rows, int num_drafts);
   MtpDrafter& drafter_;
 };
 

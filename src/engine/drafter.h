@@ -83,6 +83,10 @@ class Drafter {
   // EAGLE-3 drafting rounds whose first pass ran eagerly, graphs on or not: it did not fit
   // a padded graph (a prompt's rows, a sequence past the graphs' sizes).
   virtual int64_t eager_first_passes() const { return 0; }
+  // Records the device rounds' graphs when the engine starts (draft_runner.h); nothing for
+  // drafters without device rounds.
+  virtual void RecordRounds() {}
+  virtual int64_t rounds_recorded() const { return 0; }
 
  protected:
   // How many drafts seq may take next step (0 if it does not decode next): its remaining

@@ -91,11 +91,14 @@ Engine::Engine(Model& model, EngineConfig config)
                                return g.bucket > 0 ? StepShape{g.bucket * g.q, true} : StepShape{rows, false};
                              });
   }
-  // Decode steps, and verification steps of every draft count (token trees verify eagerly).
+  // Decode steps, and verification steps of every draft count (token trees verify eagerly),
+  // then the drafter's rounds.
   const auto start = Clock::now();
   runner_.RecordGraphs(drafter_ && !tree() ? 1 + drafter_->num_speculative_tokens() : 1);
+  if (drafter_) drafter_->RecordRounds();
   if (runner_.graphs_recorded() > 0) {
-    std::fprintf(stderr, "hsx: recorded %ld step graphs in %.1f s\n", static_cast<long>(runner_.graphs_recorded()),
+    std::fprintf(stderr, "hsx: recorded %ld step graphs and %ld draft rounds in %.1f s\n",
+                 static_cast<long>(runner_.graphs_recorded()), static_cast<long>(drafter_ ? drafter_->rounds_recorded() : 0),
                  Seconds(start, Clock::now()));
   }
 }

@@ -93,7 +93,7 @@ ModelRunner::GraphShape ModelRunner::ShapeFor(int seqs, int q, bool padded) cons
 }
 
 void ModelRunner::RecordGraphs(int max_q) {
-  if (!graphs_on() || replays_eagerly()) return;
+  if (!graphs_on()) return;  // graph shapes without recording run each once: CPU tests cover this path
   const ForwardBatch padding_only;  // every sequence of the bucket is padding: stores no KV
   for (int q = 1; q <= std::min(max_q, kMaxGraphRowsPerSeq); ++q) {
     for (int seqs = 1; seqs <= config_.max_graph_batch; seqs = BucketFor(seqs) + 1) {
@@ -102,9 +102,10 @@ void ModelRunner::RecordGraphs(int max_q) {
       if (graphs_.count({shape.bucket, q}) > 0) continue;
       GraphForward(padding_only, shape);
       backend().Synchronize();  // the next shape stages its inputs through the same pinned memory
-      if (graphs_failed_) return;
+      if (graphs_failed_) break;
     }
   }
+  graph_replays_ = verify_graph_replays_ = 0;  // what ran here served no step
 }
 
 // Layout of one kind's fixed inputs, in int32 words, for B = max_graph_batch sequences of q

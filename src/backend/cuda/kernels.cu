@@ -463,7 +463,9 @@ __global__ void MoeRouteKernel(const float* logits, int64_t tokens, int experts,
   float sum = 0.0f;
   for (int e = lane; e < experts; e += 32) sum += __expf(row[e] - mx);
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, o);
-  // top_k rounds of a warp-wide argmax over the logits (softmax is monotone).
+  // top_k rounds of a warp-wide argmax over the logits (softmax is monotone). A NaN logit
+  // counts as -inf, and any untaken expert beats none (best_e == experts): a row of NaNs (a
+  // padding row over a never-written KV block) still routes to experts in range.
   float kept = 0.0f;
   int chosen[16];
   float prob[16];
@@ -473,7 +475,7 @@ __global__ void MoeRouteKernel(const float* logits, int64_t tokens, int experts,
     for (int e = lane; e < experts; e += 32) {
       bool taken = false;
       for (int i = 0; i < j; ++i) taken |= chosen[i] == e;
-      const float v = row[e];
+      const float v = isnan(row[e]) ? -INFINITY : row[e];
       if (!taken && (v > best || (v == best && e < best_e))) {
         best = v;
         best_e = e;
