@@ -289,10 +289,17 @@ void Eagle3Drafter::RunRound(const DeviceBatch* padded, const Tensor& padded_aux
 }
 
 // Every first-pass width q = 1..K + 1 (a verification step's rows), as a KV-only pass
-// (drafts 0) or a drafting round.
+// (drafts 0) or a drafting round; and the chained steps alone (q = 0: after a prefill,
+// whose first pass runs eagerly).
 void Eagle3Drafter::RecordPaddingRounds(int bucket, int drafts) {
   if (tree_ != nullptr) return;  // token trees run eagerly
   Eagle3Draft& draft = draft_;
+  if (drafts > 1) {
+    const Tensor tokens = DraftTokens(), hidden = DraftHidden(draft.decoder().hidden_size).Rows(0, bucket);
+    const std::vector<DeviceBatch> steps = StageChainedSteps({}, bucket, drafts - 1, tokens, true);
+    DraftRound({bucket, 0, drafts}, [&] { RunRound(nullptr, Tensor(), hidden, steps, tokens, bucket, drafts); });
+    backend().Synchronize();
+  }
   for (int q = 1; q <= std::min(num_speculative_tokens() + 1, ModelRunner::kMaxGraphRowsPerSeq); ++q) {
     Tensor aux;
     const DeviceBatch padded = StagePaddedFirstPass(ForwardBatch(), {}, {bucket, q}, aux);
