@@ -1,7 +1,8 @@
 // The model runner's decode graphs: a padded decode batch (what a graph of a batch-size
 // bucket runs) leaves the real rows and the KV cache as an unpadded one does, on every
-// backend; and on a GPU, the engine's output with recorded graphs equals its output
-// without, greedy and seeded, on every fixture model the graphs serve.
+// backend; and the engine's output on graphs (on a GPU recorded; on the CPU their shapes,
+// run eagerly) equals its output without, greedy and seeded, on every fixture model the
+// graphs serve.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -124,6 +125,102 @@ TEST(ModelRunnerPadding, PaddedDecodeRowsChangeNoRealRowOnCpu) {
     ExpectPaddingChangesNothing(cpu, name, 1e-5);
 }
 
+struct Generated {
+  std::map<std::string, std::vector<int32_t>> tokens;
+  std::map<std::string, Tensor> states;  // with capture: host [rows, L, H]
+  int64_t graph_replays = 0;
+};
+
+// Five prompts with staggered lengths, so the decode batch shrinks through buckets
+// 8 -> 4 -> 2 -> 1 (padding rows in most steps). On the CPU, graph_shapes_without_recording
+// runs the graphs' shapes eagerly.
+// With capture_layers, every prompt and generated token's states are kept
+// (include_output_tokens, as one-pass regenerate-and-extract keeps them).
+Generated Generate(Model& model, bool graphs, float temperature, std::vector<int> capture_layers = {}) {
+  EngineConfig config;
+  config.num_blocks = 64;
+  config.graphs = graphs;
+  config.graph_shapes_without_recording = true;  // the CPU's; CUDA records
+  config.scheduler.max_num_seqs = 8;
+  config.capture_layers = capture_layers;
+  Engine engine(model, config);
+  const int vocab = model.config().vocab_size;
+  for (int i = 0; i < 5; ++i) {
+    Request r;
+    r.id = "r" + std::to_string(i);
+    for (int t = 0; t < 7 + 5 * i; ++t) r.prompt.push_back((31 * t + 17 * i + 3) % vocab);
+    r.max_new_tokens = 6 + 7 * i;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = 1000 + i;
+    r.include_output_tokens = !capture_layers.empty();
+    EXPECT_TRUE(engine.Add(std::move(r)).ok());
+  }
+  Generated out;
+  while (engine.has_work()) {
+    for (auto& seq : engine.Step()) {
+      out.tokens[seq->id()] = seq->generated();
+      if (!capture_layers.empty()) out.states[seq->id()] = seq->hidden_states;
+    }
+  }
+  out.graph_replays = engine.runner().graph_replays();
+  return out;
+}
+
+// Graphs (or, on the CPU, their shapes) give the eager tokens, greedy and seeded.
+void ExpectGraphsGiveTheEagerTokens(Model& model, const std::string& name) {
+  for (float temperature : {0.0f, 1.0f}) {
+    const Generated eager = Generate(model, false, temperature);
+    const Generated graphs = Generate(model, true, temperature);
+    EXPECT_EQ(eager.graph_replays, 0);
+    EXPECT_GT(graphs.graph_replays, 20) << "decode steps did not replay graphs";
+    ASSERT_EQ(eager.tokens.size(), 5u);
+    for (const auto& [id, tokens] : eager.tokens) {
+      EXPECT_EQ(graphs.tokens.at(id), tokens) << name << " " << id << " at temperature " << temperature;
+    }
+  }
+}
+
+// Extraction's decode steps (the generated tokens' states, one-pass regenerate-and-extract)
+// replay graphs too, and their rows are the eager steps' rows: the same tokens, and states
+// within `tolerance`, far below what a wrong, stale or raced row would give.
+void ExpectCapturingGraphsGiveTheEagerRows(Model& model, const std::string& name, double tolerance) {
+  const std::vector<int> layers = {1, model.config().num_layers};
+  const Generated eager = Generate(model, false, 0.0f, layers);
+  const Generated graphs = Generate(model, true, 0.0f, layers);
+  EXPECT_GT(graphs.graph_replays, 20) << "capturing decode steps did not replay graphs";
+  ASSERT_EQ(eager.states.size(), 5u);
+  for (const auto& [id, tokens] : eager.tokens) {
+    ASSERT_EQ(graphs.tokens.at(id), tokens) << name << " " << id;
+    const Tensor& a = eager.states.at(id);
+    const Tensor& b = graphs.states.at(id);
+    ASSERT_EQ(a.shape(), b.shape()) << id;
+    EXPECT_EQ(a.size(0), static_cast<int64_t>(7 + 5 * (id[1] - '0') + tokens.size() - 1)) << id;
+    EXPECT_LT(test::RelativeMaxError(test::AsFloats(b), test::AsFloats(a)), tolerance) << name << " " << id;
+  }
+}
+
+class CpuGraphShapeTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CpuGraphShapeTest, GraphShapesGiveTheEagerTokensGreedyAndSeeded) {
+  CpuBackend cpu;
+  auto model = Model::Load(test::ModelDir(GetParam()), cpu);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  ExpectGraphsGiveTheEagerTokens(**model, GetParam());
+}
+
+TEST_P(CpuGraphShapeTest, CapturingDecodeStepsOnGraphShapesGiveTheEagerRows) {
+  CpuBackend cpu;
+  auto model = Model::Load(test::ModelDir(GetParam()), cpu);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  // The rows agree in f32 to rounding; stored as bf16 (the capture dtype), one ulp (2^-8 of
+  // a value) may part them.
+  ExpectCapturingGraphsGiveTheEagerRows(**model, GetParam(), 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, CpuGraphShapeTest,
+                         ::testing::Values("llama", "qwen3", "gemma3", "gemma4", "gemma4_kvshare", "gpt_oss", "qwen3_moe"),
+                         [](const auto& info) { return info.param; });
+
 #ifdef HSX_HAS_CUDA
 
 std::unique_ptr<CudaBackend> Gpu() {
@@ -152,44 +249,6 @@ TEST(ModelRunnerPadding, PaddedDecodeRowsChangeNoRealRowOnCuda) {
   }
 }
 
-struct Generated {
-  std::map<std::string, std::vector<int32_t>> tokens;
-  std::map<std::string, Tensor> states;  // with capture: host [rows, L, H]
-  int64_t graph_replays = 0;
-};
-
-// Five prompts with staggered lengths, so the decode batch shrinks through buckets
-// 8 -> 4 -> 2 -> 1 (padding rows in most steps).
-// With capture_layers, every prompt and generated token's states are kept
-// (include_output_tokens, as one-pass regenerate-and-extract keeps them).
-Generated Generate(Model& model, bool graphs, float temperature, std::vector<int> capture_layers = {}) {
-  EngineConfig config;
-  config.num_blocks = 64;
-  config.graphs = graphs;
-  config.capture_layers = capture_layers;
-  Engine engine(model, config);
-  const int vocab = model.config().vocab_size;
-  for (int i = 0; i < 5; ++i) {
-    Request r;
-    r.id = "r" + std::to_string(i);
-    for (int t = 0; t < 7 + 5 * i; ++t) r.prompt.push_back((31 * t + 17 * i + 3) % vocab);
-    r.max_new_tokens = 6 + 7 * i;
-    r.sampling.temperature = temperature;
-    r.sampling.seed = 1000 + i;
-    r.include_output_tokens = !capture_layers.empty();
-    EXPECT_TRUE(engine.Add(std::move(r)).ok());
-  }
-  Generated out;
-  while (engine.has_work()) {
-    for (auto& seq : engine.Step()) {
-      out.tokens[seq->id()] = seq->generated();
-      if (!capture_layers.empty()) out.states[seq->id()] = seq->hidden_states;
-    }
-  }
-  out.graph_replays = engine.runner().graph_replays();
-  return out;
-}
-
 class CudaGraphTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaGraphTest, GraphsGiveTheEagerTokensGreedyAndSeeded) {
@@ -197,41 +256,16 @@ TEST_P(CudaGraphTest, GraphsGiveTheEagerTokensGreedyAndSeeded) {
   if (!gpu) GTEST_SKIP() << "no CUDA device";
   auto model = Model::Load(test::ModelDir(GetParam()), *gpu);
   ASSERT_TRUE(model.ok()) << model.status().message();
-  for (float temperature : {0.0f, 1.0f}) {
-    const Generated eager = Generate(**model, false, temperature);
-    const Generated graphs = Generate(**model, true, temperature);
-    EXPECT_EQ(eager.graph_replays, 0);
-    EXPECT_GT(graphs.graph_replays, 20) << "decode steps did not replay graphs";
-    ASSERT_EQ(eager.tokens.size(), 5u);
-    for (const auto& [id, tokens] : eager.tokens) {
-      EXPECT_EQ(graphs.tokens.at(id), tokens) << GetParam() << " " << id << " at temperature " << temperature;
-    }
-  }
+  ExpectGraphsGiveTheEagerTokens(**model, GetParam());
 }
 
-// Extraction's decode steps (the generated tokens' states, one-pass regenerate-and-extract)
-// replay graphs too, and their rows are the eager steps' rows: the same tokens, and states
-// within the bf16 rounding that padding rows cause (ModelRunnerPadding), far below what a
-// wrong, stale or raced row would give.
+// In bf16 the padding rows' rounding (ModelRunnerPadding) moves the states a little.
 TEST_P(CudaGraphTest, CapturingDecodeStepsReplayGraphsWithTheEagerRows) {
   auto gpu = Gpu();
   if (!gpu) GTEST_SKIP() << "no CUDA device";
   auto model = Model::Load(test::ModelDir(GetParam()), *gpu);
   ASSERT_TRUE(model.ok()) << model.status().message();
-  const std::vector<int> layers = {1, (*model)->config().num_layers};
-  const Generated eager = Generate(**model, false, 0.0f, layers);
-  const Generated graphs = Generate(**model, true, 0.0f, layers);
-  EXPECT_GT(graphs.graph_replays, 20) << "capturing decode steps did not replay graphs";
-  ASSERT_EQ(eager.states.size(), 5u);
-  for (const auto& [id, tokens] : eager.tokens) {
-    ASSERT_EQ(graphs.tokens.at(id), tokens) << GetParam() << " " << id;
-    const Tensor& a = eager.states.at(id);
-    const Tensor& b = graphs.states.at(id);
-    ASSERT_EQ(a.shape(), b.shape()) << id;
-    EXPECT_EQ(a.size(0), static_cast<int64_t>(7 + 5 * (id[1] - '0') + tokens.size() - 1)) << id;
-    EXPECT_LT(test::RelativeMaxError(test::AsFloats(b), test::AsFloats(a)), PaddingTolerance(GetParam()))
-        << GetParam() << " " << id;
-  }
+  ExpectCapturingGraphsGiveTheEagerRows(**model, GetParam(), PaddingTolerance(GetParam()));
 }
 
 // The split-KV attention making its own inputs (the default where a step's blocks fit one
