@@ -314,6 +314,64 @@ TEST(TreeVerification, GreedyAcceptsTheSecondRankedChild) {
   }
 }
 
+// Greedy trees verified from the Sample op's greedy tokens alone (what the CUDA backend
+// downloads instead of the rows' logits) give the reference's counts, paths, tokens and
+// logprobs, bit for bit: trees whose paths run to various depths (drafts set to the rows'
+// argmax with some probability, invalid ids among them), requested logprobs, penalties.
+TEST(TreeVerification, GreedyTreesFromSampledTokensAreTheReference) {
+  CpuBackend cpu;
+  const int vocab = 50;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const std::vector<int32_t> parents = {-1, -1, -1, 0, 0, 1, 3, 3, 6};
+  int accepted_nodes = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    VerificationBatch batch;
+    batch.sampling.max_logprobs = 3;
+    Rows logits;
+    for (int r = 0; r < 4; ++r) {
+      SamplingRow row;
+      row.temperature = 0.0f;
+      row.num_logprobs = (trial + r) % 4;
+      if (r == 2) {  // penalties move the argmax off the raw logits' (the Sample op processes the row)
+        row.repetition_penalty = 1.5f;
+        row.adjust_begin = static_cast<int32_t>(batch.sampling.adjust.size());
+        for (int32_t t = 0; t < vocab; t += 3) batch.sampling.adjust.push_back({t, 0, TokenAdjust::kInPrompt});
+        row.adjust_end = static_cast<int32_t>(batch.sampling.adjust.size());
+      }
+      Rows rows(parents.size() + 1, std::vector<float>(vocab));
+      for (auto& x : rows)
+        for (float& y : x) y = normal(rng);
+      std::vector<int32_t> drafts(parents.size());
+      for (size_t i = 0; i < drafts.size(); ++i) {
+        const std::vector<float>& at = rows[parents[i] + 1];  // the row that verifies node i
+        const int32_t best = static_cast<int32_t>(std::max_element(at.begin(), at.end()) - at.begin());
+        const uint32_t pick = rng() % 4;
+        drafts[i] = pick < 2 ? best : pick == 2 ? static_cast<int32_t>(rng() % vocab) : -1;
+      }
+      AddTree(batch, logits, rows, drafts, parents, row);
+    }
+    ASSERT_TRUE(IsGreedyTree(batch));
+    const Tensor l = test::Logits(logits);
+    const VerifiedTokens want = VerifyDraftsOnHost(l, nullptr, batch, nullptr);
+    const VerifiedTokens got = VerifyGreedyTree(cpu.Sample(l, batch.sampling), batch);
+    EXPECT_EQ(got.num_accepted, want.num_accepted) << trial;
+    EXPECT_EQ(got.path, want.path) << trial;
+    EXPECT_EQ(got.emitted.tokens, want.emitted.tokens) << trial;
+    EXPECT_EQ(got.emitted.logprobs, want.emitted.logprobs) << trial;
+    EXPECT_EQ(got.emitted.top_ids, want.emitted.top_ids) << trial;
+    EXPECT_EQ(got.emitted.top_logprobs, want.emitted.top_logprobs) << trial;
+    for (int32_t n : want.num_accepted) accepted_nodes += n;
+  }
+  EXPECT_GT(accepted_nodes, 60);  // paths past the root's children were walked
+  VerificationBatch random;
+  Rows logits;
+  SamplingRow row;
+  row.temperature = 1.0f;
+  AddTree(random, logits, Rows(3, std::vector<float>(vocab)), {1, 2}, {-1, 0}, row);
+  EXPECT_FALSE(IsGreedyTree(random));
+}
+
 // The tree of the lossless tests: the root's three children, each with two children.
 const std::vector<int32_t> kParents = {-1, -1, -1, 0, 0, 1, 1, 2, 2};
 

@@ -136,6 +136,18 @@ VerifiedTokens UnverifiedTokens(size_t seqs, int64_t rows, int64_t width) {
   return out;
 }
 
+// A request's tree (n nodes from its first draft): kids[0] the root's children, kids[1 + i]
+// node i's, in draft order.
+std::vector<std::vector<int32_t>> TreeChildren(const VerificationBatch& batch, int64_t first_draft, int32_t n) {
+  std::vector<std::vector<int32_t>> kids(n + 1);
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t parent = batch.parents[first_draft + i];
+    if (parent < -1 || parent >= i) Fail("a tree node's parent (it must come before the node)", parent, i - 1);
+    kids[parent + 1].push_back(i);
+  }
+  return kids;
+}
+
 // VerifyDraftsOnHost for token trees.
 VerifiedTokens VerifyTreeOnHost(const Tensor& logits, const VerificationBatch& batch, const std::vector<int32_t>& begins,
                                 Tensor* target_probs) {
@@ -148,12 +160,7 @@ VerifiedTokens VerifyTreeOnHost(const Tensor& logits, const VerificationBatch& b
     const int32_t n = batch.num_drafts[r];
     const int64_t first_draft = begins[r] - static_cast<int64_t>(r);
     const std::vector<int32_t> tokens(batch.drafts.begin() + first_draft, batch.drafts.begin() + first_draft + n);
-    std::vector<std::vector<int32_t>> kids(n + 1);  // kids[0]: the root's; kids[1 + i]: node i's
-    for (int32_t i = 0; i < n; ++i) {
-      const int32_t parent = batch.parents[first_draft + i];
-      if (parent < -1 || parent >= i) Fail("a tree node's parent (it must come before the node)", parent, i - 1);
-      kids[parent + 1].push_back(i);
-    }
+    const std::vector<std::vector<int32_t>> kids = TreeChildren(batch, first_draft, n);
     auto process = [&](int32_t node_row) {  // node_row: 0 the root, 1 + i node i
       const int64_t g = begins[r] + node_row;
       return ProcessRowOnHost(logits.data<float>() + g * vocab, vocab, batch.sampling.rows[g], batch.sampling.adjust.data());
@@ -208,6 +215,44 @@ std::vector<int32_t> VerificationRowBegins(const VerificationBatch& batch, int64
     if (a.token < 0 || a.token >= vocab) Fail("a TokenAdjust token", a.token, vocab - 1);
   }
   return begins;
+}
+
+bool IsGreedyTree(const VerificationBatch& batch) {
+  if (batch.parents.empty() || batch.forced_accept_rate >= 0.0f) return false;
+  return std::all_of(batch.sampling.rows.begin(), batch.sampling.rows.end(),
+                     [](const SamplingRow& row) { return row.temperature <= 0.0f; });
+}
+
+// At each node the child whose token is the row's greedy token is accepted; the emitted
+// token of every row on the path is its greedy token (the accepted child's, the correction
+// or the bonus alike), with the logprobs the Sample op reported for it.
+VerifiedTokens VerifyGreedyTree(const SampledTokens& greedy, const VerificationBatch& batch) {
+  const auto rows = static_cast<int64_t>(greedy.tokens.size());
+  const std::vector<int32_t> begins = VerificationRowBegins(batch, rows, std::numeric_limits<int32_t>::max());
+  const int64_t width = batch.sampling.max_logprobs;
+  VerifiedTokens out = UnverifiedTokens(batch.num_drafts.size(), rows, width);
+  out.path.assign(rows, -1);
+  SampledTokens& e = out.emitted;
+  for (size_t r = 0; r < batch.num_drafts.size(); ++r) {
+    const int64_t first_draft = begins[r] - static_cast<int64_t>(r);
+    const std::vector<std::vector<int32_t>> kids = TreeChildren(batch, first_draft, batch.num_drafts[r]);
+    int32_t at = 0;  // the node row verifying now
+    for (int64_t j = 0;; ++j) {
+      const int64_t g = begins[r] + at, emit = begins[r] + j;
+      const int32_t token = greedy.tokens[g];
+      e.tokens[emit] = token;
+      e.logprobs[emit] = greedy.logprobs[g];
+      std::copy_n(greedy.top_ids.begin() + g * width, width, e.top_ids.begin() + emit * width);
+      std::copy_n(greedy.top_logprobs.begin() + g * width, width, e.top_logprobs.begin() + emit * width);
+      const auto child = std::find_if(kids[at].begin(), kids[at].end(),
+                                      [&](int32_t k) { return batch.drafts[first_draft + k] == token; });
+      if (child == kids[at].end()) break;
+      out.path[emit] = *child;
+      ++out.num_accepted[r];
+      at = *child + 1;
+    }
+  }
+  return out;
 }
 
 VerifiedTokens VerifyDraftsOnHost(const Tensor& logits, const Tensor* draft_probs, const VerificationBatch& batch,

@@ -77,6 +77,13 @@ struct VerifiedTokens {
 // aborts with a message naming the mismatch (a caller's bug, not a user's input).
 std::vector<int32_t> VerificationRowBegins(const VerificationBatch& batch, int64_t logit_rows, int32_t vocab);
 
+// Greedy token trees (IsGreedyTree: every row at temperature 0, verified losslessly) from
+// each row's greedy token as the Sample op reports it, with its logprob and top logprobs:
+// what VerifyDraftsOnHost gives for them, without the rows' logits on the host (a device
+// samples the rows and sends home only that).
+bool IsGreedyTree(const VerificationBatch& batch);
+VerifiedTokens VerifyGreedyTree(const SampledTokens& greedy, const VerificationBatch& batch);
+
 // The reference, on host tensors: logits f32 [rows, vocab]; draft_probs f32 [drafts,
 // vocab] or null (one-hot drafts); target_probs f32 [rows, vocab] or null: receives p
 // of every row (greedy rows: one-hot at the argmax).

@@ -336,21 +336,15 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
   for (int i = 0; i < tree.size(); ++i) kids[tree.parent[i] + 1].push_back(i);
   std::vector<std::vector<int32_t>> tokens(n);
   for (int r = 0; r < n; ++r) tokens[r].assign(nodes[r], -1);
-  // Node `parent` (-1: the root) of request r gets its children from its logits row.
-  auto expand = [&](int r, int parent, const float* row, int64_t vocab) {
-    int count = 0;
-    for (int32_t c : kids[parent + 1]) {
-      if (c < nodes[r]) count = std::max(count, tree.rank[c] + 1);
-    }
-    if (count == 0) return;
-    const std::vector<int32_t> top = TopTargetTokens(row, vocab, count);
+  // Node `parent` (-1: the root) of request r gets its children from its row's top tokens.
+  auto expand = [&](int r, int parent, const std::vector<int32_t>& top) {
     for (int32_t c : kids[parent + 1]) {
       if (c < nodes[r]) tokens[r][c] = tree.rank[c] < static_cast<int>(top.size()) ? top[tree.rank[c]] : -1;
     }
   };
-  Tensor logits = backend.Download(out.logits);
-  int64_t vocab = logits.size(1);
-  for (int r = 0; r < n; ++r) expand(r, -1, logits.data<float>() + r * vocab, vocab);
+  const int most_children = 1 + *std::max_element(tree.rank.begin(), tree.rank.end());
+  std::vector<std::vector<int32_t>> top = TopTargetTokens(out.logits, most_children);
+  for (int r = 0; r < n; ++r) expand(r, -1, top[r]);
   Tensor hidden = out.next_hidden;  // the rows the next depth's parents left
   std::vector<std::vector<int32_t>> row_of(n, std::vector<int32_t>(tree.size(), -1));  // node -> row of `hidden`
   for (int d = 1; d < tree.max_depth; ++d) {
@@ -395,34 +389,34 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
     Tensor in = backend.Empty(hidden.dtype(), {rows, hidden.size(1)});
     backend.GatherRows(hidden, hidden_rows, in);
     Eagle3Output step = draft_.Forward(batch, in, cache_);
-    logits = backend.Download(step.logits);
-    vocab = logits.size(1);
+    top = TopTargetTokens(step.logits, most_children);
     for (int64_t k = 0; k < rows; ++k) {
       const auto [r, i] = who[k];
       row_of[r][i] = static_cast<int32_t>(k);
-      if (tokens[r][i] >= 0) expand(r, i, logits.data<float>() + k * vocab, vocab);
+      if (tokens[r][i] >= 0) expand(r, i, top[k]);
     }
     hidden = step.next_hidden;
   }
   return tokens;
 }
 
-std::vector<int32_t> Eagle3Drafter::TopTargetTokens(const float* logits, int64_t vocab, int count) const {
-  std::vector<int32_t> ids(static_cast<size_t>(vocab));
-  for (int64_t i = 0; i < vocab; ++i) ids[i] = static_cast<int32_t>(i);
-  const size_t k = std::min<size_t>(static_cast<size_t>(count), ids.size());
-  auto higher = [&](int32_t a, int32_t b) {
-    const float x = logits[a], y = logits[b];
-    if (std::isnan(x) || std::isnan(y)) return !std::isnan(x) && std::isnan(y) ? true : std::isnan(x) == std::isnan(y) && a < b;
-    return x > y || (x == y && a < b);
-  };
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), higher);
-  ids.resize(k);
+std::vector<std::vector<int32_t>> Eagle3Drafter::TopTargetTokens(const Tensor& logits, int count) const {
+  SamplingBatch batch;
+  batch.max_logprobs = count;
+  SamplingRow row;  // greedy: the draw is the argmax, whose logprob and top we keep
+  row.num_logprobs = count;
+  batch.rows.assign(static_cast<size_t>(logits.size(0)), row);
+  const SampledTokens sampled = backend().Sample(logits, batch);
   const std::vector<int32_t>& d2t = draft_.weights().d2t;
-  if (!d2t.empty()) {
-    for (int32_t& id : ids) id += d2t[id];
+  std::vector<std::vector<int32_t>> top(batch.rows.size());
+  for (size_t r = 0; r < top.size(); ++r) {
+    for (int j = 0; j < count; ++j) {
+      const int32_t id = sampled.top_ids[r * count + j];
+      if (id < 0) break;
+      top[r].push_back(d2t.empty() ? id : id + d2t[id]);
+    }
   }
-  return ids;
+  return top;
 }
 
 // The first pass's aux states, [R, A, H]: every aux layer's state of each of its rows.

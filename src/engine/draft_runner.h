@@ -133,9 +133,11 @@ class Eagle3Drafter : public DeviceDrafter {
   std::vector<DeviceBatch> StageChainedSteps(const std::vector<const DraftRequest*>& row_requests, int rows, int steps,
                                              const Tensor& tokens, bool fixed);
 
-  // Of a draft logits row (draft vocabulary, f32), the target ids of its `count` most
-  // likely tokens, most likely first (ties: lower id first, as the greedy draft).
-  std::vector<int32_t> TopTargetTokens(const float* logits, int64_t vocab, int count) const;
+  // Of each row of draft logits [R, draft vocabulary] f32, the target ids of its `count`
+  // most likely tokens, most likely first (ties: lower id first, as the greedy draft),
+  // picked on the device by the Sample op's top logprobs: R x count words come home, not
+  // the rows (at 32 requests, 4 MB a tree depth).
+  std::vector<std::vector<int32_t>> TopTargetTokens(const Tensor& logits, int count) const;
 
   Eagle3Draft& draft_;
   const TokenTree* tree_;  // tree drafts, or null
