@@ -19,6 +19,7 @@
 #endif
 #include "engine/draft_length.h"
 #include "engine/engine.h"
+#include "engine/token_tree.h"
 #include "model/eagle3_draft.h"
 #include "model/mtp_drafter.h"
 #include "test_util.h"
@@ -249,6 +250,32 @@ TEST_P(SpeculativeGraphs, MtpVerificationOnGraphsGivesTheEagerTokens) {
   EngineConfig config;
   config.mtp = {drafter->get(), 3};
   ExpectGraphsGiveTheEagerRun(**model, config, "mtp", true);
+}
+
+// Token-tree verification steps on graphs (the tree's mask words in the fixed inputs;
+// requests near their end verify smaller trees, padded at their front) give the eager
+// tokens and acceptance, greedy and seeded.
+TEST_P(SpeculativeGraphs, TreeVerificationOnGraphsGivesTheEagerTokens) {
+  Backend& backend = *backend_;
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/llama_copy"), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  auto tree = TokenTree::Parse("[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]", "tree");
+  ASSERT_TRUE(tree.ok());
+  EngineConfig config;
+  config.eagle3 = {draft->get(), tree->size(), *tree};
+  for (float temperature : {0.0f, 1.0f}) {
+    const hsx::Run eager = Generate(**model, config, false, temperature);
+    const hsx::Run graphs = Generate(**model, config, true, temperature);
+    ASSERT_EQ(eager.tokens.size(), 5u);
+    if (temperature == 0.0f) {
+      EXPECT_GT(graphs.accepted, 0u);  // llama_copy's drafts match greedy rows
+    }
+    EXPECT_GT(graphs.verify_replays, 0) << "tree verification steps did not replay graphs";
+    EXPECT_EQ(graphs.tokens, eager.tokens) << "at temperature " << temperature;
+    EXPECT_EQ(graphs.accepted, eager.accepted) << "at temperature " << temperature;
+  }
 }
 
 // Every decode and verification shape of the buckets up to max_num_seqs is recorded when the

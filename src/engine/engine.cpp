@@ -91,10 +91,11 @@ Engine::Engine(Model& model, EngineConfig config)
                                return g.bucket > 0 ? StepShape{g.bucket * g.q, true} : StepShape{rows, false};
                              });
   }
-  // Decode steps, and verification steps of every draft count (token trees verify eagerly),
-  // then the drafter's rounds.
+  // Decode steps, verification steps of every draft count or of the whole token tree, then
+  // the drafter's rounds.
   const auto start = Clock::now();
-  runner_.RecordGraphs(drafter_ && !tree() ? 1 + drafter_->num_speculative_tokens() : 1);
+  runner_.RecordGraphs(drafter_ && !tree() ? 1 + drafter_->num_speculative_tokens() : 1,
+                       tree() ? 1 + tree()->size() : 0);
   if (drafter_) drafter_->RecordRounds();
   if (runner_.graphs_recorded() > 0) {
     std::fprintf(stderr, "hsx: recorded %ld step graphs and %ld draft rounds in %.1f s\n",

@@ -56,10 +56,6 @@ ModelRunner::~ModelRunner() {
 ModelRunner::GraphShape ModelRunner::GraphShapeOf(const ForwardBatch& batch) const {
   const size_t rows = batch.token_ids.size();
   if (batch.seqs.empty() || batch.logit_rows.size() != rows) return {};
-  // Token trees run eagerly: the graphs' fixed inputs carry no tree mask.
-  for (const SequenceSlice& s : batch.seqs) {
-    if (s.tree_base >= 0) return {};
-  }
   for (size_t i = 0; i < rows; ++i) {
     if (batch.logit_rows[i] != static_cast<int32_t>(i)) return {};
   }
@@ -73,7 +69,9 @@ ModelRunner::GraphShape ModelRunner::GraphShapeOf(const ForwardBatch& batch) con
     start += s.q_len;
   }
   const int seqs = static_cast<int>(batch.seqs.size());
-  return ShapeFor(seqs, q, rows != static_cast<size_t>(seqs) * q);
+  GraphShape shape = ShapeFor(seqs, q, rows != static_cast<size_t>(seqs) * q);
+  shape.tree = std::any_of(batch.seqs.begin(), batch.seqs.end(), [](const SequenceSlice& s) { return s.tree_base >= 0; });
+  return shape;
 }
 
 ModelRunner::GraphShape ModelRunner::ShapeFor(int seqs, int q, bool padded) const {
@@ -92,14 +90,18 @@ ModelRunner::GraphShape ModelRunner::ShapeFor(int seqs, int q, bool padded) cons
   return {bucket, q, padded};
 }
 
-void ModelRunner::RecordGraphs(int max_q) {
+void ModelRunner::RecordGraphs(int max_q, int tree_q) {
   if (!graphs_on()) return;  // graph shapes without recording run each once: CPU tests cover this path
   const ForwardBatch padding_only;  // every sequence of the bucket is padding: stores no KV
-  for (int q = 1; q <= std::min(max_q, kMaxGraphRowsPerSeq); ++q) {
+  std::vector<std::pair<int, bool>> kinds;  // (q, tree)
+  for (int q = 1; q <= std::min(max_q, kMaxGraphRowsPerSeq); ++q) kinds.emplace_back(q, false);
+  if (tree_q > 0 && tree_q <= kMaxGraphRowsPerSeq) kinds.emplace_back(tree_q, true);
+  for (const auto& [q, tree] : kinds) {
     for (int seqs = 1; seqs <= config_.max_graph_batch; seqs = BucketFor(seqs) + 1) {
-      const GraphShape shape = ShapeFor(seqs, q, /*padded=*/false);
+      GraphShape shape = ShapeFor(seqs, q, /*padded=*/false);
+      shape.tree = tree;
       if (shape.bucket == 0 || shape.bucket * q > kMaxStartupGraphRows) continue;
-      if (graphs_.count({shape.bucket, q}) > 0) continue;
+      if (graphs_.count({shape.bucket, q, tree}) > 0) continue;
       GraphForward(padding_only, shape);
       backend().Synchronize();  // the next shape stages its inputs through the same pinned memory
       if (graphs_failed_) break;
@@ -109,14 +111,17 @@ void ModelRunner::RecordGraphs(int max_q) {
 }
 
 // Layout of one kind's fixed inputs, in int32 words, for B = max_graph_batch sequences of q
-// rows: ids [B q], positions [B q], slots [B q], sequence info [B, 4], then block tables.
-// Each bucket reads a prefix of every section, so one upload of a prefix serves any bucket
-// and the pointers a graph recorded stay valid.
-DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& in) {
+// rows: ids [B q], positions [B q], slots [B q], sequence info [B, 4], the token trees'
+// words (AttentionBatch::tree: tree bases [B] then a 64-bit mask per row, at an even word),
+// then block tables. Each bucket reads a prefix of every section, so one upload of a prefix
+// serves any bucket and the pointers a graph recorded stay valid.
+DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& in, bool tree) {
   Backend& backend = model_.backend();
   const int64_t b = config_.max_graph_batch, n = b * q;
+  const int64_t tree_at = (3 * n + 4 * b + 1) / 2 * 2, mask_offset = (b + 1) / 2 * 2;
+  const int64_t tables_at = tree_at + mask_offset + 2 * n;
   if (!in.device.defined()) {
-    const int64_t words = 3 * n + 4 * b + b * max_blocks_per_seq_;
+    const int64_t words = tables_at + b * max_blocks_per_seq_;
     in.device = backend.Empty(DType::kI32, {words});
     in.staging = backend.HostBuffer(DType::kI32, {words});
   }
@@ -125,8 +130,13 @@ DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket,
   for (const SequenceSlice& s : batch.seqs) stride = std::max<int64_t>(stride, s.block_table.size());
   int32_t* staged = in.staging.data<int32_t>();
   int32_t *ids = staged, *positions = staged + n, *slots = staged + 2 * n, *info = staged + 3 * n;
-  int32_t* tables = staged + 3 * n + 4 * b;
+  int32_t *tables = staged + tables_at, *tree_bases = staged + tree_at;
+  auto* masks = reinterpret_cast<uint64_t*>(tree_bases + mask_offset);
   const int seqs = static_cast<int>(batch.seqs.size());
+  if (tree) {
+    std::fill_n(tree_bases, bucket, -1);
+    std::fill_n(masks, int64_t{bucket} * q, uint64_t{0});  // padding rows: plain causal rows
+  }
   for (int i = 0; i < bucket; ++i) {
     const int32_t offset = static_cast<int32_t>(i * stride);
     if (i < seqs) {
@@ -144,6 +154,10 @@ DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket,
       std::copy_n(batch.slot_mapping.begin() + s.q_start, s.q_len, slots + i * q + pad);
       std::copy(s.block_table.begin(), s.block_table.end(), tables + offset);
       std::copy_n(std::array<int32_t, 4>{i * q, q, s.ctx_len, offset}.begin(), 4, info + 4 * i);
+      if (tree && s.tree_base >= 0) {
+        tree_bases[i] = s.tree_base;
+        std::copy(s.tree_mask.begin(), s.tree_mask.end(), masks + int64_t{i} * q + pad);
+      }
     } else {
       // Padding: token 0 at positions 0..q-1 stores no KV and attends to the first slots of
       // block 0; its rows stay its own (every op is row-wise or per sequence) and are never read.
@@ -156,7 +170,7 @@ DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket,
       std::copy_n(std::array<int32_t, 4>{i * q, q, q, offset}.begin(), 4, info + 4 * i);
     }
   }
-  const int64_t used = 3 * n + 4 * b + bucket * stride;
+  const int64_t used = tables_at + bucket * stride;
   Tensor dst = in.device.Rows(0, used);
   backend.UploadTo(in.staging.Rows(0, used), dst);
 
@@ -166,7 +180,11 @@ DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket,
   inputs.positions = in.device.Rows(n, n + rows);
   inputs.slot_mapping = in.device.Rows(2 * n, 2 * n + rows);
   inputs.attention.seq_info = in.device.Rows(3 * n, 3 * n + 4 * bucket).View({bucket, 4});
-  inputs.attention.block_tables = in.device.Rows(3 * n + 4 * b, 3 * n + 4 * b + bucket * stride);
+  inputs.attention.block_tables = in.device.Rows(tables_at, tables_at + bucket * stride);
+  if (tree) {
+    inputs.attention.tree = in.device.Rows(tree_at, tables_at);
+    inputs.attention.tree_mask_offset = mask_offset;
+  }
   // No host copy of the sequence info: kernels that schedule from it (attention_hopper)
   // fall back to ones whose launch depends only on the shapes, as a replay needs.
   inputs.attention.max_q_len = q;
@@ -184,8 +202,8 @@ const std::vector<int>& ModelRunner::StepCaptureLayers() const {
 // the next such step.
 ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, const GraphShape& shape) {
   const int bucket = shape.bucket, q = shape.q;
-  const DeviceBatch inputs = StageGraphInputs(batch, bucket, q, graph_inputs_[q]);
-  const auto key = std::make_pair(bucket, q);
+  const DeviceBatch inputs = StageGraphInputs(batch, bucket, q, graph_inputs_[q], shape.tree);
+  const auto key = std::make_tuple(bucket, q, shape.tree);
   if (replays_eagerly()) {
     ++graph_replays_;
     verify_graph_replays_ += q > 1;

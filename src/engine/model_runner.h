@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -111,8 +112,9 @@ class ModelRunner {
   // Fills `inputs` with batch padded to `bucket` sequences of q rows; returns them. A
   // sequence of fewer rows is padded at its front with rows at the positions before its
   // first (which store no KV: its real rows see exactly their own context), so it needs
-  // ctx_len >= q.
-  DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& inputs);
+  // ctx_len >= q. With `tree`, the inputs carry the token trees' words too (each
+  // sequence's tree_base, each row's mask; padding rows plain).
+  DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& inputs, bool tree = false);
 
   // How a step runs on a graph: `bucket` (the recorded sequence count it pads to) sequences
   // of q rows. bucket 0: eagerly.
@@ -120,6 +122,7 @@ class ModelRunner {
     int bucket = 0;
     int q = 0;
     bool padded = false;  // some sequence runs fewer than q rows: its real rows are gathered out
+    bool tree = false;    // some sequence verifies a token tree: the inputs carry its mask words
   };
   // The shape of a decode or verification step of `seqs` sequences with at most q rows each
   // (padded: some have fewer), by GraphShapeOf's rule for any batch of that kind (a batch's
@@ -131,7 +134,8 @@ class ModelRunner {
   // while serving pays its recording in that step (H200, Qwen3-8B shape: ~45 ms, which
   // cost n-gram's batch of 32 8% of a 256-step run in its three rare verification shapes).
   // Larger shapes are still recorded at first use. Nothing where steps do not record.
-  void RecordGraphs(int max_q);
+  // tree_q > 0: also the token-tree verification graphs of that many rows a sequence.
+  void RecordGraphs(int max_q, int tree_q = 0);
   static constexpr int kMaxStartupGraphRows = 512;
   int64_t graphs_recorded() const { return static_cast<int64_t>(graphs_.size()); }
 
@@ -190,7 +194,7 @@ class ModelRunner {
     std::unique_ptr<DeviceGraph> graph;
     ForwardOutput out;  // where a replay leaves logits, captured aux states, final hidden (graph pool)
   };
-  std::map<std::pair<int, int>, Graph> graphs_;  // by (bucket, rows per sequence)
+  std::map<std::tuple<int, int, bool>, Graph> graphs_;  // by (bucket, rows per sequence, tree)
   std::map<int, GraphInputs> graph_inputs_;      // by rows per sequence
   int64_t graph_replays_ = 0, verify_graph_replays_ = 0;
   double graph_launch_seconds_ = 0;

@@ -362,7 +362,14 @@ void CpuBackend::Attention(const Tensor& q, const Tensor& k_cache, const Tensor&
         std::fprintf(stderr, "hsx: attention: sequence %ld's block table lies outside block_tables\n", long(i));
         std::abort();
       }
-      with_seqs.seqs.push_back({row[0], row[1], row[2], std::vector<int32_t>(tables + row[3], tables + row[3] + blocks)});
+      SequenceSlice& seq = with_seqs.seqs.emplace_back();
+      seq = {row[0], row[1], row[2], std::vector<int32_t>(tables + row[3], tables + row[3] + blocks)};
+      if (batch.tree.defined()) {  // tree bases [S], then a 64-bit mask per row
+        const int32_t* words = batch.tree.data<int32_t>();
+        const auto* masks = reinterpret_cast<const uint64_t*>(words + batch.tree_mask_offset);
+        seq.tree_base = words[i];
+        if (seq.tree_base >= 0) seq.tree_mask.assign(masks + row[0], masks + row[0] + row[1]);
+      }
     }
     return Attention(q, k_cache, v_cache, with_seqs, params, out);
   }
