@@ -483,23 +483,16 @@ Eagle3Drafter::FirstPassShape Eagle3Drafter::PaddedFirstPass(const ForwardBatch&
 DeviceBatch Eagle3Drafter::StagePaddedFirstPass(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
                                                 const FirstPassShape& shape, Tensor& aux) {
   const int bucket = shape.bucket, q = shape.q;
-  ForwardBatch padded;
-  std::vector<int32_t> rows_of_step;  // each padded row's row in the step (padding: its sequence's first)
+  // The runner's staging pads each sequence at its front to q rows (positions before, no
+  // KV); each padded row takes the aux states of its row in the step (padding: its
+  // sequence's first row's).
+  std::vector<int32_t> rows_of_step;
+  rows_of_step.reserve(first_pass.seqs.size() * q);
   for (const SequenceSlice& s : first_pass.seqs) {
     const int pad = q - s.q_len;
-    for (int j = 0; j < q; ++j) {
-      const int32_t row = s.q_start + std::max(0, j - pad);
-      padded.token_ids.push_back(first_pass.token_ids[row]);
-      padded.positions.push_back(s.ctx_len - q + j);
-      padded.slot_mapping.push_back(j < pad ? -1 : first_pass.slot_mapping[row]);
-      rows_of_step.push_back(step_rows[row]);
-    }
-    SequenceSlice slice = s;
-    slice.q_start = static_cast<int32_t>(padded.seqs.size()) * q;
-    slice.q_len = q;
-    padded.seqs.push_back(std::move(slice));
+    for (int j = 0; j < q; ++j) rows_of_step.push_back(step_rows[s.q_start + std::max(0, j - pad)]);
   }
-  DeviceBatch inputs = runner_.StageGraphInputs(padded, bucket, q, draft_inputs_[q]);
+  DeviceBatch inputs = runner_.StageGraphInputs(first_pass, bucket, q, draft_inputs_[q]);
   inputs.logit_rows.clear();
   for (int i = 1; i <= bucket; ++i) inputs.logit_rows.push_back(i * q - 1);
   const int64_t layers = draft_.config().num_aux(), h = draft_.decoder().hidden_size;  // the target's
