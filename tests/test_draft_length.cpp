@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/speculative_config.h"
 #include "model/eagle3_draft.h"
+#include "model/mtp_drafter.h"
 #include "engine_runs.h"
 #include "test_util.h"
 
@@ -456,6 +457,84 @@ TEST(AdaptiveDraftLength, GreedyOutputIsThePlainDecodes) {
   fixed.spec_bench_accept_rate = adaptive.spec_bench_accept_rate = 1.0f;
   const Generation adaptive1 = Generate(**model, golden, adaptive, 24);
   EXPECT_GE(adaptive1.stats.num_draft_tokens, 3 * adaptive1.stats.num_drafts - 3 * 3);  // room cuts the last ones
+}
+
+// Greedy output with adaptive draft lengths is the plain decode's with every drafter, on
+// every fixture: prompt lookup over each fixture model (the golden prompts and one that
+// repeats itself), each EAGLE-3 fixture draft, and both Gemma 4 MTP assistants (the copy's
+// drafts accepted, the random one's not), the injected costs mixing K = 0 and K > 0 in steps.
+class AdaptiveGreedyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AdaptiveGreedyTest, NgramDraftsLeaveGreedyOutputUnchanged) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  auto model = Model::Load(test::ModelDir(GetParam()), backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  SafetensorsFile golden = test::Golden(test::ModelDir(GetParam()) + "/golden.safetensors");
+  const std::vector<std::vector<int32_t>> prompts = test::GoldenPrompts(golden, /*with_loop=*/true);
+  EngineConfig plain;
+  plain.scheduler.max_num_batched_tokens = 48;
+  const Generation reference = test::Generate(**model, prompts, plain, 32);
+  const DraftCostModel cost = H200Like();
+  EngineConfig adaptive = plain;
+  adaptive.ngram = {3, 1, 3};
+  adaptive.draft_length.adaptive = true;
+  adaptive.draft_length.cost_model = &cost;
+  const Generation run = test::Generate(**model, prompts, adaptive, 32);
+  EXPECT_EQ(run.tokens, reference.tokens) << GetParam();
+  EXPECT_GT(run.stats.num_draft_tokens, 0u) << "no drafts were verified";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchitectures, AdaptiveGreedyTest, ::testing::ValuesIn(test::FixtureModels()),
+                         [](const auto& info) { return info.param; });
+
+TEST(AdaptiveDraftLength, Eagle3AndMtpDraftsLeaveGreedyOutputUnchanged) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  const DraftCostModel cost = H200Like();
+  for (const std::string variant : {"llama_legacy", "qwen3_default", "llama_copy"}) {
+    const std::string target = variant == "qwen3_default" ? "qwen3" : "llama";
+    auto model = Model::Load(test::ModelDir(target), backend);
+    ASSERT_TRUE(model.ok());
+    auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
+    ASSERT_TRUE(draft.ok()) << draft.status().message();
+    SafetensorsFile golden = test::Golden(test::ModelDir(target) + "/golden.safetensors");
+    EngineConfig plain;
+    plain.scheduler.max_num_batched_tokens = 48;
+    const Generation reference = Generate(**model, golden, plain, 24);
+    EngineConfig adaptive = plain;
+    adaptive.eagle3 = {draft->get(), 4};
+    adaptive.draft_length.adaptive = true;
+    adaptive.draft_length.cost_model = &cost;
+    const Generation run = Generate(**model, golden, adaptive, 24);
+    EXPECT_EQ(run.tokens, reference.tokens) << variant;
+    EXPECT_GT(run.stats.num_draft_tokens, 0u) << variant;
+    if (variant != "llama_copy") {
+      EXPECT_GT(run.chosen_lengths.at(0), 0) << variant << ": a random draft's requests never went to K = 0";
+    }
+  }
+  auto target = Model::Load(test::DataPath("mtp/gemma4_target"), backend);
+  ASSERT_TRUE(target.ok()) << target.status().message();
+  SafetensorsFile golden = test::Golden(test::DataPath("mtp/golden_mtp_vllm_copy.safetensors"));
+  std::vector<std::vector<int32_t>> prompts;
+  for (int k = 0; k < 3; ++k) prompts.push_back(test::AsIds(golden.Get("prompt_" + std::to_string(k)).value()));
+  EngineConfig plain;
+  plain.scheduler.max_num_batched_tokens = 48;
+  const Generation reference = test::Generate(**target, prompts, plain, 24);
+  for (const std::string variant : {"gemma4_assistant_copy", "gemma4_assistant"}) {
+    auto drafter = MtpDrafter::Load(test::DataPath("mtp/" + variant), **target, backend);
+    ASSERT_TRUE(drafter.ok()) << drafter.status().message();
+    EngineConfig adaptive = plain;
+    adaptive.mtp = {drafter->get(), 4};
+    adaptive.draft_length.adaptive = true;
+    adaptive.draft_length.cost_model = &cost;
+    const Generation run = test::Generate(**target, prompts, adaptive, 24);
+    EXPECT_EQ(run.tokens, reference.tokens) << variant;
+    EXPECT_GT(run.stats.num_draft_tokens, 0u) << variant;
+    if (variant == "gemma4_assistant_copy") {
+      EXPECT_GT(run.stats.num_accepted_tokens, 0u);
+    } else {
+      EXPECT_GT(run.chosen_lengths.at(0), 0) << variant << ": a random draft's requests never went to K = 0";
+    }
+  }
 }
 
 TEST(AdaptiveDraftLength, SpeculativeConfigKey) {

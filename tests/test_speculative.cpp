@@ -12,6 +12,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "engine/draft_length.h"
 #include "engine/engine.h"
 #include "engine/speculative_config.h"
 #include "model/eagle3_draft.h"
@@ -455,15 +456,29 @@ TEST(SpeculativeEngineTest, SampledTokensFollowTheTargetsDistribution) {
   EXPECT_LT(accepted, static_cast<uint64_t>(n / 2));
   EXPECT_LT(chi, bound) << "speculative sampling";
   const uint64_t accepted_right = accepted;
+  // Adaptive draft lengths, costs injected so that a step's first 600 rows cost alike and
+  // more cost 20 times as much: a step of hundreds of decoding requests drafts for some and
+  // not for the others (K = 1 and K = 0 side by side), still lossless.
+  DraftCostModel cost;
+  cost.SetTarget(1, 1.0);
+  cost.SetTarget(600, 1.0);
+  cost.SetTarget(700, 20.0);
+  EngineConfig adaptive = speculative;
+  adaptive.draft_length.adaptive = true;
+  adaptive.draft_length.cost_model = &cost;
+  const auto [adaptive_chi, adaptive_bound] = statistic(adaptive, &drafts, &accepted);
+  EXPECT_GT(drafts, static_cast<uint64_t>(n / 20)) << "adaptive: some requests draft";
+  EXPECT_LT(drafts, static_cast<uint64_t>(n - n / 20)) << "adaptive: and some do not";
+  EXPECT_LT(adaptive_chi, adaptive_bound) << "speculative sampling with adaptive draft lengths";
   speculative.spec_bench_accept_rate = 1.0f;
   const auto [all_chi, all_bound] = statistic(speculative, &drafts, &accepted);
   EXPECT_GT(all_chi, all_bound) << "every draft accepted must be told apart";
   speculative.spec_bench_accept_rate = 0.0f;
   const auto [none_chi, none_bound] = statistic(speculative, &drafts, &accepted);
   EXPECT_GT(none_chi, none_bound) << "every draft rejected must be told apart";
-  std::printf("[lossless] chi-square plain %.1f, speculative %.1f (%lu of %d drafts accepted), all accepted %.1f, "
-              "none accepted %.1f (bound %.1f)\n", plain_chi, chi, static_cast<unsigned long>(accepted_right), n,
-              all_chi, none_chi, bound);
+  std::printf("[lossless] chi-square plain %.1f, speculative %.1f (%lu of %d drafts accepted), adaptive %.1f, "
+              "all accepted %.1f, none accepted %.1f (bound %.1f)\n", plain_chi, chi,
+              static_cast<unsigned long>(accepted_right), n, adaptive_chi, all_chi, none_chi, bound);
 }
 
 TEST(SpeculativeConfigTest, ParsesVllmShapesAndNamesBadFields) {
