@@ -252,6 +252,52 @@ TEST_P(SpeculativeGraphs, MtpVerificationOnGraphsGivesTheEagerTokens) {
   ExpectGraphsGiveTheEagerRun(**model, config, "mtp", true);
 }
 
+// A verification step of 60 sequences whose draft counts differ (prompt lookup finds
+// matches in the prompts that repeat a loop, none in the others) would pad to 64 x 4 rows,
+// past kMaxPaddedGraphRows: it runs packed instead (its draft rows rounded up, padding at
+// the sequences' fronts), with the eager run's tokens and acceptance, greedy and seeded.
+TEST_P(SpeculativeGraphs, MixedDraftCountsPastThePaddedRowsRunPackedGraphs) {
+  Backend& backend = *backend_;
+  auto model = Model::Load(test::ModelDir("llama"), backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const int vocab = (*model)->config().vocab_size;
+  auto run = [&](bool graphs, float temperature) {
+    EngineConfig config;
+    config.ngram = {3, 1, 2};
+    config.graphs = graphs;
+    config.graph_shapes_without_recording = true;
+    config.num_blocks = 512;
+    config.scheduler.max_num_seqs = 64;
+    Engine engine(**model, config);
+    for (int i = 0; i < 60; ++i) {
+      Request r;
+      r.id = "r" + std::to_string(i);
+      const int period = i % 2 == 0 ? 3 + i % 5 : 1000;  // odd requests: no repeats to look up
+      for (int t = 0; t < 12 + i % 7; ++t) r.prompt.push_back((37 * (t % period) + 11 * i + 5) % vocab);
+      r.max_new_tokens = 6 + i % 9;
+      r.sampling.temperature = temperature;
+      r.sampling.seed = 500 + i;
+      EXPECT_TRUE(engine.Add(std::move(r)).ok());
+    }
+    hsx::Run out;
+    while (engine.has_work()) {
+      for (auto& seq : engine.Step()) out.tokens[seq->id()] = seq->generated();
+    }
+    out.accepted = engine.stats().num_accepted_tokens;
+    out.drafted = engine.stats().num_draft_tokens;
+    out.verify_replays = engine.runner().packed_graph_replays();
+    return out;
+  };
+  for (float temperature : {0.0f, 1.0f}) {
+    const hsx::Run eager = run(false, temperature), graphs = run(true, temperature);
+    ASSERT_EQ(eager.tokens.size(), 60u);
+    EXPECT_GT(graphs.drafted, 0u);
+    EXPECT_GT(graphs.verify_replays, 0) << "no step ran packed";
+    EXPECT_EQ(graphs.tokens, eager.tokens) << "at temperature " << temperature;
+    EXPECT_EQ(graphs.accepted, eager.accepted) << "at temperature " << temperature;
+  }
+}
+
 // Token-tree verification steps on graphs (the tree's mask words in the fixed inputs;
 // requests near their end verify smaller trees, padded at their front) give the eager
 // tokens and acceptance, greedy and seeded.

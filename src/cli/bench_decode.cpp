@@ -266,6 +266,7 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
     const Drafter* drafter = engine.drafter();
     result["graph_replays"] = {{"steps", runner.graph_replays()},
                                {"verification", runner.verify_graph_replays()},
+                               {"packed_verification", runner.packed_graph_replays()},
                                {"draft_rounds", drafter ? drafter->graph_replays() : 0},
                                {"draft_first_passes", drafter ? drafter->first_pass_graph_replays() : 0},
                                {"draft_kv_only_passes", drafter ? drafter->kv_only_graph_replays() : 0},

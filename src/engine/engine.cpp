@@ -84,11 +84,11 @@ Engine::Engine(Model& model, EngineConfig config)
                             tree()})) {
   if (drafter_ && config_.draft_length.adaptive) {
     // The policy prices a plan in the shape the runner will run it: a graph's padded rows,
-    // or eagerly past the padded graphs' rows.
+    // packed past them, or eagerly.
     drafter_->EnableAdaptive(config_.draft_length.policy, config_.draft_length.cost_model,
                              [this](int seqs, int q, int rows) {
-                               const ModelRunner::GraphShape g = runner_.ShapeFor(seqs, q, rows != seqs * q);
-                               return g.bucket > 0 ? StepShape{g.bucket * g.q, true} : StepShape{rows, false};
+                               const ModelRunner::GraphShape g = runner_.ShapeFor(seqs, q, rows);
+                               return g.bucket > 0 ? StepShape{g.rows, true} : StepShape{rows, false};
                              });
   }
   // Decode steps, verification steps of every draft count or of the whole token tree, then

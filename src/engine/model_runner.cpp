@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <numeric>
 
 namespace hsx {
 namespace {
@@ -69,25 +70,49 @@ ModelRunner::GraphShape ModelRunner::GraphShapeOf(const ForwardBatch& batch) con
     start += s.q_len;
   }
   const int seqs = static_cast<int>(batch.seqs.size());
-  GraphShape shape = ShapeFor(seqs, q, rows != static_cast<size_t>(seqs) * q);
+  GraphShape shape = ShapeFor(seqs, q, static_cast<int>(rows));
   shape.tree = std::any_of(batch.seqs.begin(), batch.seqs.end(), [](const SequenceSlice& s) { return s.tree_base >= 0; });
   return shape;
 }
 
-ModelRunner::GraphShape ModelRunner::ShapeFor(int seqs, int q, bool padded) const {
+ModelRunner::GraphShape ModelRunner::ShapeFor(int seqs, int q, int rows) const {
   // Under tensor parallelism steps run eagerly: the ranks' graphs would have to be recorded
   // and replayed together, NCCL calls inside them.
   if (!graphs_on() || !config_.peer_ranks.empty() || seqs <= 0 ||
-      seqs > config_.max_graph_batch || q < 1 || q > kMaxGraphRowsPerSeq) {
+      seqs > config_.max_graph_batch || q < 1 || q > kMaxGraphRowsPerSeq || rows < seqs || rows > seqs * q) {
     return {};
   }
   const int bucket = BucketFor(seqs);
-  if (padded && bucket * q > kMaxPaddedGraphRows) return {};
-  if (has_moe_ && !replays_eagerly()) {  // the graph runs bucket * q rows, padding included
-    const ModelConfig& c = model_.rank_config();
-    if (!backend().MoeRecordable(int64_t{bucket} * q, c.num_experts, c.hidden_size, c.moe_intermediate_size)) return {};
+  const bool padded = rows != seqs * q;
+  int graph_rows = bucket * q;
+  if (padded && graph_rows > kMaxPaddedGraphRows) {
+    graph_rows = bucket + (rows - seqs + kPackedRowsStep - 1) / kPackedRowsStep * kPackedRowsStep;
+    if (graph_rows >= bucket * q) return {};  // no fewer rows than every sequence padded to q: eagerly
   }
-  return {bucket, q, padded};
+  if (has_moe_ && !replays_eagerly()) {  // the graph runs graph_rows rows, padding included
+    const ModelConfig& c = model_.rank_config();
+    if (!backend().MoeRecordable(graph_rows, c.num_experts, c.hidden_size, c.moe_intermediate_size)) return {};
+  }
+  return {bucket, q, padded, false, graph_rows};
+}
+
+std::vector<int32_t> ModelRunner::GraphWidths(const ForwardBatch& batch, int bucket, int q, int rows) {
+  const int seqs = static_cast<int>(batch.seqs.size());
+  if (rows == 0 || rows == bucket * q) return std::vector<int32_t>(bucket, q);
+  std::vector<int32_t> widths(bucket, 1);
+  int64_t left = rows - (bucket - seqs);
+  for (int i = 0; i < seqs; ++i) left -= (widths[i] = batch.seqs[i].q_len);
+  for (int i = seqs; i < bucket && left > 0; ++i) {
+    const int more = static_cast<int>(std::min<int64_t>(left, q - 1));
+    widths[i] += more;
+    left -= more;
+  }
+  for (int i = 0; i < seqs && left > 0; ++i) {
+    const int more = static_cast<int>(std::min<int64_t>(left, q - widths[i]));
+    widths[i] += more;
+    left -= more;
+  }
+  return widths;
 }
 
 void ModelRunner::RecordGraphs(int max_q, int tree_q) {
@@ -98,16 +123,16 @@ void ModelRunner::RecordGraphs(int max_q, int tree_q) {
   if (tree_q > 0 && tree_q <= kMaxGraphRowsPerSeq) kinds.emplace_back(tree_q, true);
   for (const auto& [q, tree] : kinds) {
     for (int seqs = 1; seqs <= config_.max_graph_batch; seqs = BucketFor(seqs) + 1) {
-      GraphShape shape = ShapeFor(seqs, q, /*padded=*/false);
+      GraphShape shape = ShapeFor(seqs, q, seqs * q);
       shape.tree = tree;
-      if (shape.bucket == 0 || shape.bucket * q > kMaxStartupGraphRows) continue;
-      if (graphs_.count({shape.bucket, q, tree}) > 0) continue;
+      if (shape.bucket == 0 || shape.rows > kMaxStartupGraphRows) continue;
+      if (graphs_.count({shape.bucket, q, tree, shape.rows}) > 0) continue;
       GraphForward(padding_only, shape);
       backend().Synchronize();  // the next shape stages its inputs through the same pinned memory
       if (graphs_failed_) break;
     }
   }
-  graph_replays_ = verify_graph_replays_ = 0;  // what ran here served no step
+  graph_replays_ = verify_graph_replays_ = packed_graph_replays_ = 0;  // what ran here served no step
 }
 
 // Layout of one kind's fixed inputs, in int32 words, for B = max_graph_batch sequences of q
@@ -115,7 +140,8 @@ void ModelRunner::RecordGraphs(int max_q, int tree_q) {
 // words (AttentionBatch::tree: tree bases [B] then a 64-bit mask per row, at an even word),
 // then block tables. Each bucket reads a prefix of every section, so one upload of a prefix
 // serves any bucket and the pointers a graph recorded stay valid.
-DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& in, bool tree) {
+DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& in, bool tree,
+                                          int graph_rows) {
   Backend& backend = model_.backend();
   const int64_t b = config_.max_graph_batch, n = b * q;
   const int64_t tree_at = (3 * n + 4 * b + 1) / 2 * 2, mask_offset = (b + 1) / 2 * 2;
@@ -133,48 +159,49 @@ DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket,
   int32_t *tables = staged + tables_at, *tree_bases = staged + tree_at;
   auto* masks = reinterpret_cast<uint64_t*>(tree_bases + mask_offset);
   const int seqs = static_cast<int>(batch.seqs.size());
+  const std::vector<int32_t> widths = GraphWidths(batch, bucket, q, graph_rows);
+  const int64_t rows = std::accumulate(widths.begin(), widths.end(), int64_t{0});
   if (tree) {
     std::fill_n(tree_bases, bucket, -1);
-    std::fill_n(masks, int64_t{bucket} * q, uint64_t{0});  // padding rows: plain causal rows
+    std::fill_n(masks, rows, uint64_t{0});  // padding rows: plain causal rows
   }
-  for (int i = 0; i < bucket; ++i) {
-    const int32_t offset = static_cast<int32_t>(i * stride);
+  for (int i = 0, start = 0; i < bucket; start += widths[i++]) {
+    const int32_t offset = static_cast<int32_t>(i * stride), w = widths[i];
     if (i < seqs) {
       const SequenceSlice& s = batch.seqs[i];
       // Front padding: the positions before its first row, storing no KV (its first token as
       // the id: any would do, the row is never read).
-      const int pad = q - s.q_len, first = batch.positions[s.q_start];
+      const int pad = w - s.q_len, first = batch.positions[s.q_start];
       for (int j = 0; j < pad; ++j) {
-        ids[i * q + j] = batch.token_ids[s.q_start];
-        positions[i * q + j] = first - pad + j;
-        slots[i * q + j] = -1;
+        ids[start + j] = batch.token_ids[s.q_start];
+        positions[start + j] = first - pad + j;
+        slots[start + j] = -1;
       }
-      std::copy_n(batch.token_ids.begin() + s.q_start, s.q_len, ids + i * q + pad);
-      std::copy_n(batch.positions.begin() + s.q_start, s.q_len, positions + i * q + pad);
-      std::copy_n(batch.slot_mapping.begin() + s.q_start, s.q_len, slots + i * q + pad);
+      std::copy_n(batch.token_ids.begin() + s.q_start, s.q_len, ids + start + pad);
+      std::copy_n(batch.positions.begin() + s.q_start, s.q_len, positions + start + pad);
+      std::copy_n(batch.slot_mapping.begin() + s.q_start, s.q_len, slots + start + pad);
       std::copy(s.block_table.begin(), s.block_table.end(), tables + offset);
-      std::copy_n(std::array<int32_t, 4>{i * q, q, s.ctx_len, offset}.begin(), 4, info + 4 * i);
+      std::copy_n(std::array<int32_t, 4>{start, w, s.ctx_len, offset}.begin(), 4, info + 4 * i);
       if (tree && s.tree_base >= 0) {
         tree_bases[i] = s.tree_base;
-        std::copy(s.tree_mask.begin(), s.tree_mask.end(), masks + int64_t{i} * q + pad);
+        std::copy(s.tree_mask.begin(), s.tree_mask.end(), masks + start + pad);
       }
     } else {
-      // Padding: token 0 at positions 0..q-1 stores no KV and attends to the first slots of
+      // Padding: token 0 at positions 0..w-1 stores no KV and attends to the first slots of
       // block 0; its rows stay its own (every op is row-wise or per sequence) and are never read.
-      for (int j = 0; j < q; ++j) {
-        ids[i * q + j] = 0;
-        positions[i * q + j] = j;
-        slots[i * q + j] = -1;
+      for (int j = 0; j < w; ++j) {
+        ids[start + j] = 0;
+        positions[start + j] = j;
+        slots[start + j] = -1;
       }
       std::fill_n(tables + offset, stride, 0);
-      std::copy_n(std::array<int32_t, 4>{i * q, q, q, offset}.begin(), 4, info + 4 * i);
+      std::copy_n(std::array<int32_t, 4>{start, w, w, offset}.begin(), 4, info + 4 * i);
     }
   }
   const int64_t used = tables_at + bucket * stride;
   Tensor dst = in.device.Rows(0, used);
   backend.UploadTo(in.staging.Rows(0, used), dst);
 
-  const int64_t rows = static_cast<int64_t>(bucket) * q;
   DeviceBatch inputs;
   inputs.token_ids = in.device.Rows(0, rows);
   inputs.positions = in.device.Rows(n, n + rows);
@@ -202,11 +229,13 @@ const std::vector<int>& ModelRunner::StepCaptureLayers() const {
 // the next such step.
 ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, const GraphShape& shape) {
   const int bucket = shape.bucket, q = shape.q;
-  const DeviceBatch inputs = StageGraphInputs(batch, bucket, q, graph_inputs_[q], shape.tree);
-  const auto key = std::make_tuple(bucket, q, shape.tree);
+  const DeviceBatch inputs = StageGraphInputs(batch, bucket, q, graph_inputs_[q], shape.tree, shape.rows);
+  const auto key = std::make_tuple(bucket, q, shape.tree, shape.rows);
+  const bool packed = shape.rows != bucket * q;
   if (replays_eagerly()) {
     ++graph_replays_;
     verify_graph_replays_ += q > 1;
+    packed_graph_replays_ += packed;
     return model_.Forward(inputs, cache_, StepCaptureLayers());
   }
   if (auto it = graphs_.find(key); it != graphs_.end()) {
@@ -215,6 +244,7 @@ ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, const GraphSh
     graph_launch_seconds_ += std::chrono::duration<double>(Clock::now() - launch).count();
     ++graph_replays_;
     verify_graph_replays_ += q > 1;
+    packed_graph_replays_ += packed;
     return it->second.out;
   }
   ForwardOutput out = model_.Forward(inputs, cache_, StepCaptureLayers());
@@ -234,7 +264,7 @@ ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, const GraphSh
 
 Tensor ModelRunner::StepLogits(const ForwardBatch& batch, const GraphShape& shape, StepResult& result) {
   result.graph = shape.bucket > 0;
-  result.computed_rows = result.graph ? shape.bucket * shape.q : static_cast<int>(batch.token_ids.size());
+  result.computed_rows = result.graph ? shape.rows : static_cast<int>(batch.token_ids.size());
   if (!result.graph) return EagerLogits(batch, result);
   const size_t recorded = graphs_.size();
   ForwardOutput out = GraphForward(batch, shape);
@@ -257,14 +287,15 @@ Tensor ModelRunner::StepLogits(const ForwardBatch& batch, const GraphShape& shap
 }
 
 // A padded step's outputs in the batch's own rows (sequence i's real rows are the last
-// q_len of its q), gathered out of the graph pool into tensors of the step's own.
+// q_len of its width), gathered out of the graph pool into tensors of the step's own.
 ForwardOutput ModelRunner::RealRows(const ForwardBatch& batch, const GraphShape& shape, const ForwardOutput& padded) {
+  const std::vector<int32_t> widths = GraphWidths(batch, shape.bucket, shape.q, shape.rows);
   std::vector<int32_t> rows;
   rows.reserve(batch.token_ids.size());
-  for (size_t i = 0; i < batch.seqs.size(); ++i) {
+  int32_t start = 0;
+  for (size_t i = 0; i < batch.seqs.size(); start += widths[i++]) {
     const SequenceSlice& s = batch.seqs[i];
-    const int32_t first = static_cast<int32_t>(i) * shape.q + shape.q - s.q_len;
-    for (int j = 0; j < s.q_len; ++j) rows.push_back(first + j);
+    for (int j = 0; j < s.q_len; ++j) rows.push_back(start + widths[i] - s.q_len + j);
   }
   const int64_t n = static_cast<int64_t>(rows.size());
   Backend& backend = this->backend();

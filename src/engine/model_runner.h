@@ -109,26 +109,38 @@ class ModelRunner {
   struct GraphInputs {
     Tensor device, staging;
   };
-  // Fills `inputs` with batch padded to `bucket` sequences of q rows; returns them. A
-  // sequence of fewer rows is padded at its front with rows at the positions before its
-  // first (which store no KV: its real rows see exactly their own context), so it needs
-  // ctx_len >= q. With `tree`, the inputs carry the token trees' words too (each
-  // sequence's tree_base, each row's mask; padding rows plain).
-  DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& inputs, bool tree = false);
+  // Fills `inputs` with batch padded to `bucket` sequences of q rows (or, packed, of
+  // `rows` rows in all: GraphWidths); returns them. A sequence of fewer rows is padded at
+  // its front with rows at the positions before its first (which store no KV: its real
+  // rows see exactly their own context), so it needs ctx_len >= q. With `tree`, the inputs
+  // carry the token trees' words too (each sequence's tree_base, each row's mask; padding
+  // rows plain).
+  DeviceBatch StageGraphInputs(const ForwardBatch& batch, int bucket, int q, GraphInputs& inputs, bool tree = false,
+                               int rows = 0);
+  // Each graph sequence's rows (the batch's, then the bucket's padding sequences), none
+  // past q, summing to `rows` (0: bucket * q, every sequence q). Packed: a padding sequence
+  // takes 1 row, the rest go to padding sequences up to q, then to the batch's sequences'
+  // fronts in order.
+  static std::vector<int32_t> GraphWidths(const ForwardBatch& batch, int bucket, int q, int rows);
 
   // How a step runs on a graph: `bucket` (the recorded sequence count it pads to) sequences
-  // of q rows. bucket 0: eagerly.
+  // of at most q rows, `rows` in all (bucket * q, or fewer when packed). bucket 0: eagerly.
   struct GraphShape {
     int bucket = 0;
     int q = 0;
     bool padded = false;  // some sequence runs fewer than q rows: its real rows are gathered out
     bool tree = false;    // some sequence verifies a token tree: the inputs carry its mask words
+    int rows = 0;
   };
   // The shape of a decode or verification step of `seqs` sequences with at most q rows each
-  // (padded: some have fewer), by GraphShapeOf's rule for any batch of that kind (a batch's
+  // and `rows` in all, by GraphShapeOf's rule for any batch of that kind (a batch's
   // particulars, such as a block table past the graphs' or a token tree, may still run it
-  // eagerly): what the adaptive draft length prices a plan by.
-  GraphShape ShapeFor(int seqs, int q, bool padded) const;
+  // eagerly): what the adaptive draft length prices a plan by. A step of mixed draft counts
+  // runs bucket * q rows up to kMaxPaddedGraphRows; past that, packed: its draft rows
+  // rounded up to kPackedRowsStep over one row a sequence (at batch 128, 7 drafting
+  // requests of K = 3 run 149 rows in a graph of 128 + 32 instead of 512, or eagerly).
+  GraphShape ShapeFor(int seqs, int q, int rows) const;
+  static constexpr int kPackedRowsStep = 16;
   // Records the step graphs of every bucket for q = 1..max_q rows a sequence, up to
   // kMaxStartupGraphRows rows (vLLM captures its sizes at start-up too): a shape first met
   // while serving pays its recording in that step (H200, Qwen3-8B shape: ~45 ms, which
@@ -142,6 +154,7 @@ class ModelRunner {
   const RunnerConfig& config() const { return config_; }
   int64_t graph_replays() const { return graph_replays_; }  // decode and verification steps that replayed a graph
   int64_t verify_graph_replays() const { return verify_graph_replays_; }  // of which verification steps
+  int64_t packed_graph_replays() const { return packed_graph_replays_; }  // of which packed (ShapeFor)
   // Host seconds spent launching step graphs (the replay call alone): at batch 1 a step's
   // GPU idles for what this takes past the previous step's end.
   double graph_launch_seconds() const { return graph_launch_seconds_; }
@@ -194,9 +207,9 @@ class ModelRunner {
     std::unique_ptr<DeviceGraph> graph;
     ForwardOutput out;  // where a replay leaves logits, captured aux states, final hidden (graph pool)
   };
-  std::map<std::tuple<int, int, bool>, Graph> graphs_;  // by (bucket, rows per sequence, tree)
+  std::map<std::tuple<int, int, bool, int>, Graph> graphs_;  // by (bucket, most rows a sequence, tree, rows)
   std::map<int, GraphInputs> graph_inputs_;      // by rows per sequence
-  int64_t graph_replays_ = 0, verify_graph_replays_ = 0;
+  int64_t graph_replays_ = 0, verify_graph_replays_ = 0, packed_graph_replays_ = 0;
   double graph_launch_seconds_ = 0;
   bool graphs_failed_ = false;  // a recording failed (said once): every step runs eagerly
   int64_t max_blocks_per_seq_ = 0;
