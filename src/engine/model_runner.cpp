@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <numeric>
@@ -86,7 +87,7 @@ ModelRunner::GraphShape ModelRunner::ShapeFor(int seqs, int q, int rows) const {
   const bool padded = rows != seqs * q;
   int graph_rows = bucket * q;
   if (padded && graph_rows > kMaxPaddedGraphRows) {
-    graph_rows = bucket + (rows - seqs + kPackedRowsStep - 1) / kPackedRowsStep * kPackedRowsStep;
+    graph_rows = bucket + std::max(kMinPackedDraftRows, static_cast<int>(std::bit_ceil(static_cast<unsigned>(rows - seqs))));
     if (graph_rows >= bucket * q) return {};  // no fewer rows than every sequence padded to q: eagerly
   }
   if (has_moe_ && !replays_eagerly()) {  // the graph runs graph_rows rows, padding included

@@ -136,11 +136,12 @@ class ModelRunner {
   // and `rows` in all, by GraphShapeOf's rule for any batch of that kind (a batch's
   // particulars, such as a block table past the graphs' or a token tree, may still run it
   // eagerly): what the adaptive draft length prices a plan by. A step of mixed draft counts
-  // runs bucket * q rows up to kMaxPaddedGraphRows; past that, packed: its draft rows
-  // rounded up to kPackedRowsStep over one row a sequence (at batch 128, 7 drafting
-  // requests of K = 3 run 149 rows in a graph of 128 + 32 instead of 512, or eagerly).
+  // runs bucket * q rows up to kMaxPaddedGraphRows; past that, packed: one row a sequence
+  // plus its draft rows rounded up to a power of two, at least kMinPackedDraftRows (at
+  // batch 128, 7 drafting requests of K = 3 run 149 rows in a graph of 128 + 32 instead of
+  // 512, or eagerly). Powers of two keep the shapes, each recorded at first use, few.
   GraphShape ShapeFor(int seqs, int q, int rows) const;
-  static constexpr int kPackedRowsStep = 16;
+  static constexpr int kMinPackedDraftRows = 16;
   // Records the step graphs of every bucket for q = 1..max_q rows a sequence, up to
   // kMaxStartupGraphRows rows (vLLM captures its sizes at start-up too): a shape first met
   // while serving pays its recording in that step (H200, Qwen3-8B shape: ~45 ms, which
