@@ -118,7 +118,8 @@ TEST(DraftLengthPolicy, InflatedPlainFigureDoesNotKeepAUselessDraft) {
   EXPECT_GE(chosen[0], 200 * 32 * 9 / 10) << "K=1: " << chosen[1] << ", K=2: " << chosen[2] << ", K=3: " << chosen[3];
 }
 
-// The runner's rule, as ModelRunner::ShapeFor: padded on a graph up to 192 rows, eager past.
+// A runner's rule with eager steps: padded on a graph up to 192 rows, eager past
+// (ModelRunner::ShapeFor's before its packed graphs).
 StepShape RunnerLike(int seqs, int q, int rows) {
   const int bucket = seqs <= 4 ? (seqs <= 1 ? 1 : seqs <= 2 ? 2 : 4) : (seqs + 7) / 8 * 8;
   if (rows != seqs * q && bucket * q > 192) return {rows, false};
