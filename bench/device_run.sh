@@ -61,7 +61,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/lib $(python3 -c 'import nvidia, 
 done
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='*Cuda*:*BatchInvariantOps*:*BatchInvariantEngine*' 2>&1 |
+  HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='*Cuda*:*/cuda:*BatchInvariantOps*:*BatchInvariantEngine*' 2>&1 |
     tee "$OUT/tests.log" | grep -E "^\[bf16\]|^\[fp8\]|^\[sampling\]|PASSED|FAILED|Failure|Expected|actual|error" | head -60
 fi
 qwen3_8b_bench() {  # exported, so `env VAR=... bash -c qwen3_8b_bench` can run it
@@ -353,7 +353,7 @@ if [ "$what" = decodeab ]; then  # bench --decode under each of AB_ENVS (;-separ
 fi
 if [ "$what" = sampling ]; then  # issue 10: the sampling and verification CUDA tests, then greedy against
   # temperature 1 / top-p 0.9 at batch 1, 32, 128, alternating, twice; the sample op's time per call
-  HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='CudaSampling.*:CudaVerification.*:CudaSpeculative*' 2>&1 |
+  HSX_TEST_DATA="$here/tests/data" .devbin/hsx_tests --gtest_filter='CudaSampling.*:CudaVerification.*:*SpeculativeGraphs.*/cuda' 2>&1 |
     tee "$OUT/sampling_tests.log" | grep -E "^\[sampling\]|^\[verification\]|PASSED|FAILED|Failure|Expected|actual|error" | head -40
   for run in 1 2; do
     decode_bench --batch-sizes 1,32,128 | grep batch
