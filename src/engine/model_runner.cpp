@@ -278,7 +278,7 @@ Tensor ModelRunner::StepLogits(const ForwardBatch& batch, const GraphShape& shap
     // Extraction's decode steps (one-pass regenerate-and-extract, include_output_tokens)
     // replay graphs too. A replay's rows live in the graph pool until the next replay,
     // which the copy stream's download would race, so they are first copied (on the
-    // compute stream, [L, bucket * q, H]: padded rows ride along, the engine reads the
+    // compute stream, [L, graph rows, H]: padded rows ride along, the engine reads the
     // first ones) into a tensor of the step's own.
     Tensor rows = backend().Empty(out.captured.dtype(), out.captured.shape());
     backend().Copy(out.captured, rows);
@@ -319,7 +319,7 @@ ForwardOutput ModelRunner::RealRows(const ForwardBatch& batch, const GraphShape&
     return out.View({layers, n, h});
   };
   ForwardOutput out;
-  out.logits = gather(padded.logits.Rows(0, int64_t{shape.bucket} * shape.q));
+  out.logits = gather(padded.logits.Rows(0, shape.rows));
   out.captured = gather_layers(padded.captured);
   out.final_hidden = gather(padded.final_hidden);
   return out;
