@@ -55,7 +55,7 @@ void ExpectTreesGivePlainDecode(const std::string& what, const std::vector<std::
   auto gpu = Gpu();
   if (!gpu) GTEST_SKIP() << "no CUDA device";
   for (const std::string variant : {"llama_legacy", "qwen3_default", "llama_copy"}) {
-    const std::string target = variant == "qwen3_default" ? "qwen3" : "llama";
+    const std::string target = test::Eagle3Target(variant);
     auto model = Model::Load(test::ModelDir(target), *gpu);
     ASSERT_TRUE(model.ok()) << model.status().message();
     auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, *gpu);
@@ -110,7 +110,7 @@ TEST(CudaTokenTree, ChainDraftsOnTheSameKernelsAgainstPlainDecode) {
     auto gpu = Gpu();
     if (!gpu) GTEST_SKIP() << "no CUDA device";
     for (const std::string variant : {"llama_legacy", "qwen3_default"}) {
-      const std::string target = variant == "qwen3_default" ? "qwen3" : "llama";
+      const std::string target = test::Eagle3Target(variant);
       auto model = Model::Load(test::ModelDir(target), *gpu);
       ASSERT_TRUE(model.ok());
       auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, *gpu);

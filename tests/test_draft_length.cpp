@@ -492,7 +492,7 @@ TEST(AdaptiveDraftLength, Eagle3AndMtpDraftsLeaveGreedyOutputUnchanged) {
   CpuBackend backend(/*batch_invariant=*/true);
   const DraftCostModel cost = H200Like();
   for (const std::string variant : {"llama_legacy", "qwen3_default", "llama_copy"}) {
-    const std::string target = variant == "qwen3_default" ? "qwen3" : "llama";
+    const std::string target = test::Eagle3Target(variant);
     auto model = Model::Load(test::ModelDir(target), backend);
     ASSERT_TRUE(model.ok());
     auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);

@@ -30,8 +30,6 @@ constexpr int kBlock = 16;
 
 std::string DraftDir(const std::string& variant) { return test::DataPath("eagle3/" + variant); }
 
-std::string TargetOf(const std::string& variant) { return variant == "qwen3_default" ? "qwen3" : "llama"; }
-
 // A host f32 tensor as the backend's compute dtype, on its device.
 Tensor ToDevice(Backend& backend, const Tensor& f32) {
   if (backend.compute_dtype() == DType::kF32) return backend.Upload(f32);
@@ -84,7 +82,7 @@ struct RunOptions {
 DraftResults RunDraft(Backend& backend, const std::string& variant, const RunOptions& options = {}) {
   const int chunks = options.chunks;
   const std::string& draft_dir = options.draft_dir;
-  auto target = Model::Load(test::ModelDir(TargetOf(variant)), backend);
+  auto target = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
   EXPECT_TRUE(target.ok()) << target.status().message();
   auto loaded = Eagle3Draft::Load(draft_dir.empty() ? DraftDir(variant) : draft_dir, **target, backend);
   EXPECT_TRUE(loaded.ok()) << loaded.status().message();

@@ -229,7 +229,7 @@ TEST_F(LoaderFuzzTest, Eagle3DraftMutationsLoadOrFail) {
     static const char* kVariants[] = {"llama_legacy", "qwen3_default", "llama_copy"};
     const std::string variant = kVariants[rng() % 3];
     const std::string src = test::DataPath("eagle3/" + variant);
-    const Model& target = *targets[variant == "qwen3_default" ? "qwen3" : "llama"];
+    const Model& target = *targets[test::Eagle3Target(variant)];
     std::string config = ReadAll(src + "/config.json"), weights = ReadAll(src + "/model.safetensors");
     switch (cases % 5) {
       case 0: {

@@ -99,7 +99,7 @@ class Eagle3EngineTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(Eagle3EngineTest, DraftsLeaveGreedyOutputUnchanged) {
   CpuBackend backend(/*batch_invariant=*/true);
   const std::string variant = GetParam();
-  const std::string target = variant == "qwen3_default" ? "qwen3" : "llama";
+  const std::string target = test::Eagle3Target(variant);
   auto model = Model::Load(test::ModelDir(target), backend);
   ASSERT_TRUE(model.ok());
   auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);

@@ -122,7 +122,7 @@ TEST_P(SpeculativeGraphs, NgramVerificationOnGraphsGivesTheEagerTokens) {
 TEST_P(SpeculativeGraphs, Eagle3StepsOnGraphsGiveTheEagerTokens) {
   Backend& backend = *backend_;
   for (const std::string variant : {"llama_copy", "qwen3_default"}) {
-    auto model = Model::Load(test::ModelDir(variant == "qwen3_default" ? "qwen3" : "llama"), backend);
+    auto model = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
     ASSERT_TRUE(model.ok()) << model.status().message();
     auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
     ASSERT_TRUE(draft.ok()) << draft.status().message();
@@ -200,7 +200,7 @@ TEST_P(SpeculativeGraphs, DraftsOnGraphsEqualEagerDrafts) {
   Backend& backend = *backend_;
   for (float rate : {1.0f, 0.5f}) {
     for (const std::string variant : {"qwen3_default", "llama_legacy"}) {
-      auto model = Model::Load(test::ModelDir(variant == "qwen3_default" ? "qwen3" : "llama"), backend);
+      auto model = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
       ASSERT_TRUE(model.ok()) << model.status().message();
       auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
       ASSERT_TRUE(draft.ok()) << draft.status().message();

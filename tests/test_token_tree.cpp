@@ -528,7 +528,7 @@ class TreeEngineTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(TreeEngineTest, TreeDraftsLeaveGreedyOutputUnchanged) {
   CpuBackend backend(/*batch_invariant=*/true);
   const std::string variant = GetParam();
-  const std::string target = variant == "qwen3_default" ? "qwen3" : "llama";
+  const std::string target = test::Eagle3Target(variant);
   auto model = Model::Load(test::ModelDir(target), backend);
   ASSERT_TRUE(model.ok());
   auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);

@@ -26,6 +26,8 @@ inline std::string DataPath(const std::string& rel) {
   return std::string(env != nullptr ? env : HSX_TEST_DATA) + "/" + rel;
 }
 inline std::string ModelDir(const std::string& name) { return DataPath("models/" + name); }
+// The fixture target an EAGLE-3 fixture draft (tests/data/eagle3/<variant>) was made for.
+inline std::string Eagle3Target(const std::string& variant) { return variant == "qwen3_default" ? "qwen3" : "llama"; }
 
 // Writes the JSON file at `from`, edited, to `to` (the same file by default).
 inline void EditJsonFile(const std::string& from, const std::function<void(nlohmann::json&)>& edit,
