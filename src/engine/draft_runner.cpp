@@ -193,6 +193,7 @@ void MtpAssistantDrafter::RecordPaddingRounds(int bucket, int drafts) {
   const Tensor hidden = DraftHidden(drafter_.config().backbone_hidden_size).Rows(0, bucket);  // the target's width
   const Tensor tokens = DraftTokens();
   DraftRound({bucket, 0, drafts}, [&] { RunSteps(in, hidden, tokens, bucket, drafts); });
+  backend().Synchronize();  // the next round stages its inputs through the same pinned memory
 }
 
 std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first_pass,
@@ -305,12 +306,12 @@ void Eagle3Drafter::RecordPaddingRounds(int bucket, int drafts) {
     const DeviceBatch padded = StagePaddedFirstPass(ForwardBatch(), {}, {bucket, q}, aux);
     if (drafts == 0) {
       DraftRound({bucket, q, 0}, [&] { draft.StoreKV(padded, draft.CombineHiddenStates(aux), cache_); });
-      continue;
+    } else {
+      const Tensor tokens = DraftTokens();
+      const std::vector<DeviceBatch> steps = drafts > 1 ? StageChainedSteps({}, bucket, drafts - 1, tokens, true)
+                                                        : std::vector<DeviceBatch>();
+      DraftRound({bucket, q, drafts}, [&] { RunRound(&padded, aux, Tensor(), steps, tokens, bucket, drafts); });
     }
-    const Tensor tokens = DraftTokens();
-    const std::vector<DeviceBatch> steps = drafts > 1 ? StageChainedSteps({}, bucket, drafts - 1, tokens, true)
-                                                      : std::vector<DeviceBatch>();
-    DraftRound({bucket, q, drafts}, [&] { RunRound(&padded, aux, Tensor(), steps, tokens, bucket, drafts); });
     backend().Synchronize();  // the next stages its inputs through the same pinned memory
   }
 }
@@ -582,7 +583,6 @@ void DeviceDrafter::RecordRounds() {
     const int bucket = DraftGraphBucket(seqs, 0);
     for (int drafts = adaptive() ? 0 : k; bucket > 0 && drafts <= k && !runner_.recording_failed(); ++drafts) {
       RecordPaddingRounds(bucket, drafts);
-      backend().Synchronize();  // the next stages its inputs through the same pinned memory
     }
   }
   draft_graph_replays_ = first_pass_graph_replays_ = kv_only_graph_replays_ = 0;  // what ran here served no round

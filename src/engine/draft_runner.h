@@ -58,7 +58,8 @@ class DeviceDrafter : public Drafter {
   // graph of its key: (bucket, the first pass's rows per sequence or 0 without it, drafts).
   void DraftRound(const std::array<int, 3>& key, const std::function<void()>& round);
   // The rounds of a bucket with `drafts` drafts (0: EAGLE-3's KV-only pass), each staged
-  // over padding only and run through DraftRound.
+  // over padding only and run through DraftRound, the stream synchronized after each (the
+  // next round stages its inputs through the same pinned memory).
   virtual void RecordPaddingRounds(int bucket, int drafts) = 0;
   // tokens [drafts, rows] as each of the first `requests` rows' drafts, in one download.
   std::vector<std::vector<int32_t>> DownloadDrafts(const Tensor& tokens, int rows, int requests, int drafts);
