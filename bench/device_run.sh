@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|gptoss|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|specadaptive|mtpadaptive|mtpbench|decodebins|decodeprofile|gemv|attention|fp8|fp8states|mooncake|regen|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|gptoss|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|specadaptive|mtpadaptive|mtpbench|decodebins|decodeprofile|spectrace|gemv|attention|fp8|fp8states|mooncake|regen|tp|scale]
 #   all = tests + bench; sweep includes moe; gptoss = the gpt-oss-20b shape (dummy bf16 experts, as
 #   hsx runs MXFP4 checkpoints after dequantizing them at load): the gpt-oss CUDA tests, extraction
 #   tok/s and MFU (with the matmul peak), decode at batch 1 and 32 (fraction of the memory bound); server = hsx serve under 32 and 64 clients
@@ -21,7 +21,9 @@
 #   alternating, twice; decodeprofile = at PROFILE_BATCHES (default "1 32 128"), the kernels of
 #   graph-replayed decode steps with the idle gaps between them (bench/kernel_trace.cpp), and
 #   (NCU=0 skips) Nsight Compute's times and DRAM bytes of each kernel of an eager step alone,
-#   both summarized by bench/decode_step_profile.py;
+#   both summarized by bench/decode_step_profile.py; spectrace = decodeprofile's timeline of plain
+#   decode and adaptive EAGLE-3 at zero acceptance (K = 0: the target's step plus the draft's
+#   KV-only pass) at PROFILE_BATCHES (default 128);
 #   devices = hsx serve on cuda:0 and cuda:1 (tests/device/serve_on_devices.py, 2 GPUs), and
 #   extract with a replica per GPU against one (tests/device/data_parallel_on_devices.py);
 #   spec = hsx generate on the llama fixture plain, with n-gram and with EAGLE-3 drafts, and
@@ -341,6 +343,21 @@ if [ "$what" = decodeprofile ]; then  # one decode step's kernels at PROFILE_BAT
       .devbin/hsx "${step_bench[@]}" --new-tokens 3 --batch-sizes "$b" --enforce-eager >/dev/null 2>"$OUT/ncu_b$b.err"
     python3 bench/decode_step_profile.py "$OUT/ncu_b$b.csv" --layers 36 | sed "s/^{/{\"batch\": $b, \"tool\": \"ncu\", /"
   done | tee "$OUT/decodeprofile.jsonl"
+fi
+if [ "$what" = spectrace ]; then  # decodeprofile's timeline for plain decode and adaptive EAGLE-3 at zero acceptance
+  python3 bench/make_dummy_eagle3.py /dev/shm/eagle3-qwen3-8b > /dev/null
+  e3='{"method": "eagle3", "model": "/dev/shm/eagle3-qwen3-8b", "num_speculative_tokens": 3, "draft_length": "adaptive"}'
+  for b in ${PROFILE_BATCHES:-128}; do
+    for run in plain eagle3; do
+      args=(); [ $run = eagle3 ] && args=(--speculative-config "$e3" --spec-bench-accept-rate 0)
+      CUDA_INJECTION64_PATH="$here/.devbin/libhsx_kernel_trace.so" HSX_KERNEL_TRACE="$OUT/trace_${run}_b$b.csv" \
+        .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 --kv-cache-gib 40 \
+        --new-tokens 128 --batch-sizes "$b" "${args[@]}" 2>"$OUT/trace_${run}_b$b.err" | grep -o '"step_ms":[0-9.]*'
+      python3 bench/decode_step_profile.py "$OUT/trace_${run}_b$b.csv" --steps 20 |
+        sed "s/^{/{\"batch\": $b, \"run\": \"$run\", /" | head -${PROFILE_LINES:-30}
+      gzip -f "$OUT/trace_${run}_b$b.csv"
+    done
+  done | tee "$OUT/spectrace.jsonl"
 fi
 if [ "$what" = decodeab ]; then  # bench --decode under each of AB_ENVS (;-separated), alternating, twice
   IFS=';' read -ra envs <<< "${AB_ENVS:-HSX_NORM_ROPE_STORE=0 HSX_GATED_GEMV=0;default}"

@@ -10,6 +10,7 @@
 // output there means equal drafts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 
@@ -32,6 +33,7 @@ struct Run {
   uint64_t accepted = 0, drafted = 0;
   int64_t verify_replays = 0, draft_replays = 0, first_pass_replays = 0, kv_only_replays = 0, eager_first_passes = 0;
   int64_t recorded_later = 0;  // step graphs recorded after the engine started
+  int64_t kv_passes_ahead = 0;
 };
 
 // Five prompts of staggered lengths repeating a short loop (so prompt lookup and copy-style
@@ -65,6 +67,7 @@ Run Generate(Model& model, EngineConfig config, bool graphs, float temperature) 
   out.eager_first_passes = engine.drafter() ? engine.drafter()->eager_first_passes() : 0;
   out.recorded_later = engine.runner().graphs_recorded() - recorded_at_start;
   out.kv_only_replays = engine.drafter() ? engine.drafter()->kv_only_graph_replays() : 0;
+  out.kv_passes_ahead = engine.drafter() ? engine.drafter()->kv_passes_ahead() : 0;
   return out;
 }
 
@@ -241,6 +244,39 @@ TEST_P(SpeculativeGraphs, DraftsOnGraphsEqualEagerDrafts) {
   }
 }
 
+// A decode step after which no request drafts has its draft KV-only pass queued on the
+// sampled tokens before the host has them (Eagle3Drafter::DecodeSampled); the eager run
+// writes the same rows after the download. A cost model under which only a batch of one or
+// two gains from drafts keeps the five requests plain until the two longest are left, which
+// then draft over the KV the passes ahead wrote. Forced acceptance makes the output those
+// drafts (a random draft's: its attention reads that KV), so they must equal the eager run's.
+TEST_P(SpeculativeGraphs, KvOnlyPassesAheadOfTheDownloadGiveTheEagerDrafts) {
+  Backend& backend = *backend_;
+  const std::string variant = "qwen3_default";
+  auto model = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  DraftCostModel cost;  // up to 3 rows a step costs 1, past them 1 a row
+  for (int rows = 1; rows <= 64; ++rows) cost.SetTarget(rows, std::max(1, rows - 2));
+  cost.SetDraft(1, 1, 0.01);
+  EngineConfig config;
+  config.eagle3 = {draft->get(), 2};
+  config.draft_length.adaptive = true;
+  config.draft_length.cost_model = &cost;
+  config.spec_bench_accept_rate = 1.0f;
+  const hsx::Run eager = Generate(**model, config, false, 0.0f);
+  const hsx::Run graphs = Generate(**model, config, true, 0.0f);
+  EXPECT_EQ(eager.kv_passes_ahead, 0);
+  EXPECT_GT(graphs.kv_passes_ahead, 10);
+  EXPECT_GT(graphs.accepted, 5u);
+  ASSERT_EQ(eager.tokens.size(), 5u);
+  EXPECT_EQ(graphs.tokens, eager.tokens);
+  EXPECT_EQ(graphs.accepted, eager.accepted);
+  config.spec_bench_accept_rate = -1.0f;  // negative control: the output is the drafts
+  EXPECT_NE(Generate(**model, config, true, 0.0f).tokens, graphs.tokens);
+}
+
 TEST_P(SpeculativeGraphs, MtpVerificationOnGraphsGivesTheEagerTokens) {
   Backend& backend = *backend_;
   auto model = Model::Load(test::DataPath("mtp/gemma4_target"), backend);
@@ -285,7 +321,7 @@ TEST_P(SpeculativeGraphs, MixedDraftCountsPastThePaddedRowsRunPackedGraphs) {
     }
     out.accepted = engine.stats().num_accepted_tokens;
     out.drafted = engine.stats().num_draft_tokens;
-    out.verify_replays = engine.runner().packed_graph_replays();
+    out.verify_replays = engine.runner().packed_graph_steps();
     return out;
   };
   for (float temperature : {0.0f, 1.0f}) {

@@ -19,6 +19,10 @@ namespace hsx {
 enum class Activation { kSilu, kGeluTanh };
 
 // A device-to-host copy in flight; Wait returns once the host buffer holds the data.
+// What a caller queues on the sampled tokens while they are on their way to the host
+// (Backend::Sample).
+using SampledAhead = std::function<void(const Tensor& tokens)>;
+
 class PendingDownload {
  public:
   virtual ~PendingDownload() = default;
@@ -270,8 +274,11 @@ class Backend {
   // flags int32 [R]: 1 where row r of x [R, C] (compute dtype) holds an inf or NaN, else 0.
   virtual void FlagNonFiniteRows(const Tensor& x, Tensor& flags) = 0;
   // One token per row of logits f32 [rows, vocab] (backend/sampling.h); only the tokens
-  // and logprobs come back to the host.
-  virtual SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch) = 0;
+  // and logprobs come back to the host. `ahead` (may be empty) gets the sampled tokens on
+  // the device (int32 [rows]) once they are queued, before the host waits for them: the
+  // work it queues runs while the host waits, and on CUDA after the download, which waits
+  // for the sampling alone.
+  virtual SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch, const SampledAhead& ahead = {}) = 0;
   // Greedy tokens that stay on the device: tokens int32 [R] gets each row of logits f32
   // [R, V]'s arg max (the Sample op's temperature-0 token), plus offsets[arg max] where
   // offsets int32 [V] is given (an EAGLE-3 draft's d2t). No host work: graphs record it.

@@ -266,11 +266,12 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
     const Drafter* drafter = engine.drafter();
     result["graph_replays"] = {{"steps", runner.graph_replays()},
                                {"verification", runner.verify_graph_replays()},
-                               {"packed_verification", runner.packed_graph_replays()},
+                               {"packed_verification", runner.packed_graph_steps()},
                                {"draft_rounds", drafter ? drafter->graph_replays() : 0},
                                {"draft_first_passes", drafter ? drafter->first_pass_graph_replays() : 0},
                                {"draft_kv_only_passes", drafter ? drafter->kv_only_graph_replays() : 0},
                                {"draft_eager_first_passes", drafter ? drafter->eager_first_passes() : 0},
+                               {"draft_kv_passes_ahead", drafter ? drafter->kv_passes_ahead() : 0},
                                {"step_graphs_recorded_at_start", graphs_at_start},
                                {"step_graphs_recorded_later", runner.graphs_recorded() - graphs_at_start},
                                {"launch_ms_per_step", runner.graph_replays() > 0

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <utility>
 
 namespace hsx {
 
@@ -38,6 +39,7 @@ Eagle3Drafter::Eagle3Drafter(Eagle3Draft& draft, int k, const DrafterContext& co
 // follows the target's (also for a sequence that just finished: its blocks may be cached); a
 // sequence that decodes next also gets K - 1 more slots for the chained steps.
 void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
+  const bool kv_ahead = std::exchange(kv_stored_ahead_, false);
   const int k = std::max(1, RoundLength());  // 1 when none drafts: the first pass alone
   const ForwardBatch& batch = step.batch;
   ForwardBatch first;
@@ -85,6 +87,9 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
     }
     first.seqs.push_back(std::move(slice));
   }
+  if (kv_ahead && requests.empty()) return;  // DecodeSampled queued this step's KV-only pass
+  // Its staging's pinned memory is the round's too: the copies it queued must have run.
+  if (kv_ahead) backend().Synchronize();
   const auto start = std::chrono::steady_clock::now();
   round_recorded_ = false;
   if (tree_ != nullptr) {
@@ -434,6 +439,37 @@ void Eagle3Drafter::GatherAux(const std::vector<int32_t>& rows_of_step, Tensor& 
 // one-layer draft its k/v projections alone), on a graph per (bucket, rows per sequence)
 // where the pass fits one, padded as a drafting first pass is. At zero acceptance, with
 // adaptive draft lengths, this is every step's draft work.
+void Eagle3Drafter::DecodeSampled(const ForwardBatch& step, const Tensor& tokens) {
+  kv_stored_ahead_ = false;
+  const int n = static_cast<int>(step.seqs.size());
+  ForwardBatch first;  // Propose's first pass of a decode step, its tokens still on the device
+  std::vector<int32_t> step_rows;
+  for (const SequenceSlice& s : step.seqs) {
+    if (s.q_len != 1) return;
+    const int32_t p = step.positions[s.q_start];
+    SequenceSlice slice;
+    slice.q_start = static_cast<int32_t>(first.token_ids.size());
+    slice.q_len = 1;
+    slice.ctx_len = p + 1;
+    slice.block_table = s.block_table;
+    first.token_ids.push_back(0);  // the token sampled after p: copied in on the device
+    first.positions.push_back(p);
+    first.slot_mapping.push_back(step.slot_mapping[s.q_start]);
+    first.seqs.push_back(std::move(slice));
+    step_rows.push_back(s.q_start);
+  }
+  std::vector<int> no_requests;
+  const FirstPassShape shape = PaddedFirstPass(first, no_requests);
+  if (n == 0 || shape.bucket == 0) return;  // eagerly: Propose's pass uploads the host's tokens
+  Tensor aux;
+  const DeviceBatch padded = StagePaddedFirstPass(first, step_rows, shape, aux);
+  Tensor ids = padded.token_ids.Rows(0, n);  // one row a sequence: the real rows lead
+  backend().Copy(tokens.Rows(0, n), ids);
+  DraftRound({shape.bucket, shape.q, 0}, [&] { draft_.StoreKV(padded, draft_.CombineHiddenStates(aux), cache_); });
+  kv_stored_ahead_ = true;
+  ++kv_passes_ahead_;
+}
+
 void Eagle3Drafter::KeepKV(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows) {
   Eagle3Draft& draft = draft_;
   std::vector<int> no_requests;

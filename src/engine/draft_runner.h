@@ -91,6 +91,15 @@ class Eagle3Drafter : public DeviceDrafter {
  public:
   Eagle3Drafter(Eagle3Draft& draft, int k, const DrafterContext& context);
 
+  // A decode step's KV-only pass, queued on its sampled tokens before the host has them:
+  // the draft's row at position p reads the target's aux states at p and the token
+  // sampled after it, nothing the host learns later. When no request drafts after the
+  // step (the usual step where drafts are not accepted), Propose then has nothing to queue
+  // and the GPU no host work to wait for; when some do, their round's first pass writes
+  // the same rows' KV again. Only where the pass fits a graph of one row a sequence.
+  void DecodeSampled(const ForwardBatch& step, const Tensor& tokens) override;
+  int64_t kv_passes_ahead() const override { return kv_passes_ahead_; }
+
   // The round: the draft's first pass (first_pass: the step's computed positions whose KV
   // stays, each fed the token after it; step_rows: each row's row in the step, whose aux
   // states it takes; its logit rows one per request, in order) writes the draft's KV, then
@@ -128,6 +137,8 @@ class Eagle3Drafter : public DeviceDrafter {
   // (first_pass empty: padding only, aux as it is).
   DeviceBatch StagePaddedFirstPass(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
                                    const FirstPassShape& shape, Tensor& aux);
+  bool kv_stored_ahead_ = false;  // by DecodeSampled, for the step Propose is about to see
+  int64_t kv_passes_ahead_ = 0;
   // EAGLE-3's chained steps 1..steps of a round for `rows` rows (row i: row_requests[i], or
   // padding that stores no KV where null or past its end), staged in one upload, into the
   // fixed inputs where `fixed`; step s reads its token ids from row s - 1 of tokens.

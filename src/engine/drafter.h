@@ -83,6 +83,11 @@ class Drafter {
   // EAGLE-3 drafting rounds whose first pass ran eagerly, graphs on or not: it did not fit
   // a padded graph (a prompt's rows, a sequence past the graphs' sizes).
   virtual int64_t eager_first_passes() const { return 0; }
+  // A decode step's sampled tokens (int32 [rows], a row per sequence of `step`, each q_len
+  // 1) on the device, queued but not yet on the host: a drafter may queue work on them
+  // then, ahead of Propose (EAGLE-3: the draft's KV-only pass, engine/draft_runner.h).
+  virtual void DecodeSampled(const ForwardBatch& /*step*/, const Tensor& /*tokens*/) {}
+  virtual int64_t kv_passes_ahead() const { return 0; }  // EAGLE-3 KV-only passes DecodeSampled queued
   // Records the device rounds' graphs when the engine starts (draft_runner.h); nothing for
   // drafters without device rounds.
   virtual void RecordRounds() {}

@@ -401,7 +401,13 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
     result = runner_.Verify(batch, verification);
   } else {
     rows = SamplingRows(chunks, sampling);
-    result = runner_.Run(batch, rows);
+    // A decode step samples each sequence's next token: a drafter may queue work on them
+    // before the host has them (EAGLE-3's KV-only pass).
+    SampledAhead ahead;
+    if (drafter_ && config_.capture_layers.empty() && decode_only && sampling.size() == chunks.size()) {
+      ahead = [&](const Tensor& tokens) { drafter_->DecodeSampled(batch, tokens); };
+    }
+    result = runner_.Run(batch, rows, ahead);
   }
   if (result.captured) capture_.Track(chunks, std::move(result.captured));
   ++stats_.steps;

@@ -133,7 +133,7 @@ void ModelRunner::RecordGraphs(int max_q, int tree_q) {
       if (graphs_failed_) break;
     }
   }
-  graph_replays_ = verify_graph_replays_ = packed_graph_replays_ = 0;  // what ran here served no step
+  graph_replays_ = verify_graph_replays_ = packed_graph_steps_ = 0;  // what ran here served no step
 }
 
 // Layout of one kind's fixed inputs, in int32 words, for B = max_graph_batch sequences of q
@@ -232,11 +232,10 @@ ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, const GraphSh
   const int bucket = shape.bucket, q = shape.q;
   const DeviceBatch inputs = StageGraphInputs(batch, bucket, q, graph_inputs_[q], shape.tree, shape.rows);
   const auto key = std::make_tuple(bucket, q, shape.tree, shape.rows);
-  const bool packed = shape.rows != bucket * q;
+  packed_graph_steps_ += shape.rows != bucket * q;
   if (replays_eagerly()) {
     ++graph_replays_;
     verify_graph_replays_ += q > 1;
-    packed_graph_replays_ += packed;
     return model_.Forward(inputs, cache_, StepCaptureLayers());
   }
   if (auto it = graphs_.find(key); it != graphs_.end()) {
@@ -245,7 +244,6 @@ ForwardOutput ModelRunner::GraphForward(const ForwardBatch& batch, const GraphSh
     graph_launch_seconds_ += std::chrono::duration<double>(Clock::now() - launch).count();
     ++graph_replays_;
     verify_graph_replays_ += q > 1;
-    packed_graph_replays_ += packed;
     return it->second.out;
   }
   ForwardOutput out = model_.Forward(inputs, cache_, StepCaptureLayers());
@@ -367,12 +365,12 @@ Tensor ModelRunner::EagerLogits(const ForwardBatch& batch, StepResult& result) {
   return std::move(out.logits);
 }
 
-StepResult ModelRunner::Run(const ForwardBatch& batch, const SamplingBatch& sampling) {
+StepResult ModelRunner::Run(const ForwardBatch& batch, const SamplingBatch& sampling, const SampledAhead& ahead) {
   const auto start = Clock::now();
   StepResult result;
   const GraphShape shape = GraphShapeOf(batch);
   const Tensor logits = StepLogits(batch, shape, result);
-  if (!sampling.rows.empty()) result.sampled = backend().Sample(logits, sampling);
+  if (!sampling.rows.empty()) result.sampled = backend().Sample(logits, sampling, ahead);
   if (profile_) {
     bool decode = !batch.seqs.empty();
     for (const SequenceSlice& s : batch.seqs) decode = decode && s.q_len == 1;

@@ -73,8 +73,9 @@ class ModelRunner {
   ModelRunner(Model& model, RunnerConfig config);
   ~ModelRunner();
 
-  // Runs batch and samples its logit rows with sampling's rows (one each, in order).
-  StepResult Run(const ForwardBatch& batch, const SamplingBatch& sampling);
+  // Runs batch and samples its logit rows with sampling's rows (one each, in order);
+  // `ahead` queues work on the sampled tokens before they reach the host (Backend::Sample).
+  StepResult Run(const ForwardBatch& batch, const SamplingBatch& sampling, const SampledAhead& ahead = {});
   // Runs batch and verifies its drafts (speculative decoding): the logit rows are each
   // request's K + 1 rows, in the order of verification's requests.
   StepResult Verify(const ForwardBatch& batch, const VerificationBatch& verification);
@@ -155,7 +156,9 @@ class ModelRunner {
   const RunnerConfig& config() const { return config_; }
   int64_t graph_replays() const { return graph_replays_; }  // decode and verification steps that replayed a graph
   int64_t verify_graph_replays() const { return verify_graph_replays_; }  // of which verification steps
-  int64_t packed_graph_replays() const { return packed_graph_replays_; }  // of which packed (ShapeFor)
+  // Steps on packed graph shapes (ShapeFor), replayed or recorded at first use: a packed
+  // shape's rows vary with the step's drafts, so many are first sights.
+  int64_t packed_graph_steps() const { return packed_graph_steps_; }
   // Host seconds spent launching step graphs (the replay call alone): at batch 1 a step's
   // GPU idles for what this takes past the previous step's end.
   double graph_launch_seconds() const { return graph_launch_seconds_; }
@@ -210,7 +213,7 @@ class ModelRunner {
   };
   std::map<std::tuple<int, int, bool, int>, Graph> graphs_;  // by (bucket, most rows a sequence, tree, rows)
   std::map<int, GraphInputs> graph_inputs_;      // by rows per sequence
-  int64_t graph_replays_ = 0, verify_graph_replays_ = 0, packed_graph_replays_ = 0;
+  int64_t graph_replays_ = 0, verify_graph_replays_ = 0, packed_graph_steps_ = 0;
   double graph_launch_seconds_ = 0;
   bool graphs_failed_ = false;  // a recording failed (said once): every step runs eagerly
   int64_t max_blocks_per_seq_ = 0;

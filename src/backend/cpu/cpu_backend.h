@@ -50,7 +50,7 @@ class CpuBackend final : public Backend {
   void CentroidMaskedLogits(const Tensor& x, const Tensor& centroid_logits, const Tensor& token_ordering,
                             const Tensor& lm_head, int top_k, Tensor& logits) override;
   void FlagNonFiniteRows(const Tensor& x, Tensor& flags) override;
-  SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch) override;
+  SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch, const SampledAhead& ahead = {}) override;
   void GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) override;
   VerifiedTokens VerifyDrafts(const Tensor& logits, const Tensor* draft_probs, const VerificationBatch& batch,
                               Tensor* target_probs) override {

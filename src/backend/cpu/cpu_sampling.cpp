@@ -1,11 +1,12 @@
 // CpuBackend::Sample and GreedyTokens: the host reference, row by row.
 #include "backend/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace hsx {
 
-SampledTokens CpuBackend::Sample(const Tensor& logits, const SamplingBatch& batch) {
+SampledTokens CpuBackend::Sample(const Tensor& logits, const SamplingBatch& batch, const SampledAhead& ahead) {
   const int64_t rows = logits.size(0);
   const auto vocab = static_cast<int32_t>(logits.size(1));
   const int64_t width = batch.max_logprobs;
@@ -18,6 +19,11 @@ SampledTokens CpuBackend::Sample(const Tensor& logits, const SamplingBatch& batc
     out.tokens[r] = SampleRowOnHost(logits.data<float>() + r * vocab, vocab, batch.rows[r], batch.adjust.data(),
                                     &out.logprobs[r], out.top_ids.data() + r * width,
                                     out.top_logprobs.data() + r * width);
+  }
+  if (ahead) {
+    Tensor tokens = Tensor::Host(DType::kI32, {rows});
+    std::copy(out.tokens.begin(), out.tokens.end(), tokens.data<int32_t>());
+    ahead(tokens);
   }
   return out;
 }

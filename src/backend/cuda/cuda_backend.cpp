@@ -616,7 +616,7 @@ Tensor UploadWords(Backend& backend, const void* data, size_t bytes) {
 
 }  // namespace
 
-SampledTokens CudaBackend::Sample(const Tensor& logits, const SamplingBatch& batch) {
+SampledTokens CudaBackend::Sample(const Tensor& logits, const SamplingBatch& batch, const SampledAhead& ahead) {
   Impl::Timer timer(*impl_, "sample");
   const auto rows = static_cast<int32_t>(logits.size(0));
   const auto vocab = static_cast<int32_t>(logits.size(1));
@@ -630,7 +630,18 @@ SampledTokens CudaBackend::Sample(const Tensor& logits, const SamplingBatch& bat
                static_cast<const TokenAdjust*>(adjust.raw()), width, work.data<float>(), out.data<int32_t>(),
                impl_->stream);
   HSX_LAUNCH_CHECK();
-  const Tensor host = Download(out);
+  Tensor host;
+  if (ahead) {
+    // The download waits for the sampling alone (on the copy stream), not for what `ahead`
+    // queues after it.
+    if (!impl_->sample_host.defined() || impl_->sample_host.numel() < out.numel()) impl_->sample_host = HostBuffer(DType::kI32, {out.numel()});
+    host = impl_->sample_host.Rows(0, out.numel());
+    const std::unique_ptr<PendingDownload> download = DownloadAsync(out, host);
+    ahead(out.Rows(0, rows));
+    download->Wait();
+  } else {
+    host = Download(out);
+  }
   const int32_t* words = host.data<int32_t>();
   SampledTokens result;
   result.tokens.assign(words, words + rows);

@@ -36,6 +36,9 @@ struct CudaBackend::Impl {
   std::string name;
   cudaStream_t stream = nullptr;
   cudaStream_t copy_stream = nullptr;  // device-to-host capture copies, beside the compute
+  // The Sample op's words when the caller queues work ahead of them (pinned, so that the
+  // download is queued without waiting), grown as needed.
+  Tensor sample_host;
   cublasLtHandle_t lt = nullptr;
   cublasHandle_t blas = nullptr;  // grouped GEMMs (MoE experts)
   std::shared_ptr<DeviceAllocator> allocator = std::make_shared<DeviceAllocator>();
