@@ -40,6 +40,9 @@ Eagle3Drafter::Eagle3Drafter(Eagle3Draft& draft, int k, const DrafterContext& co
 // sequence that decodes next also gets K - 1 more slots for the chained steps.
 void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
   const bool kv_ahead = std::exchange(kv_stored_ahead_, false);
+  // DecodeSampled queued this step's KV-only pass: with no drafts planned (the policy chose
+  // K = 0 for every request) nothing is left to do, and the host's time here is the GPU's idle.
+  if (kv_ahead && RoundLength() == 0) return;
   const int k = std::max(1, RoundLength());  // 1 when none drafts: the first pass alone
   const ForwardBatch& batch = step.batch;
   ForwardBatch first;
@@ -87,7 +90,7 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
     }
     first.seqs.push_back(std::move(slice));
   }
-  if (kv_ahead && requests.empty()) return;  // DecodeSampled queued this step's KV-only pass
+  if (kv_ahead && requests.empty()) return;  // none could draft after all (no room)
   // Its staging's pinned memory is the round's too: the copies it queued must have run.
   if (kv_ahead) backend().Synchronize();
   const auto start = std::chrono::steady_clock::now();
