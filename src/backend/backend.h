@@ -18,11 +18,11 @@ namespace hsx {
 
 enum class Activation { kSilu, kGeluTanh };
 
-// A device-to-host copy in flight; Wait returns once the host buffer holds the data.
 // What a caller queues on the sampled tokens while they are on their way to the host
 // (Backend::Sample).
 using SampledAhead = std::function<void(const Tensor& tokens)>;
 
+// A device-to-host copy in flight; Wait returns once the host buffer holds the data.
 class PendingDownload {
  public:
   virtual ~PendingDownload() = default;

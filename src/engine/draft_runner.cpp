@@ -438,10 +438,6 @@ void Eagle3Drafter::GatherAux(const std::vector<int32_t>& rows_of_step, Tensor& 
   backend().GatherRows(step_aux.View({layers * total, h}), gather, out);
 }
 
-// A step where no request drafts: the first pass only keeps the draft's KV (StoreKV: for a
-// one-layer draft its k/v projections alone), on a graph per (bucket, rows per sequence)
-// where the pass fits one, padded as a drafting first pass is. At zero acceptance, with
-// adaptive draft lengths, this is every step's draft work.
 void Eagle3Drafter::DecodeSampled(const ForwardBatch& step, const Tensor& tokens) {
   kv_stored_ahead_ = false;
   const int n = static_cast<int>(step.seqs.size());
@@ -473,6 +469,11 @@ void Eagle3Drafter::DecodeSampled(const ForwardBatch& step, const Tensor& tokens
   ++kv_passes_ahead_;
 }
 
+// A step where no request drafts: the first pass only keeps the draft's KV (StoreKV: for a
+// one-layer draft its k/v projections alone), on a graph per (bucket, rows per sequence)
+// where the pass fits one, padded as a drafting first pass is. At zero acceptance, with
+// adaptive draft lengths, this is every step's draft work (after a decode step that fits
+// the graph, DecodeSampled's instead, queued before the download).
 void Eagle3Drafter::KeepKV(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows) {
   Eagle3Draft& draft = draft_;
   std::vector<int> no_requests;

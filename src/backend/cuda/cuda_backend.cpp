@@ -634,7 +634,9 @@ SampledTokens CudaBackend::Sample(const Tensor& logits, const SamplingBatch& bat
   if (ahead) {
     // The download waits for the sampling alone (on the copy stream), not for what `ahead`
     // queues after it.
-    if (!impl_->sample_host.defined() || impl_->sample_host.numel() < out.numel()) impl_->sample_host = HostBuffer(DType::kI32, {out.numel()});
+    if (!impl_->sample_host.defined() || impl_->sample_host.numel() < out.numel()) {
+      impl_->sample_host = HostBuffer(DType::kI32, {out.numel()});
+    }
     host = impl_->sample_host.Rows(0, out.numel());
     const std::unique_ptr<PendingDownload> download = DownloadAsync(out, host);
     ahead(out.Rows(0, rows));
