@@ -277,7 +277,10 @@ if [ "$what" = specadaptive ]; then  # issue 36's goals: adaptive K at batch 1..
   e3() { echo "{\"method\": \"eagle3\", \"model\": \"/dev/shm/eagle3-qwen3-8b\", \"num_speculative_tokens\": $1, \"draft_length\": \"adaptive\"}"; }
   # Plain decode first and last: the ratios are against their mean, and their difference is
   # the call's drift (later runs on the same GPU have measured a few percent slower).
-  { sa; sa --speculative-config "$(e3 3)" --spec-bench-accept-rate 0; sa --speculative-config "$(e3 4)" --spec-bench-accept-rate 0.745
+  # SA_PROBE=N adds the zero-acceptance case with probes of at most N drafts (the default: K)
+  { sa; sa --speculative-config "$(e3 3)" --spec-bench-accept-rate 0
+    [ -n "${SA_PROBE:-}" ] && sa --speculative-config "$(e3 3)" --spec-bench-accept-rate 0 --spec-bench-probe-drafts "$SA_PROBE"
+    sa --speculative-config "$(e3 4)" --spec-bench-accept-rate 0.745
     sa --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "draft_length": "adaptive"}'; sa; } \
     | tee "$OUT/specadaptive.jsonl"
   python3 bench/speculative_ratios.py "$OUT/specadaptive.jsonl"

@@ -29,6 +29,8 @@ def main(path):
             out["x_plain_end_to_end"] = r["end_to_end_tokens_per_s"] / (sum(whole) / len(whole))
         if "draft_length" in r:
             out["request_steps_by_k"] = r["draft_length"]["request_steps_by_k"]
+            if "probe_drafts" in r["draft_length"]:
+                out["probe_drafts"] = r["draft_length"]["probe_drafts"]
         print(json.dumps(out))
 
 

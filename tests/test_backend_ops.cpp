@@ -1059,6 +1059,30 @@ std::vector<OpCase> Table() {
       env.Add("tokens", tokens, Tolerance::Exact());
     });
   }
+  // Each row's k highest (a token tree's children), ties among them included: rows whose
+  // best three share a value, and rows with a tie at rank 3.
+  add("GreedyTokens", "rows19_vocab32000_top4_offsets", [=](OpEnv& env) {
+    const int64_t rows = 19, vocab = 32000, k = 4;
+    Tensor logits = env.HostRandom({rows, vocab}, 3.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = logits.data<float>() + r * vocab;
+      const float top = *std::max_element(row, row + vocab) + 1.0f;
+      if (r % 2 == 0) {
+        for (int64_t c : {vocab - 1 - r, r * 100 + 7, r * 1500 + 3}) row[c] = top;
+      } else {
+        row[r * 10] = top + 1.0f;
+        row[vocab - 2 - r] = top;
+        row[r * 900 + 1] = top - 0.5f;
+        row[r * 1300 + 2] = top - 0.5f;
+      }
+    }
+    std::vector<int32_t> offsets(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i) offsets[i] = static_cast<int32_t>(i % 13) * 7;
+    const Tensor device_offsets = env.Ints(offsets);
+    Tensor tokens = env.Poison(DType::kI32, {rows, k});
+    env.b.GreedyTokens(env.b.Upload(logits), &device_offsets, tokens);
+    env.Add("tokens", tokens, Tolerance::Exact());
+  });
   for (const int64_t vocab : {10, 1000, 151936}) {
     add("Sample", Dims({{"rows", 9}, {"vocab", vocab}}) + "_greedy", [=](OpEnv& env) {
       const Tensor logits = env.HostRandom({9, vocab}, 3.0f);

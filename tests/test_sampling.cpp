@@ -178,6 +178,28 @@ TEST(SamplingOp, GreedyTokensAreTheGreedySampleTokens) {
             (std::vector<int32_t>{21, 10, 43, 32}));
 }
 
+// tokens [R, k]: each row's k highest, highest first, lowest id on ties: the ids of the
+// Sample op's top logprobs, each plus its offset where a map is given.
+TEST(SamplingOp, GreedyTokensOfKColumnsAreTheTopLogprobIds) {
+  CpuBackend cpu;
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor logits = Logits({{0.5f, 3.0f, 3.0f, 2.9f, -1.0f}, {-inf, 1.0f, -inf, 2.0f, -inf},
+                                {0.0f, -1.0f, 0.0f, 7.0f, 6.9f}, {-2.0f, -inf, -1.5f, -3.0f, -1.5f}});
+  SamplingBatch batch{std::vector<SamplingRow>(4), {}, 3};
+  for (auto& row : batch.rows) row.num_logprobs = 3;
+  const std::vector<int32_t> top = cpu.Sample(logits, batch).top_ids;
+  EXPECT_EQ(top, (std::vector<int32_t>{1, 2, 3, 3, 1, 0, 3, 4, 0, 2, 4, 0}));
+  Tensor tokens = cpu.Empty(DType::kI32, {4, 3});
+  std::fill_n(tokens.data<int32_t>(), 12, -7);  // poisoned
+  cpu.GreedyTokens(logits, nullptr, tokens);
+  EXPECT_EQ(std::vector<int32_t>(tokens.data<int32_t>(), tokens.data<int32_t>() + 12), top);
+  Tensor offsets = cpu.Empty(DType::kI32, {5});
+  std::copy_n(std::vector<int32_t>{10, 20, 30, 40, 50}.begin(), 5, offsets.data<int32_t>());
+  cpu.GreedyTokens(logits, &offsets, tokens);
+  EXPECT_EQ(std::vector<int32_t>(tokens.data<int32_t>(), tokens.data<int32_t>() + 12),
+            (std::vector<int32_t>{21, 32, 43, 43, 21, 10, 43, 54, 10, 32, 54, 10}));
+}
+
 // The fixed-point sums (sampling_math.h) both backends take: n terms of at most 1 cannot
 // overflow, f32 weights of 2^-21 and above are kept exactly, float and double terms agree,
 // and terms below 2^-shift count as 0.

@@ -360,6 +360,35 @@ TEST_P(SpeculativeGraphs, TreeVerificationOnGraphsGivesTheEagerTokens) {
   }
 }
 
+// A tree round's tokens stay on the device from depth to depth (each node's gathered from
+// its parent's row of top tokens). Forced acceptance takes each node's first child, so the
+// output is the path of rank-0 children, which must be the chain's greedy drafts: a tree
+// of width 3 and depth 3 against the chain of 3, on a random draft (the drafts are never
+// the target's greedy tokens: the negative control shows the output is the drafts).
+TEST_P(SpeculativeGraphs, TreeRoundsFirstChildrenAreTheChainsDrafts) {
+  Backend& backend = *backend_;
+  const std::string variant = "qwen3_default";
+  auto model = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
+  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  auto tree = TokenTree::Parse("[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]", "tree");
+  ASSERT_TRUE(tree.ok());
+  EngineConfig chain;
+  chain.eagle3 = {draft->get(), 3};
+  chain.spec_bench_accept_rate = 1.0f;
+  EngineConfig trees = chain;
+  trees.eagle3 = {draft->get(), tree->size(), *tree};
+  const hsx::Run chained = Generate(**model, chain, true, 0.0f);
+  const hsx::Run treed = Generate(**model, trees, true, 0.0f);
+  ASSERT_EQ(chained.tokens.size(), 5u);
+  EXPECT_GT(treed.accepted, 10u);
+  EXPECT_EQ(treed.tokens, chained.tokens);
+  EXPECT_EQ(treed.accepted, chained.accepted);
+  chain.spec_bench_accept_rate = -1.0f;  // negative control: the output is the drafts
+  EXPECT_NE(Generate(**model, chain, true, 0.0f).tokens, chained.tokens);
+}
+
 // Every decode and verification shape of the buckets up to max_num_seqs is recorded when the
 // engine starts (where the backend records), and a run of mixed draft counts then records
 // none: its steps replay graphs recorded over padding-only inputs, with the eager tokens.

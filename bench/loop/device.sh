@@ -13,7 +13,7 @@
 #                                          stops before a step that would pass BUDGET)
 #   bash .loop/scripts/device.sh sweep     a draft trained on SWEEP rows of hsx's states, served
 #   bash .loop/scripts/device.sh trees     (after the parts) hsx's states and one draft on them, served
-#                                          as a chain of 3, a chain of 8 and a tree of 8 nodes
+#                                          as a chain of 3, chains of 8 and 16 and trees of 8 and 16 nodes
 #   Settings: EPOCHS (2), MAX_TOKENS (256), SWEEP (2500 rows), BUDGET (550 s a call)
 set -uo pipefail
 stage=.loop
@@ -179,6 +179,10 @@ if [ "$what" = trees ]; then
   step serve_chain3 serve chain3 "$(eagle "$draft")"
   step serve_chain8 serve chain8 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"num_speculative_tokens\": 8}"
   step serve_tree8 serve tree8 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"speculative_token_tree\": \"[(0,), (1,), (2,), (0, 0), (1, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0)]\"}"
+  # 17 rows a request: a tree of depth 6 (the second and third choices near the root) and
+  # the chain of 16
+  step serve_chain16 serve chain16 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"num_speculative_tokens\": 16}"
+  step serve_tree16 serve tree16 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"speculative_token_tree\": \"[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0)]\"}"
   log "trees done"
 fi
 if [ "$what" = sweep ] && [ "$SWEEP" != 0 ]; then  # a smaller training set, same settings

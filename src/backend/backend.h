@@ -281,7 +281,9 @@ class Backend {
   virtual SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch, const SampledAhead& ahead = {}) = 0;
   // Greedy tokens that stay on the device: tokens int32 [R] gets each row of logits f32
   // [R, V]'s arg max (the Sample op's temperature-0 token), plus offsets[arg max] where
-  // offsets int32 [V] is given (an EAGLE-3 draft's d2t). No host work: graphs record it.
+  // offsets int32 [V] is given (an EAGLE-3 draft's d2t). tokens int32 [R, k] (k <= V) gets
+  // each row's k highest, highest first, lowest id on ties: the ids of the Sample op's top
+  // logprobs (a token tree's children). No host work: graphs record it.
   virtual void GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) = 0;
   // Speculative decoding's accept stage (backend/verification.h): K_r drafts and K_r + 1
   // logit rows f32 per request in, the accepted counts and emitted tokens out (only they

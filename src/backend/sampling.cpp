@@ -58,6 +58,13 @@ float RawLogprobsOnHost(const float* logits, int32_t vocab, int32_t num_logprobs
   return lse;
 }
 
+void TopIdsOnHost(const float* logits, int32_t vocab, int32_t k, int32_t* ids) {
+  for (int32_t n = 0, prev = -1; n < k; ++n) {
+    prev = NextBest(logits, vocab, prev >= 0 ? logits[prev] : 0.0f, prev);
+    ids[n] = prev;
+  }
+}
+
 ProcessedRow ProcessRowOnHost(const float* logits, int32_t vocab, const SamplingRow& row, const TokenAdjust* adjust) {
   ProcessedRow p;
   // Bans and penalties, one entry per distinct token.

@@ -71,6 +71,10 @@ int32_t DrawOnHost(const ProcessedRow& p, const SamplingRow& row, int32_t exclud
 float RawLogprobsOnHost(const float* logits, int32_t vocab, int32_t num_logprobs, int32_t* top_ids,
                         float* top_logprobs);
 
+// The k highest of `vocab` logits, highest first, lowest id on ties: top_ids of
+// RawLogprobsOnHost without the normaliser.
+void TopIdsOnHost(const float* logits, int32_t vocab, int32_t k, int32_t* ids);
+
 // The reference: samples one row of `vocab` logits on the host. `adjust` is the batch's
 // TokenAdjust array; writes the drawn token's raw logprob and num_logprobs entries of
 // top_ids / top_logprobs, and returns the token.

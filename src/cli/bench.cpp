@@ -175,6 +175,10 @@ void RegisterBench(CLI::App& root) {
                   "Decode with --speculative-config: accept each draft with this probability (a seeded "
                   "Bernoulli draw) instead of verifying it; the output is NOT the target's (benchmark only)")
       ->check(CLI::Range(0.0, 1.0));
+  app->add_option("--spec-bench-probe-drafts", decode->probe_drafts,
+                  "Decode with \"draft_length\": \"adaptive\": a probing request drafts at most this many (0: the "
+                  "K the policy chooses, the default)")
+      ->check(CLI::Range(0, 64));
   app->callback([o, decode, app] {
     if (decode->accept_rate && (!o->decode || decode->speculative_config.empty())) {
       ExitCode() = Fail("bench", Error("--spec-bench-accept-rate needs --decode and --speculative-config (it forces "

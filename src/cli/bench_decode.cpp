@@ -155,6 +155,7 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
     if (!method.ok()) return Fail("bench", method.status());
   }
   if (o.accept_rate) spec.spec_bench_accept_rate = static_cast<float>(*o.accept_rate);
+  if (o.probe_drafts) spec.draft_length.policy.probe_drafts = *o.probe_drafts;
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> token(0, c.vocab_size - 1);
   for (int batch : o.batch_sizes) {
@@ -277,7 +278,10 @@ int RunDecodeBench(const DecodeBenchOptions& o) {
                                {"launch_ms_per_step", runner.graph_replays() > 0
                                                           ? 1e3 * runner.graph_launch_seconds() / runner.graph_replays()
                                                           : 0.0}};
-    if (drafter != nullptr && drafter->adaptive()) result["draft_length"] = AdaptiveFigures(*drafter);
+    if (drafter != nullptr && drafter->adaptive()) {
+      result["draft_length"] = AdaptiveFigures(*drafter);
+      if (o.probe_drafts) result["draft_length"]["probe_drafts"] = *o.probe_drafts;
+    }
     // Over both runs: a preempted request's blocks were freed and its tokens are recomputed.
     result["preemptions"] = engine.num_preemptions();
     line(result);

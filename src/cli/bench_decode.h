@@ -22,6 +22,9 @@ struct DecodeBenchOptions {
   std::string speculative_config;  // vLLM's JSON (ngram, eagle3, mtp): speculative decoding
   // --spec-bench-accept-rate: each draft accepted with this probability (not lossless).
   std::optional<double> accept_rate;
+  // --spec-bench-probe-drafts: with "draft_length": "adaptive", a probe's drafts at most
+  // (DraftLengthConfig::probe_drafts; 0: the policy's K), to measure the default against.
+  std::optional<int> probe_drafts;
   // Real prompts (JSONL as generate reads it) instead of random ones: each batch size keeps
   // that many requests in flight over all of the file's prompts, each ending at
   // end-of-sequence (unless ignore_eos) or after new_tokens.

@@ -324,6 +324,12 @@ void Eagle3Drafter::RecordPaddingRounds(int bucket, int drafts) {
   }
 }
 
+// A token tree's round. Node i's token is the rank[i]-th best of its parent's row (the
+// first pass's for the root's children); a depth's nodes that have children run as one
+// batch, fed their tokens and their parents' hidden rows. Which row each node takes
+// depends only on the tree and each request's node count, so every depth's batch is
+// built first, and the tokens stay on the device (gathered from the top-token rows of the
+// depth before) until one download at the end: no host round trip between depths.
 std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& first_pass,
                                                            const std::vector<int32_t>& step_rows,
                                                            const std::vector<DraftRequest>& requests,
@@ -336,29 +342,30 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
     return {};
   }
   const TokenTree& tree = *tree_;
-  const Tensor& step_aux = runner_.step_aux();
-  const int64_t layers = step_aux.size(0), h = step_aux.size(2), first_rows = static_cast<int64_t>(step_rows.size());
-  Tensor aux = backend.Empty(step_aux.dtype(), {layers * first_rows, h});
-  GatherAux(step_rows, aux);
-  Eagle3Output out = draft_.Forward(first_pass, draft_.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
   std::vector<std::vector<int32_t>> kids(tree.size() + 1);  // kids[0]: the root's, kids[1 + i]: node i's
   for (int i = 0; i < tree.size(); ++i) kids[tree.parent[i] + 1].push_back(i);
-  std::vector<std::vector<int32_t>> tokens(n);
-  for (int r = 0; r < n; ++r) tokens[r].assign(nodes[r], -1);
-  // Node `parent` (-1: the root) of request r gets its children from its row's top tokens.
-  auto expand = [&](int r, int parent, const std::vector<int32_t>& top) {
+  const int64_t width = 1 + *std::max_element(tree.rank.begin(), tree.rank.end());  // top tokens kept per row
+  // source[r][i]: where node i of request r finds its token among all the top tokens
+  // ([rows of every depth, width], the first pass's n rows first).
+  std::vector<std::vector<int32_t>> source(n, std::vector<int32_t>(tree.size(), -1));
+  auto take_children = [&](int r, int parent, int64_t parent_row) {
     for (int32_t c : kids[parent + 1]) {
-      if (c < nodes[r]) tokens[r][c] = tree.rank[c] < static_cast<int>(top.size()) ? top[tree.rank[c]] : -1;
+      if (c < nodes[r]) source[r][c] = static_cast<int32_t>(parent_row * width + tree.rank[c]);
     }
   };
-  const int most_children = 1 + *std::max_element(tree.rank.begin(), tree.rank.end());
-  std::vector<std::vector<int32_t>> top = TopTargetTokens(out.logits, most_children);
-  for (int r = 0; r < n; ++r) expand(r, -1, top[r]);
-  Tensor hidden = out.next_hidden;  // the rows the next depth's parents left
-  std::vector<std::vector<int32_t>> row_of(n, std::vector<int32_t>(tree.size(), -1));  // node -> row of `hidden`
-  for (int d = 1; d < tree.max_depth; ++d) {
+  for (int r = 0; r < n; ++r) take_children(r, -1, r);
+  struct Depth {
     ForwardBatch batch;
-    std::vector<int32_t> hidden_rows;
+    std::vector<int32_t> token_sources, hidden_rows;  // per row: its token, its parent's row in the depth before
+    int64_t first_row = 0;                            // its rows' place among all rows
+  };
+  std::vector<Depth> depths;
+  std::vector<std::vector<int32_t>> row_of(n, std::vector<int32_t>(tree.size(), -1));  // node -> row in its depth
+  int64_t all_rows = n;
+  for (int d = 1; d < tree.max_depth; ++d) {
+    Depth depth;
+    depth.first_row = all_rows;
+    ForwardBatch& batch = depth.batch;
     std::vector<std::pair<int, int>> who;  // (request, node) per row
     for (int r = 0; r < n; ++r) {
       const int32_t position = requests[r].position;
@@ -378,11 +385,12 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
         last = i;
       }
       for (int i = first; first >= 0 && i <= last; ++i) {
-        batch.token_ids.push_back(std::max(0, tokens[r][i]));  // -1 (no such rank): its children stay -1 too
+        batch.token_ids.push_back(0);  // gathered on the device
         batch.positions.push_back(position + d - 1);
         batch.slot_mapping.push_back(static_cast<int32_t>(SlotOf(requests[r].block_table, position + i, block_size_)));
         slice.tree_mask.push_back(tree.AncestorMask(i));
-        hidden_rows.push_back(d == 1 ? r : row_of[r][tree.parent[i]]);
+        depth.token_sources.push_back(source[r][i]);
+        depth.hidden_rows.push_back(d == 1 ? r : row_of[r][tree.parent[i]]);
         who.emplace_back(r, i);
       }
       slice.q_len = static_cast<int32_t>(batch.token_ids.size()) - slice.q_start;
@@ -393,39 +401,52 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
       batch.seqs.push_back(std::move(slice));
     }
     if (who.empty()) break;
-    const auto rows = static_cast<int64_t>(who.size());
-    for (int64_t k = 0; k < rows; ++k) batch.logit_rows.push_back(static_cast<int32_t>(k));
-    Tensor in = backend.Empty(hidden.dtype(), {rows, hidden.size(1)});
-    backend.GatherRows(hidden, hidden_rows, in);
-    Eagle3Output step = draft_.Forward(batch, in, cache_);
-    top = TopTargetTokens(step.logits, most_children);
-    for (int64_t k = 0; k < rows; ++k) {
+    for (size_t k = 0; k < who.size(); ++k) {
       const auto [r, i] = who[k];
+      batch.logit_rows.push_back(static_cast<int32_t>(k));
       row_of[r][i] = static_cast<int32_t>(k);
-      if (tokens[r][i] >= 0) expand(r, i, top[k]);
+      take_children(r, i, all_rows + static_cast<int64_t>(k));
     }
-    hidden = step.next_hidden;
+    all_rows += static_cast<int64_t>(who.size());
+    depths.push_back(std::move(depth));
+  }
+  Tensor top = backend.Empty(DType::kI32, {all_rows * width});  // every row's top tokens
+  const Tensor top_rows = top.View({all_rows * width, 1});
+  auto keep_top = [&](const Tensor& logits, int64_t first_row) {
+    Tensor rows = top.Rows(first_row * width, (first_row + logits.size(0)) * width).View({logits.size(0), width});
+    draft_.GreedyTargetTokens(logits, rows);
+  };
+  const Tensor& step_aux = runner_.step_aux();
+  const int64_t layers = step_aux.size(0), h = step_aux.size(2), first_rows = static_cast<int64_t>(step_rows.size());
+  Tensor aux = backend.Empty(step_aux.dtype(), {layers * first_rows, h});
+  GatherAux(step_rows, aux);
+  Eagle3Output out = draft_.Forward(first_pass, draft_.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
+  keep_top(out.logits, 0);
+  Tensor hidden = out.next_hidden;  // the rows the next depth's parents left
+  for (const Depth& depth : depths) {
+    DeviceBatch in = UploadBatch(backend, depth.batch);
+    const auto rows = static_cast<int64_t>(depth.hidden_rows.size());
+    Tensor ids = in.token_ids.View({rows, 1});
+    backend.GatherRows(top_rows, depth.token_sources, ids);
+    Tensor parents = backend.Empty(hidden.dtype(), {rows, hidden.size(1)});
+    backend.GatherRows(hidden, depth.hidden_rows, parents);
+    Eagle3Output step = draft_.Forward(in, parents, cache_);
+    keep_top(step.logits, depth.first_row);
+    hidden = std::move(step.next_hidden);
+  }
+  std::vector<int32_t> wanted;  // every request's nodes in order
+  for (int r = 0; r < n; ++r) wanted.insert(wanted.end(), source[r].begin(), source[r].begin() + nodes[r]);
+  std::vector<std::vector<int32_t>> tokens(n);
+  if (wanted.empty()) return tokens;
+  Tensor drafts = backend.Empty(DType::kI32, {static_cast<int64_t>(wanted.size()), 1});
+  backend.GatherRows(top_rows, wanted, drafts);
+  const Tensor host = backend.Download(drafts);
+  const int32_t* at = host.data<int32_t>();
+  for (int r = 0; r < n; ++r) {
+    tokens[r].assign(at, at + nodes[r]);
+    at += nodes[r];
   }
   return tokens;
-}
-
-std::vector<std::vector<int32_t>> Eagle3Drafter::TopTargetTokens(const Tensor& logits, int count) const {
-  SamplingBatch batch;
-  batch.max_logprobs = count;
-  SamplingRow row;  // greedy: the draw is the argmax, whose logprob and top we keep
-  row.num_logprobs = count;
-  batch.rows.assign(static_cast<size_t>(logits.size(0)), row);
-  const SampledTokens sampled = backend().Sample(logits, batch);
-  const std::vector<int32_t>& d2t = draft_.weights().d2t;
-  std::vector<std::vector<int32_t>> top(batch.rows.size());
-  for (size_t r = 0; r < top.size(); ++r) {
-    for (int j = 0; j < count; ++j) {
-      const int32_t id = sampled.top_ids[r * count + j];
-      if (id < 0) break;
-      top[r].push_back(d2t.empty() ? id : id + d2t[id]);
-    }
-  }
-  return top;
 }
 
 // The first pass's aux states, [R, A, H]: every aux layer's state of each of its rows.

@@ -106,7 +106,7 @@ class Eagle3Drafter : public DeviceDrafter {
   // num_drafts - 1 chained steps; returns each request's greedy drafts (target ids).
   std::vector<std::vector<int32_t>> Round(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
                                           const std::vector<DraftRequest>& requests, int num_drafts);
-  // The same round for a token tree (eagerly): the first pass, then one draft forward per
+  // The same round for a token tree (eagerly, its tokens on the device until the end): the first pass, then one draft forward per
   // depth over the nodes there that have children, each fed its token and its parent's
   // hidden at position + depth - 1, its draft KV at the slot of position + node (scratch),
   // attending to the request's draft KV before `position` and its tree ancestors; a node's
@@ -144,12 +144,6 @@ class Eagle3Drafter : public DeviceDrafter {
   // fixed inputs where `fixed`; step s reads its token ids from row s - 1 of tokens.
   std::vector<DeviceBatch> StageChainedSteps(const std::vector<const DraftRequest*>& row_requests, int rows, int steps,
                                              const Tensor& tokens, bool fixed);
-
-  // Of each row of draft logits [R, draft vocabulary] f32, the target ids of its `count`
-  // most likely tokens, most likely first (ties: lower id first, as the greedy draft),
-  // picked on the device by the Sample op's top logprobs: R x count words come home, not
-  // the rows (at 32 requests, 4 MB a tree depth).
-  std::vector<std::vector<int32_t>> TopTargetTokens(const Tensor& logits, int count) const;
 
   Eagle3Draft& draft_;
   const TokenTree* tree_;  // tree drafts, or null

@@ -77,7 +77,8 @@ class Eagle3Draft {
   void StoreKV(const ForwardBatch& batch, const Tensor& hidden, KVCache& cache);
 
   // Greedy drafts: each row's highest logit (lowest id on ties), as target ids, into
-  // tokens int32 [R] on the device (a graph can record it); or to the host.
+  // tokens int32 [R] on the device (a graph can record it); or to the host. tokens int32
+  // [R, k]: each row's k highest, highest first (a token tree's children).
   void GreedyTargetTokens(const Tensor& logits, Tensor& tokens);
   std::vector<int32_t> GreedyTargetTokens(const Tensor& logits);
 

@@ -2,6 +2,8 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 namespace hsx {
@@ -30,12 +32,22 @@ SampledTokens CpuBackend::Sample(const Tensor& logits, const SamplingBatch& batc
 
 void CpuBackend::GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) {
   const auto vocab = static_cast<int32_t>(logits.size(1));
+  const auto k = static_cast<int32_t>(tokens.dim() > 1 ? tokens.size(1) : 1);
+  if (k > vocab) {
+    std::fprintf(stderr, "hsx: GreedyTokens: %d tokens asked of a row of %d\n", k, vocab);
+    std::abort();
+  }
   const SamplingRow greedy;  // temperature 0
   for (int64_t r = 0; r < logits.size(0); ++r) {
-    float logprob = 0;
-    const int32_t token = SampleRowOnHost(logits.data<float>() + r * vocab, vocab, greedy, nullptr, &logprob, nullptr,
-                                          nullptr);
-    tokens.data<int32_t>()[r] = token + (offsets != nullptr ? offsets->data<int32_t>()[token] : 0);
+    const float* row = logits.data<float>() + r * vocab;
+    int32_t* ids = tokens.data<int32_t>() + r * k;
+    if (k == 1) {
+      float logprob = 0;
+      ids[0] = SampleRowOnHost(row, vocab, greedy, nullptr, &logprob, nullptr, nullptr);
+    } else {
+      TopIdsOnHost(row, vocab, k, ids);
+    }
+    for (int32_t j = 0; offsets != nullptr && j < k; ++j) ids[j] += offsets->data<int32_t>()[ids[j]];
   }
 }
 

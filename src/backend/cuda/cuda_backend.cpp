@@ -656,7 +656,13 @@ SampledTokens CudaBackend::Sample(const Tensor& logits, const SamplingBatch& bat
 }
 
 void CudaBackend::GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) {
-  cuda::GreedyTokens(logits.data<float>(), static_cast<int32_t>(logits.size(0)), static_cast<int32_t>(logits.size(1)),
+  const auto vocab = static_cast<int32_t>(logits.size(1));
+  const auto k = static_cast<int32_t>(tokens.dim() > 1 ? tokens.size(1) : 1);
+  if (k > vocab) {
+    std::fprintf(stderr, "hsx: GreedyTokens: %d tokens asked of a row of %d\n", k, vocab);
+    std::abort();
+  }
+  cuda::GreedyTokens(logits.data<float>(), static_cast<int32_t>(logits.size(0)), vocab, k,
                      offsets != nullptr ? offsets->data<int32_t>() : nullptr, tokens.data<int32_t>(), impl_->stream);
   HSX_LAUNCH_CHECK();
 }

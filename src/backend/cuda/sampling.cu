@@ -39,22 +39,26 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, in
   }
 }
 
-__global__ void __launch_bounds__(kThreads) GreedyTokensKernel(const float* logits, int32_t vocab,
+// Row r's k best in Before order, each found after the last (the Sample op's top logprobs).
+__global__ void __launch_bounds__(kThreads) GreedyTokensKernel(const float* logits, int32_t vocab, int32_t k,
                                                                const int32_t* offsets, int32_t* tokens) {
   __shared__ sampler::Scratch scratch;
   sampler::Team team(scratch);
   const float* raw = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  const int32_t token = sampler::BestAfter(raw, vocab, sampler::Best{0.0f, -1}, team).id;
-  if (threadIdx.x == 0) tokens[blockIdx.x] = token + (offsets != nullptr ? offsets[token] : 0);
+  sampler::Best prev{0.0f, -1};
+  for (int32_t j = 0; j < k; ++j) {
+    prev = sampler::BestAfter(raw, vocab, prev, team);
+    if (threadIdx.x == 0) tokens[blockIdx.x * k + j] = prev.id + (offsets != nullptr ? offsets[prev.id] : 0);
+  }
 }
 
 }  // namespace
 
 int SampleBlocksPerRow(int32_t rows, int32_t vocab) { return sampler::BlocksPerRow(SampleKernel, rows, vocab); }
 
-void GreedyTokens(const float* logits, int32_t rows, int32_t vocab, const int32_t* offsets, int32_t* tokens,
+void GreedyTokens(const float* logits, int32_t rows, int32_t vocab, int32_t k, const int32_t* offsets, int32_t* tokens,
                   cudaStream_t stream) {
-  if (rows > 0) GreedyTokensKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, offsets, tokens);
+  if (rows > 0) GreedyTokensKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, k, offsets, tokens);
 }
 
 void Sample(const float* logits, int32_t rows, int32_t vocab, const SamplingRow* params, const TokenAdjust* adjust,

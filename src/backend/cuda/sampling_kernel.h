@@ -19,8 +19,9 @@ void Sample(const float* logits, int32_t rows, int32_t vocab, const SamplingRow*
 // `vocab` logits on the current device: several when the rows are few, 1 when they are many.
 int SampleBlocksPerRow(int32_t rows, int32_t vocab);
 
-// tokens[row] = the row's arg max (lowest id on ties) + offsets[arg max] (offsets may be null).
-void GreedyTokens(const float* logits, int32_t rows, int32_t vocab, const int32_t* offsets, int32_t* tokens,
+// tokens[row * k + j] = the row's j-th highest (lowest id on ties; j = 0: the arg max) +
+// offsets[that id] (offsets may be null); k <= vocab.
+void GreedyTokens(const float* logits, int32_t rows, int32_t vocab, int32_t k, const int32_t* offsets, int32_t* tokens,
                   cudaStream_t stream);
 
 }  // namespace hsx::cuda
