@@ -807,6 +807,12 @@ std::vector<OpCase> Table() {
       env.b.GatherRows(x, {39, 0, 17, 17, 3}, out);
       env.Add("out", out, Tolerance::Exact());
     });
+    add("GatherRowsAt", Dims({{"rows", 6}, {"cols", cols}}), [=](OpEnv& env) {
+      const Tensor x = env.Random({40, cols});
+      Tensor out = env.PoisonAct({6, cols});
+      env.b.GatherRowsAt(x, env.Ints({2, 39, 0, 17, 17, 3}), out);
+      env.Add("out", out, Tolerance::Exact());
+    });
     add("SliceColumns", Dims({{"rows", 37}, {"cols", cols}}), [=](OpEnv& env) {
       const Tensor x = env.Random({37, cols + 9});
       Tensor out = env.PoisonAct({37, cols});
@@ -1282,7 +1288,7 @@ TEST(BackendOpsTable, CoversEveryComputeOp) {
   for (const char* op : {"Embed", "Linear", "QuantizeRowsFp8", "LinearFp8", "RmsNorm", "Add", "AddRmsNorm",
                          "RmsNormFp8", "Multiply", "Scale", "ScaleByTensor", "Softcap", "Activate", "GatedActivation",
                          "GatedActivationFp8", "GatedLinear", "Rope", "RmsNormRope", "NormRopeStoreKV", "StoreKV",
-                         "Attention", "QkvAttention", "GatherRows", "MoveRows", "SliceColumns", "WriteColumns", "DraftLayerInput",
+                         "Attention", "QkvAttention", "GatherRows", "GatherRowsAt", "MoveRows", "SliceColumns", "WriteColumns", "DraftLayerInput",
                          "MoeMlp", "CentroidMaskedLogits", "FlagNonFiniteRows", "Sample", "GreedyTokens", "VerifyDrafts",
                          "Copy", "Transfers"}) {
     EXPECT_NE(std::find(ops.begin(), ops.end(), op), ops.end()) << op << " has no case";

@@ -237,6 +237,9 @@ class Backend {
                             const RopeTable& rope, const Tensor& slots, Tensor& k_cache, Tensor& v_cache,
                             const AttentionBatch& batch, const AttentionParams& params, Tensor& out);
   virtual void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) = 0;
+  // The same with the row indices int32 [n] on the backend's device: no upload, so a graph
+  // records it (a token tree's round: each node's token and parent row).
+  virtual void GatherRowsAt(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
   // Row src[i] of x [rows, ...] copied to row dst[i] for each i, every source read before any
   // destination is written (a token tree's accepted KV moved to its path: KVCache::MoveSlots).
   // moves: int32 [2 n] on the backend's device, the n sources then the n destinations.

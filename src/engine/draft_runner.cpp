@@ -329,7 +329,10 @@ void Eagle3Drafter::RecordPaddingRounds(int bucket, int drafts) {
 // batch, fed their tokens and their parents' hidden rows. Which row each node takes
 // depends only on the tree and each request's node count, so every depth's batch is
 // built first, and the tokens stay on the device (gathered from the top-token rows of the
-// depth before) until one download at the end: no host round trip between depths.
+// depth before) until one download at the end. Where every request takes the whole tree,
+// the depths run on a graph of the requests' bucket (the first pass eagerly, as a chain's
+// after a prefill): its padding slots take whole trees of their own, which store no KV,
+// so each row's token and parent row are fixed per bucket.
 std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& first_pass,
                                                            const std::vector<int32_t>& step_rows,
                                                            const std::vector<DraftRequest>& requests,
@@ -342,75 +345,83 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
     return {};
   }
   const TokenTree& tree = *tree_;
+  size_t longest_table = 0;
+  for (const DraftRequest& r : requests) longest_table = std::max(longest_table, r.block_table.size());
+  const bool whole = std::all_of(nodes.begin(), nodes.end(), [&](int k) { return k == tree.size(); });
+  const int bucket = whole ? DraftGraphBucket(n, longest_table) : 0;
+  const int slots = bucket > 0 ? bucket : n;  // requests, then padding (whole trees)
+  auto nodes_of = [&](int r) { return r < n ? nodes[r] : tree.size(); };
   std::vector<std::vector<int32_t>> kids(tree.size() + 1);  // kids[0]: the root's, kids[1 + i]: node i's
   for (int i = 0; i < tree.size(); ++i) kids[tree.parent[i] + 1].push_back(i);
   const int64_t width = 1 + *std::max_element(tree.rank.begin(), tree.rank.end());  // top tokens kept per row
-  // source[r][i]: where node i of request r finds its token among all the top tokens
-  // ([rows of every depth, width], the first pass's n rows first).
-  std::vector<std::vector<int32_t>> source(n, std::vector<int32_t>(tree.size(), -1));
+  // source[r][i]: where node i of slot r finds its token among all the top tokens
+  // ([rows of every depth, width], the first pass's slots first).
+  std::vector<std::vector<int32_t>> source(slots, std::vector<int32_t>(tree.size(), -1));
   auto take_children = [&](int r, int parent, int64_t parent_row) {
     for (int32_t c : kids[parent + 1]) {
-      if (c < nodes[r]) source[r][c] = static_cast<int32_t>(parent_row * width + tree.rank[c]);
+      if (c < nodes_of(r)) source[r][c] = static_cast<int32_t>(parent_row * width + tree.rank[c]);
     }
   };
-  for (int r = 0; r < n; ++r) take_children(r, -1, r);
+  for (int r = 0; r < slots; ++r) take_children(r, -1, r);
   struct Depth {
-    ForwardBatch batch;
-    std::vector<int32_t> token_sources, hidden_rows;  // per row: its token, its parent's row in the depth before
+    ForwardBatch batch;                               // the requests' rows
+    std::vector<int32_t> token_sources, hidden_rows;  // every slot's rows: its token, its parent's row in the depth before
     int64_t first_row = 0;                            // its rows' place among all rows
   };
   std::vector<Depth> depths;
-  std::vector<std::vector<int32_t>> row_of(n, std::vector<int32_t>(tree.size(), -1));  // node -> row in its depth
-  int64_t all_rows = n;
+  std::vector<std::vector<int32_t>> row_of(slots, std::vector<int32_t>(tree.size(), -1));  // node -> row in its depth
+  int64_t all_rows = slots;
   for (int d = 1; d < tree.max_depth; ++d) {
     Depth depth;
     depth.first_row = all_rows;
     ForwardBatch& batch = depth.batch;
-    std::vector<std::pair<int, int>> who;  // (request, node) per row
-    for (int r = 0; r < n; ++r) {
-      const int32_t position = requests[r].position;
-      SequenceSlice slice;
-      slice.q_start = static_cast<int32_t>(batch.token_ids.size());
+    std::vector<std::pair<int, int>> who;  // (slot, node) per row
+    for (int r = 0; r < slots; ++r) {
       // The rows: depth d's nodes from the first to the last with children (vLLM's order
       // keeps a depth's nodes together), so that row k sits at the slot of its own step
       // position position + node, where every backend's kernels expect a step's rows; the
       // childless ones between them only fill the gaps.
       auto has_kids = [&](int i) {
-        return std::any_of(kids[i + 1].begin(), kids[i + 1].end(), [&](int32_t c) { return c < nodes[r]; });
+        return std::any_of(kids[i + 1].begin(), kids[i + 1].end(), [&](int32_t c) { return c < nodes_of(r); });
       };
       int first = -1, last = -1;
-      for (int i = 0; i < nodes[r]; ++i) {
+      for (int i = 0; i < nodes_of(r); ++i) {
         if (tree.depth[i] != d || !has_kids(i)) continue;
         if (first < 0) first = i;
         last = i;
       }
+      SequenceSlice slice;
+      slice.q_start = static_cast<int32_t>(batch.token_ids.size());
       for (int i = first; first >= 0 && i <= last; ++i) {
+        depth.token_sources.push_back(source[r][i]);
+        depth.hidden_rows.push_back(d == 1 ? r : row_of[r][tree.parent[i]]);
+        who.emplace_back(r, i);
+        if (r >= n) continue;  // padding: the graph's staging makes its rows
+        const int32_t position = requests[r].position;
         batch.token_ids.push_back(0);  // gathered on the device
         batch.positions.push_back(position + d - 1);
         batch.slot_mapping.push_back(static_cast<int32_t>(SlotOf(requests[r].block_table, position + i, block_size_)));
         slice.tree_mask.push_back(tree.AncestorMask(i));
-        depth.token_sources.push_back(source[r][i]);
-        depth.hidden_rows.push_back(d == 1 ? r : row_of[r][tree.parent[i]]);
-        who.emplace_back(r, i);
       }
       slice.q_len = static_cast<int32_t>(batch.token_ids.size()) - slice.q_start;
       if (slice.q_len == 0) continue;
-      slice.ctx_len = position + last + 1;
-      slice.tree_base = position;
+      slice.ctx_len = requests[r].position + last + 1;
+      slice.tree_base = requests[r].position;
       slice.block_table = requests[r].block_table;
       batch.seqs.push_back(std::move(slice));
     }
     if (who.empty()) break;
     for (size_t k = 0; k < who.size(); ++k) {
       const auto [r, i] = who[k];
-      batch.logit_rows.push_back(static_cast<int32_t>(k));
+      if (r < n) batch.logit_rows.push_back(static_cast<int32_t>(k));
       row_of[r][i] = static_cast<int32_t>(k);
       take_children(r, i, all_rows + static_cast<int64_t>(k));
     }
     all_rows += static_cast<int64_t>(who.size());
     depths.push_back(std::move(depth));
   }
-  Tensor top = backend.Empty(DType::kI32, {all_rows * width});  // every row's top tokens
+  // Every row's top tokens; on a graph, at a fixed address.
+  Tensor top = bucket > 0 ? TreeTopTokens(width).Rows(0, all_rows * width) : backend.Empty(DType::kI32, {all_rows * width});
   const Tensor top_rows = top.View({all_rows * width, 1});
   auto keep_top = [&](const Tensor& logits, int64_t first_row) {
     Tensor rows = top.Rows(first_row * width, (first_row + logits.size(0)) * width).View({logits.size(0), width});
@@ -422,17 +433,52 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
   GatherAux(step_rows, aux);
   Eagle3Output out = draft_.Forward(first_pass, draft_.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
   keep_top(out.logits, 0);
-  Tensor hidden = out.next_hidden;  // the rows the next depth's parents left
-  for (const Depth& depth : depths) {
-    DeviceBatch in = UploadBatch(backend, depth.batch);
-    const auto rows = static_cast<int64_t>(depth.hidden_rows.size());
-    Tensor ids = in.token_ids.View({rows, 1});
-    backend.GatherRows(top_rows, depth.token_sources, ids);
-    Tensor parents = backend.Empty(hidden.dtype(), {rows, hidden.size(1)});
-    backend.GatherRows(hidden, depth.hidden_rows, parents);
-    Eagle3Output step = draft_.Forward(in, parents, cache_);
-    keep_top(step.logits, depth.first_row);
-    hidden = std::move(step.next_hidden);
+  if (bucket == 0) {
+    Tensor hidden = out.next_hidden;  // the rows the next depth's parents left
+    for (const Depth& depth : depths) {
+      DeviceBatch in = UploadBatch(backend, depth.batch);
+      const auto rows = static_cast<int64_t>(depth.hidden_rows.size());
+      Tensor ids = in.token_ids.View({rows, 1});
+      backend.GatherRows(top_rows, depth.token_sources, ids);
+      Tensor parents = backend.Empty(hidden.dtype(), {rows, hidden.size(1)});
+      backend.GatherRows(hidden, depth.hidden_rows, parents);
+      Eagle3Output step = draft_.Forward(in, parents, cache_);
+      keep_top(step.logits, depth.first_row);
+      hidden = std::move(step.next_hidden);
+    }
+  } else {
+    Tensor hidden = DraftHidden(draft_.decoder().hidden_size).Rows(0, bucket);
+    Tensor requests_hidden = hidden.Rows(0, n);
+    backend.Copy(out.next_hidden, requests_hidden);
+    std::vector<DeviceBatch> inputs;  // each depth's, fixed
+    for (size_t d = 0; d < depths.size(); ++d) {
+      const int q = static_cast<int>(depths[d].hidden_rows.size()) / bucket;
+      inputs.push_back(runner_.StageGraphInputs(depths[d].batch, bucket, q, tree_inputs_[static_cast<int>(d)], true));
+    }
+    // Each depth's token sources then parent rows, the same for every round of the bucket.
+    std::vector<Tensor>& indices = tree_indices_[bucket];
+    if (indices.empty()) {
+      for (const Depth& depth : depths) {
+        std::vector<int32_t> words = depth.token_sources;
+        words.insert(words.end(), depth.hidden_rows.begin(), depth.hidden_rows.end());
+        Tensor host = Tensor::Host(DType::kI32, {static_cast<int64_t>(words.size())});
+        std::copy(words.begin(), words.end(), host.data<int32_t>());
+        indices.push_back(backend.Upload(host));
+      }
+    }
+    DraftRound({bucket, 0, tree.size()}, [&] {
+      Tensor parents_of = hidden;
+      for (size_t d = 0; d < depths.size(); ++d) {
+        const auto rows = static_cast<int64_t>(depths[d].hidden_rows.size());
+        Tensor ids = inputs[d].token_ids.View({rows, 1});
+        backend.GatherRowsAt(top_rows, indices[d].Rows(0, rows), ids);
+        Tensor parents = backend.Empty(parents_of.dtype(), {rows, parents_of.size(1)});
+        backend.GatherRowsAt(parents_of, indices[d].Rows(rows, 2 * rows), parents);
+        Eagle3Output step = draft_.Forward(inputs[d], parents, cache_);
+        keep_top(step.logits, depths[d].first_row);
+        parents_of = std::move(step.next_hidden);
+      }
+    });
   }
   std::vector<int32_t> wanted;  // every request's nodes in order
   for (int r = 0; r < n; ++r) wanted.insert(wanted.end(), source[r].begin(), source[r].begin() + nodes[r]);
@@ -447,6 +493,15 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
     at += nodes[r];
   }
   return tokens;
+}
+
+Tensor Eagle3Drafter::TreeTopTokens(int64_t width) {
+  if (!tree_top_.defined()) {
+    // The most rows a round has: every slot of the largest bucket, its first pass and a row per node.
+    // Zeros: a padding slot's first nodes take their tokens from rows no first pass wrote.
+    tree_top_ = backend().Upload(Tensor::Host(DType::kI32, {runner_.max_graph_batch() * (1 + tree_->size()) * width}));
+  }
+  return tree_top_;
 }
 
 // The first pass's aux states, [R, A, H]: every aux layer's state of each of its rows.
@@ -673,7 +728,8 @@ Tensor DeviceDrafter::DraftTokens() {
 
 Tensor DeviceDrafter::DraftHidden(int64_t width) {
   if (!draft_hidden_.defined()) {
-    draft_hidden_ = backend().Empty(backend().compute_dtype(), {runner_.max_graph_batch(), width});
+    // Zeros: padding rows read rows no round wrote, whose norms and top tokens must be finite.
+    draft_hidden_ = backend().Upload(Tensor::Host(backend().compute_dtype(), {runner_.max_graph_batch(), width}));
   }
   return draft_hidden_;
 }

@@ -106,7 +106,8 @@ class Eagle3Drafter : public DeviceDrafter {
   // num_drafts - 1 chained steps; returns each request's greedy drafts (target ids).
   std::vector<std::vector<int32_t>> Round(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
                                           const std::vector<DraftRequest>& requests, int num_drafts);
-  // The same round for a token tree (eagerly, its tokens on the device until the end): the first pass, then one draft forward per
+  // The same round for a token tree (its tokens on the device until the end; on a graph
+  // where every request takes the whole tree): the first pass, then one draft forward per
   // depth over the nodes there that have children, each fed its token and its parent's
   // hidden at position + depth - 1, its draft KV at the slot of position + node (scratch),
   // attending to the request's draft KV before `position` and its tree ancestors; a node's
@@ -150,6 +151,13 @@ class Eagle3Drafter : public DeviceDrafter {
   KVCache cache_;  // the draft's KV at the target's slots
   ModelRunner::GraphInputs chain_inputs_;
   Tensor first_pass_aux_;
+  // Tree rounds on graphs: each depth's fixed inputs, by depth; each bucket's device
+  // indices (per depth: the rows' token sources then their parents' rows); the top tokens
+  // of every row of a round, [rows, width] (TreeTopTokens).
+  std::map<int, ModelRunner::GraphInputs> tree_inputs_;
+  std::map<int, std::vector<Tensor>> tree_indices_;
+  Tensor tree_top_;
+  Tensor TreeTopTokens(int64_t width);
 };
 
 // The "mtp" method with a Gemma 4 assistant: no draft KV; each round starts from the step's

@@ -598,6 +598,11 @@ void CpuBackend::GatherRows(const Tensor& x, const std::vector<int32_t>& rows, T
     std::memcpy(out.data<float>() + i * width, x.data<float>() + rows[i] * width, width * 4);
 }
 
+void CpuBackend::GatherRowsAt(const Tensor& x, const Tensor& rows, Tensor& out) {
+  const int32_t* at = rows.data<int32_t>();
+  GatherRows(x, std::vector<int32_t>(at, at + rows.numel()), out);
+}
+
 void CpuBackend::SliceColumns(const Tensor& x, int64_t begin, Tensor& out) {
   const int64_t cols = x.size(-1), width = out.size(-1);
   for (int64_t t = 0; t < x.size(0); ++t)

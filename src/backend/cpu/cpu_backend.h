@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
   void Attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                  const AttentionParams& params, Tensor& out) override;
   void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) override;
+  void GatherRowsAt(const Tensor& x, const Tensor& rows, Tensor& out) override;
   // Keys (with their values) copied out of the paged cache into scratch so far: what an
   // attention step costs beyond its arithmetic; steps of few queries copy none.
   int64_t gathered_keys() const { return gathered_keys_; }

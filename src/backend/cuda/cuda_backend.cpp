@@ -595,6 +595,13 @@ void CudaBackend::GatherRows(const Tensor& x, const std::vector<int32_t>& rows, 
   HSX_LAUNCH_CHECK();
 }
 
+void CudaBackend::GatherRowsAt(const Tensor& x, const Tensor& rows, Tensor& out) {
+  Impl::Timer timer(*impl_, "gather");
+  cuda::GatherRows(x.raw(), rows.data<int32_t>(), rows.numel(), static_cast<int64_t>(x.nbytes() / x.size(0)), out.raw(),
+                   impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
 void CudaBackend::MoveRows(Tensor& x, const Tensor& moves) {
   Impl::Timer timer(*impl_, "move_rows");
   const int64_t n = moves.numel() / 2, row_bytes = static_cast<int64_t>(x.nbytes()) / x.size(0);

@@ -81,6 +81,7 @@ class CudaBackend final : public Backend {
   bool FusesAttentionInputs(const Tensor& qkv, const Tensor& k_cache, const RopeTable& rope,
                             const AttentionBatch& batch, const Tensor& out) const;
   void GatherRows(const Tensor& x, const std::vector<int32_t>& rows, Tensor& out) override;
+  void GatherRowsAt(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void MoveRows(Tensor& x, const Tensor& moves) override;
   void SliceColumns(const Tensor& x, int64_t begin, Tensor& out) override;
   void WriteColumns(const Tensor& x, int64_t begin, Tensor& out) override;
