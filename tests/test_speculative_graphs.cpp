@@ -336,8 +336,9 @@ TEST_P(SpeculativeGraphs, MixedDraftCountsPastThePaddedRowsRunPackedGraphs) {
 
 // Token-tree verification steps on graphs (the tree's mask words in the fixed inputs;
 // requests near their end verify smaller trees, padded at their front) and tree rounds on
-// graphs (every request taking the whole tree; padding slots of their own) give the eager
-// tokens and acceptance, greedy and seeded.
+// graphs (every request taking the whole tree, the first pass padded as a chain's; slots
+// that draft nothing take trees of their own) give the eager tokens and acceptance, greedy
+// and seeded.
 TEST_P(SpeculativeGraphs, TreeVerificationOnGraphsGivesTheEagerTokens) {
   Backend& backend = *backend_;
   auto model = Model::Load(test::ModelDir("llama"), backend);
@@ -357,6 +358,7 @@ TEST_P(SpeculativeGraphs, TreeVerificationOnGraphsGivesTheEagerTokens) {
     }
     EXPECT_GT(graphs.verify_replays, 0) << "tree verification steps did not replay graphs";
     EXPECT_GT(graphs.draft_replays, 0) << "tree rounds did not replay graphs";
+    EXPECT_GT(graphs.first_pass_replays, 0) << "no tree round's first pass was on its graph";
     EXPECT_EQ(eager.draft_replays, 0);
     EXPECT_EQ(graphs.tokens, eager.tokens) << "at temperature " << temperature;
     EXPECT_EQ(graphs.accepted, eager.accepted) << "at temperature " << temperature;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <numeric>
 #include <utility>
 
 namespace hsx {
@@ -330,9 +331,10 @@ void Eagle3Drafter::RecordPaddingRounds(int bucket, int drafts) {
 // depends only on the tree and each request's node count, so every depth's batch is
 // built first, and the tokens stay on the device (gathered from the top-token rows of the
 // depth before) until one download at the end. Where every request takes the whole tree,
-// the depths run on a graph of the requests' bucket (the first pass eagerly, as a chain's
-// after a prefill): its padding slots take whole trees of their own, which store no KV,
-// so each row's token and parent row are fixed per bucket.
+// the round runs on a graph: its first pass padded as a chain's (every sequence of the
+// step a slot; else eagerly, and the depths on a graph of the requests' bucket). Slots
+// that draft nothing take whole trees that store no KV, so each row's token and parent
+// row are fixed per bucket.
 std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& first_pass,
                                                            const std::vector<int32_t>& step_rows,
                                                            const std::vector<DraftRequest>& requests,
@@ -348,9 +350,18 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
   size_t longest_table = 0;
   for (const DraftRequest& r : requests) longest_table = std::max(longest_table, r.block_table.size());
   const bool whole = std::all_of(nodes.begin(), nodes.end(), [&](int k) { return k == tree.size(); });
-  const int bucket = whole ? DraftGraphBucket(n, longest_table) : 0;
-  const int slots = bucket > 0 ? bucket : n;  // requests, then padding (whole trees)
-  auto nodes_of = [&](int r) { return r < n ? nodes[r] : tree.size(); };
+  std::vector<int> slot_of;  // each request's slot: its sequence in the padded first pass, or itself
+  const FirstPassShape shape = whole ? PaddedFirstPass(first_pass, slot_of) : FirstPassShape{};
+  const int bucket = shape.q > 0 ? shape.bucket : whole ? DraftGraphBucket(n, longest_table) : 0;
+  if (shape.q == 0) {
+    slot_of.resize(n);
+    std::iota(slot_of.begin(), slot_of.end(), 0);
+  }
+  const int slots = bucket > 0 ? bucket : n;
+  std::vector<int> request_at(slots, -1);  // -1: a slot that drafts nothing (whole trees, no KV)
+  for (int r = 0; r < n; ++r) request_at[slot_of[r]] = r;
+  const int last_slot = slot_of.back();  // the graph's staging pads the slots past it
+  auto nodes_of = [&](int slot) { return request_at[slot] >= 0 ? nodes[request_at[slot]] : tree.size(); };
   std::vector<std::vector<int32_t>> kids(tree.size() + 1);  // kids[0]: the root's, kids[1 + i]: node i's
   for (int i = 0; i < tree.size(); ++i) kids[tree.parent[i] + 1].push_back(i);
   const int64_t width = 1 + *std::max_element(tree.rank.begin(), tree.rank.end());  // top tokens kept per row
@@ -392,28 +403,37 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
       }
       SequenceSlice slice;
       slice.q_start = static_cast<int32_t>(batch.token_ids.size());
-      for (int i = first; first >= 0 && i <= last; ++i) {
+      const int request = request_at[r];
+      for (int i = first, j = 0; first >= 0 && i <= last; ++i, ++j) {
         depth.token_sources.push_back(source[r][i]);
         depth.hidden_rows.push_back(d == 1 ? r : row_of[r][tree.parent[i]]);
         who.emplace_back(r, i);
-        if (r >= n) continue;  // padding: the graph's staging makes its rows
-        const int32_t position = requests[r].position;
+        if (request < 0 && r > last_slot) continue;  // the graph's staging pads these slots
+        // A slot between requests that drafts nothing: padding as the staging makes it
+        // (positions 0.., no KV, block 0).
+        const int32_t position = request >= 0 ? requests[request].position : 0;
         batch.token_ids.push_back(0);  // gathered on the device
-        batch.positions.push_back(position + d - 1);
-        batch.slot_mapping.push_back(static_cast<int32_t>(SlotOf(requests[r].block_table, position + i, block_size_)));
-        slice.tree_mask.push_back(tree.AncestorMask(i));
+        batch.positions.push_back(request >= 0 ? position + d - 1 : j);
+        batch.slot_mapping.push_back(
+            request >= 0 ? static_cast<int32_t>(SlotOf(requests[request].block_table, position + i, block_size_)) : -1);
+        if (request >= 0) slice.tree_mask.push_back(tree.AncestorMask(i));
       }
       slice.q_len = static_cast<int32_t>(batch.token_ids.size()) - slice.q_start;
       if (slice.q_len == 0) continue;
-      slice.ctx_len = requests[r].position + last + 1;
-      slice.tree_base = requests[r].position;
-      slice.block_table = requests[r].block_table;
+      if (request >= 0) {
+        slice.ctx_len = requests[request].position + last + 1;
+        slice.tree_base = requests[request].position;
+        slice.block_table = requests[request].block_table;
+      } else {
+        slice.ctx_len = slice.q_len;
+        slice.block_table = {0};
+      }
       batch.seqs.push_back(std::move(slice));
     }
     if (who.empty()) break;
     for (size_t k = 0; k < who.size(); ++k) {
       const auto [r, i] = who[k];
-      if (r < n) batch.logit_rows.push_back(static_cast<int32_t>(k));
+      if (request_at[r] >= 0) batch.logit_rows.push_back(static_cast<int32_t>(k));  // eager: every row is a request's
       row_of[r][i] = static_cast<int32_t>(k);
       take_children(r, i, all_rows + static_cast<int64_t>(k));
     }
@@ -427,12 +447,20 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
     Tensor rows = top.Rows(first_row * width, (first_row + logits.size(0)) * width).View({logits.size(0), width});
     draft_.GreedyTargetTokens(logits, rows);
   };
-  const Tensor& step_aux = runner_.step_aux();
-  const int64_t layers = step_aux.size(0), h = step_aux.size(2), first_rows = static_cast<int64_t>(step_rows.size());
-  Tensor aux = backend.Empty(step_aux.dtype(), {layers * first_rows, h});
-  GatherAux(step_rows, aux);
-  Eagle3Output out = draft_.Forward(first_pass, draft_.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
-  keep_top(out.logits, 0);
+  Eagle3Output out;  // the first pass, where it runs eagerly
+  DeviceBatch padded;  // else its graph's inputs
+  Tensor padded_aux;
+  if (shape.q > 0) {
+    padded = StagePaddedFirstPass(first_pass, step_rows, shape, padded_aux);
+  } else {
+    ++eager_first_passes_;
+    const Tensor& step_aux = runner_.step_aux();
+    const int64_t layers = step_aux.size(0), h = step_aux.size(2), first_rows = static_cast<int64_t>(step_rows.size());
+    Tensor aux = backend.Empty(step_aux.dtype(), {layers * first_rows, h});
+    GatherAux(step_rows, aux);
+    out = draft_.Forward(first_pass, draft_.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
+    keep_top(out.logits, 0);
+  }
   if (bucket == 0) {
     Tensor hidden = out.next_hidden;  // the rows the next depth's parents left
     for (const Depth& depth : depths) {
@@ -448,8 +476,10 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
     }
   } else {
     Tensor hidden = DraftHidden(draft_.decoder().hidden_size).Rows(0, bucket);
-    Tensor requests_hidden = hidden.Rows(0, n);
-    backend.Copy(out.next_hidden, requests_hidden);
+    if (shape.q == 0) {
+      Tensor requests_hidden = hidden.Rows(0, n);
+      backend.Copy(out.next_hidden, requests_hidden);
+    }
     std::vector<DeviceBatch> inputs;  // each depth's, fixed
     for (size_t d = 0; d < depths.size(); ++d) {
       const int q = static_cast<int>(depths[d].hidden_rows.size()) / bucket;
@@ -466,8 +496,13 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
         indices.push_back(backend.Upload(host));
       }
     }
-    DraftRound({bucket, 0, tree.size()}, [&] {
+    DraftRound({bucket, shape.q, tree.size()}, [&] {
       Tensor parents_of = hidden;
+      if (shape.q > 0) {
+        Eagle3Output first = draft_.Forward(padded, draft_.CombineHiddenStates(padded_aux), cache_);
+        keep_top(first.logits, 0);
+        parents_of = std::move(first.next_hidden);
+      }
       for (size_t d = 0; d < depths.size(); ++d) {
         const auto rows = static_cast<int64_t>(depths[d].hidden_rows.size());
         Tensor ids = inputs[d].token_ids.View({rows, 1});
@@ -481,7 +516,7 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
     });
   }
   std::vector<int32_t> wanted;  // every request's nodes in order
-  for (int r = 0; r < n; ++r) wanted.insert(wanted.end(), source[r].begin(), source[r].begin() + nodes[r]);
+  for (int r = 0; r < n; ++r) wanted.insert(wanted.end(), source[slot_of[r]].begin(), source[slot_of[r]].begin() + nodes[r]);
   std::vector<std::vector<int32_t>> tokens(n);
   if (wanted.empty()) return tokens;
   Tensor drafts = backend.Empty(DType::kI32, {static_cast<int64_t>(wanted.size()), 1});
