@@ -304,6 +304,20 @@ TEST(DraftCostModel, FirstStepOfEachKindIsNoMeasurement) {
   EXPECT_DOUBLE_EQ(cost.DraftSeconds(1, 4), 0.2);
 }
 
+// A step graph recorded at start-up planned its GEMMs there: its first served step counts
+// (at batch 128 on the H200 each new verification size took two steps of 16.7-18.1 ms,
+// against 10.75 plain, before its cost was known).
+TEST(DraftCostModel, StepsOfGraphsRecordedAtStartUpCountAtOnce) {
+  DraftCostModel cost;
+  cost.ObserveTarget(128, 10.0);
+  cost.ObserveTarget(128, 10.0);
+  cost.MarkWarm(512);
+  cost.ObserveTarget(512, 18.0);
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(512), 18.0);
+  cost.ObserveTarget(256, 99.0);  // not recorded at start-up: its first sight is skipped
+  EXPECT_DOUBLE_EQ(cost.TargetSeconds(256), 10.0 + 8.0 / 3);  // between 128 and 512
+}
+
 // A scripted draft, useless for 2,000 steps and then always right: its probes (one draft
 // each, on multiples of the wait) come ever further apart while they fail (the wait doubles
 // from 32 to 128 steps), and once the draft is right again the next probe brings the

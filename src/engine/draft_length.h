@@ -53,6 +53,9 @@ class DraftCostModel {
   void ObserveTarget(int rows, double seconds, bool graph = true);
   // A draft round over `seqs` requests of k drafts took seconds (the first of each skipped).
   void ObserveDraft(int seqs, int k, double seconds);
+  // Graph steps of `rows` rows were recorded when the engine started (their GEMMs planned,
+  // their graph made): the first served step of those rows is a measurement, not skipped.
+  void MarkWarm(int rows) { target_warm_.insert({true, rows}); }
   // Fixed figures (tests, or a start-up measurement): each replaces what was measured there.
   void SetTarget(int rows, double seconds, bool graph = true) { (graph ? graph_ : eager_)[rows] = seconds; }
   void SetDraft(int seqs, int k, double seconds) { draft_[{seqs, k}] = seconds; }

@@ -22,6 +22,11 @@ void Drafter::EnableAdaptive(DraftLengthConfig config, const DraftCostModel* inj
   cost_ = injected_ ? injected : &measured_;
 }
 
+void Drafter::StepGraphsRecorded(const std::vector<int>& rows) {
+  if (!policy_ || injected_) return;
+  for (int r : rows) measured_.MarkWarm(r);
+}
+
 void Drafter::Accept(const std::vector<DraftOutcome>& outcomes) {
   if (!policy_) return;
   for (const DraftOutcome& o : outcomes) policy_->Record(o.seq->draft_history, o.proposed, o.accepted);

@@ -71,6 +71,8 @@ class Drafter {
   void EnableAdaptive(DraftLengthConfig config, const DraftCostModel* injected,
                       DraftCostModel::ShapeRule rule = nullptr);
   bool adaptive() const { return policy_.has_value(); }
+  // The rows of the step graphs the runner recorded at start-up (DraftCostModel::MarkWarm).
+  void StepGraphsRecorded(const std::vector<int>& rows);
   const DraftCostModel& cost_model() const { return *cost_; }
   // Request-steps by the K the policy chose (index K, 0..K_max): what bench reports.
   const std::vector<int64_t>& chosen_lengths() const { return chosen_lengths_; }

@@ -96,7 +96,10 @@ Engine::Engine(Model& model, EngineConfig config)
   const auto start = Clock::now();
   runner_.RecordGraphs(drafter_ && !tree() ? 1 + drafter_->num_speculative_tokens() : 1,
                        tree() ? 1 + tree()->size() : 0);
-  if (drafter_) drafter_->RecordRounds();
+  if (drafter_) {
+    drafter_->StepGraphsRecorded(runner_.recorded_step_rows());  // their first replays are measurements
+    drafter_->RecordRounds();
+  }
   if (runner_.graphs_recorded() > 0) {
     std::fprintf(stderr, "hsx: recorded %ld step graphs and %ld draft rounds in %.1f s\n",
                  static_cast<long>(runner_.graphs_recorded()), static_cast<long>(drafter_ ? drafter_->rounds_recorded() : 0),

@@ -221,6 +221,14 @@ DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket,
   return inputs;
 }
 
+std::vector<int> ModelRunner::recorded_step_rows() const {
+  std::vector<int> rows;
+  for (const auto& [key, graph] : graphs_) {
+    if (!std::get<2>(key)) rows.push_back(std::get<3>(key));
+  }
+  return rows;
+}
+
 const std::vector<int>& ModelRunner::StepCaptureLayers() const {
   return config_.eagle3 != nullptr ? config_.eagle3->config().aux_layer_ids : config_.capture_layers;
 }

@@ -152,6 +152,9 @@ class ModelRunner {
   void RecordGraphs(int max_q, int tree_q = 0);
   static constexpr int kMaxStartupGraphRows = 512;
   int64_t graphs_recorded() const { return static_cast<int64_t>(graphs_.size()); }
+  // The rows of each step graph recorded so far, token trees' aside (a step of those rows
+  // replays it: its GEMMs are planned).
+  std::vector<int> recorded_step_rows() const;
 
   const RunnerConfig& config() const { return config_; }
   int64_t graph_replays() const { return graph_replays_; }  // decode and verification steps that replayed a graph
