@@ -102,6 +102,29 @@ std::unique_ptr<Backend> MakeBackend(const std::string& kind) {
   return nullptr;
 }
 
+// An EAGLE-3 fixture on `backend`: the draft eagle3/<variant> over its target
+// (test::Eagle3Target); a null draft when either fails to load (the failure reported).
+struct Eagle3Fixture {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Eagle3Draft> draft;
+};
+Eagle3Fixture LoadEagle3(Backend& backend, const std::string& variant) {
+  Eagle3Fixture f;
+  auto model = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
+  if (!model.ok()) {
+    ADD_FAILURE() << model.status().message();
+    return f;
+  }
+  f.model = std::move(*model);
+  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), *f.model, backend);
+  if (!draft.ok()) {
+    ADD_FAILURE() << draft.status().message();
+    return f;
+  }
+  f.draft = std::move(*draft);
+  return f;
+}
+
 class SpeculativeGraphs : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -125,14 +148,12 @@ TEST_P(SpeculativeGraphs, NgramVerificationOnGraphsGivesTheEagerTokens) {
 TEST_P(SpeculativeGraphs, Eagle3StepsOnGraphsGiveTheEagerTokens) {
   Backend& backend = *backend_;
   for (const std::string variant : {"llama_copy", "qwen3_default"}) {
-    auto model = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
-    ASSERT_TRUE(model.ok()) << model.status().message();
-    auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
-    ASSERT_TRUE(draft.ok()) << draft.status().message();
+    auto [model, draft] = LoadEagle3(backend, variant);
+    ASSERT_TRUE(draft);
     for (int k : {1, 3}) {
       EngineConfig config;
-      config.eagle3 = {draft->get(), k};
-      ExpectGraphsGiveTheEagerRun(**model, config, "eagle3 " + variant + " K=" + std::to_string(k), true);
+      config.eagle3 = {draft.get(), k};
+      ExpectGraphsGiveTheEagerRun(*model, config, "eagle3 " + variant + " K=" + std::to_string(k), true);
     }
   }
 }
@@ -160,10 +181,8 @@ TEST_P(SpeculativeGraphs, Eagle3OverGptOssOnGraphsGivesTheEagerTokens) {
 // tokens and counts are the eager run's.
 TEST_P(SpeculativeGraphs, AdaptiveDraftLengthsOnGraphsGiveTheEagerTokens) {
   Backend& backend = *backend_;
-  auto model = Model::Load(test::ModelDir("llama"), backend);
-  ASSERT_TRUE(model.ok()) << model.status().message();
-  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/llama_copy"), **model, backend);
-  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  auto [model, draft] = LoadEagle3(backend, "llama_copy");
+  ASSERT_TRUE(draft);
   DraftCostModel cost;  // a draft step a tenth of a target step; more rows cost a little more
   cost.SetTarget(1, 1.0);
   cost.SetTarget(64, 1.2);
@@ -171,15 +190,15 @@ TEST_P(SpeculativeGraphs, AdaptiveDraftLengthsOnGraphsGiveTheEagerTokens) {
   cost.SetDraft(64, 1, 0.15);
   for (float rate : {0.0f, -1.0f}) {
     EngineConfig config;
-    config.eagle3 = {draft->get(), 3};
+    config.eagle3 = {draft.get(), 3};
     config.draft_length.adaptive = true;
     config.draft_length.policy.probe_interval = 8;
     config.draft_length.cost_model = &cost;
     config.spec_bench_accept_rate = rate;
     const std::string what = "adaptive eagle3 at forced rate " + std::to_string(rate);
     for (float temperature : {0.0f, 1.0f}) {
-      const hsx::Run eager = Generate(**model, config, false, temperature);
-      const hsx::Run graphs = Generate(**model, config, true, temperature);
+      const hsx::Run eager = Generate(*model, config, false, temperature);
+      const hsx::Run graphs = Generate(*model, config, true, temperature);
       ASSERT_EQ(eager.tokens.size(), 5u);
       EXPECT_EQ(graphs.tokens, eager.tokens) << what << " at temperature " << temperature;
       EXPECT_EQ(graphs.accepted, eager.accepted) << what;
@@ -203,15 +222,13 @@ TEST_P(SpeculativeGraphs, DraftsOnGraphsEqualEagerDrafts) {
   Backend& backend = *backend_;
   for (float rate : {1.0f, 0.5f}) {
     for (const std::string variant : {"qwen3_default", "llama_legacy"}) {
-      auto model = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
-      ASSERT_TRUE(model.ok()) << model.status().message();
-      auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
-      ASSERT_TRUE(draft.ok()) << draft.status().message();
+      auto [model, draft] = LoadEagle3(backend, variant);
+      ASSERT_TRUE(draft);
       EngineConfig config;
-      config.eagle3 = {draft->get(), 3};
+      config.eagle3 = {draft.get(), 3};
       config.spec_bench_accept_rate = rate;
-      const auto eager = Generate(**model, config, false, 0.0f);
-      const auto graphs = Generate(**model, config, true, 0.0f);
+      const auto eager = Generate(*model, config, false, 0.0f);
+      const auto graphs = Generate(*model, config, true, 0.0f);
       const std::string what = variant + " at forced rate " + std::to_string(rate);
       ASSERT_EQ(eager.tokens.size(), 5u);
       EXPECT_EQ(graphs.tokens, eager.tokens) << what;
@@ -226,7 +243,7 @@ TEST_P(SpeculativeGraphs, DraftsOnGraphsEqualEagerDrafts) {
       if (rate == 1.0f) {
         EngineConfig lossless = config;
         lossless.spec_bench_accept_rate = -1.0f;
-        EXPECT_NE(Generate(**model, lossless, true, 0.0f).tokens, graphs.tokens) << what << ": the target's output";
+        EXPECT_NE(Generate(*model, lossless, true, 0.0f).tokens, graphs.tokens) << what << ": the target's output";
       }
     }
     auto target = Model::Load(test::DataPath("mtp/gemma4_target"), backend);
@@ -253,20 +270,18 @@ TEST_P(SpeculativeGraphs, DraftsOnGraphsEqualEagerDrafts) {
 TEST_P(SpeculativeGraphs, KvOnlyPassesAheadOfTheDownloadGiveTheEagerDrafts) {
   Backend& backend = *backend_;
   const std::string variant = "qwen3_default";
-  auto model = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
-  ASSERT_TRUE(model.ok()) << model.status().message();
-  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
-  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  auto [model, draft] = LoadEagle3(backend, variant);
+  ASSERT_TRUE(draft);
   DraftCostModel cost;  // up to 3 rows a step costs 1, past them 1 a row
   for (int rows = 1; rows <= 64; ++rows) cost.SetTarget(rows, std::max(1, rows - 2));
   cost.SetDraft(1, 1, 0.01);
   EngineConfig config;
-  config.eagle3 = {draft->get(), 2};
+  config.eagle3 = {draft.get(), 2};
   config.draft_length.adaptive = true;
   config.draft_length.cost_model = &cost;
   config.spec_bench_accept_rate = 1.0f;
-  const hsx::Run eager = Generate(**model, config, false, 0.0f);
-  const hsx::Run graphs = Generate(**model, config, true, 0.0f);
+  const hsx::Run eager = Generate(*model, config, false, 0.0f);
+  const hsx::Run graphs = Generate(*model, config, true, 0.0f);
   EXPECT_EQ(eager.kv_passes_ahead, 0);
   EXPECT_GT(graphs.kv_passes_ahead, 10);
   EXPECT_GT(graphs.accepted, 5u);
@@ -274,7 +289,7 @@ TEST_P(SpeculativeGraphs, KvOnlyPassesAheadOfTheDownloadGiveTheEagerDrafts) {
   EXPECT_EQ(graphs.tokens, eager.tokens);
   EXPECT_EQ(graphs.accepted, eager.accepted);
   config.spec_bench_accept_rate = -1.0f;  // negative control: the output is the drafts
-  EXPECT_NE(Generate(**model, config, true, 0.0f).tokens, graphs.tokens);
+  EXPECT_NE(Generate(*model, config, true, 0.0f).tokens, graphs.tokens);
 }
 
 TEST_P(SpeculativeGraphs, MtpVerificationOnGraphsGivesTheEagerTokens) {
@@ -341,17 +356,15 @@ TEST_P(SpeculativeGraphs, MixedDraftCountsPastThePaddedRowsRunPackedGraphs) {
 // and seeded.
 TEST_P(SpeculativeGraphs, TreeVerificationOnGraphsGivesTheEagerTokens) {
   Backend& backend = *backend_;
-  auto model = Model::Load(test::ModelDir("llama"), backend);
-  ASSERT_TRUE(model.ok()) << model.status().message();
-  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/llama_copy"), **model, backend);
-  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  auto [model, draft] = LoadEagle3(backend, "llama_copy");
+  ASSERT_TRUE(draft);
   auto tree = TokenTree::Parse("[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]", "tree");
   ASSERT_TRUE(tree.ok());
   EngineConfig config;
-  config.eagle3 = {draft->get(), tree->size(), *tree};
+  config.eagle3 = {draft.get(), tree->size(), *tree};
   for (float temperature : {0.0f, 1.0f}) {
-    const hsx::Run eager = Generate(**model, config, false, temperature);
-    const hsx::Run graphs = Generate(**model, config, true, temperature);
+    const hsx::Run eager = Generate(*model, config, false, temperature);
+    const hsx::Run graphs = Generate(*model, config, true, temperature);
     ASSERT_EQ(eager.tokens.size(), 5u);
     if (temperature == 0.0f) {
       EXPECT_GT(graphs.accepted, 0u);  // llama_copy's drafts match greedy rows
@@ -373,25 +386,23 @@ TEST_P(SpeculativeGraphs, TreeVerificationOnGraphsGivesTheEagerTokens) {
 TEST_P(SpeculativeGraphs, TreeRoundsFirstChildrenAreTheChainsDrafts) {
   Backend& backend = *backend_;
   const std::string variant = "qwen3_default";
-  auto model = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
-  ASSERT_TRUE(model.ok()) << model.status().message();
-  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), **model, backend);
-  ASSERT_TRUE(draft.ok()) << draft.status().message();
+  auto [model, draft] = LoadEagle3(backend, variant);
+  ASSERT_TRUE(draft);
   auto tree = TokenTree::Parse("[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]", "tree");
   ASSERT_TRUE(tree.ok());
   EngineConfig chain;
-  chain.eagle3 = {draft->get(), 3};
+  chain.eagle3 = {draft.get(), 3};
   chain.spec_bench_accept_rate = 1.0f;
   EngineConfig trees = chain;
-  trees.eagle3 = {draft->get(), tree->size(), *tree};
-  const hsx::Run chained = Generate(**model, chain, true, 0.0f);
-  const hsx::Run treed = Generate(**model, trees, true, 0.0f);
+  trees.eagle3 = {draft.get(), tree->size(), *tree};
+  const hsx::Run chained = Generate(*model, chain, true, 0.0f);
+  const hsx::Run treed = Generate(*model, trees, true, 0.0f);
   ASSERT_EQ(chained.tokens.size(), 5u);
   EXPECT_GT(treed.accepted, 10u);
   EXPECT_EQ(treed.tokens, chained.tokens);
   EXPECT_EQ(treed.accepted, chained.accepted);
   chain.spec_bench_accept_rate = -1.0f;  // negative control: the output is the drafts
-  EXPECT_NE(Generate(**model, chain, true, 0.0f).tokens, chained.tokens);
+  EXPECT_NE(Generate(*model, chain, true, 0.0f).tokens, chained.tokens);
 }
 
 // Every decode and verification shape of the buckets up to max_num_seqs is recorded when the
