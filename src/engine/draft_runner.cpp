@@ -302,7 +302,19 @@ void Eagle3Drafter::RunRound(const DeviceBatch* padded, const Tensor& padded_aux
 // (drafts 0) or a drafting round; and the chained steps alone (q = 0: after a prefill,
 // whose first pass runs eagerly).
 void Eagle3Drafter::RecordPaddingRounds(int bucket, int drafts) {
-  if (tree_ != nullptr) return;  // token trees run eagerly
+  if (tree_ != nullptr) {
+    // A tree's rounds: the whole tree (it is not adaptive) after a first pass of q = 1 to
+    // its depth + 1 rows, and its depths alone (q = 0: after a prefill).
+    if (drafts != tree_->size()) return;
+    const TreePlan plan = PlanTree({}, {}, std::vector<int>(bucket, -1));
+    for (int q = 0; q <= std::min(tree_->max_depth + 1, ModelRunner::kMaxGraphRowsPerSeq); ++q) {
+      Tensor aux;
+      const DeviceBatch padded = q > 0 ? StagePaddedFirstPass(ForwardBatch(), {}, {bucket, q}, aux) : DeviceBatch();
+      TreeGraphRound(bucket, q, plan, q > 0 ? &padded : nullptr, aux);
+      backend().Synchronize();  // the next round stages its inputs through the same pinned memory
+    }
+    return;
+  }
   Eagle3Draft& draft = draft_;
   if (drafts > 1) {
     const Tensor tokens = DraftTokens(), hidden = DraftHidden(draft.decoder().hidden_size).Rows(0, bucket);
@@ -329,12 +341,11 @@ void Eagle3Drafter::RecordPaddingRounds(int bucket, int drafts) {
 // first pass's for the root's children); a depth's nodes that have children run as one
 // batch, fed their tokens and their parents' hidden rows. Which row each node takes
 // depends only on the tree and each request's node count, so every depth's batch is
-// built first, and the tokens stay on the device (gathered from the top-token rows of the
-// depth before) until one download at the end. Where every request takes the whole tree,
-// the round runs on a graph: its first pass padded as a chain's (every sequence of the
-// step a slot; else eagerly, and the depths on a graph of the requests' bucket). Slots
-// that draft nothing take whole trees that store no KV, so each row's token and parent
-// row are fixed per bucket.
+// built first (PlanTree), and the tokens stay on the device (gathered from the top-token
+// rows of the depth before) until one download at the end. Where every request takes the
+// whole tree, the round runs on a graph (TreeGraphRound): its first pass padded as a
+// chain's (every sequence of the step a slot; else eagerly, and the depths on a graph of
+// the requests' bucket).
 std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& first_pass,
                                                            const std::vector<int32_t>& step_rows,
                                                            const std::vector<DraftRequest>& requests,
@@ -357,34 +368,90 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
     slot_of.resize(n);
     std::iota(slot_of.begin(), slot_of.end(), 0);
   }
-  const int slots = bucket > 0 ? bucket : n;
-  std::vector<int> request_at(slots, -1);  // -1: a slot that drafts nothing (whole trees, no KV)
+  std::vector<int> request_at(bucket > 0 ? bucket : n, -1);
   for (int r = 0; r < n; ++r) request_at[slot_of[r]] = r;
-  const int last_slot = slot_of.back();  // the graph's staging pads the slots past it
+  const TreePlan plan = PlanTree(requests, nodes, request_at);
+  Tensor top = bucket > 0 ? TreeTopTokens(plan.width).Rows(0, plan.rows * plan.width)
+                          : backend.Empty(DType::kI32, {plan.rows * plan.width});
+  DeviceBatch padded;  // the first pass on the graph, and its aux states
+  Tensor padded_aux;
+  if (shape.q > 0) {
+    padded = StagePaddedFirstPass(first_pass, step_rows, shape, padded_aux);
+    TreeGraphRound(bucket, shape.q, plan, &padded, padded_aux);
+  } else {
+    ++eager_first_passes_;
+    const Tensor& step_aux = runner_.step_aux();
+    const int64_t layers = step_aux.size(0), h = step_aux.size(2), first_rows = static_cast<int64_t>(step_rows.size());
+    Tensor aux = backend.Empty(step_aux.dtype(), {layers * first_rows, h});
+    GatherAux(step_rows, aux);
+    Eagle3Output out = draft_.Forward(first_pass, draft_.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
+    KeepTopTokens(out.logits, top, 0, plan.width);
+    if (bucket > 0) {
+      Tensor requests_hidden = DraftHidden(draft_.decoder().hidden_size).Rows(0, n);
+      backend.Copy(out.next_hidden, requests_hidden);
+      TreeGraphRound(bucket, 0, plan, nullptr, Tensor());
+    } else {
+      const Tensor top_rows = top.View({plan.rows * plan.width, 1});
+      Tensor hidden = out.next_hidden;  // the rows the next depth's parents left
+      for (const TreePlan::Depth& depth : plan.depths) {
+        DeviceBatch in = UploadBatch(backend, depth.batch);
+        const auto rows = static_cast<int64_t>(depth.hidden_rows.size());
+        Tensor ids = in.token_ids.View({rows, 1});
+        backend.GatherRows(top_rows, depth.token_sources, ids);
+        Tensor parents = backend.Empty(hidden.dtype(), {rows, hidden.size(1)});
+        backend.GatherRows(hidden, depth.hidden_rows, parents);
+        Eagle3Output step = draft_.Forward(in, parents, cache_);
+        KeepTopTokens(step.logits, top, depth.first_row, plan.width);
+        hidden = std::move(step.next_hidden);
+      }
+    }
+  }
+  std::vector<int32_t> wanted;  // every request's nodes in order
+  for (int r = 0; r < n; ++r) {
+    const std::vector<int32_t>& of_slot = plan.source[slot_of[r]];
+    wanted.insert(wanted.end(), of_slot.begin(), of_slot.begin() + nodes[r]);
+  }
+  std::vector<std::vector<int32_t>> tokens(n);
+  if (wanted.empty()) return tokens;
+  Tensor drafts = backend.Empty(DType::kI32, {static_cast<int64_t>(wanted.size()), 1});
+  backend.GatherRows(top.View({plan.rows * plan.width, 1}), wanted, drafts);
+  const Tensor host = backend.Download(drafts);
+  const int32_t* at = host.data<int32_t>();
+  for (int r = 0; r < n; ++r) {
+    tokens[r].assign(at, at + nodes[r]);
+    at += nodes[r];
+  }
+  return tokens;
+}
+
+// Slots without a request (request_at -1) take the whole tree: on a graph they are padding
+// (no KV); those before the last request's slot are staged as padding rows, the rest the
+// graph's staging pads.
+Eagle3Drafter::TreePlan Eagle3Drafter::PlanTree(const std::vector<DraftRequest>& requests, const std::vector<int>& nodes,
+                                               const std::vector<int>& request_at) const {
+  const TokenTree& tree = *tree_;
+  const int slots = static_cast<int>(request_at.size());
+  int last_slot = -1;
+  for (int r = 0; r < slots; ++r) {
+    if (request_at[r] >= 0) last_slot = r;
+  }
   auto nodes_of = [&](int slot) { return request_at[slot] >= 0 ? nodes[request_at[slot]] : tree.size(); };
   std::vector<std::vector<int32_t>> kids(tree.size() + 1);  // kids[0]: the root's, kids[1 + i]: node i's
   for (int i = 0; i < tree.size(); ++i) kids[tree.parent[i] + 1].push_back(i);
-  const int64_t width = 1 + *std::max_element(tree.rank.begin(), tree.rank.end());  // top tokens kept per row
-  // source[r][i]: where node i of slot r finds its token among all the top tokens
-  // ([rows of every depth, width], the first pass's slots first).
-  std::vector<std::vector<int32_t>> source(slots, std::vector<int32_t>(tree.size(), -1));
+  TreePlan plan;
+  plan.width = 1 + *std::max_element(tree.rank.begin(), tree.rank.end());
+  plan.source.assign(slots, std::vector<int32_t>(tree.size(), -1));
   auto take_children = [&](int r, int parent, int64_t parent_row) {
     for (int32_t c : kids[parent + 1]) {
-      if (c < nodes_of(r)) source[r][c] = static_cast<int32_t>(parent_row * width + tree.rank[c]);
+      if (c < nodes_of(r)) plan.source[r][c] = static_cast<int32_t>(parent_row * plan.width + tree.rank[c]);
     }
   };
   for (int r = 0; r < slots; ++r) take_children(r, -1, r);
-  struct Depth {
-    ForwardBatch batch;                               // the requests' rows
-    std::vector<int32_t> token_sources, hidden_rows;  // every slot's rows: its token, its parent's row in the depth before
-    int64_t first_row = 0;                            // its rows' place among all rows
-  };
-  std::vector<Depth> depths;
   std::vector<std::vector<int32_t>> row_of(slots, std::vector<int32_t>(tree.size(), -1));  // node -> row in its depth
-  int64_t all_rows = slots;
+  plan.rows = slots;
   for (int d = 1; d < tree.max_depth; ++d) {
-    Depth depth;
-    depth.first_row = all_rows;
+    TreePlan::Depth depth;
+    depth.first_row = plan.rows;
     ForwardBatch& batch = depth.batch;
     std::vector<std::pair<int, int>> who;  // (slot, node) per row
     for (int r = 0; r < slots; ++r) {
@@ -405,12 +472,12 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
       slice.q_start = static_cast<int32_t>(batch.token_ids.size());
       const int request = request_at[r];
       for (int i = first, j = 0; first >= 0 && i <= last; ++i, ++j) {
-        depth.token_sources.push_back(source[r][i]);
+        depth.token_sources.push_back(plan.source[r][i]);
         depth.hidden_rows.push_back(d == 1 ? r : row_of[r][tree.parent[i]]);
         who.emplace_back(r, i);
-        if (request < 0 && r > last_slot) continue;  // the graph's staging pads these slots
-        // A slot between requests that drafts nothing: padding as the staging makes it
-        // (positions 0.., no KV, block 0).
+        if (request < 0 && r > last_slot) continue;
+        // A slot between requests that drafts nothing: padding rows as the staging makes
+        // them (positions 0.., no KV, block 0).
         const int32_t position = request >= 0 ? requests[request].position : 0;
         batch.token_ids.push_back(0);  // gathered on the device
         batch.positions.push_back(request >= 0 ? position + d - 1 : j);
@@ -435,105 +502,68 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
       const auto [r, i] = who[k];
       if (request_at[r] >= 0) batch.logit_rows.push_back(static_cast<int32_t>(k));  // eager: every row is a request's
       row_of[r][i] = static_cast<int32_t>(k);
-      take_children(r, i, all_rows + static_cast<int64_t>(k));
+      take_children(r, i, plan.rows + static_cast<int64_t>(k));
     }
-    all_rows += static_cast<int64_t>(who.size());
-    depths.push_back(std::move(depth));
+    plan.rows += static_cast<int64_t>(who.size());
+    plan.depths.push_back(std::move(depth));
   }
-  // Every row's top tokens; on a graph, at a fixed address.
-  Tensor top = bucket > 0 ? TreeTopTokens(width).Rows(0, all_rows * width) : backend.Empty(DType::kI32, {all_rows * width});
-  const Tensor top_rows = top.View({all_rows * width, 1});
-  auto keep_top = [&](const Tensor& logits, int64_t first_row) {
-    Tensor rows = top.Rows(first_row * width, (first_row + logits.size(0)) * width).View({logits.size(0), width});
-    draft_.GreedyTargetTokens(logits, rows);
-  };
-  Eagle3Output out;  // the first pass, where it runs eagerly
-  DeviceBatch padded;  // else its graph's inputs
-  Tensor padded_aux;
-  if (shape.q > 0) {
-    padded = StagePaddedFirstPass(first_pass, step_rows, shape, padded_aux);
-  } else {
-    ++eager_first_passes_;
-    const Tensor& step_aux = runner_.step_aux();
-    const int64_t layers = step_aux.size(0), h = step_aux.size(2), first_rows = static_cast<int64_t>(step_rows.size());
-    Tensor aux = backend.Empty(step_aux.dtype(), {layers * first_rows, h});
-    GatherAux(step_rows, aux);
-    out = draft_.Forward(first_pass, draft_.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
-    keep_top(out.logits, 0);
+  return plan;
+}
+
+// Each depth's inputs staged as a tree verification step's; its token ids and parent rows
+// gathered on the device by indices fixed per bucket (every slot takes the whole tree).
+void Eagle3Drafter::TreeGraphRound(int bucket, int q, const TreePlan& plan, const DeviceBatch* padded,
+                                   const Tensor& padded_aux) {
+  Backend& backend = this->backend();
+  std::vector<DeviceBatch> inputs;  // each depth's, fixed
+  for (size_t d = 0; d < plan.depths.size(); ++d) {
+    const int rows = static_cast<int>(plan.depths[d].hidden_rows.size()) / bucket;
+    inputs.push_back(runner_.StageGraphInputs(plan.depths[d].batch, bucket, rows, tree_inputs_[static_cast<int>(d)], true));
   }
-  if (bucket == 0) {
-    Tensor hidden = out.next_hidden;  // the rows the next depth's parents left
-    for (const Depth& depth : depths) {
-      DeviceBatch in = UploadBatch(backend, depth.batch);
-      const auto rows = static_cast<int64_t>(depth.hidden_rows.size());
-      Tensor ids = in.token_ids.View({rows, 1});
-      backend.GatherRows(top_rows, depth.token_sources, ids);
-      Tensor parents = backend.Empty(hidden.dtype(), {rows, hidden.size(1)});
-      backend.GatherRows(hidden, depth.hidden_rows, parents);
-      Eagle3Output step = draft_.Forward(in, parents, cache_);
-      keep_top(step.logits, depth.first_row);
-      hidden = std::move(step.next_hidden);
+  std::vector<Tensor>& indices = tree_indices_[bucket];  // per depth: the rows' token sources, then their parents' rows
+  if (indices.empty()) {
+    for (const TreePlan::Depth& depth : plan.depths) {
+      std::vector<int32_t> words = depth.token_sources;
+      words.insert(words.end(), depth.hidden_rows.begin(), depth.hidden_rows.end());
+      Tensor host = Tensor::Host(DType::kI32, {static_cast<int64_t>(words.size())});
+      std::copy(words.begin(), words.end(), host.data<int32_t>());
+      indices.push_back(backend.Upload(host));
     }
-  } else {
-    Tensor hidden = DraftHidden(draft_.decoder().hidden_size).Rows(0, bucket);
-    if (shape.q == 0) {
-      Tensor requests_hidden = hidden.Rows(0, n);
-      backend.Copy(out.next_hidden, requests_hidden);
-    }
-    std::vector<DeviceBatch> inputs;  // each depth's, fixed
-    for (size_t d = 0; d < depths.size(); ++d) {
-      const int q = static_cast<int>(depths[d].hidden_rows.size()) / bucket;
-      inputs.push_back(runner_.StageGraphInputs(depths[d].batch, bucket, q, tree_inputs_[static_cast<int>(d)], true));
-    }
-    // Each depth's token sources then parent rows, the same for every round of the bucket.
-    std::vector<Tensor>& indices = tree_indices_[bucket];
-    if (indices.empty()) {
-      for (const Depth& depth : depths) {
-        std::vector<int32_t> words = depth.token_sources;
-        words.insert(words.end(), depth.hidden_rows.begin(), depth.hidden_rows.end());
-        Tensor host = Tensor::Host(DType::kI32, {static_cast<int64_t>(words.size())});
-        std::copy(words.begin(), words.end(), host.data<int32_t>());
-        indices.push_back(backend.Upload(host));
-      }
-    }
-    DraftRound({bucket, shape.q, tree.size()}, [&] {
-      Tensor parents_of = hidden;
-      if (shape.q > 0) {
-        Eagle3Output first = draft_.Forward(padded, draft_.CombineHiddenStates(padded_aux), cache_);
-        keep_top(first.logits, 0);
-        parents_of = std::move(first.next_hidden);
-      }
-      for (size_t d = 0; d < depths.size(); ++d) {
-        const auto rows = static_cast<int64_t>(depths[d].hidden_rows.size());
-        Tensor ids = inputs[d].token_ids.View({rows, 1});
-        backend.GatherRowsAt(top_rows, indices[d].Rows(0, rows), ids);
-        Tensor parents = backend.Empty(parents_of.dtype(), {rows, parents_of.size(1)});
-        backend.GatherRowsAt(parents_of, indices[d].Rows(rows, 2 * rows), parents);
-        Eagle3Output step = draft_.Forward(inputs[d], parents, cache_);
-        keep_top(step.logits, depths[d].first_row);
-        parents_of = std::move(step.next_hidden);
-      }
-    });
   }
-  std::vector<int32_t> wanted;  // every request's nodes in order
-  for (int r = 0; r < n; ++r) wanted.insert(wanted.end(), source[slot_of[r]].begin(), source[slot_of[r]].begin() + nodes[r]);
-  std::vector<std::vector<int32_t>> tokens(n);
-  if (wanted.empty()) return tokens;
-  Tensor drafts = backend.Empty(DType::kI32, {static_cast<int64_t>(wanted.size()), 1});
-  backend.GatherRows(top_rows, wanted, drafts);
-  const Tensor host = backend.Download(drafts);
-  const int32_t* at = host.data<int32_t>();
-  for (int r = 0; r < n; ++r) {
-    tokens[r].assign(at, at + nodes[r]);
-    at += nodes[r];
-  }
-  return tokens;
+  const Tensor top = TreeTopTokens(plan.width).Rows(0, plan.rows * plan.width);
+  const Tensor top_rows = top.View({plan.rows * plan.width, 1});
+  const Tensor hidden = DraftHidden(draft_.decoder().hidden_size).Rows(0, bucket);  // the eager first pass's
+  DraftRound({bucket, q, tree_->size()}, [&] {
+    Tensor parents_of = hidden;
+    if (padded != nullptr) {
+      Eagle3Output first = draft_.Forward(*padded, draft_.CombineHiddenStates(padded_aux), cache_);
+      KeepTopTokens(first.logits, top, 0, plan.width);
+      parents_of = std::move(first.next_hidden);
+    }
+    for (size_t d = 0; d < plan.depths.size(); ++d) {
+      const auto rows = static_cast<int64_t>(plan.depths[d].hidden_rows.size());
+      Tensor ids = inputs[d].token_ids.View({rows, 1});
+      backend.GatherRowsAt(top_rows, indices[d].Rows(0, rows), ids);
+      Tensor parents = backend.Empty(parents_of.dtype(), {rows, parents_of.size(1)});
+      backend.GatherRowsAt(parents_of, indices[d].Rows(rows, 2 * rows), parents);
+      Eagle3Output step = draft_.Forward(inputs[d], parents, cache_);
+      KeepTopTokens(step.logits, top, plan.depths[d].first_row, plan.width);
+      parents_of = std::move(step.next_hidden);
+    }
+  });
+}
+
+// Rows first_row.. of top ([rows, width] flattened) get each logit row's `width` best, as target ids.
+void Eagle3Drafter::KeepTopTokens(const Tensor& logits, const Tensor& top, int64_t first_row, int64_t width) {
+  Tensor rows = top.Rows(first_row * width, (first_row + logits.size(0)) * width).View({logits.size(0), width});
+  draft_.GreedyTargetTokens(logits, rows);
 }
 
 Tensor Eagle3Drafter::TreeTopTokens(int64_t width) {
   if (!tree_top_.defined()) {
-    // The most rows a round has: every slot of the largest bucket, its first pass and a row per node.
-    // Zeros: a padding slot's first nodes take their tokens from rows no first pass wrote.
+    // The most rows a round has: every slot of the largest bucket, its first pass and a row
+    // per node. Zeros: a padding slot's first nodes take their tokens from rows no first
+    // pass wrote.
     tree_top_ = backend().Upload(Tensor::Host(DType::kI32, {runner_.max_graph_batch() * (1 + tree_->size()) * width}));
   }
   return tree_top_;

@@ -151,9 +151,29 @@ class Eagle3Drafter : public DeviceDrafter {
   KVCache cache_;  // the draft's KV at the target's slots
   ModelRunner::GraphInputs chain_inputs_;
   Tensor first_pass_aux_;
+  // A tree round's rows: per slot (request_at[slot]: its request, or -1), node i's token
+  // at source[slot][i] of the round's top tokens ([rows, width] flattened: the first
+  // pass's slots first, then each depth's rows); per depth, the requests' rows as a batch
+  // and every slot's rows' token sources and parents' rows in the depth before.
+  struct TreePlan {
+    struct Depth {
+      ForwardBatch batch;
+      std::vector<int32_t> token_sources, hidden_rows;
+      int64_t first_row = 0;  // its rows' place among all rows
+    };
+    std::vector<Depth> depths;
+    std::vector<std::vector<int32_t>> source;
+    int64_t rows = 0, width = 0;
+  };
+  TreePlan PlanTree(const std::vector<DraftRequest>& requests, const std::vector<int>& nodes,
+                    const std::vector<int>& request_at) const;
+  // The round on the graph of (bucket, q, tree size): the padded first pass (q > 0), else
+  // from the hidden rows in DraftHidden(), then the depths; top tokens into TreeTopTokens().
+  void TreeGraphRound(int bucket, int q, const TreePlan& plan, const DeviceBatch* padded, const Tensor& padded_aux);
+  void KeepTopTokens(const Tensor& logits, const Tensor& top, int64_t first_row, int64_t width);
   // Tree rounds on graphs: each depth's fixed inputs, by depth; each bucket's device
   // indices (per depth: the rows' token sources then their parents' rows); the top tokens
-  // of every row of a round, [rows, width] (TreeTopTokens).
+  // of every row of a round.
   std::map<int, ModelRunner::GraphInputs> tree_inputs_;
   std::map<int, std::vector<Tensor>> tree_indices_;
   Tensor tree_top_;
