@@ -437,6 +437,28 @@ TEST_P(SpeculativeGraphs, StepGraphsAreRecordedAtStartUp) {
   Engine engine(**model, eagle);
   EXPECT_EQ(engine.drafter()->rounds_recorded(), backend.can_record() ? 4 * (4 * 4 + 2) : 0);
   EXPECT_EQ(engine.drafter()->graph_replays() + engine.drafter()->kv_only_graph_replays(), 0);
+  // A token tree's rounds: per bucket, the whole tree after first passes of q = 1..depth + 1
+  // rows and its depths alone (q = 0); then a run records none.
+  auto tree = TokenTree::Parse("[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]", "tree");
+  ASSERT_TRUE(tree.ok());
+  EngineConfig trees = eagle;
+  trees.draft_length.adaptive = false;
+  trees.eagle3 = {draft->get(), tree->size(), *tree};
+  const int64_t tree_rounds = backend.can_record() ? 4 * (tree->max_depth + 2) : 0;
+  EXPECT_EQ(Engine(**model, trees).drafter()->rounds_recorded(), tree_rounds);
+  Engine serving(**model, trees);
+  for (int i = 0; i < 3; ++i) {
+    Request r;
+    r.id = "t" + std::to_string(i);
+    for (int t = 0; t < 12 + 3 * i; ++t) r.prompt.push_back((7 * t + i) % (**model).config().vocab_size);
+    r.max_new_tokens = 20;
+    ASSERT_TRUE(serving.Add(std::move(r)).ok());
+  }
+  while (serving.has_work()) serving.Step();
+  EXPECT_EQ(serving.drafter()->rounds_recorded(), tree_rounds) << "tree rounds recorded while serving";
+  if (backend.can_record()) {
+    EXPECT_GT(serving.drafter()->graph_replays(), 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SpeculativeGraphs, ::testing::Values("cpu", "cuda"),

@@ -362,7 +362,10 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
   for (const DraftRequest& r : requests) longest_table = std::max(longest_table, r.block_table.size());
   const bool whole = std::all_of(nodes.begin(), nodes.end(), [&](int k) { return k == tree.size(); });
   std::vector<int> slot_of;  // each request's slot: its sequence in the padded first pass, or itself
-  const FirstPassShape shape = whole ? PaddedFirstPass(first_pass, slot_of) : FirstPassShape{};
+  // A first pass after a verification has at most depth + 1 rows a sequence (the graphs
+  // recorded at start-up); a longer one (a short prompt's) runs eagerly.
+  FirstPassShape shape = whole ? PaddedFirstPass(first_pass, slot_of) : FirstPassShape{};
+  if (shape.q > tree.max_depth + 1) shape = {};
   const int bucket = shape.q > 0 ? shape.bucket : whole ? DraftGraphBucket(n, longest_table) : 0;
   if (shape.q == 0) {
     slot_of.resize(n);
