@@ -198,6 +198,14 @@ TEST(SamplingOp, GreedyTokensOfKColumnsAreTheTopLogprobIds) {
   cpu.GreedyTokens(logits, &offsets, tokens);
   EXPECT_EQ(std::vector<int32_t>(tokens.data<int32_t>(), tokens.data<int32_t>() + 12),
             (std::vector<int32_t>{21, 32, 43, 43, 21, 10, 43, 54, 10, 32, 54, 10}));
+  // A row of NaN orders nothing past its first: every column is still a token (a draft
+  // with broken weights must not index outside its vocabulary).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  cpu.GreedyTokens(Logits({{nan, nan, 1.0f, nan, nan}}), &offsets, tokens);
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_GE(tokens.data<int32_t>()[j], 10) << j;
+    EXPECT_LE(tokens.data<int32_t>()[j], 54) << j;
+  }
 }
 
 // The fixed-point sums (sampling_math.h) both backends take: n terms of at most 1 cannot

@@ -286,7 +286,8 @@ class Backend {
   // [R, V]'s arg max (the Sample op's temperature-0 token), plus offsets[arg max] where
   // offsets int32 [V] is given (an EAGLE-3 draft's d2t). tokens int32 [R, k] (k <= V) gets
   // each row's k highest, highest first, lowest id on ties: the ids of the Sample op's top
-  // logprobs (a token tree's children). No host work: graphs record it.
+  // logprobs (a token tree's children; past a NaN, where nothing is ordered, the last id
+  // found again). No host work: graphs record it.
   virtual void GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) = 0;
   // Speculative decoding's accept stage (backend/verification.h): K_r drafts and K_r + 1
   // logit rows f32 per request in, the accepted counts and emitted tokens out (only they

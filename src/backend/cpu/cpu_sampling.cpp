@@ -46,6 +46,10 @@ void CpuBackend::GreedyTokens(const Tensor& logits, const Tensor* offsets, Tenso
       ids[0] = SampleRowOnHost(row, vocab, greedy, nullptr, &logprob, nullptr, nullptr);
     } else {
       TopIdsOnHost(row, vocab, k, ids);
+      // Past a NaN nothing is ordered (-1): the last id found stands in, so every token is one.
+      for (int32_t j = 0; j < k; ++j) {
+        if (ids[j] < 0) ids[j] = j > 0 ? ids[j - 1] : 0;
+      }
     }
     for (int32_t j = 0; offsets != nullptr && j < k; ++j) ids[j] += offsets->data<int32_t>()[ids[j]];
   }

@@ -40,15 +40,18 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, in
 }
 
 // Row r's k best in Before order, each found after the last (the Sample op's top logprobs).
+// Past a NaN nothing is ordered: the last id found stands in, so every token is one.
 __global__ void __launch_bounds__(kThreads) GreedyTokensKernel(const float* logits, int32_t vocab, int32_t k,
                                                                const int32_t* offsets, int32_t* tokens) {
   __shared__ sampler::Scratch scratch;
   sampler::Team team(scratch);
   const float* raw = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   sampler::Best prev{0.0f, -1};
+  int32_t id = 0;
   for (int32_t j = 0; j < k; ++j) {
-    prev = sampler::BestAfter(raw, vocab, prev, team);
-    if (threadIdx.x == 0) tokens[blockIdx.x * k + j] = prev.id + (offsets != nullptr ? offsets[prev.id] : 0);
+    const sampler::Best next = sampler::BestAfter(raw, vocab, prev, team);
+    if (next.id >= 0) prev = next, id = next.id;
+    if (threadIdx.x == 0) tokens[blockIdx.x * k + j] = id + (offsets != nullptr ? offsets[id] : 0);
   }
 }
 
