@@ -382,6 +382,11 @@ TEST_F(CliTest, DecodeBenchForcesTheAcceptanceRateAndRefusesItElsewhere) {
   r = Hsx(bench + spec + " --spec-bench-accept-rate 1.5");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--spec-bench-accept-rate"), std::string::npos) << r.err;
+  // Probes are the adaptive policy's: the cap without it is refused, not ignored.
+  r = Hsx(bench + spec + " --spec-bench-probe-drafts 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--spec-bench-probe-drafts needs --decode and a --speculative-config with"), std::string::npos)
+      << r.err;
   const std::string prompts = WriteLines("p.jsonl", {R"({"id": "a", "token_ids": [1, 2, 3]})"});
   r = Hsx("generate" + model + " --input " + prompts + " --max-tokens 2" + spec + " --spec-bench-accept-rate 1");
   EXPECT_NE(r.exit_code, 0);

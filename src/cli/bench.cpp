@@ -185,6 +185,11 @@ void RegisterBench(CLI::App& root) {
                                        "the acceptance of speculative decoding's drafts)"));
       return;
     }
+    if (decode->probe_drafts && (!o->decode || decode->speculative_config.find("adaptive") == std::string::npos)) {
+      ExitCode() = Fail("bench", Error("--spec-bench-probe-drafts needs --decode and a --speculative-config with "
+                                       "\"draft_length\": \"adaptive\" (it caps the adaptive policy's probes)"));
+      return;
+    }
     if (!o->decode && (!decode->input.empty() || decode->ignore_eos)) {
       ExitCode() = Fail("bench", Error("--input and --ignore-eos are for --decode (extraction benchmarks make their "
                                        "own prompts)"));
