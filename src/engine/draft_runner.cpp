@@ -210,7 +210,6 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
                                                        const std::vector<DraftRequest>& requests, int num_drafts) {
   Eagle3Draft& draft = draft_;
   Backend& backend = this->backend();
-  const Tensor& step_aux = runner_.step_aux();
   if (first_pass.token_ids.empty()) return std::vector<std::vector<int32_t>>(requests.size());
   const int n = static_cast<int>(requests.size());
   if (n == 0) {
@@ -240,7 +239,6 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
   const int rows = bucket > 0 ? bucket : n;
   // Drafts stay on the device, step after step ([num_drafts, rows]); one download at the end.
   Tensor tokens = bucket > 0 ? DraftTokens() : backend.Empty(DType::kI32, {int64_t{num_drafts} * n});
-  const int64_t layers = step_aux.size(0), h = step_aux.size(2);
   DeviceBatch padded;  // the first pass on the graph (q > 0), and its aux states
   Tensor padded_aux;
   Tensor hidden;  // otherwise: the hidden rows the chained steps start from
@@ -248,11 +246,7 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::Round(const ForwardBatch& first
     padded = StagePaddedFirstPass(first_pass, step_rows, shape, padded_aux);
   } else {
     ++eager_first_passes_;
-    const int64_t first_rows = static_cast<int64_t>(step_rows.size());
-    Tensor aux = backend.Empty(step_aux.dtype(), {layers * first_rows, h});
-    GatherAux(step_rows, aux);
-    const Eagle3Output out =
-        draft.Forward(first_pass, draft.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
+    const Eagle3Output out = draft.Forward(first_pass, FirstPassInput(step_rows), cache_);
     Tensor first = tokens.Rows(0, n);
     draft.GreedyTargetTokens(out.logits, first);
     hidden = out.next_hidden;
@@ -383,29 +377,16 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
     TreeGraphRound(bucket, shape.q, plan, &padded, padded_aux);
   } else {
     ++eager_first_passes_;
-    const Tensor& step_aux = runner_.step_aux();
-    const int64_t layers = step_aux.size(0), h = step_aux.size(2), first_rows = static_cast<int64_t>(step_rows.size());
-    Tensor aux = backend.Empty(step_aux.dtype(), {layers * first_rows, h});
-    GatherAux(step_rows, aux);
-    Eagle3Output out = draft_.Forward(first_pass, draft_.CombineHiddenStates(aux.View({first_rows, layers, h})), cache_);
+    Eagle3Output out = draft_.Forward(first_pass, FirstPassInput(step_rows), cache_);
     KeepTopTokens(out.logits, top, 0, plan.width);
     if (bucket > 0) {
       Tensor requests_hidden = DraftHidden(draft_.decoder().hidden_size).Rows(0, n);
       backend.Copy(out.next_hidden, requests_hidden);
       TreeGraphRound(bucket, 0, plan, nullptr, Tensor());
     } else {
-      const Tensor top_rows = top.View({plan.rows * plan.width, 1});
       Tensor hidden = out.next_hidden;  // the rows the next depth's parents left
       for (const TreePlan::Depth& depth : plan.depths) {
-        DeviceBatch in = UploadBatch(backend, depth.batch);
-        const auto rows = static_cast<int64_t>(depth.hidden_rows.size());
-        Tensor ids = in.token_ids.View({rows, 1});
-        backend.GatherRows(top_rows, depth.token_sources, ids);
-        Tensor parents = backend.Empty(hidden.dtype(), {rows, hidden.size(1)});
-        backend.GatherRows(hidden, depth.hidden_rows, parents);
-        Eagle3Output step = draft_.Forward(in, parents, cache_);
-        KeepTopTokens(step.logits, top, depth.first_row, plan.width);
-        hidden = std::move(step.next_hidden);
+        hidden = TreeDepth(depth, UploadBatch(backend, depth.batch), DepthIndices(depth), hidden, top, plan.width);
       }
     }
   }
@@ -517,24 +498,16 @@ Eagle3Drafter::TreePlan Eagle3Drafter::PlanTree(const std::vector<DraftRequest>&
 // gathered on the device by indices fixed per bucket (every slot takes the whole tree).
 void Eagle3Drafter::TreeGraphRound(int bucket, int q, const TreePlan& plan, const DeviceBatch* padded,
                                    const Tensor& padded_aux) {
-  Backend& backend = this->backend();
   std::vector<DeviceBatch> inputs;  // each depth's, fixed
   for (size_t d = 0; d < plan.depths.size(); ++d) {
     const int rows = static_cast<int>(plan.depths[d].hidden_rows.size()) / bucket;
     inputs.push_back(runner_.StageGraphInputs(plan.depths[d].batch, bucket, rows, tree_inputs_[static_cast<int>(d)], true));
   }
-  std::vector<Tensor>& indices = tree_indices_[bucket];  // per depth: the rows' token sources, then their parents' rows
+  std::vector<Tensor>& indices = tree_indices_[bucket];
   if (indices.empty()) {
-    for (const TreePlan::Depth& depth : plan.depths) {
-      std::vector<int32_t> words = depth.token_sources;
-      words.insert(words.end(), depth.hidden_rows.begin(), depth.hidden_rows.end());
-      Tensor host = Tensor::Host(DType::kI32, {static_cast<int64_t>(words.size())});
-      std::copy(words.begin(), words.end(), host.data<int32_t>());
-      indices.push_back(backend.Upload(host));
-    }
+    for (const TreePlan::Depth& depth : plan.depths) indices.push_back(DepthIndices(depth));
   }
   const Tensor top = TreeTopTokens(plan.width).Rows(0, plan.rows * plan.width);
-  const Tensor top_rows = top.View({plan.rows * plan.width, 1});
   const Tensor hidden = DraftHidden(draft_.decoder().hidden_size).Rows(0, bucket);  // the eager first pass's
   DraftRound({bucket, q, tree_->size()}, [&] {
     Tensor parents_of = hidden;
@@ -544,16 +517,33 @@ void Eagle3Drafter::TreeGraphRound(int bucket, int q, const TreePlan& plan, cons
       parents_of = std::move(first.next_hidden);
     }
     for (size_t d = 0; d < plan.depths.size(); ++d) {
-      const auto rows = static_cast<int64_t>(plan.depths[d].hidden_rows.size());
-      Tensor ids = inputs[d].token_ids.View({rows, 1});
-      backend.GatherRowsAt(top_rows, indices[d].Rows(0, rows), ids);
-      Tensor parents = backend.Empty(parents_of.dtype(), {rows, parents_of.size(1)});
-      backend.GatherRowsAt(parents_of, indices[d].Rows(rows, 2 * rows), parents);
-      Eagle3Output step = draft_.Forward(inputs[d], parents, cache_);
-      KeepTopTokens(step.logits, top, plan.depths[d].first_row, plan.width);
-      parents_of = std::move(step.next_hidden);
+      parents_of = TreeDepth(plan.depths[d], inputs[d], indices[d], parents_of, top, plan.width);
     }
   });
+}
+
+// A depth's rows' token sources, then their parents' rows, on the device.
+Tensor Eagle3Drafter::DepthIndices(const TreePlan::Depth& depth) {
+  std::vector<int32_t> words = depth.token_sources;
+  words.insert(words.end(), depth.hidden_rows.begin(), depth.hidden_rows.end());
+  Tensor host = Tensor::Host(DType::kI32, {static_cast<int64_t>(words.size())});
+  std::copy(words.begin(), words.end(), host.data<int32_t>());
+  return backend().Upload(host);
+}
+
+// One depth: its token ids and parents' hidden rows gathered by `indices` (DepthIndices),
+// the draft's forward, its rows' top tokens kept; returns the hidden rows it left.
+Tensor Eagle3Drafter::TreeDepth(const TreePlan::Depth& depth, const DeviceBatch& in, const Tensor& indices,
+                                const Tensor& parents_of, const Tensor& top, int64_t width) {
+  Backend& backend = this->backend();
+  const auto rows = static_cast<int64_t>(depth.hidden_rows.size());
+  Tensor ids = in.token_ids.View({rows, 1});
+  backend.GatherRowsAt(top.View({top.numel(), 1}), indices.Rows(0, rows), ids);
+  Tensor parents = backend.Empty(parents_of.dtype(), {rows, parents_of.size(1)});
+  backend.GatherRowsAt(parents_of, indices.Rows(rows, 2 * rows), parents);
+  Eagle3Output step = draft_.Forward(in, parents, cache_);
+  KeepTopTokens(step.logits, top, depth.first_row, width);
+  return std::move(step.next_hidden);
 }
 
 // Rows first_row.. of top ([rows, width] flattened) get each logit row's `width` best, as target ids.
@@ -570,6 +560,15 @@ Tensor Eagle3Drafter::TreeTopTokens(int64_t width) {
     tree_top_ = backend().Upload(Tensor::Host(DType::kI32, {runner_.max_graph_batch() * (1 + tree_->size()) * width}));
   }
   return tree_top_;
+}
+
+// An eager first pass's input: its rows' aux states, combined.
+Tensor Eagle3Drafter::FirstPassInput(const std::vector<int32_t>& step_rows) {
+  const Tensor& step_aux = runner_.step_aux();
+  const int64_t layers = step_aux.size(0), h = step_aux.size(2), rows = static_cast<int64_t>(step_rows.size());
+  Tensor aux = backend().Empty(step_aux.dtype(), {layers * rows, h});
+  GatherAux(step_rows, aux);
+  return draft_.CombineHiddenStates(aux.View({rows, layers, h}));
 }
 
 // The first pass's aux states, [R, A, H]: every aux layer's state of each of its rows.
@@ -623,11 +622,7 @@ void Eagle3Drafter::KeepKV(const ForwardBatch& first_pass, const std::vector<int
   std::vector<int> no_requests;
   const FirstPassShape shape = PaddedFirstPass(first_pass, no_requests);
   if (shape.bucket == 0) {
-    const Tensor& step_aux = runner_.step_aux();
-    const int64_t layers = step_aux.size(0), h = step_aux.size(2), rows = static_cast<int64_t>(step_rows.size());
-    Tensor aux = backend().Empty(step_aux.dtype(), {layers * rows, h});
-    GatherAux(step_rows, aux);
-    draft.StoreKV(first_pass, draft.CombineHiddenStates(aux.View({rows, layers, h})), cache_);
+    draft.StoreKV(first_pass, FirstPassInput(step_rows), cache_);
     return;
   }
   Tensor aux;

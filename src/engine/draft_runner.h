@@ -171,6 +171,10 @@ class Eagle3Drafter : public DeviceDrafter {
   // from the hidden rows in DraftHidden(), then the depths; top tokens into TreeTopTokens().
   void TreeGraphRound(int bucket, int q, const TreePlan& plan, const DeviceBatch* padded, const Tensor& padded_aux);
   void KeepTopTokens(const Tensor& logits, const Tensor& top, int64_t first_row, int64_t width);
+  Tensor DepthIndices(const TreePlan::Depth& depth);
+  Tensor TreeDepth(const TreePlan::Depth& depth, const DeviceBatch& in, const Tensor& indices, const Tensor& parents_of,
+                   const Tensor& top, int64_t width);
+  Tensor FirstPassInput(const std::vector<int32_t>& step_rows);
   // Tree rounds on graphs: each depth's fixed inputs, by depth; each bucket's device
   // indices (per depth: the rows' token sources then their parents' rows); the top tokens
   // of every row of a round.
