@@ -526,6 +526,13 @@ TEST_F(CliTest, GenerateSpeculativeConfigWorksOrFailsNamingTheProblem) {
   };
   EXPECT_EQ(by_id(drafted.out), by_id(plain.out));
   EXPECT_NE(drafted.err.find("speculative decoding accepted"), std::string::npos) << drafted.err;
+  // SGLang's dynamic-tree flags, as --speculative-config fields.
+  const CommandResult dynamic = Hsx(base + " --speculative-config '{\"method\": \"eagle3\", \"model\": \"" +
+                                    test::DataPath("eagle3/llama_copy") +
+                                    "\", \"num_speculative_tokens\": 6, \"speculative_eagle_topk\": 2, "
+                                    "\"speculative_num_steps\": 3}'");
+  ASSERT_EQ(dynamic.exit_code, 0) << dynamic.err;
+  EXPECT_EQ(by_id(dynamic.out), by_id(plain.out));
 
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"'{\"method\": \"ngram\", \"num_speculative_tokens\": 999}'", "[1, 64]"},

@@ -405,6 +405,36 @@ TEST_P(SpeculativeGraphs, TreeRoundsFirstChildrenAreTheChainsDrafts) {
   EXPECT_NE(Generate(*model, chain, true, 0.0f).tokens, chained.tokens);
 }
 
+// EAGLE-2's dynamic trees under forced acceptance, where the output is the drafts: the
+// first children of a top-3 tree of 2 depths with every candidate verified are the root's
+// best and its best child, the chain of 2's drafts; a top-1 tree of 4 depths is the chain
+// of 4 (its depths chained through the expanded nodes' scratch KV). Verification steps of
+// the trees' rows replay graphs with the eager tokens, greedy and seeded.
+TEST_P(SpeculativeGraphs, DynamicTreesFirstChildrenAreTheChainsDrafts) {
+  Backend& backend = *backend_;
+  auto [model, draft] = LoadEagle3(backend, "qwen3_default");
+  ASSERT_TRUE(draft);
+  struct Case {
+    int topk, depth, nodes, chain;
+  };
+  for (const Case c : {Case{3, 2, 12, 2}, Case{1, 4, 4, 4}}) {
+    EngineConfig chain;
+    chain.eagle3 = {draft.get(), c.chain};
+    chain.spec_bench_accept_rate = 1.0f;
+    EngineConfig trees = chain;
+    trees.eagle3 = {draft.get(), c.nodes, std::nullopt, DynamicTreeConfig{c.topk, c.depth}};
+    const hsx::Run chained = Generate(*model, chain, true, 0.0f);
+    const hsx::Run treed = Generate(*model, trees, true, 0.0f);
+    ASSERT_EQ(chained.tokens.size(), 5u);
+    EXPECT_GT(treed.accepted, 10u);
+    EXPECT_EQ(treed.tokens, chained.tokens) << "topk " << c.topk << " depth " << c.depth;
+    EXPECT_EQ(treed.accepted, chained.accepted);
+  }
+  EngineConfig trees;
+  trees.eagle3 = {draft.get(), 8, std::nullopt, DynamicTreeConfig{3, 3}};
+  ExpectGraphsGiveTheEagerRun(*model, trees, "eagle3 dynamic tree", false);
+}
+
 // Every decode and verification shape of the buckets up to max_num_seqs is recorded when the
 // engine starts (where the backend records), and a run of mixed draft counts then records
 // none: its steps replay graphs recorded over padding-only inputs, with the eager tokens.

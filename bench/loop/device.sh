@@ -13,7 +13,8 @@
 #                                          stops before a step that would pass BUDGET)
 #   bash .loop/scripts/device.sh sweep     a draft trained on SWEEP rows of hsx's states, served
 #   bash .loop/scripts/device.sh trees     (after the parts) hsx's states and one draft on them, served
-#                                          as a chain of 3, chains of 8 and 16 and trees of 8 and 16 nodes
+#                                          as a chain of 3, chains of 8 and 16, trees of 8 and 16 nodes and
+#                                          dynamic (EAGLE-2) trees of 8 and 16
 #   Settings: EPOCHS (2), MAX_TOKENS (256), SWEEP (2500 rows), BUDGET (550 s a call)
 set -uo pipefail
 stage=.loop
@@ -183,6 +184,10 @@ if [ "$what" = trees ]; then
   # the chain of 16
   step serve_chain16 serve chain16 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"num_speculative_tokens\": 16}"
   step serve_tree16 serve tree16 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"speculative_token_tree\": \"[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0)]\"}"
+  # EAGLE-2's dynamic trees at the same rows (8 and 16 candidates verified): top 4 over 4
+  # and 6 depths (rounds run eagerly, one host choice a depth: compare acceptance first)
+  step serve_dyn8 serve dyn8 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"num_speculative_tokens\": 8, \"speculative_eagle_topk\": 4, \"speculative_num_steps\": 4}"
+  step serve_dyn16 serve dyn16 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"num_speculative_tokens\": 16, \"speculative_eagle_topk\": 4, \"speculative_num_steps\": 6}"
   log "trees done"
 fi
 if [ "$what" = sweep ] && [ "$SWEEP" != 0 ]; then  # a smaller training set, same settings

@@ -265,11 +265,12 @@ Result<SpeculativeConfig::Method> ApplySpeculativeConfig(const std::string& text
         return Error("--speculative-config: \"num_speculative_tokens\" is required (" + spec.model +
                      " names no proposal length)");
       }
-      ec.eagle3 = {loaded.eagle3.get(), k, spec.token_tree};
+      ec.eagle3 = {loaded.eagle3.get(), k, spec.token_tree, spec.dynamic_tree};
       // CUDA's tree rows run on the mma.sync and split-KV kernels, not the batch-invariant
       // tiling's: refused here, not tokens that depend on the batch later.
-      if (spec.token_tree && loaded.backend->device() != Device::kCPU && loaded.backend->batch_invariant()) {
-        return Error("--speculative-config: \"speculative_token_tree\" does not run with --batch-invariant on the " +
+      if ((spec.token_tree || spec.dynamic_tree) && loaded.backend->device() != Device::kCPU &&
+          loaded.backend->batch_invariant()) {
+        return Error("--speculative-config: tree drafts do not run with --batch-invariant on the " +
                      loaded.backend->name() + " backend (its tree rows are not batch-invariant); "
                      "leave one of them out");
       }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <unordered_map>
 #include <utility>
 
 namespace hsx {
@@ -33,6 +34,7 @@ Eagle3Drafter::Eagle3Drafter(Eagle3Draft& draft, int k, const DrafterContext& co
     : DeviceDrafter(k, context, nullptr),
       draft_(draft),
       tree_(context.tree),
+      dynamic_tree_(context.dynamic_tree),
       cache_(draft.decoder(), context.runner.backend(), context.runner.num_blocks(), context.block_size) {}
 
 // The draft's first pass covers every position of the step whose KV stays (a chunk's, up to
@@ -51,6 +53,7 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
   std::vector<DraftRequest> requests;
   std::vector<std::pair<Sequence*, int>> drafting;  // with its room
   std::vector<int> tree_nodes;  // token trees: each drafting request's nodes
+  std::vector<int> tree_depths;  // dynamic trees: each drafting request's depths
   for (size_t i = 0; i < step.chunks.size(); ++i) {
     Sequence* seq = step.chunks[i].seq;
     const SequenceSlice& ran = batch.seqs[i];
@@ -61,10 +64,16 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
     const int end = std::min({seq->num_computed, seq->num_tokens() - 1, tree_chunk ? seq->num_computed : start + ran.q_len});
     if (end <= start || (!seq->wants_more_tokens() && !enable_prefix_caching_)) continue;
     int room = Room(*seq);
-    const int nodes = tree_ != nullptr ? tree_->NodesUpToDepth(room) : 0;
+    // A tree's room is its depth (a path of room drafts at most is accepted).
+    const int depth = dynamic_tree_ != nullptr ? std::min(dynamic_tree_->depth, room) : 0;
+    const int nodes = tree_ != nullptr                 ? tree_->NodesUpToDepth(room)
+                      : dynamic_tree_ != nullptr && depth > 0 ? std::min(num_speculative_tokens(), dynamic_tree_->candidates(depth))
+                                                          : 0;
     // The chained steps write the draft's KV up to position num_computed + k - 2; a tree's
-    // up to num_computed + nodes - 1.
-    const int64_t reach = tree_ != nullptr ? seq->num_computed + nodes : seq->num_computed + k - 1;
+    // up to num_computed + nodes - 1, a dynamic tree's to its last expanded node's.
+    const int64_t reach = tree_ != nullptr           ? seq->num_computed + nodes
+                          : dynamic_tree_ != nullptr ? seq->num_computed + (depth - 1) * dynamic_tree_->topk
+                                                     : seq->num_computed + k - 1;
     if (room > 0 && !scheduler_.ReserveLookahead(*seq, reach)) room = 0;  // no KV room: plain decode
     SequenceSlice slice;
     slice.q_start = static_cast<int32_t>(first.token_ids.size());
@@ -88,6 +97,7 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
       requests.push_back({seq->num_computed, seq->block_table});
       drafting.emplace_back(seq, room);
       tree_nodes.push_back(nodes);
+      tree_depths.push_back(depth);
     }
     first.seqs.push_back(std::move(slice));
   }
@@ -98,7 +108,18 @@ void Eagle3Drafter::ProposeDrafts(const DraftStep& step) {
   round_recorded_ = false;
   if (tree_ != nullptr) {
     const auto drafts = TreeRound(first, step_rows, requests, tree_nodes);
-    for (size_t i = 0; i < drafting.size(); ++i) drafting[i].first->drafts = drafts[i];
+    for (size_t i = 0; i < drafting.size(); ++i) {
+      drafting[i].first->drafts = drafts[i];
+      drafting[i].first->draft_parents.assign(tree_->parent.begin(), tree_->parent.begin() + tree_nodes[i]);
+    }
+    return;
+  }
+  if (dynamic_tree_ != nullptr) {
+    std::vector<DraftTree> trees = DynamicTreeRound(first, step_rows, requests, tree_depths, tree_nodes);
+    for (size_t i = 0; i < drafting.size(); ++i) {
+      drafting[i].first->drafts = std::move(trees[i].tokens);
+      drafting[i].first->draft_parents = std::move(trees[i].parents);
+    }
     return;
   }
   const auto drafts = Round(first, step_rows, requests, k);
@@ -296,6 +317,7 @@ void Eagle3Drafter::RunRound(const DeviceBatch* padded, const Tensor& padded_aux
 // (drafts 0) or a drafting round; and the chained steps alone (q = 0: after a prefill,
 // whose first pass runs eagerly).
 void Eagle3Drafter::RecordPaddingRounds(int bucket, int drafts) {
+  if (dynamic_tree_ != nullptr) return;  // its rounds run eagerly (the host chooses each depth's rows)
   if (tree_ != nullptr) {
     // A tree's rounds: the whole tree (it is not adaptive) after a first pass of q = 1 to
     // its depth + 1 rows, and its depths alone (q = 0: after a prefill).
@@ -406,6 +428,92 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
     at += nodes[r];
   }
   return tokens;
+}
+
+// EAGLE-2's round, eagerly: every depth's topk best candidates are chosen on the host from
+// the scores of the depth before, so a depth's rows are known only once its parents' top
+// tokens are home (one download a depth).
+std::vector<DraftTree> Eagle3Drafter::DynamicTreeRound(const ForwardBatch& first_pass,
+                                                       const std::vector<int32_t>& step_rows,
+                                                       const std::vector<DraftRequest>& requests,
+                                                       const std::vector<int>& depths, const std::vector<int>& budgets) {
+  Backend& backend = this->backend();
+  const int n = static_cast<int>(requests.size()), k = dynamic_tree_->topk;
+  if (first_pass.token_ids.empty()) return std::vector<DraftTree>(n);
+  if (n == 0) {
+    KeepKV(first_pass, step_rows);
+    return {};
+  }
+  ++eager_first_passes_;
+  Eagle3Output out = draft_.Forward(first_pass, FirstPassInput(step_rows), cache_);
+  // Per request: its candidates, the frontier (the candidates its next depth expands) and
+  // each frontier node's row in `hidden` and its ancestor mask over the scratch slots.
+  std::vector<std::vector<DraftCandidate>> candidates(n);
+  std::vector<std::vector<int32_t>> frontier(n);
+  std::unordered_map<int64_t, std::pair<int32_t, uint64_t>> expanded;  // (request, candidate) -> (row, mask)
+  auto key = [](int r, int32_t c) { return int64_t{r} << 32 | c; };
+  // Row i of `logits` expands (request, candidate) who[i] (candidate -1: the root).
+  auto score = [&](const Tensor& logits, const std::vector<std::pair<int, int32_t>>& who) {
+    const Eagle3Draft::TopTokens top = draft_.TopTargetTokens(logits, k);
+    std::vector<size_t> first(n);
+    for (int r = 0; r < n; ++r) first[r] = candidates[r].size();
+    for (size_t i = 0; i < who.size(); ++i) {
+      const auto [r, parent] = who[i];
+      const float base = parent >= 0 ? candidates[r][parent].score : 0.0f;
+      for (int j = 0; j < k; ++j) {
+        const int32_t token = top.ids[i * k + j];
+        if (token >= 0) candidates[r].push_back({token, base + top.logprobs[i * k + j], parent});
+      }
+    }
+    for (int r = 0; r < n; ++r) frontier[r] = BestCandidates(candidates[r], first[r], k);
+  };
+  std::vector<std::pair<int, int32_t>> who;
+  for (int r = 0; r < n; ++r) who.emplace_back(r, -1);
+  score(out.logits, who);
+  Tensor hidden = std::move(out.next_hidden);  // row r: request r's (its logit row)
+  for (int d = 1;; ++d) {
+    ForwardBatch batch;
+    std::vector<int32_t> hidden_rows;
+    std::vector<std::pair<int, int32_t>> rows;  // (request, candidate) per row
+    for (int r = 0; r < n; ++r) {
+      if (d >= depths[r] || frontier[r].empty()) continue;
+      const DraftRequest& request = requests[r];
+      SequenceSlice slice;
+      slice.q_start = static_cast<int32_t>(batch.token_ids.size());
+      slice.q_len = static_cast<int32_t>(frontier[r].size());
+      // Depth d's nodes sit at scratch slots (d - 1) k + j after the request's position,
+      // the last rows of its context.
+      const int first_scratch = (d - 1) * k;
+      slice.ctx_len = request.position + first_scratch + slice.q_len;
+      slice.tree_base = request.position;
+      slice.block_table = request.block_table;
+      for (int j = 0; j < slice.q_len; ++j) {
+        const int32_t c = frontier[r][j], parent = candidates[r][c].parent;
+        const int scratch = first_scratch + j;
+        // Its parent's row in `hidden` (the depth before; the root's: the first pass's row r).
+        const auto [parent_row, parent_mask] = parent >= 0 ? expanded.at(key(r, parent)) : std::make_pair(r, uint64_t{0});
+        const uint64_t mask = uint64_t{1} << scratch | parent_mask;
+        expanded[key(r, c)] = {static_cast<int32_t>(rows.size()), mask};
+        batch.token_ids.push_back(candidates[r][c].token);
+        batch.positions.push_back(request.position + d - 1);
+        batch.slot_mapping.push_back(static_cast<int32_t>(SlotOf(request.block_table, request.position + scratch, block_size_)));
+        batch.logit_rows.push_back(static_cast<int32_t>(rows.size()));
+        slice.tree_mask.push_back(mask);
+        hidden_rows.push_back(parent_row);
+        rows.emplace_back(r, c);
+      }
+      batch.seqs.push_back(std::move(slice));
+    }
+    if (rows.empty()) break;
+    Tensor parents = backend.Empty(hidden.dtype(), {static_cast<int64_t>(rows.size()), hidden.size(1)});
+    backend.GatherRows(hidden, hidden_rows, parents);
+    Eagle3Output step = draft_.Forward(batch, parents, cache_);
+    score(step.logits, rows);
+    hidden = std::move(step.next_hidden);
+  }
+  std::vector<DraftTree> trees(n);
+  for (int r = 0; r < n; ++r) trees[r] = SelectDraftTree(candidates[r], budgets[r]);
+  return trees;
 }
 
 // Slots without a request (request_at -1) take the whole tree: on a graph they are padding

@@ -116,6 +116,16 @@ class Eagle3Drafter : public DeviceDrafter {
   std::vector<std::vector<int32_t>> TreeRound(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
                                               const std::vector<DraftRequest>& requests, const std::vector<int>& nodes);
 
+  // EAGLE-2's round for dynamic trees (engine/dynamic_tree.h), eagerly: the first pass,
+  // then per depth d < depths[r] request r's topk best candidates so far, expanded in one
+  // draft forward: rows at position + d - 1 fed their tokens and their parents' hidden, KV
+  // at the scratch slot position + (d - 1) topk + j, attending to the request's draft KV
+  // before `position` and their expanded ancestors; each row's topk tokens scored on the
+  // host. Returns each request's tree of its budgets[r] best candidates.
+  std::vector<DraftTree> DynamicTreeRound(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
+                                          const std::vector<DraftRequest>& requests, const std::vector<int>& depths,
+                                          const std::vector<int>& budgets);
+
  protected:
   void ProposeDrafts(const DraftStep& step) override;
   void RecordPaddingRounds(int bucket, int drafts) override;
@@ -148,6 +158,7 @@ class Eagle3Drafter : public DeviceDrafter {
 
   Eagle3Draft& draft_;
   const TokenTree* tree_;  // tree drafts, or null
+  const DynamicTreeConfig* dynamic_tree_;  // or dynamic trees, or null
   KVCache cache_;  // the draft's KV at the target's slots
   ModelRunner::GraphInputs chain_inputs_;
   Tensor first_pass_aux_;

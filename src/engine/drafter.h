@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/draft_length.h"
+#include "engine/dynamic_tree.h"
 #include "engine/model_runner.h"
 #include "engine/ngram_proposer.h"
 #include "engine/scheduler.h"
@@ -156,6 +157,7 @@ struct DrafterContext {
   bool enable_prefix_caching;
   int64_t max_model_len;
   const TokenTree* tree = nullptr;  // EAGLE-3 tree drafts (its nodes are K), or chains
+  const DynamicTreeConfig* dynamic_tree = nullptr;  // or EAGLE-3 dynamic trees (K nodes)
 };
 
 // The engine's drafter for its speculative config (ngram, eagle3 or mtp), or null.

@@ -81,7 +81,8 @@ Engine::Engine(Model& model, EngineConfig config)
       drafter_(MakeDrafter(config_.ngram, config_.eagle3.draft, config_.eagle3.num_speculative_tokens,
                            config_.mtp.drafter, config_.mtp.num_speculative_tokens,
                            {runner_, scheduler_, config_.block_size, config_.enable_prefix_caching, config_.max_model_len,
-                            tree()})) {
+                            config_.eagle3.tree ? &*config_.eagle3.tree : nullptr,
+                            config_.eagle3.dynamic_tree ? &*config_.eagle3.dynamic_tree : nullptr})) {
   if (drafter_ && config_.draft_length.adaptive) {
     // The policy prices a plan in the shape the runner will run it: a graph's padded rows,
     // packed past them, or eagerly.
@@ -94,8 +95,9 @@ Engine::Engine(Model& model, EngineConfig config)
   // Decode steps, verification steps of every draft count or of the whole token tree, then
   // the drafter's rounds.
   const auto start = Clock::now();
-  runner_.RecordGraphs(drafter_ && !tree() ? 1 + drafter_->num_speculative_tokens() : 1,
-                       tree() ? 1 + tree()->size() : 0);
+  const bool trees = config_.eagle3.tree || config_.eagle3.dynamic_tree;
+  runner_.RecordGraphs(drafter_ && !trees ? 1 + drafter_->num_speculative_tokens() : 1,
+                       trees ? 1 + drafter_->num_speculative_tokens() : 0);
   if (drafter_) {
     drafter_->StepGraphsRecorded(runner_.recorded_step_rows());  // their first replays are measurements
     drafter_->RecordRounds();
@@ -166,14 +168,15 @@ ForwardBatch Engine::BuildBatch(const std::vector<ScheduledChunk>& chunks) const
     slice.block_table = seq->block_table;
     // A token tree's rows: the root (the last known token) and node i at position root +
     // depth, their KV at the slots of root + 1 + i until the accepted path's is moved.
-    const TokenTree* t = seq->drafts.empty() ? nullptr : tree();
+    const std::vector<int32_t>& parents = seq->draft_parents;
+    const bool tree = !seq->drafts.empty() && !parents.empty();
     const int root = seq->num_tokens() - 1;
-    if (t != nullptr) slice.tree_base = root;
+    if (tree) slice.tree_base = root;
     for (int p = seq->num_computed; p < slice.ctx_len; ++p) {
       batch.token_ids.push_back(seq->token_at(p));
-      batch.positions.push_back(t != nullptr && p > root ? root + t->depth[p - root - 1] : p);
+      batch.positions.push_back(tree && p > root ? root + NodeDepth(parents, p - root - 1) : p);
       batch.slot_mapping.push_back(static_cast<int32_t>(SlotOf(seq->block_table, p, bs)));
-      if (t != nullptr) slice.tree_mask.push_back(p < root ? 0 : p == root ? 1 : t->AncestorMask(p - root - 1) << 1 | 1);
+      if (tree) slice.tree_mask.push_back(p < root ? 0 : p == root ? 1 : AncestorMask(parents, p - root - 1) << 1 | 1);
     }
     if (SamplesAfter(*seq, n)) {  // the last known token's row, and each draft's
       for (int r = n - 1 - static_cast<int>(seq->drafts.size()); r < n; ++r) batch.logit_rows.push_back(slice.q_start + r);
@@ -244,21 +247,25 @@ VerificationBatch Engine::VerificationRows(const std::vector<ScheduledChunk>& ch
                                            std::vector<Sequence*>& sampling) const {
   VerificationBatch batch;
   batch.forced_accept_rate = config_.spec_bench_accept_rate;
+  // Token trees: every request's drafts get parents (a chain's are its previous draft).
+  const bool trees = std::any_of(chunks.begin(), chunks.end(), [](const ScheduledChunk& c) {
+    return !c.seq->drafts.empty() && !c.seq->draft_parents.empty();
+  });
   for (const auto& [seq, n] : chunks) {
     if (!SamplesAfter(*seq, n)) continue;
     sampling.push_back(seq);
     const auto& drafts = seq->drafts;
     batch.num_drafts.push_back(static_cast<int32_t>(drafts.size()));
     batch.drafts.insert(batch.drafts.end(), drafts.begin(), drafts.end());
-    const TokenTree* t = drafts.empty() ? nullptr : tree();
-    if (t != nullptr) batch.parents.insert(batch.parents.end(), t->parent.begin(), t->parent.begin() + drafts.size());
+    std::vector<int32_t> parents = seq->draft_parents;
+    if (parents.empty()) {
+      for (size_t i = 0; i < drafts.size(); ++i) parents.push_back(static_cast<int32_t>(i) - 1);
+    }
+    if (trees) batch.parents.insert(batch.parents.end(), parents.begin(), parents.begin() + drafts.size());
     for (size_t j = 0; j <= drafts.size(); ++j) {
-      // Row j: the token after the first j drafts, or in a tree after node j - 1's path.
-      std::vector<int32_t> before(drafts.begin(), drafts.begin() + j);
-      if (t != nullptr) {
-        before.clear();
-        for (int i = static_cast<int>(j) - 1; i >= 0; i = t->parent[i]) before.insert(before.begin(), drafts[i]);
-      }
+      // Row j: the token after node j - 1's path (a chain's: the first j drafts).
+      std::vector<int32_t> before;
+      for (int i = static_cast<int>(j) - 1; i >= 0; i = parents[i]) before.insert(before.begin(), drafts[i]);
       const bool hold_stops = seq->turn_generated() + static_cast<int>(before.size()) < seq->request().min_new_tokens;
       batch.sampling.rows.push_back(
           MakeSamplingRowAfter(*seq, std::span<const int32_t>(before.data(), before.size()),
@@ -360,7 +367,7 @@ std::vector<int32_t> Engine::AcceptVerified(const std::vector<Sequence*>& sampli
       if (!AcceptToken(seq, verified.emitted, row + j, batch.sampling.max_logprobs)) break;
     }
     seq.num_computed = std::min(computed, seq.num_tokens());
-    seq.drafts.clear();
+    seq.KeepDrafts(0);
     last_rows.push_back(static_cast<int32_t>(is_tree ? row + (accepted > 0 ? 1 + path.back() : 0) : row + accepted));
     outcomes.push_back({&seq, drafts, accepted});
     row += drafts + 1;
@@ -424,10 +431,11 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
   std::vector<std::vector<int32_t>> tree_paths;  // per chunk, with token trees
   if (verifying) {
     std::vector<std::vector<int32_t>> paths;  // per sampling sequence
+    const bool trees = !verification.parents.empty();
     const std::vector<int32_t> last_rows =
-        AcceptVerified(sampling, verification, result.verified, outcomes, tree() ? &paths : nullptr);
+        AcceptVerified(sampling, verification, result.verified, outcomes, trees ? &paths : nullptr);
     for (size_t i = 0; i < sampling.size(); ++i) sampled.emplace_back(sampling[i], last_rows[i]);
-    if (tree()) {
+    if (trees) {
       for (const auto& [seq, n] : chunks) {
         const auto it = std::find(sampling.begin(), sampling.end(), seq);
         tree_paths.push_back(it == sampling.end() ? std::vector<int32_t>() : paths[it - sampling.begin()]);
@@ -450,7 +458,7 @@ std::vector<std::unique_ptr<Sequence>> Engine::Step() {
     // drafts as the forward does), or the run alone after an idle step.
     const double cycle_seconds = last_round_end_ ? Seconds(*last_round_end_, Clock::now()) : run_seconds;
     drafter_->Propose({batch, chunks, sampled, cycle_seconds, decode_only, result.computed_rows, result.graph,
-                       result.recorded, tree() ? &tree_paths : nullptr});
+                       result.recorded, !verification.parents.empty() ? &tree_paths : nullptr});
     last_round_end_ = Clock::now();
   }
   end_stage(EngineStats::kPropose);

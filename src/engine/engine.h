@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/drafter.h"
+#include "engine/dynamic_tree.h"
 #include "engine/token_tree.h"
 #include "engine/hidden_state_capture.h"
 #include "engine/model_runner.h"
@@ -46,6 +47,9 @@ struct EngineConfig {
     // Tree drafts (vLLM's speculative_token_tree; num_speculative_tokens is its node
     // count): each step drafts the tree's nodes and verifies them in one tree-masked pass.
     std::optional<TokenTree> tree;
+    // Or EAGLE-2's dynamic trees (engine/dynamic_tree.h; num_speculative_tokens is its
+    // node budget): each request's tree is chosen by the draft's path scores every step.
+    std::optional<DynamicTreeConfig> dynamic_tree;
   } eagle3;
   // Speculative decoding by a Gemma 4 MTP drafter (no draft KV: it reads the target's).
   struct MtpDrafting {
@@ -122,6 +126,7 @@ class Engine {
   const EngineStats& stats() const { return stats_; }
   const Model& model() const { return model_; }
   const ModelRunner& runner() const { return runner_; }
+  const Scheduler& scheduler() const { return scheduler_; }  // its running sequences hold their drafts
   const Drafter* drafter() const { return drafter_.get(); }  // null without drafts
 
  private:
@@ -146,8 +151,6 @@ class Engine {
   std::vector<int32_t> AcceptVerified(const std::vector<Sequence*>& sampling, const VerificationBatch& batch,
                                       const VerifiedTokens& verified, std::vector<DraftOutcome>& outcomes,
                                       std::vector<std::vector<int32_t>>* tree_paths);
-  // The token tree that drafts, or null (chains).
-  const TokenTree* tree() const { return config_.eagle3.tree ? &*config_.eagle3.tree : nullptr; }
   // Stores the previous step's captured rows (HiddenStateCapture::Land), registers the
   // blocks they complete, and hands back the sequences that were waiting for them.
   void LandCapture(std::vector<std::unique_ptr<Sequence>>& finished);

@@ -25,7 +25,7 @@ void Scheduler::Preempt(size_t index) {
   if (auto it = held_.find(victim->group()); --it->second == 0) held_.erase(it);
   blocks_.Release(*victim);
   ++victim->preemptions;
-  victim->drafts.clear();  // proposed again after its recompute
+  victim->KeepDrafts(0);  // proposed again after its recompute
   waiting_.push_front(std::move(victim));
   ++preemptions_;
 }
@@ -51,7 +51,7 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
     Sequence* seq = running_[i].get();
     const int n = std::min(seq->num_scheduled_tokens() - seq->num_computed, budget);
     // A budget that cuts into the drafts verifies fewer of them.
-    seq->drafts.resize(std::max(0, std::min<int>(seq->drafts.size(), seq->num_computed + n - seq->num_tokens())));
+    seq->KeepDrafts(static_cast<size_t>(std::max(0, seq->num_computed + n - seq->num_tokens())));
     if (!blocks_.Reserve(*seq, seq->num_computed + n)) {
       Preempt(Victim(i));  // one not yet scheduled this step; if it was seq, the next one takes its place
       continue;

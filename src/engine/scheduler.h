@@ -76,6 +76,7 @@ class Scheduler {
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
+  const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
   uint64_t num_preemptions() const { return preemptions_; }
 
  private:

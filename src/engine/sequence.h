@@ -73,6 +73,14 @@ class Sequence {
   // Speculative decoding: tokens proposed after the known ones, fed (and verified) with
   // the next step; cleared once verified or when the sequence is preempted.
   std::vector<int32_t> drafts;
+  // Tree drafts: drafts[i]'s parent (an index into drafts, -1: the last known token),
+  // parents first; empty: the drafts are a chain.
+  std::vector<int32_t> draft_parents;
+  // Keeps the first n drafts (a tree's first n nodes are a tree: parents come first).
+  void KeepDrafts(size_t n) {
+    if (drafts.size() > n) drafts.resize(n);
+    if (draft_parents.size() > n) draft_parents.resize(n);
+  }
   DraftHistory draft_history;  // its drafts' acceptance, for adaptive draft lengths (the drafter's)
   // The token a step feeds at position p: a known one, or a draft past them.
   int32_t token_at(int p) const { return p < num_tokens() ? tokens_[p] : drafts[p - num_tokens()]; }
@@ -122,7 +130,7 @@ class Sequence {
     tokens_.resize(static_cast<size_t>(prompt_len() + n));
     if (logprobs.size() > static_cast<size_t>(n)) logprobs.resize(static_cast<size_t>(n));
     num_computed = std::min(num_computed, num_tokens());
-    drafts.clear();
+    KeepDrafts(0);
     stopped_ = true;
   }
   // Ended by a stop token or string rather than by reaching max_new_tokens.

@@ -82,6 +82,41 @@ Status ParseTree(const nlohmann::json& j, SpeculativeConfig& config) {
   return {};
 }
 
+// SGLang's "speculative_eagle_topk" and "speculative_num_steps": EAGLE-2's dynamic trees,
+// num_speculative_tokens candidates verified (SGLang's num_draft_tokens less the root).
+Status ParseDynamicTree(const nlohmann::json& j, SpeculativeConfig& config) {
+  const std::string where = std::string(kWhere) + "dynamic trees (\"speculative_eagle_topk\", \"speculative_num_steps\"): ";
+  if (!j.contains("speculative_eagle_topk") || !j.contains("speculative_num_steps")) {
+    return Error(where + "give both");
+  }
+  if (j.contains("speculative_token_tree")) return Error(where + "not with \"speculative_token_tree\" (a static tree)");
+  if (config.adaptive_draft_length) return Error(where + "not with \"draft_length\": \"adaptive\" yet");
+  if (config.num_speculative_tokens == 0) {
+    return Error(where + "\"num_speculative_tokens\" (the candidates verified a step) is required");
+  }
+  DynamicTreeConfig tree;
+  HSX_ASSIGN_OR_RETURN(tree.topk, PositiveInt(j, "speculative_eagle_topk"));
+  HSX_ASSIGN_OR_RETURN(tree.depth, PositiveInt(j, "speculative_num_steps"));
+  if (tree.topk > DynamicTreeConfig::kMaxTopk) {
+    return Error(where + "\"speculative_eagle_topk\" must be at most " + std::to_string(DynamicTreeConfig::kMaxTopk) +
+                 ", got " + std::to_string(tree.topk));
+  }
+  // One 64-bit ancestor mask a row: the expanded nodes' scratch slots, and the verified nodes.
+  if (tree.expanded_nodes() > TokenTree::kMaxNodes) {
+    return Error(where + "(speculative_num_steps - 1) x speculative_eagle_topk = " + std::to_string(tree.expanded_nodes()) +
+                 " nodes expanded, at most " + std::to_string(TokenTree::kMaxNodes) + " are supported");
+  }
+  const int most = std::min(TokenTree::kMaxNodes, tree.candidates(tree.depth));
+  if (config.num_speculative_tokens > most) {
+    return Error(where + "\"num_speculative_tokens\" (" + std::to_string(config.num_speculative_tokens) +
+                 ") must be at most " + std::to_string(most) + " (the candidates a round scores, " +
+                 std::to_string(tree.candidates(tree.depth)) + ", and at most " + std::to_string(TokenTree::kMaxNodes) +
+                 " verification rows)");
+  }
+  config.dynamic_tree = tree;
+  return {};
+}
+
 }  // namespace
 
 Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int num_layers) {
@@ -125,7 +160,7 @@ Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int nu
   }
   if (method == "eagle3" || method == "mtp") {
     std::set<std::string> fields = {"method", "model", "num_speculative_tokens", "draft_length"};
-    if (method == "eagle3") fields.insert("speculative_token_tree");
+    if (method == "eagle3") fields.insert({"speculative_token_tree", "speculative_eagle_topk", "speculative_num_steps"});
     HSX_RETURN_IF_ERROR(RefuseOtherFields(j, fields, method));
     HSX_ASSIGN_OR_RETURN(config.adaptive_draft_length, AdaptiveDraftLength(j));
     config.method = method == "eagle3" ? SpeculativeConfig::Method::kEagle3 : SpeculativeConfig::Method::kMtp;
@@ -136,7 +171,11 @@ Result<SpeculativeConfig> ParseSpeculativeConfig(const std::string& text, int nu
     if (j.contains("num_speculative_tokens") || method == "mtp") {
       HSX_ASSIGN_OR_RETURN(config.num_speculative_tokens, PositiveInt(j, "num_speculative_tokens"));
     }
-    if (j.contains("speculative_token_tree")) HSX_RETURN_IF_ERROR(ParseTree(j, config));
+    if (j.contains("speculative_eagle_topk") || j.contains("speculative_num_steps")) {
+      HSX_RETURN_IF_ERROR(ParseDynamicTree(j, config));
+    } else if (j.contains("speculative_token_tree")) {
+      HSX_RETURN_IF_ERROR(ParseTree(j, config));
+    }
     return config;
   }
   return Error(std::string(kWhere) + "unknown method \"" + method + "\" (expected extract_hidden_states, ngram, eagle3 or mtp)");

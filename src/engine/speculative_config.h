@@ -9,6 +9,9 @@
 // ngram, eagle3 and mtp also take "draft_length": "adaptive" | "fixed" (engine/draft_length.h).
 // eagle3 also takes vLLM's "speculative_token_tree": "[(0,), (1,), (0, 0)]" (engine/token_tree.h):
 //   tree drafts; num_speculative_tokens is then the tree's node count (vLLM's), derived when absent.
+// eagle3 also takes SGLang's "speculative_eagle_topk": k, "speculative_num_steps": depth
+//   (engine/dynamic_tree.h): EAGLE-2's dynamic trees, num_speculative_tokens (required)
+//   candidates verified a step.
 // Fields a method does not take are refused by name, as are methods hsx does not run yet.
 #pragma once
 
@@ -16,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/dynamic_tree.h"
 #include "engine/ngram_proposer.h"
 #include "engine/token_tree.h"
 #include "util/status.h"
@@ -35,6 +39,8 @@ struct SpeculativeConfig {
   // eagle3: "speculative_token_tree", a tree that is not the chain (a chain tree drafts as
   // the chain does, so it is dropped here and num_speculative_tokens keeps its length).
   std::optional<TokenTree> token_tree;
+  // eagle3: "speculative_eagle_topk" and "speculative_num_steps" (both or neither).
+  std::optional<DynamicTreeConfig> dynamic_tree;
 };
 
 // text: the flag's JSON; num_layers: the target's (layer ids range over [0, num_layers]).

@@ -119,10 +119,18 @@ int TokenTree::NodesUpToDepth(int d) const {
   return n;
 }
 
-uint64_t TokenTree::AncestorMask(int i) const {
+uint64_t TokenTree::AncestorMask(int i) const { return hsx::AncestorMask(parent, i); }
+
+uint64_t AncestorMask(const std::vector<int32_t>& parent, int i) {
   uint64_t mask = 0;
   for (int j = i; j >= 0; j = parent[j]) mask |= uint64_t{1} << j;
   return mask;
+}
+
+int NodeDepth(const std::vector<int32_t>& parent, int i) {
+  int d = 0;
+  for (int j = i; j >= 0; j = parent[j]) ++d;
+  return d;
 }
 
 Result<TokenTree> TokenTree::Parse(const std::string& text, const std::string& field) {

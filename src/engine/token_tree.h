@@ -39,4 +39,10 @@ struct TokenTree {
   static TokenTree Chain(int k);
 };
 
+// For any tree given by its parents (node i's parent, -1: the root; parents first), as a
+// request's drafts carry it (static or dynamic): bit j set for node j when it is node i or
+// one of its ancestors, and node i's depth (1 for the root's children).
+uint64_t AncestorMask(const std::vector<int32_t>& parent, int i);
+int NodeDepth(const std::vector<int32_t>& parent, int i);
+
 }  // namespace hsx
