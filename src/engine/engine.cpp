@@ -257,15 +257,16 @@ VerificationBatch Engine::VerificationRows(const std::vector<ScheduledChunk>& ch
     const auto& drafts = seq->drafts;
     batch.num_drafts.push_back(static_cast<int32_t>(drafts.size()));
     batch.drafts.insert(batch.drafts.end(), drafts.begin(), drafts.end());
-    std::vector<int32_t> parents = seq->draft_parents;
-    if (parents.empty()) {
-      for (size_t i = 0; i < drafts.size(); ++i) parents.push_back(static_cast<int32_t>(i) - 1);
+    const std::vector<int32_t>& parents = seq->draft_parents;  // empty: a chain
+    for (size_t i = 0; trees && i < drafts.size(); ++i) {
+      batch.parents.push_back(parents.empty() ? static_cast<int32_t>(i) - 1 : parents[i]);
     }
-    if (trees) batch.parents.insert(batch.parents.end(), parents.begin(), parents.begin() + drafts.size());
     for (size_t j = 0; j <= drafts.size(); ++j) {
-      // Row j: the token after node j - 1's path (a chain's: the first j drafts).
-      std::vector<int32_t> before;
-      for (int i = static_cast<int>(j) - 1; i >= 0; i = parents[i]) before.insert(before.begin(), drafts[i]);
+      // Row j: the token after the first j drafts, or in a tree after node j - 1's path.
+      std::vector<int32_t> before(drafts.begin(), drafts.begin() + (parents.empty() ? j : 0));
+      for (int i = static_cast<int>(j) - 1; !parents.empty() && i >= 0; i = parents[i]) {
+        before.insert(before.begin(), drafts[i]);
+      }
       const bool hold_stops = seq->turn_generated() + static_cast<int>(before.size()) < seq->request().min_new_tokens;
       batch.sampling.rows.push_back(
           MakeSamplingRowAfter(*seq, std::span<const int32_t>(before.data(), before.size()),
