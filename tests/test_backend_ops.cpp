@@ -1089,6 +1089,101 @@ std::vector<OpCase> Table() {
     env.b.GreedyTokens(env.b.Upload(logits), &device_offsets, tokens);
     env.Add("tokens", tokens, Tolerance::Exact());
   });
+  // Dynamic trees (backend/draft_tree.h): each row's top 4 with logprobs (ties among them,
+  // a NaN row: none), then a round's expansions and its trees over states drawn here.
+  add("TopLogprobs", "rows19_vocab32000_top4_offsets", [=](OpEnv& env) {
+    const int64_t rows = 19, vocab = 32000, k = 4;
+    Tensor logits = env.HostRandom({rows, vocab}, 3.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = logits.data<float>() + r * vocab;
+      const float top = *std::max_element(row, row + vocab) + 1.0f;
+      for (int64_t c : {vocab - 1 - r, r * 100 + 7}) row[c] = top;
+      if (r == 5) std::fill_n(row, vocab, NAN);
+    }
+    std::vector<int32_t> offsets(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i) offsets[i] = static_cast<int32_t>(i % 13) * 7;
+    const Tensor device_offsets = env.Ints(offsets);
+    Tensor ids = env.Poison(DType::kI32, {rows, k}), logprobs = env.Poison(DType::kF32, {rows, k});
+    env.b.TopLogprobs(env.b.Upload(logits), &device_offsets, ids, logprobs);
+    env.Add("ids", ids, Tolerance::Exact());
+    const Tensor host = env.b.Download(logprobs);
+    std::vector<float> finite(host.data<float>(), host.data<float>() + host.numel());
+    for (float& v : finite) v = std::isfinite(v) ? v : -100.0f;  // NaN compares unequal to itself
+    env.AddHost("logprobs", finite, k, Tolerance::Absolute(1e-4));
+  });
+  // A state of 5 slots at top 3 after depth 1, expanded into depth 2 (ties, tokens -1), then
+  // into depth 3 without next inputs; each slot's tree under its own limits.
+  add("ExpandDraftTrees", "slots5_top3_depths2and3", [=](OpEnv& env) {
+    const int k = 3, slots = 5;
+    const int64_t places = DraftTreePlaces(k, 3);
+    auto ints = [&](int64_t n, int lo, int hi) {
+      std::vector<int32_t> v(static_cast<size_t>(n));
+      std::uniform_int_distribution<int> d(lo, hi);
+      for (auto& x : v) x = d(env.rng());
+      return v;
+    };
+    auto floats = [&](int64_t n) {  // logprobs on a coarse grid: ties
+      std::vector<float> v(static_cast<size_t>(n));
+      std::uniform_int_distribution<int> d(-12, 0);
+      for (auto& x : v) x = d(env.rng()) * 0.25f;
+      return v;
+    };
+    auto upload = [&](const std::vector<float>& v, const Shape& shape) {
+      Tensor h = Tensor::Host(DType::kF32, shape);
+      std::copy(v.begin(), v.end(), h.data<float>());
+      return env.b.Upload(h);
+    };
+    DraftTreeState state{k, env.Ints(ints(slots * places, 0, 999)).View({slots, places}),
+                         upload(floats(slots * places), {slots, places}),
+                         env.Ints(ints(slots * places, -1, 2)).View({slots, places}), env.Ints(ints(slots * k, 0, k - 1)).View({slots, k}),
+                         env.Ints(ints(slots * 2 * k, 0, 1 << 20)).View({slots, 2 * k})};
+    std::vector<int32_t> ids = ints(slots * k * k, -1, 500);
+    ids[4] = -1;
+    const Tensor d_ids = env.Ints(ids).View({slots * k, k});
+    const Tensor d_lps = upload(floats(slots * k * k), {slots * k, k});
+    Tensor next_ids = env.Poison(DType::kI32, {slots * k}), next_rows = env.Poison(DType::kI32, {slots * k}),
+           next_masks = env.Poison(DType::kI32, {slots * 2 * k});
+    env.b.ExpandDraftTrees(d_ids, d_lps, 2, state, &next_ids, &next_rows, &next_masks);
+    env.Add("next_ids", next_ids, Tolerance::Exact());
+    env.Add("next_rows", next_rows, Tolerance::Exact());
+    env.Add("next_masks", next_masks, Tolerance::Exact());
+    env.b.ExpandDraftTrees(env.Ints(ints(slots * k * k, 0, 500)).View({slots * k, k}), upload(floats(slots * k * k), {slots * k, k}),
+                           3, state, nullptr, nullptr, nullptr);
+    env.Add("tokens", state.tokens, Tolerance::Exact());
+    env.Add("scores", state.scores, Tolerance::Exact());
+    env.Add("parents", state.parents, Tolerance::Exact());
+    env.Add("frontier", state.frontier, Tolerance::Exact());
+    env.Add("masks", state.masks, Tolerance::Exact());
+  });
+  add("SelectDraftTrees", "slots6_top2_depth4", [=](OpEnv& env) {
+    const int k = 2, slots = 6, n = 9;
+    const int64_t places = DraftTreePlaces(k, 4);
+    // Trees as rounds make them: each place's parent a place of the depth before, its score
+    // its parent's plus a logprob on a coarse grid (ties), some tokens -1.
+    std::vector<int32_t> tokens(slots * places), parents(slots * places);
+    std::vector<float> scores(slots * places);
+    std::uniform_int_distribution<int> lp(-6, 0), tok(-1, 50);
+    for (int s = 0; s < slots; ++s) {
+      for (int64_t p = 0; p < places; ++p) {
+        const int d = p < k ? 1 : 2 + static_cast<int>((p - k) / (k * k));
+        const int64_t i = s * places + p;
+        tokens[i] = tok(env.rng());
+        parents[i] = d == 1 ? -1 : static_cast<int32_t>(DraftDepthStart(k, d - 1) + (p - DraftDepthStart(k, d)) % (d == 2 ? k : k * k));
+        scores[i] = (d == 1 ? 0.0f : scores[s * places + parents[i]]) + lp(env.rng()) * 0.5f;
+      }
+    }
+    Tensor h = Tensor::Host(DType::kF32, {slots, places});
+    std::copy(scores.begin(), scores.end(), h.data<float>());
+    const DraftTreeState state{k, env.Ints(tokens).View({slots, places}), env.b.Upload(h),
+                               env.Ints(parents).View({slots, places}), env.Ints(std::vector<int32_t>(slots * k, 0)),
+                               env.Ints(std::vector<int32_t>(slots * 2 * k, 0))};
+    const Tensor limits = env.Ints({static_cast<int32_t>(places), 9, static_cast<int32_t>(places), 3, 2, 9,
+                                    static_cast<int32_t>(DraftTreePlaces(k, 2)), 5, 0, 0, static_cast<int32_t>(places), 20})
+                              .View({slots, 2});
+    Tensor out = env.Poison(DType::kI32, {slots, 2 * n});
+    env.b.SelectDraftTrees(state, limits, out);
+    env.Add("trees", out, Tolerance::Exact());
+  });
   for (const int64_t vocab : {10, 1000, 151936}) {
     add("Sample", Dims({{"rows", 9}, {"vocab", vocab}}) + "_greedy", [=](OpEnv& env) {
       const Tensor logits = env.HostRandom({9, vocab}, 3.0f);
@@ -1289,7 +1384,8 @@ TEST(BackendOpsTable, CoversEveryComputeOp) {
                          "RmsNormFp8", "Multiply", "Scale", "ScaleByTensor", "Softcap", "Activate", "GatedActivation",
                          "GatedActivationFp8", "GatedLinear", "Rope", "RmsNormRope", "NormRopeStoreKV", "StoreKV",
                          "Attention", "QkvAttention", "GatherRows", "GatherRowsAt", "MoveRows", "SliceColumns", "WriteColumns", "DraftLayerInput",
-                         "MoeMlp", "CentroidMaskedLogits", "FlagNonFiniteRows", "Sample", "GreedyTokens", "VerifyDrafts",
+                         "MoeMlp", "CentroidMaskedLogits", "FlagNonFiniteRows", "Sample", "GreedyTokens", "TopLogprobs",
+                         "ExpandDraftTrees", "SelectDraftTrees", "VerifyDrafts",
                          "Copy", "Transfers"}) {
     EXPECT_NE(std::find(ops.begin(), ops.end(), op), ops.end()) << op << " has no case";
   }

@@ -27,35 +27,77 @@ namespace {
 
 // ---------------------------------------------------------------- the selection
 
-TEST(DynamicTree, BestCandidatesRankByScoreThenIndex) {
-  const std::vector<DraftCandidate> c = {{10, -1.0f, -1}, {11, -0.5f, -1}, {12, -1.0f, -1}, {13, NAN, -1}, {14, -3.0f, -1}};
-  EXPECT_EQ(BestCandidates(c, 0, 3), (std::vector<int32_t>{1, 0, 2}));  // the tie at -1 to the lower index
-  EXPECT_EQ(BestCandidates(c, 2, 2), (std::vector<int32_t>{2, 4}));     // from index 2; NaN last
-  EXPECT_EQ(BestCandidates(c, 0, 9).size(), 5u);
-  EXPECT_EQ(BestCandidates(c, 0, 9).back(), 3);
-  EXPECT_TRUE(BestCandidates(c, 5, 3).empty());
+// Depth 1 from the root's row, then depth 2 from both frontier rows: candidates at their
+// places with path scores, the frontier the k best (a tie to the earlier place, -1 tokens
+// at -inf), masks of the scratch slots, and the next rows' inputs.
+TEST(DynamicTree, ExpansionScoresChoosesAndMasks) {
+  const int k = 2, places = 2 + 4;
+  std::vector<int32_t> tokens(places, 99), parents(places, 99), frontier(k, 99), next_ids(k), next_rows(k);
+  std::vector<float> scores(places, 99.0f);
+  std::vector<uint64_t> masks(k, 99), next_masks(k);
+  const std::vector<int32_t> root_ids = {5, 7};
+  const std::vector<float> root_lps = {-0.25f, -2.0f};
+  ExpandDraftTreeSlot(root_ids.data(), root_lps.data(), k, 1, tokens.data(), scores.data(), parents.data(),
+                      frontier.data(), masks.data(), next_ids.data(), next_rows.data(), next_masks.data());
+  EXPECT_EQ(std::vector<int32_t>(tokens.begin(), tokens.begin() + 2), (std::vector<int32_t>{5, 7}));
+  EXPECT_EQ(std::vector<float>(scores.begin(), scores.begin() + 2), (std::vector<float>{-0.25f, -2.0f}));
+  EXPECT_EQ(std::vector<int32_t>(parents.begin(), parents.begin() + 2), (std::vector<int32_t>{-1, -1}));
+  EXPECT_EQ(frontier, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(masks, (std::vector<uint64_t>{1, 2}));  // scratch slots 0 and 1
+  EXPECT_EQ(next_ids, (std::vector<int32_t>{5, 7}));
+  EXPECT_EQ(next_rows, (std::vector<int32_t>{0, 0}));
+  // Row 0 (token 5, score -0.25) drafts 10 (-1.75) and 11 (-1.75: a tie); row 1 (token 7,
+  // -2.0) drafts 12 (+0: still -2.0) and none (-1). The frontier: places 2 and 3.
+  const std::vector<int32_t> ids = {10, 11, 12, -1};
+  const std::vector<float> lps = {-1.5f, -1.5f, 0.0f, -0.5f};
+  ExpandDraftTreeSlot(ids.data(), lps.data(), k, 2, tokens.data(), scores.data(), parents.data(), frontier.data(),
+                      masks.data(), next_ids.data(), next_rows.data(), next_masks.data());
+  EXPECT_EQ(std::vector<int32_t>(tokens.begin() + 2, tokens.end()), (std::vector<int32_t>{10, 11, 12, -1}));
+  EXPECT_EQ(std::vector<int32_t>(parents.begin() + 2, parents.end()), (std::vector<int32_t>{0, 0, 1, 1}));
+  EXPECT_EQ(scores[4], -2.0f);
+  EXPECT_EQ(scores[5], -INFINITY);
+  EXPECT_EQ(frontier, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(masks, (std::vector<uint64_t>{0b0101, 0b1001}));  // scratch 2 and 3, each with node 0's slot
+  EXPECT_EQ(next_ids, (std::vector<int32_t>{10, 11}));
+  EXPECT_EQ(next_rows, (std::vector<int32_t>{0, 0}));
+  // Depth 3 with both depth-2 frontier rows drafting nothing (NaN scores rank as -inf; ties
+  // to the earlier place): the frontier is the first two places, and their tokens feed 0.
+  const std::vector<int32_t> none = {-1, -1, -1, -1};
+  tokens.resize(2 + 2 * 4);
+  scores.resize(tokens.size());
+  parents.resize(tokens.size());
+  ExpandDraftTreeSlot(none.data(), lps.data(), k, 3, tokens.data(), scores.data(), parents.data(), frontier.data(),
+                      masks.data(), next_ids.data(), next_rows.data(), next_masks.data());
+  EXPECT_EQ(frontier, (std::vector<int32_t>{6, 7}));
+  EXPECT_EQ(next_ids, (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(masks, (std::vector<uint64_t>{0b010101, 0b100101}));
 }
 
 TEST(DynamicTree, SelectionKeepsParentsFirstAndRenumbers) {
-  // Root children 0 (-0.1) and 1 (-2.0); node 0's children 2 (-0.3) and 3 (-0.1 - 5), node
-  // 2's child 4 (-0.3 exactly: a child may tie its parent; the parent wins on its index).
-  const std::vector<DraftCandidate> c = {
-      {100, -0.1f, -1}, {101, -2.0f, -1}, {102, -0.3f, 0}, {103, -5.1f, 0}, {104, -0.3f, 2},
+  // Root children 0 (-0.1) and 1 (-2.0); node 0's children 2 (-0.3) and 3 (-5.1), node 2's
+  // child 4 (-0.3 exactly: a child may tie its parent; the parent wins on its place); 5 has
+  // no token.
+  const std::vector<int32_t> tokens = {100, 101, 102, 103, 104, -1}, parents = {-1, -1, 0, 0, 2, 2};
+  const std::vector<float> scores = {-0.1f, -2.0f, -0.3f, -5.1f, -0.3f, 0.0f};
+  auto select = [&](int places, int budget) {
+    return SelectDraftTreeSlot(tokens.data(), scores.data(), parents.data(), places, budget);
   };
-  DraftTree t = SelectDraftTree(c, 3);
+  DraftTree t = select(6, 3);
   EXPECT_EQ(t.tokens, (std::vector<int32_t>{100, 102, 104}));
   EXPECT_EQ(t.parents, (std::vector<int32_t>{-1, 0, 1}));
-  t = SelectDraftTree(c, 4);
+  t = select(6, 4);
   EXPECT_EQ(t.tokens, (std::vector<int32_t>{100, 101, 102, 104}));
   EXPECT_EQ(t.parents, (std::vector<int32_t>{-1, -1, 0, 2}));
-  t = SelectDraftTree(c, 9);
-  EXPECT_EQ(t.tokens.size(), 5u);
+  t = select(6, 9);
+  EXPECT_EQ(t.tokens.size(), 5u);  // not the place without a token
   EXPECT_EQ(t.parents, (std::vector<int32_t>{-1, -1, 0, 0, 2}));
-  EXPECT_TRUE(SelectDraftTree(c, 0).tokens.empty());
-  // A child scored above its parent (it cannot come from logprobs <= 0) is not taken
-  // without it: the tree stays a tree.
-  const std::vector<DraftCandidate> bad = {{1, -3.0f, -1}, {2, -1.0f, -1}, {3, -0.5f, 0}};
-  t = SelectDraftTree(bad, 2);
+  t = select(4, 9);  // places past a request's depths are not its
+  EXPECT_EQ(t.tokens, (std::vector<int32_t>{100, 101, 102, 103}));
+  EXPECT_TRUE(select(6, 0).tokens.empty());
+  // A child scored above its parent (logprobs <= 0 cannot make one) is not taken without it.
+  const std::vector<int32_t> bad_tokens = {1, 2, 3}, bad_parents = {-1, -1, 0};
+  const std::vector<float> bad_scores = {-3.0f, -1.0f, -0.5f};
+  t = SelectDraftTreeSlot(bad_tokens.data(), bad_scores.data(), bad_parents.data(), 3, 2);
   EXPECT_EQ(t.tokens, (std::vector<int32_t>{2}));
   EXPECT_EQ(t.parents, (std::vector<int32_t>{-1}));
 }
@@ -200,6 +242,66 @@ TEST(DynamicTree, NodesAreTheFullTreesPathsInLockstep) {
     }
     EXPECT_GT(trees, 10) << variant;
   }
+}
+
+// The round on graph shapes (every depth's inputs fixed, the device writing each depth's
+// tokens, parents' rows and masks; the CPU runs them eagerly) drafts the trees the eager
+// round does, which brings each depth's choices home: two engines in lockstep (forced
+// rejection), five requests of staggered prompts (first passes after a prefill run eagerly,
+// then the depths on the bucket's shapes) and lengths (near its end a request's depth is
+// its room: padding rows on the graph). Then greedy output on graph shapes is plain decode's.
+TEST(DynamicTree, GraphRoundsDraftTheEagerTrees) {
+  CpuBackend backend(/*batch_invariant=*/true);
+  Fixture f = Load(backend, "qwen3_default");
+  ASSERT_TRUE(f.draft);
+  EngineConfig eager;
+  eager.scheduler.max_num_seqs = 8;
+  eager.num_blocks = 128;
+  eager.graphs = false;
+  eager.spec_bench_accept_rate = 0.0f;
+  // Every candidate verified: the random draft's deeper paths score too low to be chosen
+  // otherwise, and the depths' expansions would go unseen.
+  eager.eagle3 = {f.draft.get(), 21, std::nullopt, DynamicTreeConfig{3, 3}};
+  EngineConfig graphs = eager;
+  graphs.graphs = true;
+  graphs.graph_shapes_without_recording = true;
+  const int vocab = f.model->config().vocab_size;
+  std::vector<Request> requests;
+  for (int i = 0; i < 5; ++i) {
+    Request r;
+    r.id = "r" + std::to_string(i);
+    for (int t = 0; t < 9 + 5 * i; ++t) r.prompt.push_back((31 * (t % (3 + i)) + 17 * i + 3) % vocab);
+    r.max_new_tokens = 4 + 3 * i;
+    requests.push_back(std::move(r));
+  }
+  auto run = [&](EngineConfig config, bool check) {
+    Engine a(*f.model, eager), b(*f.model, config);
+    for (const Request& r : requests) {
+      EXPECT_TRUE(a.Add(r).ok());
+      EXPECT_TRUE(b.Add(r).ok());
+    }
+    int compared = 0;
+    std::map<std::string, std::vector<int32_t>> out_a, out_b;
+    while (a.has_work() || b.has_work()) {
+      for (auto& seq : a.Step()) out_a[seq->id()] = seq->generated();
+      for (auto& seq : b.Step()) out_b[seq->id()] = seq->generated();
+      const auto &ra = a.scheduler().running(), &rb = b.scheduler().running();
+      EXPECT_EQ(ra.size(), rb.size());
+      for (size_t i = 0; check && i < std::min(ra.size(), rb.size()); ++i) {
+        EXPECT_EQ(rb[i]->drafts, ra[i]->drafts) << ra[i]->id();
+        EXPECT_EQ(rb[i]->draft_parents, ra[i]->draft_parents) << ra[i]->id();
+        compared += !ra[i]->drafts.empty();
+      }
+    }
+    EXPECT_EQ(out_b, out_a);
+    EXPECT_GT(b.drafter()->graph_replays(), 0);
+    EXPECT_GT(b.drafter()->eager_first_passes(), 0);
+    return compared;
+  };
+  EXPECT_GT(run(graphs, true), 20);
+  graphs.spec_bench_accept_rate = -1.0f;  // greedy verification: the plain decode's tokens
+  eager.spec_bench_accept_rate = -1.0f;
+  run(graphs, false);
 }
 
 // Greedy output with dynamic trees is the plain decode's on every EAGLE-3 fixture, for

@@ -185,7 +185,7 @@ if [ "$what" = trees ]; then
   step serve_chain16 serve chain16 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"num_speculative_tokens\": 16}"
   step serve_tree16 serve tree16 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"speculative_token_tree\": \"[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0)]\"}"
   # EAGLE-2's dynamic trees at the same rows (8 and 16 candidates verified): top 4 over 4
-  # and 6 depths (rounds run eagerly, one host choice a depth: compare acceptance first)
+  # and 6 depths
   step serve_dyn8 serve dyn8 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"num_speculative_tokens\": 8, \"speculative_eagle_topk\": 4, \"speculative_num_steps\": 4}"
   step serve_dyn16 serve dyn16 "{\"method\": \"eagle3\", \"model\": \"$draft\", \"num_speculative_tokens\": 16, \"speculative_eagle_topk\": 4, \"speculative_num_steps\": 6}"
   log "trees done"

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/draft_tree.h"
 #include "backend/sampling.h"
 #include "backend/verification.h"
 #include "tensor/tensor.h"
@@ -289,6 +290,20 @@ class Backend {
   // logprobs (a token tree's children; past a NaN, where nothing is ordered, the last id
   // found again). No host work: graphs record it.
   virtual void GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) = 0;
+  // EAGLE-2's dynamic trees (backend/draft_tree.h), in fixed shapes a graph can record.
+  // TopLogprobs: each row's k best raw logprobs (the Sample op's top logprobs: highest
+  // first, lowest id on ties) into ids int32 [R, k], offset as GreedyTokens offsets them,
+  // and logprobs f32 [R, k]; an entry with no finite logprob gets id -1.
+  virtual void TopLogprobs(const Tensor& logits, const Tensor* offsets, Tensor& ids, Tensor& logprobs) = 0;
+  // ExpandDraftTreeSlot for every slot of `state` into depth d, from ids / logprobs [S f, k]
+  // (TopLogprobs of the depth's rows); with next_ids, next_rows (the drafting row among all
+  // S f) and next_masks (int32 [S k], [S k], [S 2k]) the next depth's row inputs.
+  virtual void ExpandDraftTrees(const Tensor& ids, const Tensor& logprobs, int d, DraftTreeState& state,
+                                Tensor* next_ids, Tensor* next_rows, Tensor* next_masks) = 0;
+  // Each slot's tree (SelectDraftTreeSlot) of its first limits[s][0] places with budget
+  // limits[s][1] (int32 [S, 2]) into out int32 [S, 2N]: its N token slots, then its N
+  // parents, -1 past its nodes.
+  virtual void SelectDraftTrees(const DraftTreeState& state, const Tensor& limits, Tensor& out) = 0;
   // Speculative decoding's accept stage (backend/verification.h): K_r drafts and K_r + 1
   // logit rows f32 per request in, the accepted counts and emitted tokens out (only they
   // and requested logprobs reach the host). draft_probs f32 [drafts, vocab] on the device,

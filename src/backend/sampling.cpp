@@ -51,9 +51,9 @@ float RawLogprobsOnHost(const float* logits, int32_t vocab, int32_t num_logprobs
   for (int32_t i = 0; i < vocab; ++i) sum += sampling::ExpToFixed(logits[i], top, shift);
   const float lse = sampling::LogSumExp(top, sum, shift);
   for (int32_t n = 0, prev = -1; n < num_logprobs; ++n) {
-    prev = NextBest(logits, vocab, prev >= 0 ? logits[prev] : 0.0f, prev);
-    top_ids[n] = prev;
-    top_logprobs[n] = logits[prev] - lse;
+    prev = n == 0 || prev >= 0 ? NextBest(logits, vocab, prev >= 0 ? logits[prev] : 0.0f, prev) : -1;
+    top_ids[n] = prev;  // -1 once nothing is ordered (past a NaN)
+    top_logprobs[n] = prev >= 0 ? logits[prev] - lse : kNegInf;
   }
   return lse;
 }

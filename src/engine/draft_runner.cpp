@@ -317,7 +317,28 @@ void Eagle3Drafter::RunRound(const DeviceBatch* padded, const Tensor& padded_aux
 // (drafts 0) or a drafting round; and the chained steps alone (q = 0: after a prefill,
 // whose first pass runs eagerly).
 void Eagle3Drafter::RecordPaddingRounds(int bucket, int drafts) {
-  if (dynamic_tree_ != nullptr) return;  // its rounds run eagerly (the host chooses each depth's rows)
+  if (dynamic_tree_ != nullptr) {
+    // Dynamic trees: a round after a first pass of q = 1 to depth + 1 rows, and the depths
+    // alone (q = 0: after a prefill, whose first pass and expansion run eagerly).
+    if (drafts != num_speculative_tokens()) return;
+    const int k = dynamic_tree_->topk, depth = dynamic_tree_->depth;
+    const std::vector<int> request_at(bucket, -1);
+    DraftTreeState state = TreeState(bucket);
+    const Tensor limits = TreeLimits(request_at, {}, {});
+    std::vector<DeviceBatch> inputs;
+    for (int d = 1; d < depth; ++d) {
+      inputs.push_back(
+          runner_.StageGraphInputs(DynamicDepthBatch(d, {}, {}, request_at, true), bucket, k, tree_inputs_[d - 1], true));
+    }
+    const int widest = std::min({depth + 1, num_speculative_tokens() + 1, ModelRunner::kMaxGraphRowsPerSeq});
+    for (int q = 0; q <= widest; ++q) {
+      Tensor aux;
+      const DeviceBatch padded = q > 0 ? StagePaddedFirstPass(ForwardBatch(), {}, {bucket, q}, aux) : DeviceBatch();
+      DynamicGraphRound(bucket, q, state, inputs, q > 0 ? &padded : nullptr, aux, limits, TreeOut().Rows(0, bucket));
+      backend().Synchronize();  // the next round stages its inputs through the same pinned memory
+    }
+    return;
+  }
   if (tree_ != nullptr) {
     // A tree's rounds: the whole tree (it is not adaptive) after a first pass of q = 1 to
     // its depth + 1 rows, and its depths alone (q = 0: after a prefill).
@@ -430,90 +451,249 @@ std::vector<std::vector<int32_t>> Eagle3Drafter::TreeRound(const ForwardBatch& f
   return tokens;
 }
 
-// EAGLE-2's round, eagerly: every depth's topk best candidates are chosen on the host from
-// the scores of the depth before, so a depth's rows are known only once its parents' top
-// tokens are home (one download a depth).
+// EAGLE-2's round. Each depth's rows have a fixed shape (k a slot), so the host builds
+// every depth's batch before the first forward; the rows' tokens, their parents' hidden
+// rows and their masks are what the depth before chose, which the device writes
+// (ExpandDraftTrees) into the next depth's inputs. On a graph (every depth's inputs fixed:
+// the slots of the step's sequences, or of the requests' bucket after an eager first pass)
+// the round replays whole; else it runs eagerly and each depth's tokens and masks come
+// home for its batch (one download a depth). One download of the trees at the end.
 std::vector<DraftTree> Eagle3Drafter::DynamicTreeRound(const ForwardBatch& first_pass,
                                                        const std::vector<int32_t>& step_rows,
                                                        const std::vector<DraftRequest>& requests,
                                                        const std::vector<int>& depths, const std::vector<int>& budgets) {
   Backend& backend = this->backend();
-  const int n = static_cast<int>(requests.size()), k = dynamic_tree_->topk;
+  const int n = static_cast<int>(requests.size()), k = dynamic_tree_->topk, depth = dynamic_tree_->depth;
   if (first_pass.token_ids.empty()) return std::vector<DraftTree>(n);
   if (n == 0) {
     KeepKV(first_pass, step_rows);
     return {};
   }
-  ++eager_first_passes_;
-  Eagle3Output out = draft_.Forward(first_pass, FirstPassInput(step_rows), cache_);
-  // Per request: its candidates, the frontier (the candidates its next depth expands) and
-  // each frontier node's row in `hidden` and its ancestor mask over the scratch slots.
-  std::vector<std::vector<DraftCandidate>> candidates(n);
-  std::vector<std::vector<int32_t>> frontier(n);
-  std::unordered_map<int64_t, std::pair<int32_t, uint64_t>> expanded;  // (request, candidate) -> (row, mask)
-  auto key = [](int r, int32_t c) { return int64_t{r} << 32 | c; };
-  // Row i of `logits` expands (request, candidate) who[i] (candidate -1: the root).
-  auto score = [&](const Tensor& logits, const std::vector<std::pair<int, int32_t>>& who) {
-    const Eagle3Draft::TopTokens top = draft_.TopTargetTokens(logits, k);
-    std::vector<size_t> first(n);
-    for (int r = 0; r < n; ++r) first[r] = candidates[r].size();
-    for (size_t i = 0; i < who.size(); ++i) {
-      const auto [r, parent] = who[i];
-      const float base = parent >= 0 ? candidates[r][parent].score : 0.0f;
-      for (int j = 0; j < k; ++j) {
-        const int32_t token = top.ids[i * k + j];
-        if (token >= 0) candidates[r].push_back({token, base + top.logprobs[i * k + j], parent});
-      }
-    }
-    for (int r = 0; r < n; ++r) frontier[r] = BestCandidates(candidates[r], first[r], k);
-  };
-  std::vector<std::pair<int, int32_t>> who;
-  for (int r = 0; r < n; ++r) who.emplace_back(r, -1);
-  score(out.logits, who);
-  Tensor hidden = std::move(out.next_hidden);  // row r: request r's (its logit row)
-  for (int d = 1;; ++d) {
-    ForwardBatch batch;
-    std::vector<int32_t> hidden_rows;
-    std::vector<std::pair<int, int32_t>> rows;  // (request, candidate) per row
-    for (int r = 0; r < n; ++r) {
-      if (d >= depths[r] || frontier[r].empty()) continue;
-      const DraftRequest& request = requests[r];
-      SequenceSlice slice;
-      slice.q_start = static_cast<int32_t>(batch.token_ids.size());
-      slice.q_len = static_cast<int32_t>(frontier[r].size());
-      // Depth d's nodes sit at scratch slots (d - 1) k + j after the request's position,
-      // the last rows of its context.
-      const int first_scratch = (d - 1) * k;
-      slice.ctx_len = request.position + first_scratch + slice.q_len;
-      slice.tree_base = request.position;
-      slice.block_table = request.block_table;
-      for (int j = 0; j < slice.q_len; ++j) {
-        const int32_t c = frontier[r][j], parent = candidates[r][c].parent;
-        const int scratch = first_scratch + j;
-        // Its parent's row in `hidden` (the depth before; the root's: the first pass's row r).
-        const auto [parent_row, parent_mask] = parent >= 0 ? expanded.at(key(r, parent)) : std::make_pair(r, uint64_t{0});
-        const uint64_t mask = uint64_t{1} << scratch | parent_mask;
-        expanded[key(r, c)] = {static_cast<int32_t>(rows.size()), mask};
-        batch.token_ids.push_back(candidates[r][c].token);
-        batch.positions.push_back(request.position + d - 1);
-        batch.slot_mapping.push_back(static_cast<int32_t>(SlotOf(request.block_table, request.position + scratch, block_size_)));
-        batch.logit_rows.push_back(static_cast<int32_t>(rows.size()));
-        slice.tree_mask.push_back(mask);
-        hidden_rows.push_back(parent_row);
-        rows.emplace_back(r, c);
-      }
-      batch.seqs.push_back(std::move(slice));
-    }
-    if (rows.empty()) break;
-    Tensor parents = backend.Empty(hidden.dtype(), {static_cast<int64_t>(rows.size()), hidden.size(1)});
-    backend.GatherRows(hidden, hidden_rows, parents);
-    Eagle3Output step = draft_.Forward(batch, parents, cache_);
-    score(step.logits, rows);
-    hidden = std::move(step.next_hidden);
+  size_t longest_table = 0;
+  for (const DraftRequest& r : requests) longest_table = std::max(longest_table, r.block_table.size());
+  std::vector<int> slot_of;  // each request's slot: its sequence in the padded first pass, or itself
+  FirstPassShape shape = PaddedFirstPass(first_pass, slot_of);
+  if (shape.q > depth + 1) shape = {};  // a short prompt's: the graphs recorded stop at depth + 1
+  const int bucket = shape.q > 0 ? shape.bucket : DraftGraphBucket(n, longest_table);
+  if (shape.q == 0) {
+    slot_of.resize(n);
+    std::iota(slot_of.begin(), slot_of.end(), 0);
   }
+  const int slots = bucket > 0 ? bucket : n;
+  std::vector<int> request_at(slots, -1);
+  for (int r = 0; r < n; ++r) request_at[slot_of[r]] = r;
+  DraftTreeState state = TreeState(slots);
+  const Tensor limits = TreeLimits(request_at, depths, budgets);
+  std::vector<ForwardBatch> batches;  // depth d's at d - 1
+  for (int d = 1; d < depth; ++d) batches.push_back(DynamicDepthBatch(d, requests, depths, request_at, bucket > 0));
+  const Tensor out = TreeOut().Rows(0, slots);
+  if (bucket > 0) {
+    // Every depth's inputs are staged first: the expansions write into them after the upload.
+    std::vector<DeviceBatch> inputs;
+    for (int d = 1; d < depth; ++d) {
+      inputs.push_back(runner_.StageGraphInputs(batches[d - 1], bucket, k, tree_inputs_[d - 1], true));
+    }
+    DeviceBatch padded;
+    Tensor padded_aux;
+    if (shape.q > 0) {
+      padded = StagePaddedFirstPass(first_pass, step_rows, shape, padded_aux);
+    } else {
+      ++eager_first_passes_;
+      const Eagle3Output first = draft_.Forward(first_pass, FirstPassInput(step_rows), cache_);
+      Tensor requests_hidden = DraftHidden(draft_.decoder().hidden_size).Rows(0, n);
+      backend.Copy(first.next_hidden, requests_hidden);
+      // The bucket's rows past the requests expand no token (-1).
+      Tensor ids = backend.Empty(DType::kI32, {bucket, k}), logprobs = backend.Empty(DType::kF32, {bucket, k});
+      Tensor request_ids = ids.Rows(0, n), request_logprobs = logprobs.Rows(0, n);
+      draft_.TopTargetTokens(first.logits, request_ids, request_logprobs);
+      if (bucket > n) {
+        Tensor minus_one = Tensor::Host(DType::kI32, {int64_t{bucket - n} * k});
+        std::fill_n(minus_one.data<int32_t>(), minus_one.numel(), -1);
+        Tensor rest = ids.Rows(n, bucket);
+        backend.UploadTo(minus_one.View({bucket - n, k}), rest);
+      }
+      Expand(ids, logprobs, 1, state, depth > 1 ? &inputs[0] : nullptr, 0);
+    }
+    DynamicGraphRound(bucket, shape.q, state, inputs, shape.q > 0 ? &padded : nullptr, padded_aux, limits, out);
+  } else {
+    ++eager_first_passes_;
+    const Eagle3Output first = draft_.Forward(first_pass, FirstPassInput(step_rows), cache_);
+    Tensor hidden = first.next_hidden;
+    Tensor ids = backend.Empty(DType::kI32, {n, k}), logprobs = backend.Empty(DType::kF32, {n, k});
+    draft_.TopTargetTokens(first.logits, ids, logprobs);
+    // Each depth's inputs from the depth before: token ids [S k], rows [S k], masks [S 2k].
+    Tensor next = backend.Empty(DType::kI32, {4 * int64_t{n} * k});
+    for (int d = 1; d <= depth; ++d) {
+      const bool more = d < depth;
+      Tensor next_ids = next.Rows(0, n * k), next_rows = next.Rows(n * k, 2 * n * k), next_masks = next.Rows(2 * n * k, 4 * n * k);
+      backend.ExpandDraftTrees(ids, logprobs, d, state, more ? &next_ids : nullptr, more ? &next_rows : nullptr,
+                               more ? &next_masks : nullptr);
+      if (!more) break;
+      ForwardBatch& batch = batches[d - 1];
+      const Tensor host = backend.Download(next);
+      const int32_t* words = host.data<int32_t>();
+      const auto* masks = reinterpret_cast<const uint64_t*>(words + 2 * n * k);
+      for (SequenceSlice& slice : batch.seqs) {
+        for (int j = 0; j < slice.q_len; ++j) {
+          batch.token_ids[slice.q_start + j] = words[slice.q_start + j];
+          if (slice.tree_base >= 0) slice.tree_mask[j] = masks[slice.q_start + j];
+        }
+      }
+      Tensor parents = backend.Empty(hidden.dtype(), {int64_t{n} * k, hidden.size(1)});
+      backend.GatherRowsAt(hidden, next_rows, parents);
+      Eagle3Output step = draft_.Forward(batch, parents, cache_);
+      ids = backend.Empty(DType::kI32, {int64_t{n} * k, k});
+      logprobs = backend.Empty(DType::kF32, {int64_t{n} * k, k});
+      draft_.TopTargetTokens(step.logits, ids, logprobs);
+      hidden = std::move(step.next_hidden);
+    }
+    Tensor trees = out;
+    backend.SelectDraftTrees(state, limits, trees);
+  }
+  const Tensor host = backend.Download(out);
+  const int32_t* words = host.data<int32_t>();
+  const int most = num_speculative_tokens();
   std::vector<DraftTree> trees(n);
-  for (int r = 0; r < n; ++r) trees[r] = SelectDraftTree(candidates[r], budgets[r]);
+  for (int r = 0; r < n; ++r) {
+    const int32_t* row = words + int64_t{slot_of[r]} * 2 * most;
+    for (int i = 0; i < most && row[i] >= 0; ++i) {
+      trees[r].tokens.push_back(row[i]);
+      trees[r].parents.push_back(row[most + i]);
+    }
+  }
   return trees;
+}
+
+// The round on the graph of (bucket, q, K): the padded first pass (q > 0; else its
+// expansion already wrote depth 1's inputs, from the hidden rows in DraftHidden()), each
+// depth's forward and expansion into the next's inputs, and the trees into `out`.
+void Eagle3Drafter::DynamicGraphRound(int bucket, int q, DraftTreeState& state, const std::vector<DeviceBatch>& inputs,
+                                      const DeviceBatch* padded, const Tensor& padded_aux, const Tensor& limits,
+                                      const Tensor& out) {
+  Backend& backend = this->backend();
+  const int k = dynamic_tree_->topk, depth = dynamic_tree_->depth;
+  const Tensor hidden = DraftHidden(draft_.decoder().hidden_size).Rows(0, bucket);
+  const Tensor rows = TreeRows();
+  DraftRound({bucket, q, num_speculative_tokens()}, [&] {
+    Tensor parents_of = hidden;
+    if (padded != nullptr) {
+      Eagle3Output first = draft_.Forward(*padded, draft_.CombineHiddenStates(padded_aux), cache_);
+      Tensor ids = backend.Empty(DType::kI32, {bucket, k}), logprobs = backend.Empty(DType::kF32, {bucket, k});
+      draft_.TopTargetTokens(first.logits, ids, logprobs);
+      Expand(ids, logprobs, 1, state, depth > 1 ? &inputs[0] : nullptr, 0);
+      parents_of = std::move(first.next_hidden);
+    }
+    for (int d = 1; d < depth; ++d) {
+      const int64_t n = int64_t{bucket} * k;
+      Tensor parents = backend.Empty(parents_of.dtype(), {n, parents_of.size(1)});
+      backend.GatherRowsAt(parents_of, rows.Rows(int64_t{d - 1} * n, int64_t{d} * n), parents);
+      Eagle3Output step = draft_.Forward(inputs[d - 1], parents, cache_);
+      Tensor ids = backend.Empty(DType::kI32, {n, k}), logprobs = backend.Empty(DType::kF32, {n, k});
+      draft_.TopTargetTokens(step.logits, ids, logprobs);
+      Expand(ids, logprobs, d + 1, state, d + 1 < depth ? &inputs[d] : nullptr, d);
+      parents_of = std::move(step.next_hidden);
+    }
+    Tensor trees = out;
+    backend.SelectDraftTrees(state, limits, trees);
+  });
+}
+
+// Expansion into depth d; next: depth d's fixed inputs (their token ids and mask words), its
+// parents' rows into TreeRows() part `part`.
+void Eagle3Drafter::Expand(const Tensor& ids, const Tensor& logprobs, int d, DraftTreeState& state,
+                           const DeviceBatch* next, int part) {
+  if (next == nullptr) {
+    backend().ExpandDraftTrees(ids, logprobs, d, state, nullptr, nullptr, nullptr);
+    return;
+  }
+  const int64_t n = next->token_ids.numel(), offset = next->attention.tree_mask_offset;
+  Tensor next_ids = next->token_ids, next_rows = TreeRows().Rows(part * n, (part + 1) * n);
+  Tensor next_masks = next->attention.tree.Rows(offset, offset + 2 * n);
+  backend().ExpandDraftTrees(ids, logprobs, d, state, &next_ids, &next_rows, &next_masks);
+}
+
+// Depth d's rows, k a slot: a request's (while d < its depth) at position + d - 1, KV at
+// the scratch slots position + (d - 1) k + j, tree rows (their tokens and masks written
+// later); other slots padding (positions 0..k-1, no KV, block 0). On a graph the slots
+// after the last request are left to the staging's padding.
+ForwardBatch Eagle3Drafter::DynamicDepthBatch(int d, const std::vector<DraftRequest>& requests,
+                                              const std::vector<int>& depths, const std::vector<int>& request_at,
+                                              bool graph) const {
+  const int k = dynamic_tree_->topk;
+  int end = static_cast<int>(request_at.size());
+  while (graph && end > 0 && request_at[end - 1] < 0) --end;
+  ForwardBatch batch;
+  for (int s = 0; s < end; ++s) {
+    const int r = request_at[s];
+    const bool rows = r >= 0 && d < depths[r];
+    SequenceSlice slice;
+    slice.q_start = static_cast<int32_t>(batch.token_ids.size());
+    slice.q_len = k;
+    const int32_t position = rows ? requests[r].position : 0, scratch = (d - 1) * k;
+    slice.ctx_len = rows ? position + scratch + k : k;
+    slice.block_table = rows ? requests[r].block_table : std::vector<int32_t>{0};
+    if (rows) slice.tree_base = position;
+    for (int j = 0; j < k; ++j) {
+      batch.token_ids.push_back(0);
+      batch.positions.push_back(rows ? position + d - 1 : j);
+      batch.slot_mapping.push_back(rows ? static_cast<int32_t>(SlotOf(requests[r].block_table, position + scratch + j, block_size_)) : -1);
+      batch.logit_rows.push_back(static_cast<int32_t>(batch.logit_rows.size()));
+      if (rows) slice.tree_mask.push_back(0);
+    }
+    batch.seqs.push_back(std::move(slice));
+  }
+  return batch;
+}
+
+// The round's trees: each slot's (places of its depths, budget) staged into a fixed
+// tensor (padding slots: no places).
+Tensor Eagle3Drafter::TreeLimits(const std::vector<int>& request_at, const std::vector<int>& depths,
+                                 const std::vector<int>& budgets) {
+  const int64_t slots = static_cast<int64_t>(request_at.size());
+  if (!tree_limits_.device.defined()) {
+    tree_limits_.device = backend().Upload(Tensor::Host(DType::kI32, {2 * int64_t{runner_.max_graph_batch()}}));
+    tree_limits_.staging = backend().HostBuffer(DType::kI32, {2 * int64_t{runner_.max_graph_batch()}});
+  }
+  int32_t* at = tree_limits_.staging.data<int32_t>();
+  for (int64_t s = 0; s < slots; ++s) {
+    const int r = request_at[s];
+    at[2 * s] = r >= 0 ? dynamic_tree_->candidates(depths[r]) : 0;
+    at[2 * s + 1] = r >= 0 ? budgets[r] : 0;
+  }
+  Tensor device = tree_limits_.device.Rows(0, 2 * slots);
+  backend().UploadTo(tree_limits_.staging.Rows(0, 2 * slots), device);
+  return device.View({slots, 2});
+}
+
+// Fixed for the largest bucket (graphs keep their addresses); zeros: a round recorded at
+// start-up runs over them.
+DraftTreeState Eagle3Drafter::TreeState(int slots) {
+  const int64_t most = runner_.max_graph_batch(), k = dynamic_tree_->topk,
+                places = dynamic_tree_->candidates(dynamic_tree_->depth);
+  if (!tree_state_.tokens.defined()) {
+    auto zeros = [&](DType dtype, int64_t width) { return backend().Upload(Tensor::Host(dtype, {most, width})); };
+    tree_state_ = {dynamic_tree_->topk, zeros(DType::kI32, places), zeros(DType::kF32, places),
+                   zeros(DType::kI32, places), zeros(DType::kI32, k), zeros(DType::kI32, 2 * k)};
+  }
+  const DraftTreeState& all = tree_state_;
+  return {all.topk, all.tokens.Rows(0, slots), all.scores.Rows(0, slots), all.parents.Rows(0, slots),
+          all.frontier.Rows(0, slots), all.masks.Rows(0, slots)};
+}
+
+Tensor Eagle3Drafter::TreeOut() {
+  if (!tree_out_.defined()) {
+    tree_out_ = backend().Upload(Tensor::Host(DType::kI32, {runner_.max_graph_batch(), 2 * num_speculative_tokens()}));
+  }
+  return tree_out_;
+}
+
+// Each depth's parents' rows (depth d at part d - 1, [largest bucket x k] each); zeros.
+Tensor Eagle3Drafter::TreeRows() {
+  if (!tree_rows_.defined()) {
+    const int64_t part = int64_t{runner_.max_graph_batch()} * dynamic_tree_->topk;
+    tree_rows_ = backend().Upload(Tensor::Host(DType::kI32, {std::max(1, dynamic_tree_->depth - 1) * part}));
+  }
+  return tree_rows_;
 }
 
 // Slots without a request (request_at -1) take the whole tree: on a graph they are padding

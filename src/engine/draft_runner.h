@@ -116,12 +116,12 @@ class Eagle3Drafter : public DeviceDrafter {
   std::vector<std::vector<int32_t>> TreeRound(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
                                               const std::vector<DraftRequest>& requests, const std::vector<int>& nodes);
 
-  // EAGLE-2's round for dynamic trees (engine/dynamic_tree.h), eagerly: the first pass,
-  // then per depth d < depths[r] request r's topk best candidates so far, expanded in one
-  // draft forward: rows at position + d - 1 fed their tokens and their parents' hidden, KV
-  // at the scratch slot position + (d - 1) topk + j, attending to the request's draft KV
-  // before `position` and their expanded ancestors; each row's topk tokens scored on the
-  // host. Returns each request's tree of its budgets[r] best candidates.
+  // EAGLE-2's round for dynamic trees (engine/dynamic_tree.h): the first pass, then per
+  // depth d < depths[r] request r's topk best candidates of depth d, expanded in one draft
+  // forward: rows at position + d - 1 fed their tokens and their parents' hidden, KV at the
+  // scratch slot position + (d - 1) topk + j, attending to the request's draft KV before
+  // `position` and their expanded ancestors; each row's topk tokens scored on the device
+  // (backend/draft_tree.h). Returns each request's tree of its budgets[r] best candidates.
   std::vector<DraftTree> DynamicTreeRound(const ForwardBatch& first_pass, const std::vector<int32_t>& step_rows,
                                           const std::vector<DraftRequest>& requests, const std::vector<int>& depths,
                                           const std::vector<int>& budgets);
@@ -186,6 +186,21 @@ class Eagle3Drafter : public DeviceDrafter {
   Tensor TreeDepth(const TreePlan::Depth& depth, const DeviceBatch& in, const Tensor& indices, const Tensor& parents_of,
                    const Tensor& top, int64_t width);
   Tensor FirstPassInput(const std::vector<int32_t>& step_rows);
+  // Dynamic trees: the round on a graph, an expansion (into depth d's fixed inputs where
+  // given), depth d's batch, and the fixed state, limits, trees and parents' rows a round
+  // keeps on the device.
+  void DynamicGraphRound(int bucket, int q, DraftTreeState& state, const std::vector<DeviceBatch>& inputs,
+                         const DeviceBatch* padded, const Tensor& padded_aux, const Tensor& limits, const Tensor& out);
+  void Expand(const Tensor& ids, const Tensor& logprobs, int d, DraftTreeState& state, const DeviceBatch* next, int part);
+  ForwardBatch DynamicDepthBatch(int d, const std::vector<DraftRequest>& requests, const std::vector<int>& depths,
+                                 const std::vector<int>& request_at, bool graph) const;
+  Tensor TreeLimits(const std::vector<int>& request_at, const std::vector<int>& depths, const std::vector<int>& budgets);
+  DraftTreeState TreeState(int slots);
+  Tensor TreeOut();
+  Tensor TreeRows();
+  DraftTreeState tree_state_;
+  ModelRunner::GraphInputs tree_limits_;
+  Tensor tree_out_, tree_rows_;
   // Tree rounds on graphs: each depth's fixed inputs, by depth; each bucket's device
   // indices (per depth: the rows' token sources then their parents' rows); the top tokens
   // of every row of a round.

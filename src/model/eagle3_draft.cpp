@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cassert>
-#include <cmath>
 #include <set>
 
 #include "model/decoder_layer.h"
@@ -275,24 +274,8 @@ std::vector<int32_t> Eagle3Draft::GreedyTargetTokens(const Tensor& logits) {
   return std::vector<int32_t>(host.data<int32_t>(), host.data<int32_t>() + host.numel());
 }
 
-Eagle3Draft::TopTokens Eagle3Draft::TopTargetTokens(const Tensor& logits, int k) {
-  SamplingBatch batch;  // greedy rows: only their raw top logprobs are read
-  batch.max_logprobs = k;
-  SamplingRow row;
-  row.num_logprobs = k;
-  batch.rows.assign(static_cast<size_t>(logits.size(0)), row);
-  SampledTokens sampled = backend_.Sample(logits, batch);
-  TopTokens top{std::move(sampled.top_ids), std::move(sampled.top_logprobs)};
-  const int64_t vocab = logits.size(1);
-  for (size_t i = 0; i < top.ids.size(); ++i) {
-    int32_t& id = top.ids[i];
-    if (id < 0 || id >= vocab || std::isnan(top.logprobs[i])) {
-      id = -1;
-    } else if (!weights_.d2t.empty()) {
-      id += weights_.d2t[id];
-    }
-  }
-  return top;
+void Eagle3Draft::TopTargetTokens(const Tensor& logits, Tensor& ids, Tensor& logprobs) {
+  backend_.TopLogprobs(logits, d2t_.defined() ? &d2t_ : nullptr, ids, logprobs);
 }
 
 }  // namespace hsx

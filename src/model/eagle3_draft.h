@@ -81,14 +81,10 @@ class Eagle3Draft {
   // [R, k]: each row's k highest, highest first (a token tree's children).
   void GreedyTargetTokens(const Tensor& logits, Tensor& tokens);
   std::vector<int32_t> GreedyTargetTokens(const Tensor& logits);
-  // Each row's k most likely tokens on the host, as the Sample op's raw top logprobs give
-  // them (highest first, lowest id on ties), as target ids; ids [R, k] (-1 where a row has
-  // none: NaN) and their logprobs [R, k]. EAGLE-2's dynamic trees score paths with them.
-  struct TopTokens {
-    std::vector<int32_t> ids;
-    std::vector<float> logprobs;
-  };
-  TopTokens TopTargetTokens(const Tensor& logits, int k);
+  // Each row's k most likely tokens with their raw logprobs (Backend::TopLogprobs: ids
+  // int32 [R, k] as target ids, -1 where none; logprobs f32 [R, k]), on the device: EAGLE-2's
+  // dynamic trees score paths with them.
+  void TopTargetTokens(const Tensor& logits, Tensor& ids, Tensor& logprobs);
 
  private:
   Eagle3Config config_;

@@ -24,6 +24,7 @@
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/draft_tree_kernel.h"
 #include "backend/cuda/sampling_kernel.h"
 #include "backend/cuda/verification_kernel.h"
 #include "backend/verification.h"
@@ -671,6 +672,38 @@ void CudaBackend::GreedyTokens(const Tensor& logits, const Tensor* offsets, Tens
   }
   cuda::GreedyTokens(logits.data<float>(), static_cast<int32_t>(logits.size(0)), vocab, k,
                      offsets != nullptr ? offsets->data<int32_t>() : nullptr, tokens.data<int32_t>(), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::TopLogprobs(const Tensor& logits, const Tensor* offsets, Tensor& ids, Tensor& logprobs) {
+  const auto vocab = static_cast<int32_t>(logits.size(1));
+  const auto k = static_cast<int32_t>(ids.size(1));
+  if (k > vocab) {
+    std::fprintf(stderr, "hsx: TopLogprobs: %d tokens asked of a row of %d\n", k, vocab);
+    std::abort();
+  }
+  cuda::TopLogprobs(logits.data<float>(), static_cast<int32_t>(logits.size(0)), vocab, k,
+                    offsets != nullptr ? offsets->data<int32_t>() : nullptr, ids.data<int32_t>(),
+                    logprobs.data<float>(), impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::ExpandDraftTrees(const Tensor& ids, const Tensor& logprobs, int d, DraftTreeState& state,
+                                   Tensor* next_ids, Tensor* next_rows, Tensor* next_masks) {
+  cuda::ExpandDraftTrees(ids.data<int32_t>(), logprobs.data<float>(), static_cast<int32_t>(state.tokens.size(0)),
+                         state.topk, d, state.tokens.size(1), state.tokens.data<int32_t>(), state.scores.data<float>(),
+                         state.parents.data<int32_t>(), state.frontier.data<int32_t>(),
+                         static_cast<uint64_t*>(state.masks.raw()),
+                         next_ids != nullptr ? next_ids->data<int32_t>() : nullptr,
+                         next_rows != nullptr ? next_rows->data<int32_t>() : nullptr,
+                         next_masks != nullptr ? static_cast<uint64_t*>(next_masks->raw()) : nullptr, impl_->stream);
+  HSX_LAUNCH_CHECK();
+}
+
+void CudaBackend::SelectDraftTrees(const DraftTreeState& state, const Tensor& limits, Tensor& out) {
+  cuda::SelectDraftTrees(state.tokens.data<int32_t>(), state.scores.data<float>(), state.parents.data<int32_t>(),
+                         static_cast<int32_t>(state.tokens.size(0)), state.tokens.size(1), limits.data<int32_t>(),
+                         static_cast<int32_t>(out.size(1) / 2), out.data<int32_t>(), impl_->stream);
   HSX_LAUNCH_CHECK();
 }
 

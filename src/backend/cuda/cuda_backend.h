@@ -99,6 +99,10 @@ class CudaBackend final : public Backend {
   void FlagNonFiniteRows(const Tensor& x, Tensor& flags) override;
   SampledTokens Sample(const Tensor& logits, const SamplingBatch& batch, const SampledAhead& ahead = {}) override;
   void GreedyTokens(const Tensor& logits, const Tensor* offsets, Tensor& tokens) override;
+  void TopLogprobs(const Tensor& logits, const Tensor* offsets, Tensor& ids, Tensor& logprobs) override;
+  void ExpandDraftTrees(const Tensor& ids, const Tensor& logprobs, int d, DraftTreeState& state, Tensor* next_ids,
+                        Tensor* next_rows, Tensor* next_masks) override;
+  void SelectDraftTrees(const DraftTreeState& state, const Tensor& limits, Tensor& out) override;
   VerifiedTokens VerifyDrafts(const Tensor& logits, const Tensor* draft_probs, const VerificationBatch& batch,
                               Tensor* target_probs) override;
 
