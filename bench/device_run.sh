@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the device machine (through the device tool) with prebuilt binaries carried in
 # .devbin/: the CUDA tests, then the Qwen3-8B extraction benchmark against Hugging Face.
-# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|gptoss|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|specadaptive|mtpadaptive|mtpbench|decodebins|decodeprofile|spectrace|gemv|attention|fp8|fp8states|mooncake|regen|tp|scale]
+# Usage: bash bench/device_run.sh [tests|bench|all|sweep|moe|server|gemma|gptoss|ab|bins|decode|sampling|decodeab|devices|spec|specbench|specab|specadaptive|treebench|mtpadaptive|mtpbench|decodebins|decodeprofile|spectrace|gemv|attention|fp8|fp8states|mooncake|regen|tp|scale]
 #   all = tests + bench; sweep includes moe; gptoss = the gpt-oss-20b shape (dummy bf16 experts, as
 #   hsx runs MXFP4 checkpoints after dequantizing them at load): the gpt-oss CUDA tests, extraction
 #   tok/s and MFU (with the matmul peak), decode at batch 1 and 32 (fraction of the memory bound); server = hsx serve under 32 and 64 clients
@@ -31,6 +31,9 @@
 #   Qwen3-8B shape plain, with a random EAGLE-3 draft (zero acceptance: the overhead) and n-gram;
 #   specadaptive = bench --decode at batch 1..128 on the Qwen3-8B shape plain and with
 #   "draft_length": "adaptive" (EAGLE-3 K=3 forced 0, K=4 forced 0.745, n-gram K=3);
+#   treebench = bench --decode at batch 1 and 32 on the Qwen3-8B shape plain, and with a random
+#   EAGLE-3 draft (zero acceptance) as a chain of 8, a static tree of 8 and a dynamic tree of 8
+#   (top 4, 4 depths): what each round and its 9-row verification cost;
 #   specab = specbench's batch-1 cases, K=3 forced 0 and K=4 forced 0.745, on the builds
 #   AB_BINS names in .devbin/, alternating, with plain decode before each round; twice;
 #   mtpadaptive = bench --decode at batch 1, 8, 32, 128 on the gemma-4-31b shape plain and with a random
@@ -284,6 +287,17 @@ if [ "$what" = specadaptive ]; then  # issue 36's goals: adaptive K at batch 1..
     sa --speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "draft_length": "adaptive"}'; sa; } \
     | tee "$OUT/specadaptive.jsonl"
   python3 bench/speculative_ratios.py "$OUT/specadaptive.jsonl"
+fi
+if [ "$what" = treebench ]; then  # the cost of tree rounds: 9 verified rows a request, zero acceptance, plain beside
+  python3 bench/make_dummy_eagle3.py /dev/shm/eagle3-qwen3-8b
+  tb() { .devbin/hsx bench --decode --device cuda --model qwen3-8b --load-format dummy --prompt-len 512 \
+           --new-tokens 256 --kv-cache-gib 40 --batch-sizes 1,32 "$@" 2>>"$OUT/treebench.err" | grep batch; }
+  d=/dev/shm/eagle3-qwen3-8b
+  { tb; tb --speculative-config "{\"method\": \"eagle3\", \"model\": \"$d\", \"num_speculative_tokens\": 8}" --spec-bench-accept-rate 0
+    tb --speculative-config "{\"method\": \"eagle3\", \"model\": \"$d\", \"speculative_token_tree\": \"[(0,), (1,), (2,), (0, 0), (1, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0)]\"}" --spec-bench-accept-rate 0
+    tb --speculative-config "{\"method\": \"eagle3\", \"model\": \"$d\", \"num_speculative_tokens\": 8, \"speculative_eagle_topk\": 4, \"speculative_num_steps\": 4}" --spec-bench-accept-rate 0
+    tb; } | tee "$OUT/treebench.jsonl"
+  tail -3 "$OUT/treebench.err"
 fi
 if [ "$what" = mtpbench ]; then  # Gemma 4 MTP at the gemma-4-31b shape (the assistant's shape estimated), plain beside
   python3 bench/make_dummy_mtp.py /dev/shm/mtp-gemma-4-31b | tee "$OUT/mtpbench.jsonl"
