@@ -1,7 +1,7 @@
 // Token-tree drafts on CUDA (skipped without a GPU): an EAGLE-3 engine drafting trees small
 // enough for the split-KV verification kernel (8 rows a sequence at most, the kernel plain
 // decode runs on) emits the plain greedy decode of the same backend on every EAGLE-3
-// fixture; larger trees and HSX_VERIFY_ATTENTION=0 put the rows on the mma.sync kernels,
+// fixture, static trees and EAGLE-2's dynamic ones; larger trees and HSX_VERIFY_ATTENTION=0 put the rows on the mma.sync kernels,
 // whose arithmetic differs from the split-KV kernel's enough to flip a near-tied argmax of
 // these small random models: chains there differ from plain decode as well (measured on
 // the H200, the control test below), so those runs are reported, not held to equality.
@@ -12,8 +12,10 @@
 #ifdef HSX_HAS_CUDA
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -50,8 +52,23 @@ const std::vector<std::string> kLargeTrees = {
     "[(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),"
     " (0, 0, 0, 0), (0, 0, 0, 0, 0)]"};
 
+// A tree config for a draft: its label and its drafting.
+using TreeConfig = std::pair<std::string, std::function<EngineConfig::Eagle3Drafting(Eagle3Draft*)>>;
+
+std::vector<TreeConfig> StaticTrees(const std::vector<std::string>& texts) {
+  std::vector<TreeConfig> configs;
+  for (const std::string& text : texts) {
+    configs.emplace_back(text, [text](Eagle3Draft* draft) {
+      auto tree = TokenTree::Parse(text, "tree");
+      EXPECT_TRUE(tree.ok());
+      return EngineConfig::Eagle3Drafting{draft, tree->size(), *tree};
+    });
+  }
+  return configs;
+}
+
 // exact: the output must equal plain decode (else it is reported).
-void ExpectTreesGivePlainDecode(const std::string& what, const std::vector<std::string>& trees, bool exact) {
+void ExpectTreesGivePlainDecode(const std::string& what, const std::vector<TreeConfig>& trees, bool exact) {
   auto gpu = Gpu();
   if (!gpu) GTEST_SKIP() << "no CUDA device";
   for (const std::string variant : {"llama_legacy", "qwen3_default", "llama_copy"}) {
@@ -64,21 +81,19 @@ void ExpectTreesGivePlainDecode(const std::string& what, const std::vector<std::
     EngineConfig plain;
     plain.scheduler.max_num_batched_tokens = 64;
     const Generation reference = Generate(**model, golden, plain, 24);
-    for (const std::string& text : trees) {
-      auto tree = TokenTree::Parse(text, "tree");
-      ASSERT_TRUE(tree.ok());
+    for (const auto& [label, drafting] : trees) {
       EngineConfig speculative = plain;
-      speculative.eagle3 = {draft->get(), tree->size(), *tree};
+      speculative.eagle3 = drafting(draft->get());
       const Generation run = Generate(**model, golden, speculative, 24);
       if (exact) {
-        EXPECT_EQ(run.tokens, reference.tokens) << what << " " << variant << " " << text;
+        EXPECT_EQ(run.tokens, reference.tokens) << what << " " << variant << " " << label;
       }
       EXPECT_GT(run.stats.num_draft_tokens, 0u);
       if (variant == "llama_copy") {
-        EXPECT_GT(run.stats.num_accepted_tokens, 0u) << variant << " " << text;
+        EXPECT_GT(run.stats.num_accepted_tokens, 0u) << variant << " " << label;
       }
-      std::printf("[cuda tree] %s %-13s %zu nodes: %s plain decode; accepted %lu of %lu drafts, %lu steps (plain %lu)\n",
-                  what.c_str(), variant.c_str(), static_cast<size_t>(tree->size()),
+      std::printf("[cuda tree] %s %-13s %d nodes %s: %s plain decode; accepted %lu of %lu drafts, %lu steps (plain %lu)\n",
+                  what.c_str(), variant.c_str(), speculative.eagle3.num_speculative_tokens, label.c_str(),
                   run.tokens == reference.tokens ? "equals" : "differs from",
                   static_cast<unsigned long>(run.stats.num_accepted_tokens),
                   static_cast<unsigned long>(run.stats.num_draft_tokens), static_cast<unsigned long>(run.stats.steps),
@@ -87,16 +102,31 @@ void ExpectTreesGivePlainDecode(const std::string& what, const std::vector<std::
   }
 }
 
-TEST(CudaTokenTree, TreeDraftsLeaveGreedyOutputUnchanged) { ExpectTreesGivePlainDecode("default", kSmallTrees, true); }
+TEST(CudaTokenTree, TreeDraftsLeaveGreedyOutputUnchanged) {
+  ExpectTreesGivePlainDecode("default", StaticTrees(kSmallTrees), true);
+}
+
+// EAGLE-2's dynamic trees (their rounds on graphs: the device chooses each depth's rows), at
+// most 7 nodes: the split-KV verification kernel's rows, as plain decode's.
+TEST(CudaTokenTree, DynamicTreesLeaveGreedyOutputUnchanged) {
+  std::vector<TreeConfig> configs;
+  for (const auto& [topk, depth, nodes] : std::vector<std::array<int, 3>>{{2, 3, 6}, {3, 2, 7}, {1, 4, 4}, {4, 4, 7}}) {
+    configs.emplace_back("dynamic top " + std::to_string(topk) + " depth " + std::to_string(depth),
+                         [=](Eagle3Draft* draft) {
+                           return EngineConfig::Eagle3Drafting{draft, nodes, std::nullopt, DynamicTreeConfig{topk, depth}};
+                         });
+  }
+  ExpectTreesGivePlainDecode("default", configs, true);
+}
 
 // Tree rows on the mma.sync kernels: larger trees, and any tree with HSX_VERIFY_ATTENTION=0
 // (reported against plain decode: the header says why).
 TEST(CudaTokenTree, TreeDraftsOnTheMmaKernelsRun) {
-  ExpectTreesGivePlainDecode("default", kLargeTrees, false);
+  ExpectTreesGivePlainDecode("default", StaticTrees(kLargeTrees), false);
   setenv("HSX_VERIFY_ATTENTION", "0", 1);
   std::vector<std::string> all = kSmallTrees;
   all.insert(all.end(), kLargeTrees.begin(), kLargeTrees.end());
-  ExpectTreesGivePlainDecode("HSX_VERIFY_ATTENTION=0", all, false);
+  ExpectTreesGivePlainDecode("HSX_VERIFY_ATTENTION=0", StaticTrees(all), false);
   unsetenv("HSX_VERIFY_ATTENTION");
 }
 
