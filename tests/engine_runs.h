@@ -1,15 +1,19 @@
 // Runs requests to the end through an engine: the plain-against-speculative comparisons of
-// the engine tests (speculative, draft length, token trees, gpt-oss EAGLE-3, CUDA trees).
+// the engine tests (speculative, draft length, token trees, gpt-oss EAGLE-3, CUDA trees),
+// and the EAGLE-3 fixtures they load.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "engine/engine.h"
+#include "model/eagle3_draft.h"
+#include "model/model.h"
 #include "test_util.h"
 
 namespace hsx::test {
@@ -45,6 +49,29 @@ inline Generation Generate(Model& model, const std::vector<std::vector<int32_t>>
     requests.push_back(std::move(r));
   }
   return RunAll(model, config, std::move(requests));
+}
+
+// An EAGLE-3 fixture on `backend`: the draft eagle3/<variant> over its target
+// (Eagle3Target); a null draft when either fails to load (the failure reported).
+struct Eagle3Fixture {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Eagle3Draft> draft;
+};
+inline Eagle3Fixture LoadEagle3(Backend& backend, const std::string& variant) {
+  Eagle3Fixture f;
+  auto model = Model::Load(ModelDir(Eagle3Target(variant)), backend);
+  if (!model.ok()) {
+    ADD_FAILURE() << model.status().message();
+    return f;
+  }
+  f.model = std::move(*model);
+  auto draft = Eagle3Draft::Load(DataPath("eagle3/" + variant), *f.model, backend);
+  if (!draft.ok()) {
+    ADD_FAILURE() << draft.status().message();
+    return f;
+  }
+  f.draft = std::move(*draft);
+  return f;
 }
 
 }  // namespace hsx::test

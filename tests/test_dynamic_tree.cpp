@@ -148,28 +148,6 @@ TEST(DynamicTree, SpeculativeConfigTakesSglangsFlagsForEagle3) {
 
 // ---------------------------------------------------------------- the engine
 
-struct Fixture {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Eagle3Draft> draft;
-};
-
-Fixture Load(Backend& backend, const std::string& variant) {
-  Fixture f;
-  auto model = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
-  if (!model.ok()) {
-    ADD_FAILURE() << model.status().message();
-    return f;
-  }
-  f.model = std::move(*model);
-  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), *f.model, backend);
-  if (!draft.ok()) {
-    ADD_FAILURE() << draft.status().message();
-    return f;
-  }
-  f.draft = std::move(*draft);
-  return f;
-}
-
 // A tree's token paths (each node's tokens from the root's child down).
 std::set<std::vector<int32_t>> Paths(const std::vector<int32_t>& tokens, const std::vector<int32_t>& parents) {
   std::set<std::vector<int32_t>> paths;
@@ -191,7 +169,7 @@ std::set<std::vector<int32_t>> Paths(const std::vector<int32_t>& tokens, const s
 TEST(DynamicTree, NodesAreTheFullTreesPathsInLockstep) {
   CpuBackend backend(/*batch_invariant=*/true);
   for (const std::string variant : {"llama_legacy", "qwen3_default"}) {
-    Fixture f = Load(backend, variant);
+    test::Eagle3Fixture f = test::LoadEagle3(backend, variant);
     ASSERT_TRUE(f.draft);
     auto full = TokenTree::Parse(
         "[(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1),"
@@ -252,7 +230,7 @@ TEST(DynamicTree, NodesAreTheFullTreesPathsInLockstep) {
 // its room: padding rows on the graph). Then greedy output on graph shapes is plain decode's.
 TEST(DynamicTree, GraphRoundsDraftTheEagerTrees) {
   CpuBackend backend(/*batch_invariant=*/true);
-  Fixture f = Load(backend, "qwen3_default");
+  test::Eagle3Fixture f = test::LoadEagle3(backend, "qwen3_default");
   ASSERT_TRUE(f.draft);
   EngineConfig eager;
   eager.scheduler.max_num_seqs = 8;
@@ -313,7 +291,7 @@ TEST(DynamicTree, GreedyOutputIsThePlainDecode) {
     int topk, depth, nodes;
   };
   for (const std::string variant : {"llama_legacy", "qwen3_default", "llama_copy"}) {
-    Fixture f = Load(backend, variant);
+    test::Eagle3Fixture f = test::LoadEagle3(backend, variant);
     ASSERT_TRUE(f.draft);
     SafetensorsFile golden = test::Golden(test::ModelDir(test::Eagle3Target(variant)) + "/golden.safetensors");
     EngineConfig plain;

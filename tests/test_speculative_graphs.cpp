@@ -23,10 +23,13 @@
 #include "engine/token_tree.h"
 #include "model/eagle3_draft.h"
 #include "model/mtp_drafter.h"
+#include "engine_runs.h"
 #include "test_util.h"
 
 namespace hsx {
 namespace {
+
+using test::LoadEagle3;
 
 struct Run {
   std::map<std::string, std::vector<int32_t>> tokens;
@@ -100,29 +103,6 @@ std::unique_ptr<Backend> MakeBackend(const std::string& kind) {
   if (b.ok()) return std::move(b).value();
 #endif
   return nullptr;
-}
-
-// An EAGLE-3 fixture on `backend`: the draft eagle3/<variant> over its target
-// (test::Eagle3Target); a null draft when either fails to load (the failure reported).
-struct Eagle3Fixture {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Eagle3Draft> draft;
-};
-Eagle3Fixture LoadEagle3(Backend& backend, const std::string& variant) {
-  Eagle3Fixture f;
-  auto model = Model::Load(test::ModelDir(test::Eagle3Target(variant)), backend);
-  if (!model.ok()) {
-    ADD_FAILURE() << model.status().message();
-    return f;
-  }
-  f.model = std::move(*model);
-  auto draft = Eagle3Draft::Load(test::DataPath("eagle3/" + variant), *f.model, backend);
-  if (!draft.ok()) {
-    ADD_FAILURE() << draft.status().message();
-    return f;
-  }
-  f.draft = std::move(*draft);
-  return f;
 }
 
 class SpeculativeGraphs : public ::testing::TestWithParam<std::string> {

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
-#include <unordered_map>
 #include <utility>
 
 namespace hsx {
