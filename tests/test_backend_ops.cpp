@@ -1245,6 +1245,58 @@ std::vector<OpCase> Table() {
     });
   }
 
+  // Token trees of one-hot drafts, sampled (seeded rows at temperatures 0 to 1.2, top-k,
+  // top-p; children among their parent row's best tokens, a repeated and an invalid one),
+  // and under forced acceptance: the tree kernels against the host's rules.
+  for (const int64_t vocab : {1000, 151936}) {
+    for (const float forced : {-1.0f, 0.6f}) {
+      add("VerifyDrafts", Dims({{"trees", 4}, {"vocab", vocab}}) + (forced < 0 ? "_sampled" : "_forced"), [=](OpEnv& env) {
+        const std::vector<std::vector<int32_t>> parents = {{-1, -1, 0}, {-1, -1, 0, 0, 1, 3}, {}, {-1, 0, 1, 2, -1}};
+        int64_t rows = 0;
+        for (const auto& p : parents) rows += static_cast<int64_t>(p.size()) + 1;
+        const Tensor logits = env.HostRandom({rows, vocab}, 3.0f);
+        VerificationBatch batch;
+        batch.forced_accept_rate = forced;
+        batch.sampling.max_logprobs = 2;
+        std::uniform_int_distribution<int> rank(0, 2);
+        for (size_t r = 0, begin = 0; r < parents.size(); begin += parents[r].size() + 1, ++r) {
+          batch.num_drafts.push_back(static_cast<int32_t>(parents[r].size()));
+          for (size_t i = 0; i < parents[r].size(); ++i) {
+            // A child: one of its parent row's three best tokens.
+            const float* l = logits.data<float>() + (begin + 1 + parents[r][i]) * vocab;
+            std::vector<int32_t> order(static_cast<size_t>(vocab));
+            std::iota(order.begin(), order.end(), 0);
+            std::partial_sort(order.begin(), order.begin() + 3, order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+            int32_t token = order[rank(env.rng())];
+            if (r == 1 && i == 3) token = batch.drafts.back();  // a sibling with the same token
+            if (r == 3 && i == 4) token = -1;                   // no token
+            batch.drafts.push_back(token);
+            batch.parents.push_back(parents[r][i]);
+          }
+          for (size_t j = 0; j <= parents[r].size(); ++j) {
+            SamplingRow s;
+            s.temperature = r == 3 && j == 1 ? 0.0f : 0.6f + 0.2f * static_cast<float>(j % 4);
+            s.top_k = r == 1 ? 20 : 0;
+            s.top_p = r == 0 ? 0.9f : 1.0f;
+            s.seed_lo = 77 + static_cast<uint32_t>(r);
+            s.draw = static_cast<uint32_t>(j);
+            s.num_logprobs = 1 + static_cast<int32_t>(j % 2);
+            batch.sampling.rows.push_back(s);
+          }
+        }
+        const VerifiedTokens v = env.b.VerifyDrafts(env.b.Upload(logits), nullptr, batch, nullptr);
+        const SampledTokens& e = v.emitted;
+        env.AddHost("num_accepted", std::vector<float>(v.num_accepted.begin(), v.num_accepted.end()), 1,
+                    Tolerance::Exact());
+        env.AddHost("path", std::vector<float>(v.path.begin(), v.path.end()), 1, Tolerance::Exact());
+        env.AddHost("tokens", std::vector<float>(e.tokens.begin(), e.tokens.end()), 1, Tolerance::Exact());
+        env.AddHost("top_ids", std::vector<float>(e.top_ids.begin(), e.top_ids.end()), 1, Tolerance::Exact());
+        env.AddHost("logprobs", e.logprobs, 1, Tolerance::Absolute(1e-4));
+        env.AddHost("top_logprobs", e.top_logprobs, 1, Tolerance::Absolute(1e-4));
+      });
+    }
+  }
+
   // The copies between host and device the engine uses (pinned buffers, async download).
   for (const int64_t n : {1, 4099}) {
     add("Transfers", Dims({{"rows", 3}, {"cols", n}}), [=](OpEnv& env) {

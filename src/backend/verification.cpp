@@ -107,7 +107,8 @@ int VerifyChildren(const ProcessedRow& p, const SamplingRow& row, const std::vec
     }
   }
   // Rejected: a draw from p without the children's tokens. One excluded token is the chain's
-  // draw; more, a Gumbel-max over the rest with the Sample op's noise for this draw.
+  // draw; more, the Sample op's Gumbel-max (scaled logits plus its noise for this draw)
+  // over the rest.
   if (tried.size() <= 1) {
     *token = DrawOnHost(p, row, tried.empty() ? -1 : tried[0]);
     return -1;
@@ -116,7 +117,7 @@ int VerifyChildren(const ProcessedRow& p, const SamplingRow& row, const std::vec
   int32_t pick = -1;
   for (int32_t i = 0; i < vocab; ++i) {
     if (!(p.weight[i] > 0.0f) || std::find(tried.begin(), tried.end(), i) != tried.end()) continue;
-    const float score = std::log(p.weight[i]) + sampling::Gumbel(row.seed_lo, row.seed_hi, row.draw, i);
+    const float score = p.scaled[i] + sampling::Gumbel(row.seed_lo, row.seed_hi, row.draw, i);
     if (pick < 0 || score > best) best = score, pick = i;
   }
   *token = pick >= 0 ? pick : DrawOnHost(p, row, -1);  // the children hold all of p: draw from p

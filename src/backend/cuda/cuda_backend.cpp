@@ -711,14 +711,14 @@ VerifiedTokens CudaBackend::VerifyDrafts(const Tensor& logits, const Tensor* dra
                                          Tensor* target_probs) {
   Impl::Timer timer(*impl_, "verify");
   if (!batch.parents.empty()) {
-    // Token trees: the verification kernel walks chains only. Greedy trees need each row's
-    // greedy token alone: the Sample op's, a few words a row; other trees run the rules on
-    // the host over the downloaded logits (rows x vocab f32 a step: at 32 requests of 9
-    // rows and a 49k vocabulary 57 MB, which held trees to 0.06x plain on the H200).
+    // Token trees. Greedy trees need each row's greedy token alone: the Sample op's, a few
+    // words a row; others run the tree kernels. Target probabilities (tests) and draft
+    // probabilities (trees take one-hot drafts only) take the host's rules.
     if (target_probs == nullptr && IsGreedyTree(batch)) {
       VerificationRowBegins(batch, logits.size(0), static_cast<int32_t>(logits.size(1)));
       return VerifyGreedyTree(Sample(logits, batch.sampling), batch);
     }
+    if (target_probs == nullptr && draft_probs == nullptr) return VerifyTree(logits, batch);
     const Tensor host_logits = Download(logits);
     Tensor host_probs;
     if (target_probs != nullptr) host_probs = Tensor::Host(DType::kF32, target_probs->shape());
@@ -767,6 +767,66 @@ VerifiedTokens CudaBackend::VerifyDrafts(const Tensor& logits, const Tensor* dra
   e.top_logprobs.resize(static_cast<size_t>(rows) * width);
   std::memcpy(e.top_logprobs.data(), words + 2 * rows + static_cast<int64_t>(rows) * width,
               e.top_logprobs.size() * sizeof(float));
+  return result;
+}
+
+VerifiedTokens CudaBackend::VerifyTree(const Tensor& logits, const VerificationBatch& batch) {
+  const auto vocab = static_cast<int32_t>(logits.size(1));
+  const std::vector<int32_t> begins = VerificationRowBegins(batch, logits.size(0), vocab);
+  const auto requests = static_cast<int32_t>(batch.num_drafts.size());
+  const int32_t rows = begins.back(), width = batch.sampling.max_logprobs;
+  VerifiedTokens result;
+  if (requests == 0) return result;
+  // Row begins, each row's first child, the children's tokens and node indices, in one upload.
+  std::vector<int32_t> index(begins), child_begin(static_cast<size_t>(rows) + 1, 0), tokens, nodes;
+  for (int32_t r = 0; r < requests; ++r) {
+    const int32_t first_draft = begins[r] - r, n = batch.num_drafts[r];
+    for (int32_t j = 0; j <= n; ++j) {  // node row j: the root (0) or node j - 1
+      child_begin[begins[r] + j] = static_cast<int32_t>(tokens.size());
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t parent = batch.parents[first_draft + i];
+        if (parent < -1 || parent >= i) {
+          std::fprintf(stderr, "hsx: VerifyDrafts: a tree node's parent is %d, expected one before node %d\n", parent, i);
+          std::abort();
+        }
+        if (parent == j - 1) {
+          tokens.push_back(batch.drafts[first_draft + i]);
+          nodes.push_back(i);
+        }
+      }
+    }
+  }
+  child_begin[rows] = static_cast<int32_t>(tokens.size());
+  index.insert(index.end(), child_begin.begin(), child_begin.end());
+  index.insert(index.end(), tokens.begin(), tokens.end());
+  index.insert(index.end(), nodes.begin(), nodes.end());
+  const Tensor params = UploadWords(*this, batch.sampling.rows.data(), batch.sampling.rows.size() * sizeof(SamplingRow));
+  const Tensor adjust =
+      UploadWords(*this, batch.sampling.adjust.data(), batch.sampling.adjust.size() * sizeof(TokenAdjust));
+  const Tensor indices = UploadWords(*this, index.data(), index.size() * sizeof(int32_t));
+  Tensor work = Empty(DType::kF32, {rows, 2 * vocab});  // sampling_device.cuh's row scratch
+  Tensor by_row = Empty(DType::kI32, {3 * static_cast<int64_t>(rows) + 2 * static_cast<int64_t>(rows) * width});
+  const int64_t result_words = requests + 2 * rows + 2 * static_cast<int64_t>(rows) * width;
+  Tensor out = Empty(DType::kI32, {result_words + rows});  // the results, then the path
+  cuda::VerifyTree(logits.data<float>(), rows, requests, vocab, static_cast<const SamplingRow*>(params.raw()),
+                   static_cast<const TokenAdjust*>(adjust.raw()), width, indices.data<int32_t>(),
+                   batch.forced_accept_rate, work.data<float>(), by_row.data<int32_t>(), out.data<int32_t>(),
+                   impl_->stream);
+  HSX_LAUNCH_CHECK();
+  const Tensor host = Download(out);
+  const int32_t* words = host.data<int32_t>();
+  result.num_accepted.assign(words, words + requests);
+  words += requests;
+  SampledTokens& e = result.emitted;
+  e.tokens.assign(words, words + rows);
+  e.logprobs.resize(rows);
+  std::memcpy(e.logprobs.data(), words + rows, rows * sizeof(float));
+  e.top_ids.assign(words + 2 * rows, words + 2 * rows + static_cast<int64_t>(rows) * width);
+  e.top_logprobs.resize(static_cast<size_t>(rows) * width);
+  std::memcpy(e.top_logprobs.data(), words + 2 * rows + static_cast<int64_t>(rows) * width,
+              e.top_logprobs.size() * sizeof(float));
+  words += 2 * rows + 2 * static_cast<int64_t>(rows) * width;
+  result.path.assign(words, words + rows);
   return result;
 }
 

@@ -110,6 +110,8 @@ class CudaBackend final : public Backend {
   struct Impl;
   explicit CudaBackend(std::unique_ptr<Impl> impl);
   void LinearFp8(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
+  // VerifyDrafts for token trees of one-hot drafts, on the device (verification.cu's tree kernels).
+  VerifiedTokens VerifyTree(const Tensor& logits, const VerificationBatch& batch);
   // MoeMlp's experts once routed (ids, weights, counts: MoeRoute's), host-free.
   void MoeGemvPath(const Tensor& x, const MoeWeights& experts, const MoeSpec& spec, const Tensor& ids,
                    const Tensor& weights, const Tensor& counts, Tensor& out);
