@@ -284,7 +284,8 @@ TEST(DynamicTree, GraphRoundsDraftTheEagerTrees) {
 
 // Greedy output with dynamic trees is the plain decode's on every EAGLE-3 fixture, for
 // widths, depths and budgets from the chain (top-1) to trees pruned well below their
-// candidates; llama_copy's drafts get accepted.
+// candidates, over blocks of 4 (top 5: a padding slot's rows span two); llama_copy's
+// drafts get accepted.
 TEST(DynamicTree, GreedyOutputIsThePlainDecode) {
   CpuBackend backend(/*batch_invariant=*/true);
   struct Case {
@@ -296,8 +297,9 @@ TEST(DynamicTree, GreedyOutputIsThePlainDecode) {
     SafetensorsFile golden = test::Golden(test::ModelDir(test::Eagle3Target(variant)) + "/golden.safetensors");
     EngineConfig plain;
     plain.scheduler.max_num_batched_tokens = 64;
+    plain.block_size = 4;  // a depth's k rows and the scratch slots span blocks
     const test::Generation reference = test::Generate(*f.model, test::GoldenPrompts(golden), plain, 24);
-    for (const Case c : {Case{1, 3, 3}, Case{2, 2, 6}, Case{3, 3, 8}, Case{4, 4, 16}, Case{2, 5, 5}}) {
+    for (const Case c : {Case{1, 3, 3}, Case{2, 2, 6}, Case{3, 3, 8}, Case{4, 4, 16}, Case{2, 5, 5}, Case{5, 3, 12}}) {
       EngineConfig speculative = plain;
       speculative.eagle3 = {f.draft.get(), c.nodes, std::nullopt, DynamicTreeConfig{c.topk, c.depth}};
       const test::Generation run = test::Generate(*f.model, test::GoldenPrompts(golden), speculative, 24);

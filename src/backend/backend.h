@@ -293,7 +293,8 @@ class Backend {
   // EAGLE-2's dynamic trees (backend/draft_tree.h), in fixed shapes a graph can record.
   // TopLogprobs: each row's k best raw logprobs (the Sample op's top logprobs: highest
   // first, lowest id on ties) into ids int32 [R, k], offset as GreedyTokens offsets them,
-  // and logprobs f32 [R, k]; an entry with no finite logprob gets id -1.
+  // and logprobs f32 [R, k]; an entry with no finite logprob gets id -1 and -inf (as do
+  // all after a -1: past a NaN nothing is ordered).
   virtual void TopLogprobs(const Tensor& logits, const Tensor* offsets, Tensor& ids, Tensor& logprobs) = 0;
   // ExpandDraftTreeSlot for every slot of `state` into depth d, from ids / logprobs [S f, k]
   // (TopLogprobs of the depth's rows); with next_ids, next_rows (the drafting row among all

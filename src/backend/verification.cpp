@@ -116,7 +116,7 @@ int VerifyChildren(const ProcessedRow& p, const SamplingRow& row, const std::vec
   float best = kNegInf;
   int32_t pick = -1;
   for (int32_t i = 0; i < vocab; ++i) {
-    if (!(p.weight[i] > 0.0f) || std::find(tried.begin(), tried.end(), i) != tried.end()) continue;
+    if (p.weight[i] <= 0.0f || std::find(tried.begin(), tried.end(), i) != tried.end()) continue;
     const float score = p.scaled[i] + sampling::Gumbel(row.seed_lo, row.seed_hi, row.draw, i);
     if (pick < 0 || score > best) best = score, pick = i;
   }

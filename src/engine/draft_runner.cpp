@@ -333,6 +333,10 @@ void Eagle3Drafter::RecordPaddingRounds(int bucket, int drafts) {
     for (int q = 0; q <= widest; ++q) {
       Tensor aux;
       const DeviceBatch padded = q > 0 ? StagePaddedFirstPass(ForwardBatch(), {}, {bucket, q}, aux) : DeviceBatch();
+      if (q == 0) {  // depth 1's parents' rows, which a real round's eager expansion writes first
+        Tensor first_rows = TreeRows(0, int64_t{bucket} * k);
+        backend().UploadTo(Tensor::Host(DType::kI32, {int64_t{bucket} * k}), first_rows);
+      }
       DynamicGraphRound(bucket, q, state, inputs, q > 0 ? &padded : nullptr, aux, limits, TreeOut().Rows(0, bucket));
       backend().Synchronize();  // the next round stages its inputs through the same pinned memory
     }
@@ -572,7 +576,6 @@ void Eagle3Drafter::DynamicGraphRound(int bucket, int q, DraftTreeState& state, 
   Backend& backend = this->backend();
   const int k = dynamic_tree_->topk, depth = dynamic_tree_->depth;
   const Tensor hidden = DraftHidden(draft_.decoder().hidden_size).Rows(0, bucket);
-  const Tensor rows = TreeRows();
   DraftRound({bucket, q, num_speculative_tokens()}, [&] {
     Tensor parents_of = hidden;
     if (padded != nullptr) {
@@ -585,7 +588,7 @@ void Eagle3Drafter::DynamicGraphRound(int bucket, int q, DraftTreeState& state, 
     for (int d = 1; d < depth; ++d) {
       const int64_t n = int64_t{bucket} * k;
       Tensor parents = backend.Empty(parents_of.dtype(), {n, parents_of.size(1)});
-      backend.GatherRowsAt(parents_of, rows.Rows(int64_t{d - 1} * n, int64_t{d} * n), parents);
+      backend.GatherRowsAt(parents_of, TreeRows(d - 1, n), parents);
       Eagle3Output step = draft_.Forward(inputs[d - 1], parents, cache_);
       Tensor ids = backend.Empty(DType::kI32, {n, k}), logprobs = backend.Empty(DType::kF32, {n, k});
       draft_.TopTargetTokens(step.logits, ids, logprobs);
@@ -598,7 +601,7 @@ void Eagle3Drafter::DynamicGraphRound(int bucket, int q, DraftTreeState& state, 
 }
 
 // Expansion into depth d; next: depth d's fixed inputs (their token ids and mask words), its
-// parents' rows into TreeRows() part `part`.
+// parents' rows into TreeRows(part).
 void Eagle3Drafter::Expand(const Tensor& ids, const Tensor& logprobs, int d, DraftTreeState& state,
                            const DeviceBatch* next, int part) {
   if (next == nullptr) {
@@ -606,7 +609,7 @@ void Eagle3Drafter::Expand(const Tensor& ids, const Tensor& logprobs, int d, Dra
     return;
   }
   const int64_t n = next->token_ids.numel(), offset = next->attention.tree_mask_offset;
-  Tensor next_ids = next->token_ids, next_rows = TreeRows().Rows(part * n, (part + 1) * n);
+  Tensor next_ids = next->token_ids, next_rows = TreeRows(part, n);
   Tensor next_masks = next->attention.tree.Rows(offset, offset + 2 * n);
   backend().ExpandDraftTrees(ids, logprobs, d, state, &next_ids, &next_rows, &next_masks);
 }
@@ -630,7 +633,8 @@ ForwardBatch Eagle3Drafter::DynamicDepthBatch(int d, const std::vector<DraftRequ
     slice.q_len = k;
     const int32_t position = rows ? requests[r].position : 0, scratch = (d - 1) * k;
     slice.ctx_len = rows ? position + scratch + k : k;
-    slice.block_table = rows ? requests[r].block_table : std::vector<int32_t>{0};
+    // Padding: block 0 for each of its k positions' blocks.
+    slice.block_table = rows ? requests[r].block_table : std::vector<int32_t>((k + block_size_ - 1) / block_size_, 0);
     if (rows) slice.tree_base = position;
     for (int j = 0; j < k; ++j) {
       batch.token_ids.push_back(0);
@@ -686,13 +690,15 @@ Tensor Eagle3Drafter::TreeOut() {
   return tree_out_;
 }
 
-// Each depth's parents' rows (depth d at part d - 1, [largest bucket x k] each); zeros.
-Tensor Eagle3Drafter::TreeRows() {
+// Depth d's parents' rows (part d - 1, its first `rows`): each part at a fixed place for
+// every bucket, so a part holds rows of a smaller bucket's rounds at most (zeros at first),
+// which a round recorded at start-up over padding may read.
+Tensor Eagle3Drafter::TreeRows(int part, int64_t rows) {
+  const int64_t most = int64_t{runner_.max_graph_batch()} * dynamic_tree_->topk;
   if (!tree_rows_.defined()) {
-    const int64_t part = int64_t{runner_.max_graph_batch()} * dynamic_tree_->topk;
-    tree_rows_ = backend().Upload(Tensor::Host(DType::kI32, {std::max(1, dynamic_tree_->depth - 1) * part}));
+    tree_rows_ = backend().Upload(Tensor::Host(DType::kI32, {std::max(1, dynamic_tree_->depth - 1) * most}));
   }
-  return tree_rows_;
+  return tree_rows_.Rows(part * most, part * most + rows);
 }
 
 // Slots without a request (request_at -1) take the whole tree: on a graph they are padding
@@ -764,7 +770,7 @@ Eagle3Drafter::TreePlan Eagle3Drafter::PlanTree(const std::vector<DraftRequest>&
         slice.block_table = requests[request].block_table;
       } else {
         slice.ctx_len = slice.q_len;
-        slice.block_table = {0};
+        slice.block_table.assign((slice.q_len + block_size_ - 1) / block_size_, 0);
       }
       batch.seqs.push_back(std::move(slice));
     }

@@ -197,7 +197,7 @@ class Eagle3Drafter : public DeviceDrafter {
   Tensor TreeLimits(const std::vector<int>& request_at, const std::vector<int>& depths, const std::vector<int>& budgets);
   DraftTreeState TreeState(int slots);
   Tensor TreeOut();
-  Tensor TreeRows();
+  Tensor TreeRows(int part, int64_t rows);
   DraftTreeState tree_state_;
   ModelRunner::GraphInputs tree_limits_;
   Tensor tree_out_, tree_rows_;

@@ -182,6 +182,7 @@ DeviceBatch ModelRunner::StageGraphInputs(const ForwardBatch& batch, int bucket,
       std::copy_n(batch.positions.begin() + s.q_start, s.q_len, positions + start + pad);
       std::copy_n(batch.slot_mapping.begin() + s.q_start, s.q_len, slots + start + pad);
       std::copy(s.block_table.begin(), s.block_table.end(), tables + offset);
+      std::fill(tables + offset + s.block_table.size(), tables + offset + stride, 0);  // not a stale table
       std::copy_n(std::array<int32_t, 4>{start, w, s.ctx_len, offset}.begin(), 4, info + 4 * i);
       if (tree && s.tree_base >= 0) {
         tree_bases[i] = s.tree_base;

@@ -22,6 +22,7 @@ void CpuBackend::TopLogprobs(const Tensor& logits, const Tensor* offsets, Tensor
     for (int32_t j = 0; j < k; ++j) {
       if (id[j] < 0 || !std::isfinite(lp[j])) {
         id[j] = -1;
+        lp[j] = -INFINITY;
       } else if (offsets != nullptr) {
         id[j] += offsets->data<int32_t>()[id[j]];
       }

@@ -714,7 +714,7 @@ VerifiedTokens CudaBackend::VerifyDrafts(const Tensor& logits, const Tensor* dra
     // Token trees. Greedy trees need each row's greedy token alone: the Sample op's, a few
     // words a row; others run the tree kernels. Target probabilities (tests) and draft
     // probabilities (trees take one-hot drafts only) take the host's rules.
-    if (target_probs == nullptr && IsGreedyTree(batch)) {
+    if (target_probs == nullptr && draft_probs == nullptr && IsGreedyTree(batch)) {
       VerificationRowBegins(batch, logits.size(0), static_cast<int32_t>(logits.size(1)));
       return VerifyGreedyTree(Sample(logits, batch.sampling), batch);
     }

@@ -29,6 +29,7 @@ __global__ void __launch_bounds__(kThreads) TopLogprobsKernel(const float* logit
       unordered = unordered || id[j] < 0;
       if (unordered || !isfinite(lp[j])) {
         id[j] = -1;
+        lp[j] = -INFINITY;
       } else if (offsets != nullptr) {
         id[j] += offsets[id[j]];
       }
